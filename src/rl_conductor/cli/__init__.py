@@ -1,0 +1,16 @@
+"""The ``conductor`` command: thin typer adapters over the library.
+
+Each sub-module registers its commands on :data:`app`; heavy imports happen inside commands so
+``conductor --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from rl_conductor.cli.app import app
+from rl_conductor.cli import core as _core  # noqa: F401  (registers commands)
+
+__all__ = ["app"]
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,187 @@
+"""Core commands: ``pool list|show|calibrate``, ``eval`` and ``compare``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rl_conductor.cli.app import app, pool_app
+
+console = Console(stderr=False)
+
+
+def _write_json(path: Path | None, payload: Any) -> None:
+    if path is None:
+        return
+    from rl_conductor import storage
+
+    storage.write_json(str(path), payload)
+    console.print(f"[dim]wrote {path}[/dim]")
+
+
+def _limits(max_cost_usd: float | None, sensitivity: str, allowed: str | None) -> Any:
+    from rl_conductor.trace import Limits
+
+    if sensitivity not in ("public", "private"):
+        raise typer.BadParameter("--sensitivity must be public or private")
+    return Limits(
+        max_cost_usd=max_cost_usd,
+        sensitivity=sensitivity,  # type: ignore[arg-type]
+        allowed_workers=frozenset(a for a in allowed.split(",") if a) if allowed else None,
+    )
+
+
+def _dataset_for(pool: Any, dataset: str | None) -> str:
+    return dataset or str(pool.options.get("default_dataset", "paper-mix"))
+
+
+@pool_app.command("list")
+def pool_list() -> None:
+    """List the built-in pools."""
+    from rl_conductor.workers.pool import available_pools
+
+    for name in available_pools():
+        console.print(name)
+
+
+@pool_app.command("show")
+def pool_show(pool: Annotated[str, typer.Argument(help="pool name or YAML path")] = "paper-sim") -> None:
+    """Show a pool's workers, prices and hosting."""
+    from rl_conductor.workers.pool import load_pool
+
+    p = load_pool(pool)
+    t = Table(title=f"pool {p.name}")
+    for col in ("id", "worker", "kind", "hosting", "$/1M in", "$/1M out", "description"):
+        t.add_column(col)
+    for i, w in enumerate(p.workers):
+        inf = w.info
+        t.add_row(str(i), inf.name, inf.kind, inf.hosting, f"{inf.price_in:g}", f"{inf.price_out:g}", inf.description)
+    console.print(t)
+
+
+@pool_app.command("calibrate")
+def pool_calibrate(
+    pool: Annotated[str, typer.Option(help="pool name or YAML path")] = "paper-sim",
+    n: Annotated[int, typer.Option(help="number of tasks to simulate")] = 2000,
+    dataset: Annotated[str | None, typer.Option(help="dataset (default: the pool's)")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the rows as JSON here")] = None,
+) -> None:
+    """Compare each simulated worker's accuracy per domain with its calibration target."""
+    from rl_conductor.workers.calibrate import calibrate
+    from rl_conductor.workers.pool import load_pool
+    from rl_conductor.tasks.datasets import load_tasks
+
+    p = load_pool(pool, seed=seed)
+    tasks = load_tasks(_dataset_for(p, dataset), split="all")
+    rows = calibrate(p, tasks, n=n)
+    t = Table(title=f"calibration of {p.name} (n={n})")
+    for col in ("worker", "domain", "target %", "simulated %", "diff", "n"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        tgt = r.get("target")
+        diff = "" if tgt is None else f"{r['simulated'] - tgt:+.2f}"
+        t.add_row(r["worker"], r["domain"], "-" if tgt is None else f"{tgt:.2f}", f"{r['simulated']:.2f}", diff, str(r["n"]))
+    console.print(t)
+    _write_json(json_out, {"pool": p.name, "n": n, "rows": rows})
+
+
+def run_eval(
+    policies: list[str],
+    *,
+    pool: str,
+    dataset: str | None,
+    split: str,
+    limit: int | None,
+    seed: int,
+    max_cost_usd: float | None = None,
+    sensitivity: str = "public",
+    allowed: str | None = None,
+    concurrency: int = 32,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Evaluate policies on one task set; returns their summaries (library entry used by the CLI,
+    the KFP evaluation component and benchmarks)."""
+    from rl_conductor.evaluation.runner import evaluate
+    from rl_conductor.policies.base import make_policy
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.workers.pool import load_pool
+
+    p = load_pool(pool, seed=seed)
+    ds = _dataset_for(p, dataset)
+    tasks = load_tasks(ds, split=split, limit=limit, seed=seed)
+    lim = _limits(max_cost_usd, sensitivity, allowed)
+    view = p.view()
+    out = []
+    for spec in policies:
+        pol = make_policy(spec, p, seed=seed)
+        res = evaluate(pol, view, tasks, lim, concurrency=concurrency, progress=progress)
+        summary = res.summary()
+        summary.update(dataset=ds, split=split)
+        out.append(summary)
+    return out
+
+
+@app.command("eval")
+def eval_cmd(
+    policy: Annotated[list[str], typer.Option(help="single:<worker> | random | moa | self-consistency:<worker> | oracle | knn | conductor:DIR (repeatable)")],
+    pool: Annotated[str, typer.Option(help="pool name or YAML path")] = "paper-sim",
+    dataset: Annotated[str | None, typer.Option(help="dataset (default: the pool's)")] = None,
+    split: Annotated[str, typer.Option(help="train | validation | test | all")] = "test",
+    limit: Annotated[int | None, typer.Option(help="at most N tasks")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    max_cost_usd: Annotated[float | None, typer.Option(help="per-request budget in USD")] = None,
+    sensitivity: Annotated[str, typer.Option(help="public | private")] = "public",
+    allowed_workers: Annotated[str | None, typer.Option(help="comma-separated worker names")] = None,
+    concurrency: Annotated[int, typer.Option()] = 32,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the summary JSON here")] = None,
+) -> None:
+    """Evaluate one or more policies on a pool and print a table."""
+    from rl_conductor.evaluation.report import domain_table, print_table
+
+    summaries = run_eval(
+        policy, pool=pool, dataset=dataset, split=split, limit=limit, seed=seed,
+        max_cost_usd=max_cost_usd, sensitivity=sensitivity, allowed=allowed_workers, concurrency=concurrency,
+    )
+    print_table(summaries, title=f"{pool} / {summaries[0]['dataset']} / {split}")
+    for s in summaries:
+        console.print(domain_table(s))
+    _write_json(json_out, summaries[0] if len(summaries) == 1 else {"results": summaries})
+
+
+def baseline_specs(pool: str) -> list[str]:
+    """Every single worker, random, MoA, self-consistency of the strongest-priced worker, oracle."""
+    from rl_conductor.workers.pool import load_pool
+
+    p = load_pool(pool)
+    names = p.names()
+    top = max(p.workers, key=lambda w: w.info.price_out).info.name
+    return [*(f"single:{n}" for n in names), "random", "moa", f"self-consistency:{top}", "oracle"]
+
+
+@app.command("compare")
+def compare_cmd(
+    pool: Annotated[str, typer.Option(help="pool name or YAML path")] = "paper-sim",
+    dataset: Annotated[str | None, typer.Option()] = None,
+    split: Annotated[str, typer.Option()] = "test",
+    limit: Annotated[int | None, typer.Option()] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    extra: Annotated[list[str] | None, typer.Option("--policy", help="extra policies to include")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+    plot: Annotated[Path | None, typer.Option(help="write a cost-vs-accuracy Pareto PNG here")] = None,
+) -> None:
+    """Evaluate every baseline (and extra policies) side by side; table, JSON and Pareto chart."""
+    from rl_conductor.evaluation.report import pareto_plot, print_table
+
+    specs = baseline_specs(pool) + list(extra or [])
+    summaries = run_eval(specs, pool=pool, dataset=dataset, split=split, limit=limit, seed=seed)
+    print_table(summaries, title=f"{pool} / {summaries[0]['dataset']} / {split}")
+    _write_json(json_out, {"results": summaries})
+    if plot:
+        pareto_plot(summaries, plot, title=f"{pool}: cost vs accuracy ({split}, n={summaries[0]['n']})")
+        console.print(f"[dim]wrote {plot}[/dim]")

@@ -1,0 +1,1 @@
+"""Evaluation: run policies over tasks through the one executor, summarise, tabulate, plot."""

@@ -1,0 +1,131 @@
+"""Benchmark runner: every policy runs the same tasks through ``Policy.run`` → grade.
+
+``evaluate`` returns per-task records and a summary in the schema the CLI writes::
+
+    {"policy", "pool", "n", "accuracy", "mean_tokens", "mean_cost_usd", "mean_calls",
+     "mean_steps", "p50_latency_s", "p95_latency_s", "parse_rate", "fallback_rate",
+     "by_domain": {domain: {...same metrics}}}
+
+Accuracy is in [0, 1]; latency is the critical path of the workers' reported latencies (what the
+simulated pool models); tokens are worker input + output tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rl_conductor.policies.base import Policy
+from rl_conductor.reward import grade_trace
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits
+from rl_conductor.workers.pool import PoolView
+
+
+@dataclass
+class Record:
+    task_id: str
+    domain: str
+    correct: bool
+    tokens: int
+    cost_usd: float
+    calls: int
+    steps: int
+    latency_s: float
+    parsed: bool = True
+    fallback: bool = False
+    workers: list[str] = field(default_factory=list)
+
+
+def summarize(records: Sequence[Record]) -> dict[str, Any]:
+    """Aggregate metrics of a list of records (see module docstring)."""
+    if not records:
+        return {"n": 0}
+    lat = np.array([r.latency_s for r in records])
+    return {
+        "n": len(records),
+        "accuracy": float(np.mean([r.correct for r in records])),
+        "mean_tokens": float(np.mean([r.tokens for r in records])),
+        "mean_cost_usd": float(np.mean([r.cost_usd for r in records])),
+        "mean_calls": float(np.mean([r.calls for r in records])),
+        "mean_steps": float(np.mean([r.steps for r in records])),
+        "p50_latency_s": float(np.percentile(lat, 50)),
+        "p95_latency_s": float(np.percentile(lat, 95)),
+        "parse_rate": float(np.mean([r.parsed for r in records])),
+        "fallback_rate": float(np.mean([r.fallback for r in records])),
+    }
+
+
+@dataclass
+class EvalResult:
+    policy: str
+    pool: str
+    records: list[Record]
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"policy": self.policy, "pool": self.pool, **summarize(self.records)}
+        by: dict[str, list[Record]] = defaultdict(list)
+        for r in self.records:
+            by[r.domain].append(r)
+        out["by_domain"] = {d: summarize(rs) for d, rs in sorted(by.items())}
+        return out
+
+
+async def _one(policy: Policy, task: Task, view: PoolView, limits: Limits) -> Record:
+    ep = await policy.run(task, view, limits)
+    t = ep.trace
+    return Record(
+        task_id=task.id,
+        domain=task.domain,
+        correct=grade_trace(task, t),
+        tokens=t.tokens,
+        cost_usd=t.cost_usd,
+        calls=t.calls,
+        steps=len(ep.plan.workflow.steps),
+        latency_s=t.latency_s,
+        parsed=ep.plan.parse_error is None,
+        fallback=ep.plan.fallback,
+        workers=[s.worker for s in t.steps],
+    )
+
+
+async def evaluate_async(
+    policy: Policy,
+    view: PoolView,
+    tasks: Sequence[Task],
+    limits: Limits | None = None,
+    *,
+    concurrency: int = 32,
+    progress: bool = True,
+    description: str | None = None,
+) -> EvalResult:
+    """Run ``policy`` on every task (bounded concurrency) and collect records in task order."""
+    limits = limits or Limits()
+    sem = asyncio.Semaphore(concurrency)
+    records: list[Record | None] = [None] * len(tasks)
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        disable=not progress, transient=True,
+    ) as bar:
+        pid = bar.add_task(description or f"eval {policy.name}", total=len(tasks))
+
+        async def guarded(i: int, task: Task) -> None:
+            async with sem:
+                records[i] = await _one(policy, task, view, limits)
+            bar.advance(pid)
+
+        await asyncio.gather(*(guarded(i, t) for i, t in enumerate(tasks)))
+    return EvalResult(policy=policy.name, pool=view.pool.name, records=[r for r in records if r is not None])
+
+
+def evaluate(policy: Policy, view: PoolView, tasks: Sequence[Task], limits: Limits | None = None, **kw: Any) -> EvalResult:
+    """Synchronous wrapper of :func:`evaluate_async`."""
+    return asyncio.run(evaluate_async(policy, view, tasks, limits, **kw))

@@ -1,0 +1,84 @@
+"""The Policy interface: ``plan(task, view, limits) -> Plan`` and ``run`` = plan → execute.
+
+Every policy, learned or fixed, goes through :func:`rl_conductor.executor.execute`, so budgets,
+privacy rules and accounting are identical for all of them. A policy whose answer is not simply
+the last step's output (self-consistency votes; the oracle picks) overrides ``run``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from rl_conductor.executor import execute
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits, Trace
+from rl_conductor.workers.pool import Pool, PoolView
+from rl_conductor.workflow import Workflow
+
+
+@dataclass
+class Plan:
+    """A policy's decision: the workflow, the raw text it came from, and how it was obtained."""
+
+    workflow: Workflow
+    text: str = ""
+    fallback: bool = False
+    parse_error: str | None = None
+
+
+@dataclass
+class Episode:
+    """One task run by one policy: its plan and what executing it did."""
+
+    plan: Plan
+    trace: Trace
+
+
+class Policy(ABC):
+    """Base class: subclasses implement :meth:`plan`; ``run`` executes the plan."""
+
+    name: str = "policy"
+
+    @abstractmethod
+    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+        """Write the workflow for ``task`` over the workers of ``view``."""
+
+    async def run(self, task: Task, view: PoolView, limits: Limits) -> Episode:
+        plan = await self.plan(task, view, limits)
+        trace = await execute(plan.workflow, task, view, limits, recursion=self.recursion_hook(view))
+        trace.workflow_text = plan.text
+        trace.fallback_plan = plan.fallback
+        return Episode(plan=plan, trace=trace)
+
+    def recursion_hook(self, view: PoolView) -> Any:
+        """Policies that can be called as a step of their own workflow return a hook here."""
+        return None
+
+
+_REGISTRY = {
+    "single": "rl_conductor.policies.baselines:SingleWorker",
+    "random": "rl_conductor.policies.baselines:RandomWorkflow",
+    "moa": "rl_conductor.policies.baselines:MixtureOfAgents",
+    "self-consistency": "rl_conductor.policies.baselines:SelfConsistency",
+    "oracle": "rl_conductor.policies.baselines:Oracle",
+    "knn": "rl_conductor.policies.knn:KnnRouter",
+    "conductor": "rl_conductor.policies.conductor:ConductorPolicy",
+}
+
+
+def policy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_policy(spec: str, pool: Pool, **kwargs: Any) -> Policy:
+    """Build a policy from a spec like ``single:gpt-5``, ``moa``, ``self-consistency:gpt-5``,
+    ``random``, ``oracle``, ``knn`` or ``conductor:PATH``."""
+    kind, _, arg = spec.partition(":")
+    if kind not in _REGISTRY:
+        raise ValueError(f"unknown policy {spec!r}; known kinds: {policy_names()}")
+    module, _, cls_name = _REGISTRY[kind].partition(":")
+    cls = getattr(importlib.import_module(module), cls_name)
+    return cls.from_spec(arg, pool, **kwargs)

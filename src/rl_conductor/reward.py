@@ -1,0 +1,70 @@
+"""Grade a trace and turn it into a reward.
+
+``reward = format_bonus·parsed + correct_weight·correct − cost_weight·cost/cost_scale − budget_penalty``
+(0 for an unparseable plan). The paper's reward (0 / 0.5 / 1, no cost term) is the ``paper``
+preset; the default preset adds a cost term so that, between two equally correct workflows, the
+cheaper one wins, and a penalty when a stated budget stopped the workflow early.
+
+``trl_reward_function`` adapts this to TRL's reward-function contract
+``(prompts, completions, **kwargs) -> list[float | None]``; training, evaluation and serving
+share :func:`grade_trace` so "correct" means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Trace
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Weights of the reward terms (see module docstring)."""
+
+    format_bonus: float = 0.5
+    correct_weight: float = 0.5
+    cost_weight: float = 0.25
+    cost_scale: float = 0.01  # USD: a cost of `cost_scale` costs `cost_weight` reward
+    budget_penalty: float = 0.25
+    max_cost_penalty: float = 0.5  # the cost term is capped so a correct answer stays worth more than a wrong one
+
+    def __post_init__(self) -> None:
+        if self.cost_scale <= 0:
+            raise ValueError("cost_scale must be > 0 (it is the dollar amount that costs `cost_weight` reward)")
+        for f in fields(self):
+            if getattr(self, f.name) < 0:
+                raise ValueError(f"{f.name} must be >= 0")
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+REWARD_PRESETS: dict[str, RewardConfig] = {
+    "paper": RewardConfig(cost_weight=0.0, budget_penalty=0.0),
+    "cost-aware": RewardConfig(),
+}
+
+
+def grade_trace(task: Task, trace: Trace) -> bool:
+    """Whether the trace's final answer is correct for the task."""
+    from rl_conductor.tasks.graders import grade
+
+    return bool(trace.final_answer) and grade(task, trace.final_answer)
+
+
+def compute_reward(
+    *, parsed: bool, correct: bool, cost_usd: float, budget_exceeded: bool, config: RewardConfig
+) -> float:
+    if not parsed:
+        return 0.0
+    r = config.format_bonus + (config.correct_weight if correct else 0.0)
+    r -= min(config.max_cost_penalty, config.cost_weight * cost_usd / config.cost_scale)
+    if budget_exceeded:
+        r -= config.budget_penalty
+    return r
+
+
+def budget_stopped(trace: Trace) -> bool:
+    """True when a stated budget stopped the workflow before all its steps ran."""
+    return any(s.status == "skipped_budget" for s in trace.steps)

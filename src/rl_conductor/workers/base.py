@@ -1,0 +1,107 @@
+"""The Worker protocol: one async call, plus the static facts the executor and the prompt need.
+
+Live clients (OpenAI-compatible, Anthropic, Gemini, KServe v1/v2), the simulated paper pool and
+the replay pool all implement it. ``context`` is optional and carries the structured call
+information that offline workers need (the task and its gold answer, the earlier answers this
+step sees); live workers ignore it and see only ``messages``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from rl_conductor.tasks.base import Task
+
+Hosting = Literal["self", "external"]
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What one worker call produced and what it cost."""
+
+    text: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    latency_s: float
+    worker: str = ""
+    cached: bool = False
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Structured facts about a call, for offline workers (simulated, replay).
+
+    Attributes:
+        task: the task being answered (simulated and replay workers read its id and gold answer).
+        step_index: position of the step in the workflow.
+        instruction: the step's subtask.
+        visible_answers: the answers of the earlier steps this step sees, in order.
+        nonce: distinguishes repeated calls of one worker on one item (self-consistency samples).
+    """
+
+    task: Task
+    step_index: int = 0
+    instruction: str = ""
+    visible_answers: tuple[str, ...] = ()
+    nonce: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Static facts about a worker: identity, prices, hosting, a one-line description."""
+
+    name: str
+    price_in: float  # USD per 1M input tokens
+    price_out: float  # USD per 1M output tokens
+    hosting: Hosting
+    description: str = ""
+    kind: str = ""
+    max_output_tokens: int = 4096
+    #: typical output length, used for pre-flight cost estimates
+    typical_output_tokens: int = 512
+    extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.price_in + output_tokens * self.price_out) / 1_000_000
+
+    def price_tier(self) -> str:
+        """Coarse price label shown to the Conductor ($, $$, $$$)."""
+        blended = self.price_in + 3 * self.price_out
+        if blended < 2.0:
+            return "$"
+        if blended < 20.0:
+            return "$$"
+        return "$$$"
+
+
+@runtime_checkable
+class Worker(Protocol):
+    """Anything that answers chat messages and reports its usage."""
+
+    info: WorkerInfo
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        temperature: float,
+        context: CallContext | None = None,
+    ) -> Completion: ...
+
+
+def estimate_tokens(text: str) -> int:
+    """Cheap, dependency-free token estimate (~4 characters per token), used for pre-flight
+    cost estimates and for recorded text without a tokenizer. Never below 1 for non-empty text."""
+    if not text:
+        return 0
+    return max(1, round(len(text) / 4))
+
+
+class WorkerError(RuntimeError):
+    """A worker failed (HTTP error, timeout, garbage) after its retries."""

@@ -1,0 +1,108 @@
+"""Test doubles shipped in the library (pydantic-ai's ``TestModel`` idea): deterministic workers
+with a fixed latency, scripted answers and failure modes. Tests, benchmarks and demos use them.
+
+They honour the Worker contract the executor relies on: output tokens never exceed
+``max_tokens`` and input tokens are counted with :func:`estimate_tokens`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from rl_conductor.workers.base import (
+    CallContext,
+    Completion,
+    Hosting,
+    Message,
+    WorkerError,
+    WorkerInfo,
+    estimate_tokens,
+)
+from rl_conductor.workers.pool import Pool, register_kind
+
+Responder = Callable[[Sequence[Message], CallContext | None], str]
+
+
+@dataclass
+class FakeWorker:
+    """A worker that answers with ``answer`` (or ``responder(messages, context)``) after ``latency_s``.
+
+    Attributes:
+        fail_times: the first N calls raise :class:`WorkerError` (then it recovers).
+        hang: every call sleeps forever (to test timeouts).
+        output_tokens: reported output tokens (capped at ``max_tokens``).
+    """
+
+    info: WorkerInfo
+    answer: str = "The answer is 42."
+    latency_s: float = 0.0
+    responder: Responder | None = None
+    fail_times: int = 0
+    hang: bool = False
+    output_tokens: int = 50
+    calls: list[dict[str, object]] = field(default_factory=list)
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        temperature: float,
+        context: CallContext | None = None,
+    ) -> Completion:
+        t0 = time.perf_counter()
+        self.calls.append({"messages": list(messages), "max_tokens": max_tokens, "t": t0, "context": context})
+        if self.hang:
+            await asyncio.sleep(3600)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        if self.fail_times > 0:
+            self.fail_times -= 1
+            raise WorkerError(f"{self.info.name}: scripted failure")
+        text = self.responder(messages, context) if self.responder else self.answer
+        in_tok = sum(estimate_tokens(m.get("content", "")) for m in messages)
+        out_tok = min(self.output_tokens, max_tokens)
+        return Completion(
+            text=text,
+            input_tokens=in_tok,
+            output_tokens=out_tok,
+            cost_usd=self.info.cost(in_tok, out_tok),
+            latency_s=self.latency_s or (time.perf_counter() - t0),
+            worker=self.info.name,
+        )
+
+
+def fake_info(
+    name: str, *, price_in: float = 1.0, price_out: float = 2.0, hosting: Hosting = "external"
+) -> WorkerInfo:
+    return WorkerInfo(name=name, price_in=price_in, price_out=price_out, hosting=hosting, kind="fake")
+
+
+def fake_pool(
+    n: int = 3, *, latency_s: float = 0.0, hosting: Sequence[Hosting] | None = None, name: str = "fake"
+) -> Pool:
+    """A pool of ``n`` fake workers ``w0..w{n-1}`` with rising prices."""
+    hs = list(hosting) if hosting else ["external"] * n
+    workers = [
+        FakeWorker(
+            info=fake_info(f"w{i}", price_in=0.5 * (i + 1), price_out=2.0 * (i + 1), hosting=hs[i]),
+            answer=f"answer from w{i}",
+            latency_s=latency_s,
+        )
+        for i in range(n)
+    ]
+    return Pool(name=name, workers=list(workers))
+
+
+@register_kind("fake")
+def _build_fake(spec: dict[str, object], options: dict[str, object]) -> FakeWorker:
+    from rl_conductor.workers.pool import info_from_spec
+
+    return FakeWorker(
+        info=info_from_spec(spec),
+        answer=str(spec.get("answer", "The answer is 42.")),
+        latency_s=float(spec.get("latency_s", 0.0)),  # type: ignore[arg-type]
+    )

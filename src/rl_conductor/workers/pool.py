@@ -1,0 +1,203 @@
+"""Worker pools: one YAML format shared by training, evaluation and serving.
+
+A pool file lists workers with their kind, model, prices, hosting and description::
+
+    name: paper-sim
+    seed: 0                      # pool-level options are passed to every worker builder
+    workers:
+      - name: gpt-5
+        kind: simulated          # simulated | replay | openai | anthropic | gemini | kserve-v1 | kserve-v2
+        price_in: 1.25           # USD per 1M tokens
+        price_out: 10.0
+        hosting: external        # self = inside the cluster, external = third-party API
+        description: strongest coder, strong at math
+
+Builders for each ``kind`` register themselves with :func:`register_kind`; the built-in pools live
+in ``rl_conductor/configs/pools`` and are found by name (``load_pool("paper-sim")``).
+
+The Conductor sees a :class:`PoolView`: an ordered subset of the pool whose ordinal ids
+(``Model 0 … Model k-1``) are what workflows refer to. Randomised pools are views over random subsets.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rl_conductor.workers.base import Worker, WorkerInfo
+
+WorkerBuilder = Callable[[dict[str, Any], dict[str, Any]], Worker]
+_BUILDERS: dict[str, WorkerBuilder] = {}
+_BUILTIN_MODULES = {
+    "simulated": "rl_conductor.workers.simulated",
+    "replay": "rl_conductor.workers.replay",
+    "fake": "rl_conductor.workers.fake",
+}
+
+
+class PoolConfigError(ValueError):
+    """A pool file is malformed; the message names the field."""
+
+
+def register_kind(kind: str) -> Callable[[WorkerBuilder], WorkerBuilder]:
+    """Decorator: register ``builder(worker_spec, pool_options) -> Worker`` for a worker kind."""
+
+    def deco(fn: WorkerBuilder) -> WorkerBuilder:
+        _BUILDERS[kind] = fn
+        return fn
+
+    return deco
+
+
+def info_from_spec(spec: dict[str, Any]) -> WorkerInfo:
+    """Build the static :class:`WorkerInfo` from a worker entry of a pool file."""
+    try:
+        hosting = spec.get("hosting", "external")
+        if hosting not in ("self", "external"):
+            raise PoolConfigError(f"worker {spec.get('name')!r}: hosting must be 'self' or 'external'")
+        return WorkerInfo(
+            name=str(spec["name"]),
+            price_in=float(spec.get("price_in", 0.0)),
+            price_out=float(spec.get("price_out", 0.0)),
+            hosting=hosting,
+            description=str(spec.get("description", "")),
+            kind=str(spec.get("kind", "")),
+            max_output_tokens=int(spec.get("max_output_tokens", 4096)),
+            typical_output_tokens=int(spec.get("typical_output_tokens", 512)),
+            extra={k: v for k, v in spec.items() if k not in _INFO_KEYS},
+        )
+    except KeyError as exc:
+        raise PoolConfigError(f"worker entry is missing {exc.args[0]!r}: {spec}") from None
+
+
+_INFO_KEYS = {
+    "name", "price_in", "price_out", "hosting", "description", "kind", "max_output_tokens",
+    "typical_output_tokens",
+}
+
+
+@dataclass
+class Pool:
+    """A named, ordered set of workers."""
+
+    name: str
+    workers: list[Worker]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def names(self) -> list[str]:
+        return [w.info.name for w in self.workers]
+
+    def index(self, name: str) -> int:
+        for i, w in enumerate(self.workers):
+            if w.info.name == name:
+                return i
+        raise KeyError(f"pool {self.name!r} has no worker {name!r}; it has {self.names()}")
+
+    def get(self, name: str) -> Worker:
+        return self.workers[self.index(name)]
+
+    def view(self, indices: Sequence[int] | None = None) -> PoolView:
+        """The pool as the Conductor sees it: ordinal ids over ``indices`` (all, in order, by default)."""
+        idx = tuple(range(len(self.workers))) if indices is None else tuple(indices)
+        for i in idx:
+            if not 0 <= i < len(self.workers):
+                raise IndexError(f"pool {self.name!r} has no worker #{i}")
+        return PoolView(pool=self, indices=idx)
+
+    def random_view(self, rng: random.Random, *, min_size: int = 2, max_size: int | None = None) -> PoolView:
+        """A random subset in random order (randomised-pool training)."""
+        hi = len(self.workers) if max_size is None else min(max_size, len(self.workers))
+        lo = min(max(1, min_size), hi)
+        k = rng.randint(lo, hi)
+        idx = rng.sample(range(len(self.workers)), k)
+        return self.view(idx)
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """An ordered subset of a pool; workflow worker ids index into it."""
+
+    pool: Pool
+    indices: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def worker(self, ordinal: int) -> Worker:
+        return self.pool.workers[self.indices[ordinal]]
+
+    def infos(self) -> list[WorkerInfo]:
+        return [self.worker(i).info for i in range(len(self))]
+
+    def names(self) -> list[str]:
+        return [i.name for i in self.infos()]
+
+    def restrict(self, keep: Iterable[str]) -> PoolView:
+        """A view with only the named workers (order kept)."""
+        keep_set = set(keep)
+        return PoolView(
+            pool=self.pool, indices=tuple(i for i in self.indices if self.pool.workers[i].info.name in keep_set)
+        )
+
+
+def builtin_pool_dir() -> Path:
+    return Path(str(resources.files("rl_conductor").joinpath("configs", "pools")))
+
+
+def available_pools() -> list[str]:
+    return sorted(p.stem for p in builtin_pool_dir().glob("*.yaml"))
+
+
+def _resolve(name_or_path: str | Path) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    candidate = builtin_pool_dir() / f"{name_or_path}.yaml"
+    if candidate.exists():
+        return candidate
+    raise PoolConfigError(f"no pool named {str(name_or_path)!r}; built-in pools: {available_pools()}")
+
+
+def load_pool_config(name_or_path: str | Path) -> dict[str, Any]:
+    with _resolve(name_or_path).open(encoding="utf-8") as fh:
+        cfg = yaml.safe_load(fh)
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("workers"), list) or not cfg["workers"]:
+        raise PoolConfigError(f"pool {name_or_path!r}: expected a mapping with a non-empty `workers` list")
+    return cfg
+
+
+def build_pool(cfg: dict[str, Any], **overrides: Any) -> Pool:
+    """Build a pool from a parsed config; ``overrides`` update pool-level options (e.g. ``seed``)."""
+    import importlib
+
+    options = {k: v for k, v in cfg.items() if k not in ("name", "workers")}
+    options.update(overrides)
+    workers: list[Worker] = []
+    names: set[str] = set()
+    for spec in cfg["workers"]:
+        if not isinstance(spec, dict) or "name" not in spec or "kind" not in spec:
+            raise PoolConfigError(f"each worker needs `name` and `kind`: {spec!r}")
+        kind = spec["kind"]
+        if kind not in _BUILDERS and kind in _BUILTIN_MODULES:
+            importlib.import_module(_BUILTIN_MODULES[kind])
+        if kind not in _BUILDERS:
+            raise PoolConfigError(f"worker {spec['name']!r}: unknown kind {kind!r}; known: {sorted(_BUILDERS)}")
+        if spec["name"] in names:
+            raise PoolConfigError(f"duplicate worker name {spec['name']!r}")
+        names.add(spec["name"])
+        workers.append(_BUILDERS[kind](dict(spec), options))
+    return Pool(name=str(cfg.get("name", "pool")), workers=workers, options=options)
+
+
+def load_pool(name_or_path: str | Path, **overrides: Any) -> Pool:
+    """Load a built-in pool by name or a pool YAML by path."""
+    return build_pool(load_pool_config(name_or_path), **overrides)

@@ -1,0 +1,239 @@
+"""Workflows: the plan a Conductor writes, parsed safely, rendered back, and turned into messages.
+
+The Conductor writes, after optional free-text reasoning, three equal-length Python lists
+(the paper's format)::
+
+    model_id = [2, 0]
+    subtasks = ["Solve the problem step by step.", "Check the solution above and give the final answer."]
+    access_list = [[], "all"]
+
+``access_list`` entries are ``"all"`` (see every earlier step), ``[]`` (see none) or a list of
+earlier step indices (an extension of the paper). A worker id equal to the pool size names the
+Conductor itself (recursion). Parsing uses ``ast.literal_eval`` on bracket-matched list literals,
+never ``eval``; anything malformed raises :class:`ParseError` with a message saying what is wrong.
+When a list name occurs several times (a model that "thinks out loud"), the last occurrence wins.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Literal
+
+DEFAULT_MAX_STEPS = 5
+LIST_NAMES = ("model_id", "subtasks", "access_list")
+
+Access = Literal["all"] | tuple[int, ...]
+
+
+class ParseError(ValueError):
+    """The Conductor's text is not a valid workflow; the message names what is wrong."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One subtask: which worker, what instruction, which earlier steps it sees."""
+
+    worker: int
+    instruction: str
+    access: Access = ()
+
+    def visible(self, index: int) -> tuple[int, ...]:
+        """Indices of earlier steps this step (at position ``index``) sees."""
+        if self.access == "all":
+            return tuple(range(index))
+        return tuple(self.access)
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """An ordered list of steps; the final answer is the last step's output."""
+
+    steps: tuple[Step, ...]
+    reasoning: str = field(default="", compare=False)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def dependencies(self) -> list[tuple[int, ...]]:
+        return [s.visible(i) for i, s in enumerate(self.steps)]
+
+    def workers(self) -> list[int]:
+        return [s.worker for s in self.steps]
+
+
+_ASSIGN = {name: re.compile(rf"\b{name}\s*(?:=|:)\s*\[") for name in LIST_NAMES}
+
+
+def _extract_list_literal(text: str, start: int) -> str:
+    """Return the bracket-matched list literal starting at ``text[start] == '['``.
+
+    Tracks Python string literals (single, double, triple quotes, escapes) so that brackets
+    inside instructions do not end the list early.
+    """
+    depth = 0
+    i = start
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c in "'\"":
+            quote = text[i : i + 3] if text[i : i + 3] in ("'''", '"""') else c
+            i += len(quote)
+            while i < n and not text.startswith(quote, i):
+                i += 2 if text[i] == "\\" else 1
+            if i >= n:
+                raise ParseError("unterminated string literal inside a list")
+            i += len(quote)
+            continue
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+            if depth == 0:
+                return text[start : i + 1]
+        i += 1
+    raise ParseError("unbalanced brackets: a list is not closed")
+
+
+def _find_list(text: str, name: str) -> list[object]:
+    matches = list(_ASSIGN[name].finditer(text))
+    if not matches:
+        raise ParseError(f"missing `{name} = [...]`")
+    last = matches[-1]
+    literal = _extract_list_literal(text, last.end() - 1)
+    try:
+        value = ast.literal_eval(literal)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
+        raise ParseError(f"`{name}` is not a Python list literal: {exc.__class__.__name__}") from None
+    if not isinstance(value, list):
+        raise ParseError(f"`{name}` must be a list")
+    return value
+
+
+def _parse_access(entry: object, index: int) -> Access:
+    if entry == "all":
+        return "all" if index > 0 else ()
+    if isinstance(entry, (list, tuple)):
+        out: list[int] = []
+        for ref in entry:
+            if isinstance(ref, bool) or not isinstance(ref, int):
+                raise ParseError(f"access_list[{index}] must hold step indices (ints), got {ref!r}")
+            if ref < 0:
+                raise ParseError(f"access_list[{index}] has a negative step index {ref}")
+            if ref >= index:
+                raise ParseError(
+                    f"access_list[{index}] refers to step {ref}, which is not earlier than step {index}"
+                )
+            if ref not in out:
+                out.append(ref)
+        return tuple(sorted(out))
+    raise ParseError(f'access_list[{index}] must be "all" or a list of earlier step indices, got {entry!r}')
+
+
+def parse(
+    text: str,
+    *,
+    pool_size: int,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    allow_recursion: bool = True,
+    allow_empty: bool = False,
+) -> Workflow:
+    """Parse a Conductor completion into a :class:`Workflow`.
+
+    Args:
+        text: the completion: optional reasoning, then the three lists.
+        pool_size: number of workers shown to the Conductor; id ``pool_size`` means "myself".
+        max_steps: upper bound on the number of steps.
+        allow_recursion: whether id ``pool_size`` is accepted.
+        allow_empty: accept three empty lists (a recursive call that keeps the parent's answer).
+
+    Raises:
+        ParseError: with a message naming the problem.
+    """
+    if not isinstance(text, str):
+        raise ParseError("completion is not text")
+    ids = _find_list(text, "model_id")
+    subtasks = _find_list(text, "subtasks")
+    access = _find_list(text, "access_list")
+    if not (len(ids) == len(subtasks) == len(access)):
+        raise ParseError(
+            f"lists have unequal lengths: model_id={len(ids)}, subtasks={len(subtasks)}, "
+            f"access_list={len(access)}"
+        )
+    if not ids and not allow_empty:
+        raise ParseError("the workflow has no steps")
+    if len(ids) > max_steps:
+        raise ParseError(f"the workflow has {len(ids)} steps; at most {max_steps} are allowed")
+    top = pool_size if allow_recursion else pool_size - 1
+    steps: list[Step] = []
+    for i, (wid, sub, acc) in enumerate(zip(ids, subtasks, access, strict=True)):
+        if isinstance(wid, bool) or not isinstance(wid, int):
+            raise ParseError(f"model_id[{i}] must be an int, got {wid!r}")
+        if not 0 <= wid <= top:
+            raise ParseError(f"model_id[{i}] = {wid} is out of range 0..{top}")
+        if not isinstance(sub, str):
+            raise ParseError(f"subtasks[{i}] must be a string, got {type(sub).__name__}")
+        if not sub.strip():
+            raise ParseError(f"subtasks[{i}] is empty")
+        steps.append(Step(worker=wid, instruction=sub.strip(), access=_parse_access(acc, i)))
+    reasoning = text[: min(m.start() for n in LIST_NAMES for m in [_ASSIGN[n].search(text)] if m)].strip()
+    return Workflow(steps=tuple(steps), reasoning=reasoning)
+
+
+def _access_literal(step: Step, index: int) -> str:
+    if step.access == "all":
+        return '"all"'
+    if index > 0 and tuple(step.access) == tuple(range(index)) and index > 1:
+        return '"all"'
+    return "[" + ", ".join(str(i) for i in step.access) + "]"
+
+
+def render(workflow: Workflow, *, reasoning: str | None = None) -> str:
+    """Render a workflow in the Conductor's output format; ``parse(render(w)) == w``."""
+    r = workflow.reasoning if reasoning is None else reasoning
+    ids = "[" + ", ".join(str(s.worker) for s in workflow.steps) + "]"
+    subs = "[" + ", ".join(repr(s.instruction) for s in workflow.steps) + "]"
+    acc = "[" + ", ".join(_access_literal(s, i) for i, s in enumerate(workflow.steps)) + "]"
+    body = f"model_id = {ids}\nsubtasks = {subs}\naccess_list = {acc}"
+    return f"{r.strip()}\n{body}" if r and r.strip() else body
+
+
+def normalize(workflow: Workflow) -> Workflow:
+    """Canonical form: ``"all"`` spelled as explicit indices (so equality ignores spelling)."""
+    steps = tuple(
+        Step(worker=s.worker, instruction=s.instruction, access=s.visible(i))
+        for i, s in enumerate(workflow.steps)
+    )
+    return Workflow(steps=steps, reasoning=workflow.reasoning)
+
+
+def _template(name: str) -> str:
+    return resources.files("rl_conductor.prompts").joinpath(name).read_text(encoding="utf-8")
+
+
+_WORKER_TEMPLATE: str | None = None
+
+
+def worker_message(question: str, visible: Sequence[tuple[int, str, str]], instruction: str) -> str:
+    """The single user message a worker receives (paper, Appendix): preamble, the original
+    question, the visible earlier subtasks with their answers, then its own subtask.
+
+    Args:
+        question: the original question.
+        visible: ``(step_index, subtask, answer)`` for each earlier step this step may see.
+        instruction: this step's subtask.
+    """
+    global _WORKER_TEMPLATE
+    if _WORKER_TEMPLATE is None:
+        _WORKER_TEMPLATE = _template("worker.txt")
+    if visible:
+        parts = [
+            f"[Step {i}] Subtask: {sub}\n[Step {i}] Answer:\n{ans}" for i, sub, ans in visible
+        ]
+        context = "Earlier steps of this workflow:\n\n" + "\n\n".join(parts) + "\n\n"
+    else:
+        context = ""
+    return _WORKER_TEMPLATE.format(question=question, context=context, instruction=instruction)
