@@ -1,0 +1,33 @@
+"""Tasks: the Task record, the dataset registry and loaders, graders and the code sandbox.
+
+Everything here is cheap to import: ``math-verify`` (and so sympy) loads on the first math grade.
+"""
+
+from rl_conductor.tasks.base import DOMAINS, Task
+from rl_conductor.tasks.datasets import (
+    UnknownDatasetError,
+    available_datasets,
+    domain_counts,
+    load_tasks,
+    register_dataset,
+    split_of,
+)
+from rl_conductor.tasks.graders import GRADERS, Grader, extract_answer, grade
+from rl_conductor.tasks.sandbox import SandboxResult, run_python
+
+__all__ = [
+    "DOMAINS",
+    "GRADERS",
+    "Grader",
+    "SandboxResult",
+    "Task",
+    "UnknownDatasetError",
+    "available_datasets",
+    "domain_counts",
+    "extract_answer",
+    "grade",
+    "load_tasks",
+    "register_dataset",
+    "run_python",
+    "split_of",
+]
