@@ -140,27 +140,22 @@ def _mmlu_subjects() -> list[str]:
 
 @functools.lru_cache(maxsize=1)
 def _mmlu() -> tuple[tuple[Task, ...], dict[str, dict[str, RecordedAnswer]], int]:
+    base = load_tasks("mmlu_stem")
     queue: dict[tuple[str, str], list[Task]] = defaultdict(list)
-    for task in load_tasks("mmlu_stem"):
+    for task in base:
         queue[(str(task.metadata.get("subject", "")), _norm(task.question))].append(task)
-    matched: dict[str, tuple[int, dict[str, RecordedAnswer]]] = {}
-    order = {t.id: i for i, t in enumerate(load_tasks("mmlu_stem"))}
+    recs: dict[str, dict[str, RecordedAnswer]] = {}
     n_rows = 0
     for subject in _mmlu_subjects():
         filename = f"mmlu_{subject}.csv.gz"
         for i, row in enumerate(_read_csv(_recorded_path(MMLU_DIR, filename))):
             n_rows += 1
             parsed = _mmlu_prompt(row["prompt"])
-            if parsed is None:
-                continue
-            waiting = queue.get((subject, _norm(format_choices(*parsed))))
-            if not waiting:
-                continue
-            task = waiting.pop(0)
-            matched[task.id] = (order[task.id], _answers(row, f"{filename} row {i}", with_text=False))
-    by_id = {t.id: t for t in load_tasks("mmlu_stem")}
-    ids = sorted(matched, key=lambda tid: matched[tid][0])
-    return tuple(by_id[i] for i in ids), {i: matched[i][1] for i in ids}, n_rows
+            waiting = queue.get((subject, _norm(format_choices(*parsed)))) if parsed else None
+            if waiting:  # identical duplicate questions are paired in file order
+                recs[waiting.pop(0).id] = _answers(row, f"{filename} row {i}", with_text=False)
+    tasks = tuple(t for t in base if t.id in recs)  # in the order of ``mmlu_stem``
+    return tasks, recs, n_rows
 
 
 @register_dataset("routellm-gsm8k")
