@@ -67,18 +67,30 @@ def reserve_input_tokens(messages: list[dict[str, str]]) -> int:
     return math.ceil(chars / _RESERVE_CHARS_PER_TOKEN) + _MESSAGE_OVERHEAD_TOKENS * len(messages)
 
 
+#: Relative slack kept off every budget so float rounding in sums never crosses the limit.
+_BUDGET_SLACK = 1e-9
+
+
 @dataclass
 class _Budget:
     limit: float | None
     spent: float = 0.0
     reserved: float = 0.0
+    holds: int = 0  # reservations in flight (counted, since float sums of them never return to 0.0)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def available(self) -> float:
-        return math.inf if self.limit is None else self.limit - self.spent - self.reserved
+        if self.limit is None:
+            return math.inf
+        return self.limit * (1 - _BUDGET_SLACK) - self.spent - self.reserved
+
+    def reserve(self, amount: float) -> None:
+        self.reserved += amount
+        self.holds += 1
 
     def release(self, reservation: float, charge: float) -> None:
-        self.reserved -= reservation
+        self.holds -= 1
+        self.reserved = self.reserved - reservation if self.holds else 0.0
         self.spent += charge
         self.changed.set()
 
@@ -133,13 +145,13 @@ async def _call(
                 cap = -1
         if cap >= MIN_OUTPUT_TOKENS:
             break
-        if run.budget.reserved <= 0:
+        if run.budget.holds == 0:
             return None, "budget", 0.0
         # siblings in flight hold reservations: wait until one settles, then look again
         run.budget.changed.clear()
         await run.budget.changed.wait()
     reservation = in_cost + cap * info.price_out / 1e6
-    run.budget.reserved += reservation
+    run.budget.reserve(reservation)
     try:
         comp = await asyncio.wait_for(
             worker.complete(messages, max_tokens=cap, temperature=run.limits.temperature, context=ctx),
@@ -241,7 +253,7 @@ async def _run_recursion(
     avail = run.budget.available()
     hold = 0.0 if math.isinf(avail) else max(0.0, avail)
     sub_limits = replace(run.limits, max_cost_usd=None if math.isinf(avail) else hold)
-    run.budget.reserved += hold
+    run.budget.reserve(hold)
     charge = 0.0
     try:
         inner = await run.recursion(
@@ -278,9 +290,11 @@ async def execute(
     trace = Trace(task_id=task.id)
     if len(workflow.steps) > limits.max_steps:
         trace.notes.append(f"workflow truncated to {limits.max_steps} steps")
-    for s in steps:
+    for i, s in enumerate(steps):
         if not 0 <= s.worker <= len(view):
             raise ValueError(f"step worker id {s.worker} is outside the view of {len(view)} workers")
+        if not all(0 <= d < i for d in s.visible(i)):
+            raise ValueError(f"step {i} may only see earlier steps, not {s.access}")
 
     done: dict[int, StepRecord] = {}
     pending = set(range(len(steps)))

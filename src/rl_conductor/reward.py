@@ -5,7 +5,7 @@
 preset; the default preset adds a cost term so that, between two equally correct workflows, the
 cheaper one wins, and a penalty when a stated budget stopped the workflow early.
 
-``trl_reward_function`` adapts this to TRL's reward-function contract
+``rl_conductor.training.rewards.ConductorReward`` adapts this to TRL's reward-function contract
 ``(prompts, completions, **kwargs) -> list[float | None]``; training, evaluation and serving
 share :func:`grade_trace` so "correct" means the same thing everywhere.
 """
@@ -13,6 +13,7 @@ share :func:`grade_trace` so "correct" means the same thing everywhere.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
 
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Trace
@@ -27,7 +28,7 @@ class RewardConfig:
     cost_weight: float = 0.25
     cost_scale: float = 0.01  # USD: a cost of `cost_scale` costs `cost_weight` reward
     budget_penalty: float = 0.25
-    max_cost_penalty: float = 0.5  # the cost term is capped so a correct answer stays worth more than a wrong one
+    max_cost_penalty: float = 0.45  # capped below correct_weight: a correct answer stays worth more than a wrong one
 
     def __post_init__(self) -> None:
         if self.cost_scale <= 0:
@@ -48,9 +49,15 @@ REWARD_PRESETS: dict[str, RewardConfig] = {
 
 def grade_trace(task: Task, trace: Trace) -> bool:
     """Whether the trace's final answer is correct for the task."""
+    return bool(trace.final_answer) and _grade_cached(task, trace.final_answer)
+
+
+@lru_cache(maxsize=200_000)
+def _grade_cached(task: Task, text: str) -> bool:
+    # rollouts repeat the same (task, answer) pairs often; code answers cost a sandboxed subprocess
     from rl_conductor.tasks.graders import grade
 
-    return bool(trace.final_answer) and grade(task, trace.final_answer)
+    return grade(task, text)
 
 
 def compute_reward(
@@ -67,4 +74,6 @@ def compute_reward(
 
 def budget_stopped(trace: Trace) -> bool:
     """True when a stated budget stopped the workflow before all its steps ran."""
-    return any(s.status == "skipped_budget" for s in trace.steps)
+    from rl_conductor.trace import _flatten
+
+    return any(s.status == "skipped_budget" for s in _flatten(trace.steps))

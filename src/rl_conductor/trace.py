@@ -17,8 +17,8 @@ class Limits:
         allowed_workers: worker names that may be called (None = all).
         sensitivity: ``"private"`` keeps the request on ``hosting: self`` workers only.
         max_steps: most steps a workflow may run.
-        step_timeout_s: per-call timeout; a timed-out step is retried once, then replaced
-            by a fallback worker of the same hosting class, else fails.
+        step_timeout_s: per-call timeout; a timed-out (or failed) call is replaced by a
+            fallback worker of the same hosting class, else the step fails.
         max_tokens: max output tokens per worker call.
         temperature: worker sampling temperature (paper: 0.2).
         recursion_depth: how deep the Conductor may call itself (0 = never).

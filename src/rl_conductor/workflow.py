@@ -11,7 +11,8 @@ The Conductor writes, after optional free-text reasoning, three equal-length Pyt
 earlier step indices (an extension of the paper). A worker id equal to the pool size names the
 Conductor itself (recursion). Parsing uses ``ast.literal_eval`` on bracket-matched list literals,
 never ``eval``; anything malformed raises :class:`ParseError` with a message saying what is wrong.
-When a list name occurs several times (a model that "thinks out loud"), the last occurrence wins.
+When a list name occurs several times (a model that "thinks out loud"), the last occurrence wins;
+occurrences inside another list (an instruction quoting the format) are not assignments.
 """
 
 from __future__ import annotations
@@ -98,12 +99,43 @@ def _extract_list_literal(text: str, start: int) -> str:
     raise ParseError("unbalanced brackets: a list is not closed")
 
 
-def _find_list(text: str, name: str) -> list[object]:
-    matches = list(_ASSIGN[name].finditer(text))
-    if not matches:
-        raise ParseError(f"missing `{name} = [...]`")
-    last = matches[-1]
-    literal = _extract_list_literal(text, last.end() - 1)
+#: Only the last this-many list assignments are examined (bounds the work on adversarial text).
+_MAX_CANDIDATES = 32
+
+
+def _find_lists(text: str) -> dict[str, list[object]]:
+    """The three lists: for each name, its last assignment that is not inside another list.
+
+    Assignments are examined in text order; one whose literal evaluates to a list claims its
+    span, so a later ``model_id = [`` that lies inside a claimed literal (an instruction that
+    mentions the format) is not mistaken for the real list. Drafts that do not evaluate claim
+    nothing, and the last unclaimed assignment of each name wins.
+    """
+    found = sorted((m.end() - 1, name) for name in LIST_NAMES for m in _ASSIGN[name].finditer(text))
+    results: dict[str, list[object] | ParseError] = {}
+    claimed_until = -1
+    for bracket, name in found[-_MAX_CANDIDATES:]:
+        if bracket < claimed_until:
+            continue
+        try:
+            literal = _extract_list_literal(text, bracket)
+            results[name] = _literal_list(literal, name)
+        except ParseError as exc:
+            results[name] = exc
+            continue
+        claimed_until = bracket + len(literal)
+    out: dict[str, list[object]] = {}
+    for name in LIST_NAMES:
+        got = results.get(name)
+        if got is None:
+            raise ParseError(f"missing `{name} = [...]`")
+        if isinstance(got, ParseError):
+            raise got
+        out[name] = got
+    return out
+
+
+def _literal_list(literal: str, name: str) -> list[object]:
     try:
         value = ast.literal_eval(literal)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
@@ -113,6 +145,15 @@ def _find_list(text: str, name: str) -> list[object]:
     return value
 
 
+def _show(value: object, limit: int = 80) -> str:
+    """``repr`` for error messages: shortened, and safe for ints too long to print."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond sys.get_int_max_str_digits()
+        text = f"<{type(value).__name__} too large to print>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _parse_access(entry: object, index: int) -> Access:
     if entry == "all":
         return "all" if index > 0 else ()
@@ -120,17 +161,20 @@ def _parse_access(entry: object, index: int) -> Access:
         out: list[int] = []
         for ref in entry:
             if isinstance(ref, bool) or not isinstance(ref, int):
-                raise ParseError(f"access_list[{index}] must hold step indices (ints), got {ref!r}")
+                raise ParseError(f"access_list[{index}] must hold step indices (ints), got {_show(ref)}")
             if ref < 0:
-                raise ParseError(f"access_list[{index}] has a negative step index {ref}")
+                raise ParseError(f"access_list[{index}] has a negative step index {_show(ref)}")
             if ref >= index:
                 raise ParseError(
-                    f"access_list[{index}] refers to step {ref}, which is not earlier than step {index}"
+                    f"access_list[{index}] refers to step {_show(ref)}, "
+                    f"which is not earlier than step {index}"
                 )
             if ref not in out:
                 out.append(ref)
         return tuple(sorted(out))
-    raise ParseError(f'access_list[{index}] must be "all" or a list of earlier step indices, got {entry!r}')
+    raise ParseError(
+        f'access_list[{index}] must be "all" or a list of earlier step indices, got {_show(entry)}'
+    )
 
 
 def parse(
@@ -155,9 +199,8 @@ def parse(
     """
     if not isinstance(text, str):
         raise ParseError("completion is not text")
-    ids = _find_list(text, "model_id")
-    subtasks = _find_list(text, "subtasks")
-    access = _find_list(text, "access_list")
+    lists = _find_lists(text)
+    ids, subtasks, access = lists["model_id"], lists["subtasks"], lists["access_list"]
     if not (len(ids) == len(subtasks) == len(access)):
         raise ParseError(
             f"lists have unequal lengths: model_id={len(ids)}, subtasks={len(subtasks)}, "
@@ -171,9 +214,9 @@ def parse(
     steps: list[Step] = []
     for i, (wid, sub, acc) in enumerate(zip(ids, subtasks, access, strict=True)):
         if isinstance(wid, bool) or not isinstance(wid, int):
-            raise ParseError(f"model_id[{i}] must be an int, got {wid!r}")
+            raise ParseError(f"model_id[{i}] must be an int, got {_show(wid)}")
         if not 0 <= wid <= top:
-            raise ParseError(f"model_id[{i}] = {wid} is out of range 0..{top}")
+            raise ParseError(f"model_id[{i}] = {_show(wid)} is out of range 0..{top}")
         if not isinstance(sub, str):
             raise ParseError(f"subtasks[{i}] must be a string, got {type(sub).__name__}")
         if not sub.strip():
@@ -230,9 +273,7 @@ def worker_message(question: str, visible: Sequence[tuple[int, str, str]], instr
     if _WORKER_TEMPLATE is None:
         _WORKER_TEMPLATE = _template("worker.txt")
     if visible:
-        parts = [
-            f"[Step {i}] Subtask: {sub}\n[Step {i}] Answer:\n{ans}" for i, sub, ans in visible
-        ]
+        parts = [f"[Step {i}] Subtask: {sub}\n[Step {i}] Answer:\n{ans}" for i, sub, ans in visible]
         context = "Earlier steps of this workflow:\n\n" + "\n\n".join(parts) + "\n\n"
     else:
         context = ""

@@ -98,9 +98,9 @@ class MixtureOfAgents(Policy):
     def from_spec(cls, arg: str, pool: Pool, **_: Any) -> MixtureOfAgents:
         if not arg:
             return cls()
-        props, _, agg = arg.partition(">")
+        props, _sep, agg = arg.partition(">")
         names = [p for p in props.split(",") if p]
-        for n in [*names, agg]:
+        for n in [*names, agg] if agg else names:
             pool.index(n)
         return cls(names, agg or names[0])
 
@@ -124,7 +124,7 @@ class SelfConsistency(Policy):
 
     @classmethod
     def from_spec(cls, arg: str, pool: Pool, **_: Any) -> SelfConsistency:
-        name, _, n = arg.partition("*")
+        name, _sep, n = arg.partition("*")
         if not name:
             raise ValueError("self-consistency needs a worker: self-consistency:<worker>[*N]")
         pool.index(name)
@@ -167,6 +167,8 @@ class Oracle(Policy):
         permitted = [
             j for j in range(len(view)) if limits.permits(view.worker(j).info.name, view.worker(j).info.hosting)
         ]
+        if not permitted:  # nothing may see the request: the executor records the skipped step
+            return await super().run(task, view, limits)
         wfs = [Workflow(steps=(Step(j, SOLVE, ()),)) for j in permitted]
         traces = await asyncio.gather(*(execute(wf, task, view, limits) for wf in wfs))
         graded = [(t, wf, grade_trace(task, t)) for t, wf in zip(traces, wfs, strict=True)]

@@ -1,0 +1,107 @@
+"""Rewards: the paper preset (0 / 0.5 / 1), the cost term and its cap, the budget penalty,
+and grading of real traces produced by the executor on fake workers."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rl_conductor.executor import execute
+from rl_conductor.reward import REWARD_PRESETS, RewardConfig, budget_stopped, compute_reward, grade_trace
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits, StepRecord, Trace
+from rl_conductor.workers.fake import FakeWorker, fake_info
+from rl_conductor.workers.pool import Pool
+from rl_conductor.workflow import Step, Workflow
+
+PAPER = REWARD_PRESETS["paper"]
+COST_AWARE = REWARD_PRESETS["cost-aware"]
+TASK = Task(id="m/1", question="What is 6 * 7?", answer="42", domain="math", source="test", grader="math")
+
+
+def _reward(
+    config: RewardConfig, *, parsed: bool = True, correct: bool = False, cost: float = 0.0, over: bool = False
+) -> float:
+    return compute_reward(parsed=parsed, correct=correct, cost_usd=cost, budget_exceeded=over, config=config)
+
+
+@pytest.mark.parametrize("cost", [0.0, 0.02, 5.0])
+@pytest.mark.parametrize("over", [False, True])
+def test_paper_preset_gives_0_half_1(cost: float, over: bool) -> None:
+    assert _reward(PAPER, parsed=False, correct=True, cost=cost, over=over) == 0.0
+    assert _reward(PAPER, correct=False, cost=cost, over=over) == 0.5
+    assert _reward(PAPER, correct=True, cost=cost, over=over) == 1.0
+
+
+def test_cost_term_reduces_reward_and_is_capped() -> None:
+    c = COST_AWARE
+    assert _reward(c, correct=True) == 1.0
+    assert _reward(c, correct=True, cost=c.cost_scale) == pytest.approx(1.0 - c.cost_weight)
+    assert _reward(c, correct=True, cost=c.cost_scale / 2) == pytest.approx(1.0 - c.cost_weight / 2)
+    # far beyond the scale the penalty stops at max_cost_penalty
+    assert _reward(c, correct=True, cost=100.0) == pytest.approx(1.0 - c.max_cost_penalty)
+    assert _reward(c, correct=False, cost=100.0) == pytest.approx(0.5 - c.max_cost_penalty)
+    # an unparseable plan scores 0 whatever it cost
+    assert _reward(c, parsed=False, cost=100.0, over=True) == 0.0
+
+
+@given(st.floats(0, 10), st.floats(0, 10), st.booleans(), st.booleans())
+def test_reward_is_monotone_in_cost_and_correct_never_loses_at_equal_cost(
+    a: float, b: float, correct: bool, over: bool
+) -> None:
+    lo, hi = sorted((a, b))
+    assert _reward(COST_AWARE, correct=correct, cost=lo, over=over) >= _reward(
+        COST_AWARE, correct=correct, cost=hi, over=over
+    )
+    assert _reward(COST_AWARE, correct=True, cost=a, over=over) > _reward(
+        COST_AWARE, correct=False, cost=a, over=over
+    )
+
+
+def test_budget_penalty_applies_when_budget_stopped() -> None:
+    ran = Trace(task_id="x", steps=[StepRecord(0, "w", "s", [], status="ok", answer="1")])
+    stopped = Trace(
+        task_id="x",
+        steps=[
+            StepRecord(0, "w", "s", [], status="ok", answer="1"),
+            StepRecord(1, "w", "s", [0], status="skipped_budget"),
+        ],
+    )
+    failed = Trace(task_id="x", steps=[StepRecord(0, "w", "s", [], status="failed")])
+    assert not budget_stopped(ran) and budget_stopped(stopped) and not budget_stopped(failed)
+    c = COST_AWARE
+    assert _reward(c, correct=True, over=budget_stopped(stopped)) == pytest.approx(1.0 - c.budget_penalty)
+    assert _reward(c, correct=True, over=budget_stopped(ran)) == 1.0
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="cost_scale"):
+        RewardConfig(cost_scale=0.0)
+    with pytest.raises(ValueError, match="budget_penalty"):
+        RewardConfig(budget_penalty=-1.0)
+    assert RewardConfig().to_dict()["format_bonus"] == 0.5
+
+
+async def test_grade_and_reward_real_traces() -> None:
+    right = FakeWorker(
+        info=fake_info("right", price_in=0.0, price_out=10.0), answer="so \\boxed{42}", output_tokens=500
+    )
+    wrong = FakeWorker(info=fake_info("wrong", price_in=0.0, price_out=0.0), answer="\\boxed{41}")
+    view = Pool(name="p", workers=[right, wrong]).view()
+    ok = await execute(Workflow(steps=(Step(0, "solve", ()),)), TASK, view)
+    assert grade_trace(TASK, ok) and not budget_stopped(ok)
+    assert ok.cost_usd == pytest.approx(500 * 10 / 1e6)
+    r = _reward(COST_AWARE, correct=grade_trace(TASK, ok), cost=ok.cost_usd, over=budget_stopped(ok))
+    assert r == pytest.approx(1.0 - 0.25 * 0.005 / 0.01)
+
+    # a budget too small for the right worker: its step is skipped, the cheap wrong answer stands
+    limited = await execute(
+        Workflow(steps=(Step(1, "draft", ()), Step(0, "solve", "all"))), TASK, view, Limits(max_cost_usd=1e-4)
+    )
+    assert budget_stopped(limited) and not grade_trace(TASK, limited)
+    assert limited.final_answer == "\\boxed{41}"
+    assert _reward(COST_AWARE, correct=False, cost=limited.cost_usd, over=True) == pytest.approx(0.25)
+
+    empty = Trace(task_id=TASK.id)
+    assert not grade_trace(TASK, empty)
