@@ -119,7 +119,7 @@ def run_eval(
     view = p.view()
     out = []
     for spec in policies:
-        pol = make_policy(spec, p, seed=seed)
+        pol = make_policy(spec, p, seed=seed, dataset=ds)
         res = evaluate(pol, view, tasks, lim, concurrency=concurrency, progress=progress)
         summary = res.summary()
         summary.update(dataset=ds, split=split)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rl_conductor.policies.base import Policy
+from rl_conductor.policies.base import Episode, Policy
 from rl_conductor.reward import grade_trace
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
@@ -76,8 +76,7 @@ class EvalResult:
         return out
 
 
-async def _one(policy: Policy, task: Task, view: PoolView, limits: Limits) -> Record:
-    ep = await policy.run(task, view, limits)
+def _record(task: Task, ep: Episode) -> Record:
     t = ep.trace
     return Record(
         task_id=task.id,
@@ -104,10 +103,10 @@ async def evaluate_async(
     progress: bool = True,
     description: str | None = None,
 ) -> EvalResult:
-    """Run ``policy`` on every task (bounded concurrency) and collect records in task order."""
+    """Run ``policy`` on every task, ``concurrency`` tasks at a time (one ``run_many`` batch, so
+    LM policies batch their generation), and collect records in task order."""
     limits = limits or Limits()
-    sem = asyncio.Semaphore(concurrency)
-    records: list[Record | None] = [None] * len(tasks)
+    records: list[Record] = []
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -116,14 +115,12 @@ async def evaluate_async(
         disable=not progress, transient=True,
     ) as bar:
         pid = bar.add_task(description or f"eval {policy.name}", total=len(tasks))
-
-        async def guarded(i: int, task: Task) -> None:
-            async with sem:
-                records[i] = await _one(policy, task, view, limits)
-            bar.advance(pid)
-
-        await asyncio.gather(*(guarded(i, t) for i, t in enumerate(tasks)))
-    return EvalResult(policy=policy.name, pool=view.pool.name, records=[r for r in records if r is not None])
+        for start in range(0, len(tasks), concurrency):
+            chunk = list(tasks[start : start + concurrency])
+            episodes = await policy.run_many(chunk, view, limits)
+            records.extend(_record(t, ep) for t, ep in zip(chunk, episodes, strict=True))
+            bar.advance(pid, len(chunk))
+    return EvalResult(policy=policy.name, pool=view.pool.name, records=records)
 
 
 def evaluate(policy: Policy, view: PoolView, tasks: Sequence[Task], limits: Limits | None = None, **kw: Any) -> EvalResult:

@@ -7,7 +7,9 @@ the last step's output (self-consistency votes; the oracle picks) overrides ``ru
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+from collections.abc import Sequence
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +54,10 @@ class Policy(ABC):
         trace.workflow_text = plan.text
         trace.fallback_plan = plan.fallback
         return Episode(plan=plan, trace=trace)
+
+    async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
+        """Run several tasks; policies with batched planning (the LM Conductor) override this."""
+        return list(await asyncio.gather(*(self.run(t, view, limits) for t in tasks)))
 
     def recursion_hook(self, view: PoolView) -> Any:
         """Policies that can be called as a step of their own workflow return a hook here."""

@@ -1,0 +1,159 @@
+"""The LM Conductor as a Policy: prompt → generate → parse → (retry | fallback) → workflow.
+
+It loads a trained model folder (weights, tokenizer, ``conductor.json``), plans greedily by
+default and batches generation across tasks (``run_many``). On an unparseable plan it samples
+``retries`` more times; if none parses it falls back to a documented default plan — one step on
+the view's highest-priced permitted worker, which is the safest single choice a platform team
+would make by hand — and marks the plan (``Plan.fallback``, ``Trace.fallback_plan``).
+
+When a workflow names the Conductor itself (id = pool size), the recursion hook renders the
+recursive prompt (parent workflow + answer so far), generates an inner workflow and executes it
+one level deeper; three empty lists keep the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rl_conductor.executor import RecursionRequest, execute
+from rl_conductor.policies.base import Episode, Plan, Policy
+from rl_conductor.prompting import DEFAULT_MAX_QUESTION_CHARS, conductor_prompt, recursive_prompt
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits, Trace
+from rl_conductor.workers.pool import Pool, PoolView
+from rl_conductor.workflow import ParseError, Step, Workflow, parse, render
+
+CONFIG_FILE = "conductor.json"
+FALLBACK_INSTRUCTION = "Solve the problem step by step and give the final answer."
+
+
+def fallback_workflow(view: PoolView, limits: Limits) -> Workflow:
+    """One step on the highest-priced permitted worker (any worker if none is permitted)."""
+    permitted = [j for j, i in enumerate(view.infos()) if limits.permits(i.name, i.hosting)] or list(range(len(view)))
+    best = max(permitted, key=lambda j: (view.worker(j).info.price_out, -j))
+    return Workflow(steps=(Step(best, FALLBACK_INSTRUCTION, ()),))
+
+
+class ConductorPolicy(Policy):
+    """A trained Conductor model (see module docstring)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        greedy: bool = True,
+        retries: int = 2,
+        retry_temperature: float = 0.7,
+        max_new_tokens: int | None = None,
+        batch_size: int = 32,
+        seed: int = 0,
+        device: str = "cpu",
+    ) -> None:
+        from rl_conductor.training.generate import load_lm
+
+        self.model_dir = Path(model_dir)
+        cfg_path = self.model_dir / CONFIG_FILE
+        self.meta: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        self.model, self.tokenizer = load_lm(self.model_dir, device=device)
+        self.greedy = greedy
+        self.retries = retries
+        self.retry_temperature = retry_temperature
+        self.max_new_tokens = int(max_new_tokens or self.meta.get("max_completion_length", 256))
+        self.max_question_chars = int(self.meta.get("max_question_chars", DEFAULT_MAX_QUESTION_CHARS))
+        self.batch_size = batch_size
+        self.seed = seed
+        self.name = f"conductor:{self.model_dir.name}"
+        self._lock = threading.Lock()  # generation is synchronous; guards the model across threads
+
+    @classmethod
+    def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> ConductorPolicy:
+        if not arg:
+            raise ValueError("conductor needs a model folder: conductor:DIR")
+        return cls(arg, seed=int(kw.get("seed", 0)))
+
+    # -- generation -------------------------------------------------------------------------
+    def _chat(self, prompt: str) -> str:
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        return str(text)
+
+    def _generate(self, prompts: Sequence[str], *, greedy: bool, seed: int) -> list[str]:
+        from rl_conductor.training.generate import generate
+
+        return generate(
+            self.model, self.tokenizer, [self._chat(p) for p in prompts], max_new_tokens=self.max_new_tokens,
+            temperature=self.retry_temperature, greedy=greedy, seed=seed, batch_size=self.batch_size,
+        )
+
+    def _parse_all(
+        self, prompts: list[str], views: list[PoolView], limits: list[Limits], *, allow_empty: bool = False
+    ) -> list[Plan]:
+        """Generate for every prompt, retry the unparseable ones, fall back where retries fail."""
+        plans: list[Plan | None] = [None] * len(prompts)
+        errors: list[str] = [""] * len(prompts)
+        todo = list(range(len(prompts)))
+        for attempt in range(self.retries + 1):
+            if not todo:
+                break
+            greedy = self.greedy and attempt == 0
+            texts = self._generate([prompts[i] for i in todo], greedy=greedy, seed=self.seed + attempt)
+            still = []
+            for i, text in zip(todo, texts, strict=True):
+                try:
+                    wf = parse(
+                        text, pool_size=len(views[i]), max_steps=limits[i].max_steps,
+                        allow_recursion=limits[i].recursion_depth > 0, allow_empty=allow_empty,
+                    )
+                    plans[i] = Plan(workflow=wf, text=text, parse_error=errors[i] or None)
+                except ParseError as exc:
+                    errors[i] = str(exc)
+                    still.append(i)
+            todo = still
+        for i in todo:
+            wf = fallback_workflow(views[i], limits[i])
+            plans[i] = Plan(workflow=wf, text=render(wf), fallback=True, parse_error=errors[i])
+        return [p for p in plans if p is not None]
+
+    # -- Policy -----------------------------------------------------------------------------
+    def prompt(self, task: Task, view: PoolView, limits: Limits) -> str:
+        return conductor_prompt(task, view, limits, max_question_chars=self.max_question_chars)
+
+    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+        with self._lock:
+            return self._parse_all([self.prompt(task, view, limits)], [view], [limits])[0]
+
+    async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Plan]:
+        with self._lock:
+            return self._parse_all([self.prompt(t, view, limits) for t in tasks], [view] * len(tasks), [limits] * len(tasks))
+
+    async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
+        plans = await self.plan_many(tasks, view, limits)
+        hook = self.recursion_hook(view)
+
+        async def one(task: Task, plan: Plan) -> Episode:
+            trace = await execute(plan.workflow, task, view, limits, recursion=hook)
+            trace.workflow_text, trace.fallback_plan = plan.text, plan.fallback
+            return Episode(plan=plan, trace=trace)
+
+        return list(await asyncio.gather(*(one(t, p) for t, p in zip(tasks, plans, strict=True))))
+
+    def recursion_hook(self, view: PoolView) -> Any:
+        async def hook(req: RecursionRequest) -> Trace:
+            prompt = recursive_prompt(
+                req.task, view, req.limits, req.parent, req.answer_so_far, max_question_chars=self.max_question_chars
+            )
+            with self._lock:
+                plan = self._parse_all([prompt], [view], [req.limits], allow_empty=True)[0]
+            if plan.fallback or not plan.workflow.steps:
+                return Trace(task_id=req.task.id, final_answer=req.answer_so_far, workflow_text=plan.text)
+            inner = await execute(plan.workflow, req.task, view, req.limits, recursion=hook, depth=req.depth)
+            inner.workflow_text = plan.text
+            return inner
+
+        return hook

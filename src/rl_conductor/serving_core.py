@@ -1,0 +1,128 @@
+"""Answer requests with a trained Conductor: validate, plan, execute, report.
+
+The one serving path, shared by the MLflow pyfunc model (``tracking.registry.ConductorPyfunc``)
+and the KServe predictor: a request names a question and optional limits; the response carries
+the answer, the workflow, per-step usage and the total cost. Validation errors raise
+:class:`RequestError` (the HTTP adapters turn it into a 4xx that says what is wrong).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits
+
+
+class RequestError(ValueError):
+    """A request is malformed; the message says which field and why."""
+
+
+class ConductorRequest(BaseModel):
+    """One question with its request-time limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1, max_length=100_000)
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    sensitivity: str = "public"
+    allowed_workers: list[str] | None = None
+    pool: str | None = None
+    max_steps: int = Field(default=5, ge=1, le=10)
+
+    @field_validator("sensitivity")
+    @classmethod
+    def _sens(cls, v: str) -> str:
+        if v not in ("public", "private"):
+            raise ValueError("sensitivity must be 'public' or 'private'")
+        return v
+
+
+def parse_request(raw: Any) -> ConductorRequest:
+    if isinstance(raw, str):
+        raw = {"question": raw}
+    if not isinstance(raw, Mapping):
+        raise RequestError(f"a request must be an object with a 'question', got {type(raw).__name__}")
+    clean = {k: v for k, v in raw.items() if v is not None and not (isinstance(v, float) and v != v)}
+    try:
+        return ConductorRequest.model_validate(clean)
+    except ValidationError as exc:
+        msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
+        raise RequestError(msgs) from None
+
+
+@lru_cache(maxsize=4)
+def _policy(model_dir: str) -> Any:
+    from rl_conductor.policies.conductor import ConductorPolicy
+
+    return ConductorPolicy(model_dir)
+
+
+@lru_cache(maxsize=8)
+def _pool(name: str) -> Any:
+    from rl_conductor.workers.pool import load_pool
+
+    return load_pool(name)
+
+
+_LOCK = threading.Lock()
+
+
+async def answer_async(model_dir: str | Path, request: ConductorRequest) -> dict[str, Any]:
+    """Plan and execute one request; returns the response document."""
+    policy = _policy(str(model_dir))
+    pool = _pool(request.pool or str(policy.meta.get("pool", "paper-sim")))
+    limits = Limits(
+        max_cost_usd=request.max_cost_usd,
+        sensitivity=request.sensitivity,  # type: ignore[arg-type]
+        allowed_workers=frozenset(request.allowed_workers) if request.allowed_workers is not None else None,
+        max_steps=request.max_steps,
+    )
+    unknown = set(request.allowed_workers or ()) - set(pool.names())
+    if unknown:
+        raise RequestError(f"allowed_workers: unknown workers {sorted(unknown)}; the pool has {pool.names()}")
+    # show the Conductor only workers the request permits
+    view = pool.view([i for i, w in enumerate(pool.workers) if limits.permits(w.info.name, w.info.hosting)])
+    if len(view) == 0:
+        raise RequestError("no worker of the pool is permitted by this request's sensitivity/allowed_workers")
+    qid = hashlib.sha256(request.question.encode()).hexdigest()[:16]
+    task = Task(id=f"request/{qid}", question=request.question, answer="", domain="unknown", source="request", grader="qa")
+    episode = (await policy.run_many([task], view, limits))[0]
+    trace = episode.trace
+    return {
+        "answer": trace.final_answer,
+        "workflow": [
+            {"worker": view.worker(s.worker).info.name if s.worker < len(view) else "conductor",
+             "instruction": s.instruction, "access": list(s.visible(i))}
+            for i, s in enumerate(episode.plan.workflow.steps)
+        ],
+        "steps": [
+            {"index": s.index, "worker": s.worker, "status": s.status, "input_tokens": s.input_tokens,
+             "output_tokens": s.output_tokens, "cost_usd": s.cost_usd, "latency_s": s.latency_s, "note": s.note}
+            for s in trace.steps
+        ],
+        "cost_usd": trace.cost_usd,
+        "tokens": trace.tokens,
+        "fallback_plan": episode.plan.fallback,
+        "stopped_reason": trace.stopped_reason,
+        "raw_plan": episode.plan.text,
+    }
+
+
+def answer_batch(model_dir: str | Path, inputs: Sequence[Any]) -> list[dict[str, Any]]:
+    """Synchronous batch entry (MLflow pyfunc ``predict``): one response per input, in order."""
+    requests = [parse_request(r) for r in inputs]
+
+    async def run_all() -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(answer_async(model_dir, r) for r in requests)))
+
+    with _LOCK:
+        return asyncio.run(run_all())

@@ -1,0 +1,77 @@
+"""Trainer callbacks: rich progress, MLflow metrics, and a wall-clock limit that saves and stops."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from transformers import TrainerCallback
+
+
+class RichProgress(TrainerCallback):
+    """A rich progress bar with the latest reward/loss in its description."""
+
+    def __init__(self, label: str, *, enabled: bool = True) -> None:
+        self.label = label
+        self.enabled = enabled
+        self._progress: Any = None
+        self._task: Any = None
+        self._last: dict[str, float] = {}
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if not self.enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        self._progress.start()
+        self._task = self._progress.add_task(self.label, total=state.max_steps, completed=state.global_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self._progress is not None:
+            desc = self.label + "".join(f" {k}={v:.3f}" for k, v in self._last.items())
+            self._progress.update(self._task, completed=state.global_step, description=desc)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+        logs = logs or {}
+        for key, short in (("reward", "reward"), ("loss", "loss"), ("conductor/correct", "acc"),
+                           ("conductor/cost", "cost"), ("entropy", "entropy")):
+            if isinstance(logs.get(key), (int, float)):
+                self._last[short] = float(logs[key])
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+class MlflowMetrics(TrainerCallback):
+    """Log every numeric value of the trainer's logs to the active MLflow run."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+        import mlflow
+
+        if mlflow.active_run() is None or not logs:
+            return
+        from rl_conductor.tracking.mlflow_utils import log_metrics
+
+        log_metrics({f"{self.prefix}{k}": v for k, v in logs.items() if isinstance(v, (int, float))}, step=state.global_step)
+
+
+class TimeLimit(TrainerCallback):
+    """Stop training (with a checkpoint) once ``seconds`` of wall time have passed."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._t0 = 0.0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if time.perf_counter() - self._t0 > self.seconds:
+            control.should_save = True
+            control.should_training_stop = True

@@ -1,0 +1,130 @@
+"""Training configuration as a dataclass (TRL style): each field documents itself once, and
+``__post_init__`` says how to fix a bad combination. Presets live in ``configs/train/*.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def _f(default: Any, help: str) -> Any:  # noqa: A002 - mirrors dataclasses' field(metadata={"help"})
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``conductor train`` needs; presets fill it for tiny (CPU), smol (CPU) and gpu."""
+
+    # what to train on
+    model: str = _f("tiny", "tiny | smol | a local folder | s3://… | a Hugging Face id (GPU clusters)")
+    pool: str = _f("paper-sim", "worker pool (name or YAML path) that rollouts run against")
+    dataset: str | None = _f(None, "training dataset (default: the pool's default_dataset)")
+    train_limit: int | None = _f(None, "use at most N training tasks")
+    seed: int = _f(0, "seed for data, pools and training")
+    max_steps_per_workflow: int = _f(5, "most steps a workflow may have (paper: 5)")
+    max_question_chars: int = _f(700, "questions are cut to this length in the Conductor prompt")
+    # tiny model shape
+    tiny_vocab_size: int = _f(4096, "BPE vocabulary of the tiny model's tokenizer")
+    tiny_hidden_size: int = _f(128, "hidden size of the tiny Qwen2 model")
+    tiny_layers: int = _f(4, "decoder layers of the tiny model")
+    # reward
+    reward_preset: str = _f("cost-aware", "cost-aware (default) or paper (0 / 0.5 / 1, no cost term)")
+    cost_weight: float | None = _f(None, "override the preset's cost weight")
+    cost_scale: float | None = _f(None, "override the preset's cost scale (USD)")
+    # prompt randomisation
+    budget_prob: float = _f(0.25, "share of training prompts that carry a random budget")
+    budgets_usd: list[float] = _f([0.002, 0.005, 0.01, 0.02, 0.05], "budgets drawn for budget-conditioned prompts")
+    random_pool_prob: float = _f(0.3, "share of prompts that show a random subset of the workers (ids remapped)")
+    min_pool_size: int = _f(2, "smallest random subset")
+    recursion_depth: int = _f(1, "how deep the Conductor may call itself at execution time")
+    # SFT warm start
+    sft_examples: int = _f(3000, "synthesised valid workflows for the warm start")
+    sft_epochs: float = _f(1.0, "epochs over the SFT examples")
+    sft_learning_rate: float = _f(2e-3, "SFT learning rate")
+    sft_batch_size: int = _f(32, "SFT batch size")
+    sft_recursion_prob: float = _f(0.03, "share of synthesised steps that call the Conductor itself")
+    # GRPO
+    grpo_steps: int = _f(400, "GRPO optimizer steps")
+    prompts_per_step: int = _f(4, "questions per GRPO step")
+    num_generations: int = _f(8, "completions per question (the GRPO group)")
+    learning_rate: float = _f(5e-4, "GRPO learning rate")
+    beta: float = _f(0.0, "KL weight (paper: 0)")
+    temperature: float = _f(1.0, "sampling temperature of rollouts (paper: 1.0)")
+    max_completion_length: int = _f(128, "max tokens of a Conductor completion (paper: 1024)")
+    entropy_coef: float = _f(0.0, "entropy bonus against collapse (TRL entropy_coef)")
+    gradient_accumulation_steps: int = _f(1, "gradient accumulation")
+    time_limit_s: float | None = _f(None, "stop GRPO after this many seconds (a checkpoint is saved)")
+    save_steps: int = _f(100, "checkpoint every N GRPO steps")
+    logging_steps: int = _f(10, "log metrics every N steps")
+    # hardware
+    bf16: bool = _f(False, "bfloat16 (GPU)")
+    use_lora: bool = _f(False, "train LoRA adapters instead of all weights (7B on GPU)")
+    lora_r: int = _f(16, "LoRA rank")
+    lora_alpha: int = _f(32, "LoRA alpha")
+    use_vllm: bool = _f(False, "generate rollouts with vLLM (GPU only)")
+    vllm_mode: str = _f("colocate", "vLLM mode: colocate (same GPUs) or server")
+    vllm_gpu_memory_utilization: float = _f(0.3, "GPU memory share vLLM may take in colocate mode")
+    gradient_checkpointing: bool = _f(False, "gradient checkpointing (GPU, big models)")
+    # tracking
+    mlflow_experiment: str = _f("conductor-training", "MLflow experiment for training runs")
+    mlflow_tracking_uri: str | None = _f(None, "MLflow tracking URI (default: sqlite under .conductor/)")
+
+    def __post_init__(self) -> None:
+        if self.num_generations < 2:
+            raise ValueError("num_generations must be >= 2: GRPO compares completions within a group")
+        if self.reward_preset not in ("cost-aware", "paper"):
+            raise ValueError("reward_preset must be 'cost-aware' or 'paper'")
+        if self.use_vllm and self.vllm_mode not in ("colocate", "server"):
+            raise ValueError("vllm_mode must be 'colocate' or 'server'")
+        if self.use_lora and self.model in ("tiny",):
+            raise ValueError("LoRA on the tiny model makes no sense: set use_lora=false or pick a bigger model")
+        if not 0 <= self.budget_prob <= 1 or not 0 <= self.random_pool_prob <= 1:
+            raise ValueError("budget_prob and random_pool_prob are probabilities in [0, 1]")
+        if self.max_steps_per_workflow < 1:
+            raise ValueError("max_steps_per_workflow must be >= 1")
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.prompts_per_step * self.num_generations
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown training config keys: {sorted(unknown)}")
+        return cls(**d)
+
+    @staticmethod
+    def help() -> dict[str, str]:
+        return {f.name: f.metadata.get("help", "") for f in fields(TrainConfig)}
+
+
+def preset_dir() -> Path:
+    return Path(str(resources.files("rl_conductor").joinpath("configs", "train")))
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in preset_dir().glob("*.yaml"))
+
+
+def load_preset(name_or_path: str, **overrides: Any) -> TrainConfig:
+    """Load a preset by name (``tiny``, ``smol``, ``gpu``) or a YAML path, then apply overrides."""
+    p = Path(name_or_path)
+    if not (p.suffix in (".yaml", ".yml") and p.exists()):
+        p = preset_dir() / f"{name_or_path}.yaml"
+        if not p.exists():
+            raise ValueError(f"no training preset {name_or_path!r}; presets: {available_presets()}")
+    data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return TrainConfig.from_dict(data)

@@ -1,0 +1,134 @@
+"""Training prompts: which question, which workers are shown (randomised pools), which budget.
+
+One :class:`Episode` spec feeds both stages: SFT pairs it with a synthesised valid workflow (to
+teach the output format, not the routing — workers, lengths and access lists are drawn uniformly
+so GRPO starts unbiased), GRPO turns it into a prompt whose columns (``task_id``, ``view``,
+``budget``) reach the reward function, which executes the completion on exactly that view.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rl_conductor.prompting import conductor_prompt
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits
+from rl_conductor.workers.pool import Pool, PoolView
+from rl_conductor.workflow import Step, Workflow, render
+
+#: Subtask wording by role; the simulated pool ignores wording, live workers do not.
+INSTRUCTIONS: dict[str, tuple[str, ...]] = {
+    "solve": ("Solve step by step; give the final answer.", "Answer the question; state the final answer."),
+    "plan": ("Outline the solution steps only.",),
+    "facts": ("List the relevant facts and formulas.",),
+    "code": ("Write complete, correct Python code.",),
+    "verify": ("Check the answer above; fix errors; give the final answer.",),
+    "aggregate": ("Compare the answers above; give the best final answer.",),
+    "review": ("Review the workflow; keep or improve the answer.",),
+}
+_FIRST_ROLES = ("solve", "solve", "plan", "facts", "code")
+_LATER_ROLES = ("verify", "aggregate", "solve", "code")
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """One training prompt: a task, the workers shown (pool indices, in order), a budget or None."""
+
+    task: Task
+    view: tuple[int, ...]
+    budget: float | None
+
+    def limits(self, base: Limits) -> Limits:
+        return Limits(**{**base.__dict__, "max_cost_usd": self.budget})
+
+    def pool_view(self, pool: Pool) -> PoolView:
+        return pool.view(self.view)
+
+
+def make_specs(
+    tasks: Sequence[Task],
+    pool: Pool,
+    n: int,
+    *,
+    rng: random.Random,
+    budget_prob: float,
+    budgets: Sequence[float],
+    random_pool_prob: float,
+    min_pool_size: int = 2,
+) -> list[PromptSpec]:
+    """``n`` prompt specs cycling through shuffled tasks, with random budgets and pool subsets."""
+    order = list(tasks)
+    specs: list[PromptSpec] = []
+    while len(specs) < n:
+        rng.shuffle(order)
+        for t in order:
+            if len(specs) >= n:
+                break
+            view = (
+                pool.random_view(rng, min_size=min_pool_size).indices
+                if rng.random() < random_pool_prob
+                else tuple(range(len(pool)))
+            )
+            budget = rng.choice(list(budgets)) if budgets and rng.random() < budget_prob else None
+            specs.append(PromptSpec(task=t, view=view, budget=budget))
+    return specs
+
+
+def synth_workflow(rng: random.Random, pool_size: int, *, max_steps: int, recursion_prob: float) -> Workflow:
+    """A random valid workflow: 1–max_steps steps (short ones likelier), uniform workers,
+    access lists "all", [] or index lists, instructions from :data:`INSTRUCTIONS`."""
+    weights = [0.4, 0.25, 0.18, 0.1, 0.07][:max_steps]
+    n = rng.choices(range(1, len(weights) + 1), weights=weights)[0]
+    steps = []
+    for i in range(n):
+        worker = pool_size if (i > 0 and rng.random() < recursion_prob) else rng.randrange(pool_size)
+        if i == 0:
+            access: Any = ()
+            role = rng.choice(_FIRST_ROLES)
+        else:
+            r = rng.random()
+            access = "all" if r < 0.6 else (() if r < 0.8 else tuple(sorted(rng.sample(range(i), rng.randint(1, i)))))
+            role = "review" if worker == pool_size else (rng.choice(_LATER_ROLES) if access else "solve")
+        steps.append(Step(worker=worker, instruction=rng.choice(INSTRUCTIONS[role]), access=access))
+    return Workflow(steps=tuple(steps))
+
+
+def chat(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def sft_records(
+    specs: Sequence[PromptSpec], pool: Pool, base: Limits, *, rng: random.Random, recursion_prob: float,
+    max_question_chars: int,
+) -> list[dict[str, Any]]:
+    """Conversational prompt/completion pairs for TRL's SFTTrainer."""
+    out = []
+    for s in specs:
+        view = s.pool_view(pool)
+        lim = s.limits(base)
+        wf = synth_workflow(rng, len(view), max_steps=lim.max_steps, recursion_prob=recursion_prob)
+        out.append(
+            {
+                "prompt": chat(conductor_prompt(s.task, view, lim, max_question_chars=max_question_chars)),
+                "completion": [{"role": "assistant", "content": render(wf)}],
+            }
+        )
+    return out
+
+
+def grpo_records(
+    specs: Sequence[PromptSpec], pool: Pool, base: Limits, *, max_question_chars: int
+) -> list[dict[str, Any]]:
+    """Conversational prompts for GRPOTrainer; extra columns reach the reward function."""
+    return [
+        {
+            "prompt": chat(conductor_prompt(s.task, s.pool_view(pool), s.limits(base), max_question_chars=max_question_chars)),
+            "task_id": s.task.id,
+            "view": list(s.view),
+            "budget": -1.0 if s.budget is None else float(s.budget),
+        }
+        for s in specs
+    ]

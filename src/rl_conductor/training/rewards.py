@@ -1,0 +1,98 @@
+"""The GRPO reward: execute each completion's workflow on the pool and grade it.
+
+``ConductorReward`` follows TRL's reward-function contract
+``(prompts, completions, **columns) -> list[float | None]`` and is async (TRL gathers async
+reward functions), so the rollouts of a batch execute concurrently. Each completion goes through
+the same ``parse`` → ``execute`` → ``grade_trace`` → ``compute_reward`` path as evaluation and
+serving. Besides the reward it reports accuracy, cost, parse rate, steps and budget stops per
+batch through TRL's ``log_metric`` hook (and keeps running totals for the caller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from rl_conductor.executor import execute
+from rl_conductor.reward import RewardConfig, budget_stopped, compute_reward, grade_trace
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits
+from rl_conductor.workers.pool import Pool
+from rl_conductor.workflow import ParseError, parse
+
+
+def completion_text(completion: Any) -> str:
+    """TRL passes strings (standard format) or message lists (conversational format)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    return str(completion)
+
+
+class ConductorReward:
+    """Reward function for GRPOTrainer over a worker pool (see module docstring)."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        tasks: Mapping[str, Task],
+        config: RewardConfig,
+        base_limits: Limits,
+        *,
+        concurrency: int = 64,
+    ) -> None:
+        self.pool = pool
+        self.tasks = tasks
+        self.config = config
+        self.base_limits = base_limits
+        self.concurrency = concurrency
+        self.__name__ = "conductor_reward"  # TRL names the logged reward after this
+        self.history: list[dict[str, float]] = []
+
+    async def score(self, text: str, task: Task, view_idx: Sequence[int], budget: float | None) -> dict[str, float]:
+        view = self.pool.view(view_idx)
+        limits = Limits(**{**self.base_limits.__dict__, "max_cost_usd": budget})
+        try:
+            wf = parse(text, pool_size=len(view), max_steps=limits.max_steps)
+        except ParseError:
+            return {"reward": 0.0, "parsed": 0.0, "correct": 0.0, "cost": 0.0, "steps": 0.0, "budget_stop": 0.0}
+        trace = await execute(wf, task, view, limits)
+        correct = grade_trace(task, trace)
+        stopped = budget_stopped(trace)
+        r = compute_reward(parsed=True, correct=correct, cost_usd=trace.cost_usd, budget_exceeded=stopped, config=self.config)
+        return {
+            "reward": r, "parsed": 1.0, "correct": float(correct), "cost": trace.cost_usd,
+            "steps": float(len(wf.steps)), "budget_stop": float(stopped),
+        }
+
+    async def __call__(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        *,
+        task_id: Sequence[str],
+        view: Sequence[Sequence[int]],
+        budget: Sequence[float],
+        log_metric: Callable[[str, float], None] | None = None,
+        **_: Any,
+    ) -> list[float | None]:
+        sem = asyncio.Semaphore(self.concurrency)
+
+        async def one(i: int) -> dict[str, float]:
+            async with sem:
+                b = None if budget[i] is None or budget[i] < 0 else float(budget[i])
+                return await self.score(completion_text(completions[i]), self.tasks[task_id[i]], view[i], b)
+
+        results = await asyncio.gather(*(one(i) for i in range(len(completions))))
+        means: dict[str, float] = defaultdict(float)
+        for res in results:
+            for k, v in res.items():
+                means[k] += v / len(results)
+        self.history.append(dict(means))
+        if log_metric is not None:
+            for k in ("correct", "parsed", "cost", "steps", "budget_stop"):
+                log_metric(f"conductor/{k}", means[k])
+        return [res["reward"] for res in results]

@@ -1,0 +1,101 @@
+"""Shared pytest fixtures: real servers on loopback (see servers.py), started once per session,
+and MLflow stores that use them."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from servers import MlflowServer, S3Server, mlflow_server, seaweedfs_s3
+
+if TYPE_CHECKING:  # mlflow is imported by the fixtures that need it: it takes seconds
+    from rl_conductor.tracking.mlflow_utils import TrackingConfig
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One SeaweedFS S3 gateway (SigV4 enforced) for the whole session."""
+    with seaweedfs_s3() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """Point the standard AWS variables (and MLFLOW_S3_ENDPOINT_URL) at the session S3 server."""
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return s3_server
+
+
+@pytest.fixture
+def s3_bucket(s3_env: S3Server) -> str:
+    """A fresh, empty bucket for one test, as ``s3://name``."""
+    return s3_env.create_bucket(f"test-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(scope="session")
+def mlflow_db_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty, fully migrated MLflow sqlite file; copies of it skip the slow schema creation."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "template.db"
+    uri = f"sqlite:///{path}"
+    MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments()
+    return path
+
+
+@pytest.fixture(scope="session")
+def mlflow_sqlite_uri(mlflow_db_template: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The session's sqlite tracking store (shared by tests: use unique model names)."""
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    shutil.copyfile(mlflow_db_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="session")
+def mlflow_artifacts_bucket(s3_server: S3Server) -> str:
+    """One bucket for the MLflow artifacts of the whole session, as ``s3://name``."""
+    return s3_server.create_bucket(f"mlruns-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def mlflow_tracking(
+    mlflow_sqlite_uri: str, mlflow_artifacts_bucket: str, s3_env: S3Server
+) -> Iterator[TrackingConfig]:
+    """MLflow without a server: the session's sqlite store, artifacts on the S3 server."""
+    import mlflow
+
+    from rl_conductor.tracking import mlflow_utils
+
+    previous = mlflow.get_tracking_uri()
+    cfg = mlflow_utils.configure(mlflow_sqlite_uri, artifact_root=f"{mlflow_artifacts_bucket}/mlruns")
+    yield cfg
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow_utils.reset()
+    mlflow.set_tracking_uri(previous)
+    mlflow.set_registry_uri(previous)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server_s3(
+    s3_server: S3Server, mlflow_db_template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MlflowServer]:
+    """An ``mlflow server`` (sqlite backend) that proxies artifacts to a bucket on the S3 server."""
+    bucket = s3_server.create_bucket(f"mlflow-{uuid.uuid4().hex[:12]}")
+    workdir: Path = tmp_path_factory.mktemp("mlflow-server")
+    shutil.copyfile(mlflow_db_template, workdir / "server.db")
+    with mlflow_server(
+        artifacts_destination=f"{bucket}/artifacts",
+        env=s3_server.env(),
+        workdir=workdir,
+        backend_store_uri=f"sqlite:///{workdir / 'server.db'}",
+    ) as server:
+        yield server
