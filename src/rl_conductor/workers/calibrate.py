@@ -1,0 +1,178 @@
+"""Measure a pool's single-worker accuracy per domain and compare it with the paper's table.
+
+Why it exists: the simulated pool claims to reproduce Table 7 of the paper; this module checks the
+claim end to end, the way an evaluation would see it — each worker's real ``complete()`` on each
+task (one step, no context, the paper's worker preamble), the text graded by the task's real
+grader. It works for any pool whose workers are named like the paper's (a replay or live pool
+too: their target is looked up by name).
+
+Deliberate simplifications: tasks are chosen with
+:func:`rl_conductor.workers.simulated.calibration_subset` (≤ ``ceil(n / domains)`` per domain, by a
+salted id hash) so that, with the simulated pool's defaults (``paper-mix:all``, ``n=2000``), the
+items measured are exactly the items its skills were fitted on; grades are cached on (task,
+extracted answer), and code is graded in a thread pool (each grade is a sandboxed subprocess).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rl_conductor.tasks.base import DOMAINS, Task
+from rl_conductor.workers.base import CallContext, Completion, Worker
+from rl_conductor.workers.pool import Pool
+from rl_conductor.workers.simulated import calibration_subset, grade_cached, paper_targets
+from rl_conductor.workflow import worker_message
+
+#: The single-step instruction (the same words the single-worker baseline uses).
+SOLVE = "Solve the problem completely and give the final answer."
+#: Worker calls in flight at once.
+CHUNK = 256
+#: The paper's constrained setting.
+MAX_TOKENS = 4096
+TEMPERATURE = 0.2
+
+
+def _target(worker: Worker, domain: str) -> float | None:
+    targets = getattr(worker, "targets", None)
+    if isinstance(targets, dict) and domain in targets:
+        return float(targets[domain])
+    return paper_targets().get(worker.info.name, {}).get(domain)
+
+
+async def _run_worker(worker: Worker, tasks: Sequence[Task]) -> list[Completion]:
+    out: list[Completion] = []
+    for i in range(0, len(tasks), CHUNK):
+        part = tasks[i : i + CHUNK]
+        out += await asyncio.gather(
+            *(
+                worker.complete(
+                    [{"role": "user", "content": worker_message(t.question, [], SOLVE)}],
+                    max_tokens=MAX_TOKENS,
+                    temperature=TEMPERATURE,
+                    context=CallContext(task=t, step_index=0, instruction=SOLVE, nonce=0),
+                )
+                for t in part
+            )
+        )
+    return out
+
+
+def _grade_all(pairs: list[tuple[Task, str]]) -> list[bool]:
+    """Grade (task, text) pairs: code in a thread pool (subprocesses), the rest inline (math-verify
+    needs the main thread for its timeouts)."""
+    results: list[bool | None] = [None] * len(pairs)
+    code = [i for i, (t, _) in enumerate(pairs) if t.grader == "code"]
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as ex:
+        futures = {i: ex.submit(grade_cached, *pairs[i]) for i in code}
+        for i, (t, text) in enumerate(pairs):
+            if t.grader != "code":
+                results[i] = grade_cached(t, text)
+        for i, fut in futures.items():
+            results[i] = fut.result()
+    return [bool(r) for r in results]
+
+
+async def calibrate_async(
+    pool: Pool, tasks: Sequence[Task], *, n: int, workers: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """:func:`calibrate` for callers already inside an event loop."""
+    chosen = calibration_subset(tasks, n)
+    names = list(workers) if workers is not None else pool.names()
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        worker = pool.get(name)
+        comps = await _run_worker(worker, chosen)
+        # blocking on purpose: math-verify's timeouts need the main thread
+        grades = _grade_all([(t, c.text) for t, c in zip(chosen, comps, strict=True)])
+        by_domain: dict[str, list[tuple[bool, Completion]]] = defaultdict(list)
+        for t, c, ok in zip(chosen, comps, grades, strict=True):
+            by_domain[t.domain].append((ok, c))
+        order = [d for d in DOMAINS if d in by_domain] + sorted(set(by_domain) - set(DOMAINS))
+        for d in order:
+            got = by_domain[d]
+            target = _target(worker, d)
+            rows.append(
+                {
+                    "worker": name,
+                    "domain": d,
+                    "target": None if target is None else round(100 * target, 2),
+                    "simulated": round(100 * sum(ok for ok, _ in got) / len(got), 2),
+                    "n": len(got),
+                    "cost_usd": statistics.fmean(c.cost_usd for _, c in got),
+                    "output_tokens": statistics.fmean(c.output_tokens for _, c in got),
+                    "latency_s": statistics.fmean(c.latency_s for _, c in got),
+                }
+            )
+    return rows
+
+
+def calibrate(
+    pool: Pool, tasks: Sequence[Task], *, n: int, workers: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """Run every worker (or ``workers``) once on ≤ ``n`` tasks and grade the answers.
+
+    Returns one row per (worker, domain): ``worker``, ``domain``, ``target`` (the paper's accuracy,
+    percent, None if unknown), ``simulated`` (measured accuracy, percent), ``n`` (tasks), and the
+    mean ``cost_usd``, ``output_tokens`` and ``latency_s`` per call.
+    """
+    return asyncio.run(calibrate_async(pool, tasks, n=n, workers=workers))
+
+
+def max_gap(rows: Sequence[dict[str, Any]]) -> float:
+    """Largest |simulated − target| in points over rows that have a target."""
+    gaps = [abs(r["simulated"] - r["target"]) for r in rows if r["target"] is not None]
+    return max(gaps, default=0.0)
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A plain-text table: one line per worker, ``simulated (target)`` per domain, average, $/call."""
+    domains = [d for d in DOMAINS if any(r["domain"] == d for r in rows)]
+    workers = list(dict.fromkeys(r["worker"] for r in rows))
+    head = f"{'worker':30}" + "".join(f"{d:>18}" for d in domains) + f"{'average':>18}{'$/call':>10}"
+    lines = [head, "-" * len(head)]
+    for w in workers:
+        mine = {r["domain"]: r for r in rows if r["worker"] == w}
+        cells, sims, tgts = [], [], []
+        for d in domains:
+            r = mine.get(d)
+            if r is None:
+                cells.append(f"{'-':>18}")
+                continue
+            sims.append(r["simulated"])
+            tgt = "" if r["target"] is None else f" ({r['target']:.2f})"
+            if r["target"] is not None:
+                tgts.append(r["target"])
+            cells.append(f"{r['simulated']:.2f}{tgt}".rjust(18))
+        avg = statistics.fmean(sims) if sims else float("nan")
+        tavg = f" ({statistics.fmean(tgts):.2f})" if len(tgts) == len(sims) and tgts else ""
+        cost = statistics.fmean(r["cost_usd"] for r in mine.values())
+        lines.append(f"{w:30}" + "".join(cells) + f"{avg:.2f}{tavg}".rjust(18) + f"{cost:10.4f}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m rl_conductor.workers.calibrate [--pool paper-sim] [--dataset paper-mix] ...``"""
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.workers.pool import load_pool
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pool", default="paper-sim")
+    ap.add_argument("--dataset", default="paper-mix")
+    ap.add_argument("--split", default="all")
+    ap.add_argument("-n", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    rows = calibrate(load_pool(args.pool, seed=args.seed), load_tasks(args.dataset, args.split), n=args.n)
+    print(format_table(rows))
+    print(f"largest gap to the paper: {max_gap(rows):.2f} points")
+
+
+if __name__ == "__main__":
+    main()
