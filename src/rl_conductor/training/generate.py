@@ -1,0 +1,110 @@
+"""In-process generation with a Conductor LM: load a folder, format a chat prompt, sample completions.
+
+Why it exists: evaluation, serving and tests need the Conductor's text for a prompt without the
+training stack; TRL's GRPOTrainer does its own sampling during training, and this module
+mirrors its settings (left padding, plain temperature sampling, no top-k/top-p) so what is
+evaluated is what was trained.
+
+Deliberate simplifications: prompts are tokenized without extra special tokens (the chat
+template already writes every marker, and neither Qwen2 nor SmolLM2 uses a BOS token); the
+returned text drops special tokens, so a completion ends where `<|im_end|>` was; sampling is
+seeded through a forked torch RNG, so a call never disturbs the caller's random state, but
+results may differ across torch versions and devices.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def load_lm(path: str | Path, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer from a folder (or a hub id where the hub is reachable).
+
+    The model is in eval mode, fp32 on CPU and the checkpoint's dtype elsewhere; the tokenizer
+    pads on the left, falling back to eos when it has no pad token.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    dtype: Any = torch.float32 if device == "cpu" else "auto"
+    # Typed as Any: transformers' stubs mistype `PreTrainedModel.to` and `.generate` for mypy.
+    model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def apply_chat(tokenizer: PreTrainedTokenizerBase, system: str, user: str) -> str:
+    """Render a system + user exchange with the tokenizer's chat template, opening the reply.
+
+    An empty `system` is left out (the template may then insert its own default).
+    """
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": user})
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if not isinstance(text, str):
+        raise TypeError("the chat template did not render to text")
+    return text
+
+
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    *,
+    max_new_tokens: int = 256,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    num_return_sequences: int = 1,
+    seed: int = 0,
+    batch_size: int = 32,
+) -> list[str]:
+    """Complete each prompt; return `len(prompts) * num_return_sequences` texts.
+
+    Completions for one prompt are adjacent, in prompt order. Prompts are batched (at most
+    `batch_size` prompts a forward pass) with left padding. `greedy` ignores `temperature`
+    and is deterministic; sampling is reproducible for a given `seed`.
+    """
+    import torch
+
+    if num_return_sequences < 1 or batch_size < 1:
+        raise ValueError("num_return_sequences and batch_size must be at least 1")
+    if not greedy and temperature <= 0:
+        raise ValueError("temperature must be positive when sampling (or pass greedy=True)")
+    if tokenizer.padding_side != "left":
+        tokenizer.padding_side = "left"
+    lm: Any = model  # see load_lm: keeps mypy off transformers' mistyped `generate`
+    device = next(lm.parameters()).device
+    settings: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "num_return_sequences": num_return_sequences,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    if greedy:
+        settings.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    else:
+        settings.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    texts: list[str] = []
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.inference_mode():
+        torch.manual_seed(seed)
+        for start in range(0, len(prompts), batch_size):
+            batch = tokenizer(
+                prompts[start : start + batch_size],
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=False,
+            ).to(device)
+            output = lm.generate(**batch, **settings)
+            new_tokens = output[:, batch["input_ids"].shape[1] :]
+            texts.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
+    return texts
