@@ -229,7 +229,11 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
             and _permitted(run.view, run.limits, j)
             and run.view.worker(j).info.hosting == worker.info.hosting
         ]
-        ordinal = min(same, key=lambda j: abs(run.view.worker(j).info.price_out - worker.info.price_out)) if same else None
+        ordinal = (
+            min(same, key=lambda j: abs(run.view.worker(j).info.price_out - worker.info.price_out))
+            if same
+            else None
+        )
         if ordinal is not None:
             notes.append(f"fallback to {run.view.worker(ordinal).info.name}")
     rec.note = "; ".join(notes)
@@ -241,7 +245,10 @@ async def _run_recursion(
     run: _Run, index: int, step: Step, visible: list[tuple[int, str, str]], start: float
 ) -> StepRecord:
     rec = StepRecord(
-        index=index, worker="conductor", instruction=step.instruction, visible=[v[0] for v in visible],
+        index=index,
+        worker="conductor",
+        instruction=step.instruction,
+        visible=[v[0] for v in visible],
         started_s=start,
     )
     prev = visible[-1][2] if visible else ""
@@ -258,8 +265,13 @@ async def _run_recursion(
     try:
         inner = await run.recursion(
             RecursionRequest(
-                task=run.task, parent=run.workflow, step_index=index, visible=tuple(visible),
-                answer_so_far=prev, limits=sub_limits, depth=run.depth + 1,
+                task=run.task,
+                parent=run.workflow,
+                step_index=index,
+                visible=tuple(visible),
+                answer_so_far=prev,
+                limits=sub_limits,
+                depth=run.depth + 1,
             )
         )
         charge = inner.cost_usd
@@ -268,7 +280,11 @@ async def _run_recursion(
     rec.status = "recursed"
     rec.substeps = inner.steps
     rec.answer = inner.final_answer or prev
-    rec.note = "inner workflow kept the previous answer" if not inner.steps else f"inner workflow of {len(inner.steps)} steps"
+    rec.note = (
+        "inner workflow kept the previous answer"
+        if not inner.steps
+        else f"inner workflow of {len(inner.steps)} steps"
+    )
     rec.latency_s = inner.latency_s
     run.finish[index] = start + inner.latency_s
     return rec
@@ -305,8 +321,12 @@ async def execute(
             if all(d in done for d in deps):
                 if any(done[d].status in ("skipped_budget",) for d in deps):
                     done[i] = StepRecord(
-                        index=i, worker=_name(view, steps[i].worker), instruction=steps[i].instruction,
-                        visible=[], status="skipped_budget", note="a step it depends on was skipped",
+                        index=i,
+                        worker=_name(view, steps[i].worker),
+                        instruction=steps[i].instruction,
+                        visible=[],
+                        status="skipped_budget",
+                        note="a step it depends on was skipped",
                     )
                     pending.discard(i)
                     continue

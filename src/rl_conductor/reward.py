@@ -28,11 +28,15 @@ class RewardConfig:
     cost_weight: float = 0.25
     cost_scale: float = 0.01  # USD: a cost of `cost_scale` costs `cost_weight` reward
     budget_penalty: float = 0.25
-    max_cost_penalty: float = 0.45  # capped below correct_weight: a correct answer stays worth more than a wrong one
+    max_cost_penalty: float = (
+        0.45  # capped below correct_weight: a correct answer stays worth more than a wrong one
+    )
 
     def __post_init__(self) -> None:
         if self.cost_scale <= 0:
-            raise ValueError("cost_scale must be > 0 (it is the dollar amount that costs `cost_weight` reward)")
+            raise ValueError(
+                "cost_scale must be > 0 (it is the dollar amount that costs `cost_weight` reward)"
+            )
         for f in fields(self):
             if getattr(self, f.name) < 0:
                 raise ValueError(f"{f.name} must be >= 0")

@@ -94,19 +94,37 @@ async def answer_async(model_dir: str | Path, request: ConductorRequest) -> dict
     if len(view) == 0:
         raise RequestError("no worker of the pool is permitted by this request's sensitivity/allowed_workers")
     qid = hashlib.sha256(request.question.encode()).hexdigest()[:16]
-    task = Task(id=f"request/{qid}", question=request.question, answer="", domain="unknown", source="request", grader="qa")
+    task = Task(
+        id=f"request/{qid}",
+        question=request.question,
+        answer="",
+        domain="unknown",
+        source="request",
+        grader="qa",
+    )
     episode = (await policy.run_many([task], view, limits))[0]
     trace = episode.trace
     return {
         "answer": trace.final_answer,
         "workflow": [
-            {"worker": view.worker(s.worker).info.name if s.worker < len(view) else "conductor",
-             "instruction": s.instruction, "access": list(s.visible(i))}
+            {
+                "worker": view.worker(s.worker).info.name if s.worker < len(view) else "conductor",
+                "instruction": s.instruction,
+                "access": list(s.visible(i)),
+            }
             for i, s in enumerate(episode.plan.workflow.steps)
         ],
         "steps": [
-            {"index": s.index, "worker": s.worker, "status": s.status, "input_tokens": s.input_tokens,
-             "output_tokens": s.output_tokens, "cost_usd": s.cost_usd, "latency_s": s.latency_s, "note": s.note}
+            {
+                "index": s.index,
+                "worker": s.worker,
+                "status": s.status,
+                "input_tokens": s.input_tokens,
+                "output_tokens": s.output_tokens,
+                "cost_usd": s.cost_usd,
+                "latency_s": s.latency_s,
+                "note": s.note,
+            }
             for s in trace.steps
         ],
         "cost_usd": trace.cost_usd,

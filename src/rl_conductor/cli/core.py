@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,7 +59,15 @@ def pool_show(pool: Annotated[str, typer.Argument(help="pool name or YAML path")
         t.add_column(col)
     for i, w in enumerate(p.workers):
         inf = w.info
-        t.add_row(str(i), inf.name, inf.kind, inf.hosting, f"{inf.price_in:g}", f"{inf.price_out:g}", inf.description)
+        t.add_row(
+            str(i),
+            inf.name,
+            inf.kind,
+            inf.hosting,
+            f"{inf.price_in:g}",
+            f"{inf.price_out:g}",
+            inf.description,
+        )
     console.print(t)
 
 
@@ -73,9 +80,9 @@ def pool_calibrate(
     json_out: Annotated[Path | None, typer.Option("--json", help="write the rows as JSON here")] = None,
 ) -> None:
     """Compare each simulated worker's accuracy per domain with its calibration target."""
+    from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.workers.calibrate import calibrate
     from rl_conductor.workers.pool import load_pool
-    from rl_conductor.tasks.datasets import load_tasks
 
     p = load_pool(pool, seed=seed)
     tasks = load_tasks(_dataset_for(p, dataset), split="all")
@@ -86,7 +93,14 @@ def pool_calibrate(
     for r in rows:
         tgt = r.get("target")
         diff = "" if tgt is None else f"{r['simulated'] - tgt:+.2f}"
-        t.add_row(r["worker"], r["domain"], "-" if tgt is None else f"{tgt:.2f}", f"{r['simulated']:.2f}", diff, str(r["n"]))
+        t.add_row(
+            r["worker"],
+            r["domain"],
+            "-" if tgt is None else f"{tgt:.2f}",
+            f"{r['simulated']:.2f}",
+            diff,
+            str(r["n"]),
+        )
     console.print(t)
     _write_json(json_out, {"pool": p.name, "n": n, "rows": rows})
 
@@ -129,7 +143,13 @@ def run_eval(
 
 @app.command("eval")
 def eval_cmd(
-    policy: Annotated[list[str], typer.Option(help="single:<worker> | random | moa | self-consistency:<worker> | oracle | knn | conductor:DIR (repeatable)")],
+    policy: Annotated[
+        list[str],
+        typer.Option(
+            help="single:<worker> | random | moa | self-consistency:<worker> | oracle | knn | "
+            "conductor:DIR (repeatable)"
+        ),
+    ],
     pool: Annotated[str, typer.Option(help="pool name or YAML path")] = "paper-sim",
     dataset: Annotated[str | None, typer.Option(help="dataset (default: the pool's)")] = None,
     split: Annotated[str, typer.Option(help="train | validation | test | all")] = "test",
@@ -145,8 +165,16 @@ def eval_cmd(
     from rl_conductor.evaluation.report import domain_table, print_table
 
     summaries = run_eval(
-        policy, pool=pool, dataset=dataset, split=split, limit=limit, seed=seed,
-        max_cost_usd=max_cost_usd, sensitivity=sensitivity, allowed=allowed_workers, concurrency=concurrency,
+        policy,
+        pool=pool,
+        dataset=dataset,
+        split=split,
+        limit=limit,
+        seed=seed,
+        max_cost_usd=max_cost_usd,
+        sensitivity=sensitivity,
+        allowed=allowed_workers,
+        concurrency=concurrency,
     )
     print_table(summaries, title=f"{pool} / {summaries[0]['dataset']} / {split}")
     for s in summaries:

@@ -112,11 +112,19 @@ def run_cmd(
         title=f"{meta.get('pool')} / test split {meta.get('test_split_id')} (n={meta.get('n')})",
         console=console,
     )
-    console.print(f"report: {run.report_uri}", markup=False)
-    console.print(f"artifacts: {run.run_folder}", markup=False)
+    console.print(f"report: {run.report_uri}", markup=False, soft_wrap=True)
+    console.print(f"artifacts: {run.run_folder}", markup=False, soft_wrap=True)
     aliases = ", ".join(run.aliases) or "none"
-    console.print(f"registered: conductor version {run.version} (aliases: {aliases})", markup=False)
-    console.print(f"gate: {'promoted' if run.promoted else 'not promoted'}: {run.gate_reason}", markup=False)
+    console.print(
+        f"registered: {run.model_name} version {run.version} (aliases: {aliases})",
+        markup=False,
+        soft_wrap=True,
+    )
+    console.print(
+        f"gate: {'promoted' if run.promoted else 'not promoted'}: {run.gate_reason}",
+        markup=False,
+        soft_wrap=True,
+    )
     if run.log_path:
         console.print(f"[dim]step output: {run.log_path}; took {run.seconds:.0f}s[/dim]")
 
@@ -130,7 +138,7 @@ def compile_cmd(
     """Compile the pipeline to YAML (the committed file by default)."""
     from rl_conductor.pipeline import compile_pipeline
 
-    console.print(f"wrote {compile_pipeline(out)}", markup=False)
+    console.print(f"wrote {compile_pipeline(out)}", markup=False, soft_wrap=True)
 
 
 @pipeline_app.command("submit")
@@ -172,7 +180,7 @@ def submit_cmd(
         quick=quick,
         **args,
     )
-    console.print(f"submitted run {run_id} to {host}", markup=False)
+    console.print(f"submitted run {run_id} to {host}", markup=False, soft_wrap=True)
 
 
 @registry_app.command("list")
@@ -192,19 +200,25 @@ def registry_list(
             f"no versions of {name!r} in {mlflow_utils.tracking_config().tracking_uri}", markup=False
         )
         return
-    t = Table(title=f"{name} in {mlflow_utils.tracking_config().tracking_uri}")
-    for col in ("version", "aliases", "accuracy %", "cost $", "test split", "created", "gate"):
-        t.add_column(col)
+    console.print(f"{name} in {mlflow_utils.tracking_config().tracking_uri}", markup=False, soft_wrap=True)
+    t = Table()
+    for col in ("version", "aliases", "accuracy %", "cost $", "gate"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("test split", overflow="fold")
     for r in rows:
         m = r.metrics
+        gate = (
+            "hand"
+            if r.tags.get("promoted_by") == "hand"
+            else {"true": "passed", "false": "refused"}.get(r.tags.get("gate.promoted", ""), "-")
+        )
         t.add_row(
             str(r.version),
             ", ".join(r.aliases),
             f"{100 * m['accuracy']:.1f}" if "accuracy" in m else "-",
             f"{m['mean_cost_usd']:.5f}" if "mean_cost_usd" in m else "-",
+            gate,
             r.test_split_id or "-",
-            f"{r.created:%Y-%m-%d %H:%M}",
-            r.tags.get("gate.reason", ""),
         )
     console.print(t)
 
@@ -225,5 +239,5 @@ def registry_promote(
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    console.print(f"{name}@{alias} was: {_version_line(done.previous)}", markup=False)
-    console.print(f"{name}@{alias} now: {_version_line(done.current)}", markup=False)
+    console.print(f"{name}@{alias} was: {_version_line(done.previous)}", markup=False, soft_wrap=True)
+    console.print(f"{name}@{alias} now: {_version_line(done.current)}", markup=False, soft_wrap=True)

@@ -25,21 +25,36 @@ def train_cmd(
     cost_weight: Annotated[float | None, typer.Option()] = None,
     time_limit_s: Annotated[float | None, typer.Option(help="stop GRPO after this many seconds")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="continue from the last checkpoint in OUT")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue from the last checkpoint in OUT")
+    ] = False,
 ) -> None:
     """Train a Conductor: bootstrap the model, SFT warm start, GRPO against the pool."""
     from rl_conductor.training.config import load_preset
     from rl_conductor.training.train import train
 
     cfg = load_preset(
-        preset, pool=pool, dataset=dataset, model=model, grpo_steps=grpo_steps, sft_examples=sft_examples,
-        reward_preset=reward_preset, cost_weight=cost_weight, time_limit_s=time_limit_s, seed=seed,
+        preset,
+        pool=pool,
+        dataset=dataset,
+        model=model,
+        grpo_steps=grpo_steps,
+        sft_examples=sft_examples,
+        reward_preset=reward_preset,
+        cost_weight=cost_weight,
+        time_limit_s=time_limit_s,
+        seed=seed,
     )
     res = train(cfg, out, resume=resume)
     curve = res.reward_curve
-    console.print(f"trained in {res.seconds.get('total', 0):.0f}s ({res.global_step} GRPO steps) -> {res.final_dir}")
+    console.print(
+        f"trained in {res.seconds.get('total', 0):.0f}s ({res.global_step} GRPO steps) -> {res.final_dir}"
+    )
     if curve:
-        console.print(f"reward: first log {curve[0].get('reward', float('nan')):.3f}, last {curve[-1].get('reward', float('nan')):.3f}")
+        console.print(
+            f"reward: first log {curve[0].get('reward', float('nan')):.3f}, "
+            f"last {curve[-1].get('reward', float('nan')):.3f}"
+        )
     console.print(json.dumps(res.seconds))
 
 
@@ -49,7 +64,9 @@ def plan_cmd(
     question: Annotated[str, typer.Argument(help="the question to plan for")],
     pool: Annotated[str, typer.Option(help="worker pool shown to the Conductor")] = "paper-sim",
     max_cost_usd: Annotated[float | None, typer.Option()] = None,
-    execute_plan: Annotated[bool, typer.Option("--execute", help="also run the workflow on the pool")] = False,
+    execute_plan: Annotated[
+        bool, typer.Option("--execute", help="also run the workflow on the pool")
+    ] = False,
 ) -> None:
     """Print the workflow the Conductor would run for a question."""
     import asyncio

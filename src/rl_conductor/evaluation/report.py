@@ -74,7 +74,9 @@ def pareto_front(summaries: Sequence[dict[str, Any]]) -> list[str]:
     return front
 
 
-def pareto_plot(summaries: Sequence[dict[str, Any]], path: str | Path, title: str = "Cost vs accuracy") -> Path:
+def pareto_plot(
+    summaries: Sequence[dict[str, Any]], path: str | Path, title: str = "Cost vs accuracy"
+) -> Path:
     """Scatter of mean cost (log x) vs accuracy with the Pareto front drawn; writes a PNG."""
     import matplotlib
 
@@ -89,12 +91,23 @@ def pareto_plot(summaries: Sequence[dict[str, Any]], path: str | Path, title: st
         on = s["policy"] in front
         is_cond = s["policy"].startswith("conductor")
         ax.scatter(
-            max(s["mean_cost_usd"], 1e-6), 100 * s["accuracy"], s=90 if is_cond else 45,
-            marker="*" if is_cond else "o", color="C3" if is_cond else ("C0" if on else "C7"), zorder=3,
+            max(s["mean_cost_usd"], 1e-6),
+            100 * s["accuracy"],
+            s=90 if is_cond else 45,
+            marker="*" if is_cond else "o",
+            color="C3" if is_cond else ("C0" if on else "C7"),
+            zorder=3,
         )
-        ax.annotate(s["policy"], (max(s["mean_cost_usd"], 1e-6), 100 * s["accuracy"]), fontsize=7,
-                    xytext=(4, 3), textcoords="offset points")
-    pts = sorted((max(s["mean_cost_usd"], 1e-6), 100 * s["accuracy"]) for s in summaries if s["policy"] in front)
+        ax.annotate(
+            s["policy"],
+            (max(s["mean_cost_usd"], 1e-6), 100 * s["accuracy"]),
+            fontsize=7,
+            xytext=(4, 3),
+            textcoords="offset points",
+        )
+    pts = sorted(
+        (max(s["mean_cost_usd"], 1e-6), 100 * s["accuracy"]) for s in summaries if s["policy"] in front
+    )
     if pts:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "--", color="C0", lw=1, label="Pareto front")
         ax.legend(loc="lower right")

@@ -111,8 +111,12 @@ async def evaluate_async(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        disable=not progress, transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not progress,
+        transient=True,
     ) as bar:
         pid = bar.add_task(description or f"eval {policy.name}", total=len(tasks))
         for start in range(0, len(tasks), concurrency):
@@ -123,6 +127,8 @@ async def evaluate_async(
     return EvalResult(policy=policy.name, pool=view.pool.name, records=records)
 
 
-def evaluate(policy: Policy, view: PoolView, tasks: Sequence[Task], limits: Limits | None = None, **kw: Any) -> EvalResult:
+def evaluate(
+    policy: Policy, view: PoolView, tasks: Sequence[Task], limits: Limits | None = None, **kw: Any
+) -> EvalResult:
     """Synchronous wrapper of :func:`evaluate_async`."""
     return asyncio.run(evaluate_async(policy, view, tasks, limits, **kw))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from collections.abc import Sequence
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 

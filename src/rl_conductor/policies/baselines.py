@@ -165,7 +165,9 @@ class Oracle(Policy):
         from rl_conductor.reward import grade_trace
 
         permitted = [
-            j for j in range(len(view)) if limits.permits(view.worker(j).info.name, view.worker(j).info.hosting)
+            j
+            for j in range(len(view))
+            if limits.permits(view.worker(j).info.name, view.worker(j).info.hosting)
         ]
         if not permitted:  # nothing may see the request: the executor records the skipped step
             return await super().run(task, view, limits)

@@ -34,7 +34,9 @@ FALLBACK_INSTRUCTION = "Solve the problem step by step and give the final answer
 
 def fallback_workflow(view: PoolView, limits: Limits) -> Workflow:
     """One step on the highest-priced permitted worker (any worker if none is permitted)."""
-    permitted = [j for j, i in enumerate(view.infos()) if limits.permits(i.name, i.hosting)] or list(range(len(view)))
+    permitted = [j for j, i in enumerate(view.infos()) if limits.permits(i.name, i.hosting)] or list(
+        range(len(view))
+    )
     best = max(permitted, key=lambda j: (view.worker(j).info.price_out, -j))
     return Workflow(steps=(Step(best, FALLBACK_INSTRUCTION, ()),))
 
@@ -87,8 +89,14 @@ class ConductorPolicy(Policy):
         from rl_conductor.training.generate import generate
 
         return generate(
-            self.model, self.tokenizer, [self._chat(p) for p in prompts], max_new_tokens=self.max_new_tokens,
-            temperature=self.retry_temperature, greedy=greedy, seed=seed, batch_size=self.batch_size,
+            self.model,
+            self.tokenizer,
+            [self._chat(p) for p in prompts],
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.retry_temperature,
+            greedy=greedy,
+            seed=seed,
+            batch_size=self.batch_size,
         )
 
     def _parse_all(
@@ -107,8 +115,11 @@ class ConductorPolicy(Policy):
             for i, text in zip(todo, texts, strict=True):
                 try:
                     wf = parse(
-                        text, pool_size=len(views[i]), max_steps=limits[i].max_steps,
-                        allow_recursion=limits[i].recursion_depth > 0, allow_empty=allow_empty,
+                        text,
+                        pool_size=len(views[i]),
+                        max_steps=limits[i].max_steps,
+                        allow_recursion=limits[i].recursion_depth > 0,
+                        allow_empty=allow_empty,
                     )
                     plans[i] = Plan(workflow=wf, text=text, parse_error=errors[i] or None)
                 except ParseError as exc:
@@ -130,7 +141,9 @@ class ConductorPolicy(Policy):
 
     async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Plan]:
         with self._lock:
-            return self._parse_all([self.prompt(t, view, limits) for t in tasks], [view] * len(tasks), [limits] * len(tasks))
+            return self._parse_all(
+                [self.prompt(t, view, limits) for t in tasks], [view] * len(tasks), [limits] * len(tasks)
+            )
 
     async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
         plans = await self.plan_many(tasks, view, limits)
@@ -146,7 +159,12 @@ class ConductorPolicy(Policy):
     def recursion_hook(self, view: PoolView) -> Any:
         async def hook(req: RecursionRequest) -> Trace:
             prompt = recursive_prompt(
-                req.task, view, req.limits, req.parent, req.answer_so_far, max_question_chars=self.max_question_chars
+                req.task,
+                view,
+                req.limits,
+                req.parent,
+                req.answer_so_far,
+                max_question_chars=self.max_question_chars,
             )
             with self._lock:
                 plan = self._parse_all([prompt], [view], [req.limits], allow_empty=True)[0]

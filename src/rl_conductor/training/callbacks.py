@@ -23,7 +23,9 @@ class RichProgress(TrainerCallback):
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+        )
         self._progress.start()
         self._task = self._progress.add_task(self.label, total=state.max_steps, completed=state.global_step)
 
@@ -32,10 +34,17 @@ class RichProgress(TrainerCallback):
             desc = self.label + "".join(f" {k}={v:.3f}" for k, v in self._last.items())
             self._progress.update(self._task, completed=state.global_step, description=desc)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
+    ) -> None:
         logs = logs or {}
-        for key, short in (("reward", "reward"), ("loss", "loss"), ("conductor/correct", "acc"),
-                           ("conductor/cost", "cost"), ("entropy", "entropy")):
+        for key, short in (
+            ("reward", "reward"),
+            ("loss", "loss"),
+            ("conductor/correct", "acc"),
+            ("conductor/cost", "cost"),
+            ("entropy", "entropy"),
+        ):
             if isinstance(logs.get(key), (int, float)):
                 self._last[short] = float(logs[key])
 
@@ -51,14 +60,19 @@ class MlflowMetrics(TrainerCallback):
     def __init__(self, prefix: str = "") -> None:
         self.prefix = prefix
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
+    ) -> None:
         import mlflow
 
         if mlflow.active_run() is None or not logs:
             return
         from rl_conductor.tracking.mlflow_utils import log_metrics
 
-        log_metrics({f"{self.prefix}{k}": v for k, v in logs.items() if isinstance(v, (int, float))}, step=state.global_step)
+        log_metrics(
+            {f"{self.prefix}{k}": v for k, v in logs.items() if isinstance(v, (int, float))},
+            step=state.global_step,
+        )
 
 
 class TimeLimit(TrainerCallback):

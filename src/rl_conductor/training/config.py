@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 
-def _f(default: Any, help: str) -> Any:  # noqa: A002 - mirrors dataclasses' field(metadata={"help"})
+def _f(default: Any, help: str) -> Any:
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
@@ -34,14 +34,19 @@ class TrainConfig:
     tiny_vocab_size: int = _f(4096, "BPE vocabulary of the tiny model's tokenizer")
     tiny_hidden_size: int = _f(128, "hidden size of the tiny Qwen2 model")
     tiny_layers: int = _f(4, "decoder layers of the tiny model")
+    tiny_intermediate_size: int = _f(384, "MLP width of the tiny model")
     # reward
     reward_preset: str = _f("cost-aware", "cost-aware (default) or paper (0 / 0.5 / 1, no cost term)")
     cost_weight: float | None = _f(None, "override the preset's cost weight")
     cost_scale: float | None = _f(None, "override the preset's cost scale (USD)")
     # prompt randomisation
     budget_prob: float = _f(0.25, "share of training prompts that carry a random budget")
-    budgets_usd: list[float] = _f([0.002, 0.005, 0.01, 0.02, 0.05], "budgets drawn for budget-conditioned prompts")
-    random_pool_prob: float = _f(0.3, "share of prompts that show a random subset of the workers (ids remapped)")
+    budgets_usd: list[float] = _f(
+        [0.002, 0.005, 0.01, 0.02, 0.05], "budgets drawn for budget-conditioned prompts"
+    )
+    random_pool_prob: float = _f(
+        0.3, "share of prompts that show a random subset of the workers (ids remapped)"
+    )
     min_pool_size: int = _f(2, "smallest random subset")
     recursion_depth: int = _f(1, "how deep the Conductor may call itself at execution time")
     # SFT warm start
@@ -64,6 +69,7 @@ class TrainConfig:
     save_steps: int = _f(100, "checkpoint every N GRPO steps")
     logging_steps: int = _f(10, "log metrics every N steps")
     # hardware
+    torch_threads: int = _f(1, "CPU threads for torch (1 is fastest for tiny models on a shared 2-core machine)")
     bf16: bool = _f(False, "bfloat16 (GPU)")
     use_lora: bool = _f(False, "train LoRA adapters instead of all weights (7B on GPU)")
     lora_r: int = _f(16, "LoRA rank")
@@ -84,7 +90,9 @@ class TrainConfig:
         if self.use_vllm and self.vllm_mode not in ("colocate", "server"):
             raise ValueError("vllm_mode must be 'colocate' or 'server'")
         if self.use_lora and self.model in ("tiny",):
-            raise ValueError("LoRA on the tiny model makes no sense: set use_lora=false or pick a bigger model")
+            raise ValueError(
+                "LoRA on the tiny model makes no sense: set use_lora=false or pick a bigger model"
+            )
         if not 0 <= self.budget_prob <= 1 or not 0 <= self.random_pool_prob <= 1:
             raise ValueError("budget_prob and random_pool_prob are probabilities in [0, 1]")
         if self.max_steps_per_workflow < 1:

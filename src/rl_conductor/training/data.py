@@ -80,7 +80,7 @@ def make_specs(
 def synth_workflow(rng: random.Random, pool_size: int, *, max_steps: int, recursion_prob: float) -> Workflow:
     """A random valid workflow: 1–max_steps steps (short ones likelier), uniform workers,
     access lists "all", [] or index lists, instructions from :data:`INSTRUCTIONS`."""
-    weights = [0.4, 0.25, 0.18, 0.1, 0.07][:max_steps]
+    weights = [0.45, 0.3, 0.14, 0.07, 0.04][:max_steps]
     n = rng.choices(range(1, len(weights) + 1), weights=weights)[0]
     steps = []
     for i in range(n):
@@ -90,7 +90,11 @@ def synth_workflow(rng: random.Random, pool_size: int, *, max_steps: int, recurs
             role = rng.choice(_FIRST_ROLES)
         else:
             r = rng.random()
-            access = "all" if r < 0.6 else (() if r < 0.8 else tuple(sorted(rng.sample(range(i), rng.randint(1, i)))))
+            access = (
+                "all"
+                if r < 0.6
+                else (() if r < 0.8 else tuple(sorted(rng.sample(range(i), rng.randint(1, i)))))
+            )
             role = "review" if worker == pool_size else (rng.choice(_LATER_ROLES) if access else "solve")
         steps.append(Step(worker=worker, instruction=rng.choice(INSTRUCTIONS[role]), access=access))
     return Workflow(steps=tuple(steps))
@@ -101,7 +105,12 @@ def chat(prompt: str) -> list[dict[str, str]]:
 
 
 def sft_records(
-    specs: Sequence[PromptSpec], pool: Pool, base: Limits, *, rng: random.Random, recursion_prob: float,
+    specs: Sequence[PromptSpec],
+    pool: Pool,
+    base: Limits,
+    *,
+    rng: random.Random,
+    recursion_prob: float,
     max_question_chars: int,
 ) -> list[dict[str, Any]]:
     """Conversational prompt/completion pairs for TRL's SFTTrainer."""
@@ -125,7 +134,11 @@ def grpo_records(
     """Conversational prompts for GRPOTrainer; extra columns reach the reward function."""
     return [
         {
-            "prompt": chat(conductor_prompt(s.task, s.pool_view(pool), s.limits(base), max_question_chars=max_question_chars)),
+            "prompt": chat(
+                conductor_prompt(
+                    s.task, s.pool_view(pool), s.limits(base), max_question_chars=max_question_chars
+                )
+            ),
             "task_id": s.task.id,
             "view": list(s.view),
             "budget": -1.0 if s.budget is None else float(s.budget),

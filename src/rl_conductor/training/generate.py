@@ -39,6 +39,10 @@ def load_lm(path: str | Path, device: str = "cpu") -> tuple[PreTrainedModel, Pre
     model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     model.to(device)
     model.eval()
+    # checkpoints written by trainers carry use_cache=false; generation needs the KV cache
+    model.config.use_cache = True
+    if model.generation_config is not None:
+        model.generation_config.use_cache = True
     return model, tokenizer
 
 
@@ -88,6 +92,7 @@ def generate(
         "num_return_sequences": num_return_sequences,
         "pad_token_id": tokenizer.pad_token_id,
         "eos_token_id": tokenizer.eos_token_id,
+        "use_cache": True,
     }
     if greedy:
         settings.update(do_sample=False, temperature=None, top_k=None, top_p=None)

@@ -52,20 +52,35 @@ class ConductorReward:
         self.__name__ = "conductor_reward"  # TRL names the logged reward after this
         self.history: list[dict[str, float]] = []
 
-    async def score(self, text: str, task: Task, view_idx: Sequence[int], budget: float | None) -> dict[str, float]:
+    async def score(
+        self, text: str, task: Task, view_idx: Sequence[int], budget: float | None
+    ) -> dict[str, float]:
         view = self.pool.view(view_idx)
         limits = Limits(**{**self.base_limits.__dict__, "max_cost_usd": budget})
         try:
             wf = parse(text, pool_size=len(view), max_steps=limits.max_steps)
         except ParseError:
-            return {"reward": 0.0, "parsed": 0.0, "correct": 0.0, "cost": 0.0, "steps": 0.0, "budget_stop": 0.0}
+            return {
+                "reward": 0.0,
+                "parsed": 0.0,
+                "correct": 0.0,
+                "cost": 0.0,
+                "steps": 0.0,
+                "budget_stop": 0.0,
+            }
         trace = await execute(wf, task, view, limits)
         correct = grade_trace(task, trace)
         stopped = budget_stopped(trace)
-        r = compute_reward(parsed=True, correct=correct, cost_usd=trace.cost_usd, budget_exceeded=stopped, config=self.config)
+        r = compute_reward(
+            parsed=True, correct=correct, cost_usd=trace.cost_usd, budget_exceeded=stopped, config=self.config
+        )
         return {
-            "reward": r, "parsed": 1.0, "correct": float(correct), "cost": trace.cost_usd,
-            "steps": float(len(wf.steps)), "budget_stop": float(stopped),
+            "reward": r,
+            "parsed": 1.0,
+            "correct": float(correct),
+            "cost": trace.cost_usd,
+            "steps": float(len(wf.steps)),
+            "budget_stop": float(stopped),
         }
 
     async def __call__(

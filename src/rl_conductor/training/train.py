@@ -42,8 +42,12 @@ class TrainResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "out_dir": str(self.out_dir), "final_dir": str(self.final_dir), "seconds": self.seconds,
-            "reward_curve": self.reward_curve, "global_step": self.global_step, "mlflow_run_id": self.mlflow_run_id,
+            "out_dir": str(self.out_dir),
+            "final_dir": str(self.final_dir),
+            "seconds": self.seconds,
+            "reward_curve": self.reward_curve,
+            "global_step": self.global_step,
+            "mlflow_run_id": self.mlflow_run_id,
         }
 
 
@@ -71,7 +75,9 @@ def _reward_config(cfg: TrainConfig) -> Any:
     from rl_conductor.reward import REWARD_PRESETS
 
     rc = REWARD_PRESETS[cfg.reward_preset]
-    over = {k: v for k, v in (("cost_weight", cfg.cost_weight), ("cost_scale", cfg.cost_scale)) if v is not None}
+    over = {
+        k: v for k, v in (("cost_weight", cfg.cost_weight), ("cost_scale", cfg.cost_scale)) if v is not None
+    }
     return replace(rc, **over)
 
 
@@ -90,7 +96,13 @@ def save_final(model_src: Path, final_dir: Path, cfg: TrainConfig, pool_names: l
     """Copy the model folder and write what serving needs next to it (conductor.json, prompts)."""
     if final_dir.exists():
         shutil.rmtree(final_dir)
-    shutil.copytree(model_src, final_dir, ignore=shutil.ignore_patterns("optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin"))
+    shutil.copytree(
+        model_src,
+        final_dir,
+        ignore=shutil.ignore_patterns(
+            "optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin"
+        ),
+    )
     prompts = final_dir / "prompts"
     prompts.mkdir(exist_ok=True)
     for name in ("conductor.txt", "conductor_recursive.txt", "worker.txt"):
@@ -110,7 +122,9 @@ def save_final(model_src: Path, final_dir: Path, cfg: TrainConfig, pool_names: l
     return final_dir
 
 
-def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True) -> TrainResult:
+def train(
+    cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True
+) -> TrainResult:
     """Run the whole training recipe (see module docstring) and return where things landed."""
     _quiet()
     import mlflow
@@ -118,8 +132,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, progre
     from datasets import Dataset
 
     from rl_conductor.tasks.datasets import load_tasks
-    from rl_conductor.tracking import mlflow_utils
     from rl_conductor.trace import Limits
+    from rl_conductor.tracking import mlflow_utils
     from rl_conductor.training.data import grpo_records, make_specs, sft_records
     from rl_conductor.training.rewards import ConductorReward
     from rl_conductor.workers.pool import load_pool
@@ -127,7 +141,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, progre
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(max(1, cfg.torch_threads))
     rng = random.Random(cfg.seed)
     result = TrainResult(out_dir=out, final_dir=out / "final")
     t_all = time.perf_counter()
@@ -139,18 +153,30 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, progre
         raise ValueError(f"dataset {dataset!r} has no training tasks")
     base_limits = Limits(max_steps=cfg.max_steps_per_workflow, recursion_depth=0)
     spec_kw = dict(
-        rng=rng, budget_prob=cfg.budget_prob, budgets=cfg.budgets_usd,
-        random_pool_prob=cfg.random_pool_prob, min_pool_size=cfg.min_pool_size,
+        rng=rng,
+        budget_prob=cfg.budget_prob,
+        budgets=cfg.budgets_usd,
+        random_pool_prob=cfg.random_pool_prob,
+        min_pool_size=cfg.min_pool_size,
     )
     sft_specs = make_specs(tasks, pool, cfg.sft_examples, **spec_kw)
-    sft = sft_records(sft_specs, pool, base_limits, rng=rng, recursion_prob=cfg.sft_recursion_prob,
-                      max_question_chars=cfg.max_question_chars)
+    sft = sft_records(
+        sft_specs,
+        pool,
+        base_limits,
+        rng=rng,
+        recursion_prob=cfg.sft_recursion_prob,
+        max_question_chars=cfg.max_question_chars,
+    )
     grpo_specs = make_specs(tasks, pool, max(cfg.grpo_steps * cfg.prompts_per_step, 1), **spec_kw)
     grpo = grpo_records(grpo_specs, pool, base_limits, max_question_chars=cfg.max_question_chars)
 
     mlflow_utils.configure(cfg.mlflow_tracking_uri)
-    with mlflow_utils.start_run(cfg.mlflow_experiment, run_name=f"train-{cfg.model}-{out.name}",
-                                params={**cfg.to_dict(), "dataset": dataset, "n_train_tasks": len(tasks)}) as run:
+    with mlflow_utils.start_run(
+        cfg.mlflow_experiment,
+        run_name=f"train-{cfg.model}-{out.name}",
+        params={**cfg.to_dict(), "dataset": dataset, "n_train_tasks": len(tasks)},
+    ) as run:
         result.mlflow_run_id = run.info.run_id
         # 1. bootstrap
         t0 = time.perf_counter()
@@ -161,8 +187,15 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, progre
                 from rl_conductor.training.models import build_tiny
 
                 if not (base / "config.json").exists():
-                    build_tiny(_corpus(tasks, sft), base, vocab_size=cfg.tiny_vocab_size, seed=cfg.seed,
-                               hidden_size=cfg.tiny_hidden_size, num_hidden_layers=cfg.tiny_layers)
+                    build_tiny(
+                        _corpus(tasks, sft),
+                        base,
+                        vocab_size=cfg.tiny_vocab_size,
+                        seed=cfg.seed,
+                        hidden_size=cfg.tiny_hidden_size,
+                        num_hidden_layers=cfg.tiny_layers,
+                        intermediate_size=cfg.tiny_intermediate_size,
+                    )
                 model_src: Path | str = base
             else:
                 from rl_conductor.training.models import resolve_model
@@ -176,10 +209,12 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, progre
         # 3. GRPO
         t0 = time.perf_counter()
         reward = ConductorReward(pool, {t.id: t for t in tasks}, _reward_config(cfg), base_limits)
-        trainer = _grpo_trainer(cfg, sft_dir, Dataset.from_list(grpo), reward, out / "grpo", progress=progress)
+        trainer = _grpo_trainer(
+            cfg, sft_dir, Dataset.from_list(grpo), reward, out / "grpo", progress=progress
+        )
         ckpt = _last_checkpoint(out / "grpo") if resume else None
         trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
-        trainer.save_model(str(out / "grpo" / "last"))
+        _save_policy(trainer, out / "grpo" / "last", merge_lora=cfg.use_lora)
         result.seconds["grpo"] = time.perf_counter() - t0
         result.global_step = int(trainer.state.global_step)
         result.reward_curve = [
@@ -195,7 +230,25 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, progre
     return result
 
 
-def _sft(cfg: TrainConfig, model_src: Path | str, records: list[dict[str, Any]], sft_dir: Path, *, progress: bool) -> None:
+def _save_policy(trainer: Any, path: Path, *, merge_lora: bool) -> None:
+    """Save the trained policy as a complete model folder.
+
+    With LoRA, ``save_model`` would write only the adapter, whose ``base_model_name_or_path`` is
+    this machine's ``sft/`` folder: ``final/`` would not load anywhere else (S3, the registry,
+    a serving pod). So the adapter is merged into the weights first, as after SFT.
+    """
+    if not merge_lora:
+        trainer.save_model(str(path))
+        return
+    model = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+    if trainer.is_world_process_zero():
+        model.save_pretrained(str(path))
+        trainer.processing_class.save_pretrained(str(path))
+
+
+def _sft(
+    cfg: TrainConfig, model_src: Path | str, records: list[dict[str, Any]], sft_dir: Path, *, progress: bool
+) -> None:
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
@@ -222,13 +275,20 @@ def _sft(cfg: TrainConfig, model_src: Path | str, records: list[dict[str, Any]],
     )
     peft_config = _peft(cfg)
     trainer = SFTTrainer(
-        model=str(model_src), args=args, train_dataset=Dataset.from_list(records), peft_config=peft_config,
+        model=str(model_src),
+        args=args,
+        train_dataset=Dataset.from_list(records),
+        peft_config=peft_config,
         callbacks=[RichProgress("SFT warm start", enabled=progress), MlflowMetrics(prefix="sft/")],
     )
     trainer.train()
     model = trainer.model
     if peft_config is not None:
         model = model.merge_and_unload()
+    # trainers switch the KV cache off for training; generation without it recomputes the
+    # whole prompt for every new token (3-10x slower), so saved models always have it on
+    model.config.use_cache = True
+    model.generation_config.use_cache = True
     model.save_pretrained(str(sft_dir))
     trainer.processing_class.save_pretrained(str(sft_dir))
     shutil.rmtree(sft_dir.parent / "sft_work", ignore_errors=True)
@@ -239,7 +299,9 @@ def _peft(cfg: TrainConfig) -> Any:
         return None
     from peft import LoraConfig
 
-    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
 
 
 def grpo_config(cfg: TrainConfig, output_dir: str) -> Any:
@@ -277,10 +339,13 @@ def grpo_config(cfg: TrainConfig, output_dir: str) -> Any:
         dataloader_num_workers=0,
         log_completions=False,
         shuffle_dataset=False,
+        generation_kwargs={"use_cache": True},
     )
 
 
-def _grpo_trainer(cfg: TrainConfig, sft_dir: Path, dataset: Any, reward: Any, out: Path, *, progress: bool) -> Any:
+def _grpo_trainer(
+    cfg: TrainConfig, sft_dir: Path, dataset: Any, reward: Any, out: Path, *, progress: bool
+) -> Any:
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
@@ -292,6 +357,11 @@ def _grpo_trainer(cfg: TrainConfig, sft_dir: Path, dataset: Any, reward: Any, ou
     if cfg.time_limit_s:
         callbacks.append(TimeLimit(cfg.time_limit_s))
     return GRPOTrainer(
-        model=str(sft_dir), reward_funcs=[reward], args=grpo_config(cfg, str(out)), train_dataset=dataset,
-        processing_class=tok, callbacks=callbacks, peft_config=_peft(cfg),
+        model=str(sft_dir),
+        reward_funcs=[reward],
+        args=grpo_config(cfg, str(out)),
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=callbacks,
+        peft_config=_peft(cfg),
     )

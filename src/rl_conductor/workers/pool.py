@@ -77,7 +77,13 @@ def info_from_spec(spec: dict[str, Any]) -> WorkerInfo:
 
 
 _INFO_KEYS = {
-    "name", "price_in", "price_out", "hosting", "description", "kind", "max_output_tokens",
+    "name",
+    "price_in",
+    "price_out",
+    "hosting",
+    "description",
+    "kind",
+    "max_output_tokens",
     "typical_output_tokens",
 }
 
@@ -145,7 +151,8 @@ class PoolView:
         """A view with only the named workers (order kept)."""
         keep_set = set(keep)
         return PoolView(
-            pool=self.pool, indices=tuple(i for i in self.indices if self.pool.workers[i].info.name in keep_set)
+            pool=self.pool,
+            indices=tuple(i for i in self.indices if self.pool.workers[i].info.name in keep_set),
         )
 
 
@@ -190,7 +197,9 @@ def build_pool(cfg: dict[str, Any], **overrides: Any) -> Pool:
         if kind not in _BUILDERS and kind in _BUILTIN_MODULES:
             importlib.import_module(_BUILTIN_MODULES[kind])
         if kind not in _BUILDERS:
-            raise PoolConfigError(f"worker {spec['name']!r}: unknown kind {kind!r}; known: {sorted(_BUILDERS)}")
+            raise PoolConfigError(
+                f"worker {spec['name']!r}: unknown kind {kind!r}; known: {sorted(_BUILDERS)}"
+            )
         if spec["name"] in names:
             raise PoolConfigError(f"duplicate worker name {spec['name']!r}")
         names.add(spec["name"])

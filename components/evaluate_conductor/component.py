@@ -1,0 +1,62 @@
+"""KFP component ``evaluate_conductor``: the Conductor, the kNN router and every baseline on the test split.
+
+Thin adapter over :func:`rl_conductor.pipeline.steps.evaluate_step`; see README.md.
+"""
+
+from typing import NamedTuple
+
+from components.images import BASE_IMAGE
+from kfp import dsl
+
+
+@dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
+def evaluate_conductor(
+    model: dsl.Input[dsl.Model],
+    train_data: dsl.Input[dsl.Dataset],
+    test_data: dsl.Input[dsl.Dataset],
+    eval_metrics: dsl.Output[dsl.Metrics],
+    report: dsl.Output[dsl.Markdown],
+    report_html: dsl.Output[dsl.HTML],
+    pareto: dsl.Output[dsl.Artifact],
+    results: dsl.Output[dsl.Artifact],
+    pool: str = "paper-sim",
+    seed: int = 0,
+    artifact_root: str = "",
+    run_tag: str = "local",
+) -> NamedTuple("EvalOutputs", [("test_split_id", str), ("accuracy", float), ("mean_cost_usd", float)]):
+    """Evaluate on ``test_data`` against ``pool``; the kNN router is fitted on ``train_data``.
+
+    Writes the Conductor's metrics (and every other policy's accuracy and cost) to
+    ``eval_metrics``, the comparison as Markdown (``report``) and HTML (``report_html``), the
+    cost-vs-accuracy Pareto chart (``pareto``, PNG) and every summary as JSON (``results``);
+    copies go to ``<artifact_root>/<run_tag>/reports/``.
+    """
+    from collections import namedtuple
+
+    from rl_conductor.pipeline import steps
+
+    outcome = steps.evaluate_step(
+        model_dir=model.path,
+        train_path=train_data.path,
+        test_path=test_data.path,
+        outputs={
+            "report_md": report.path,
+            "report_html": report_html.path,
+            "pareto_png": pareto.path,
+            "results_json": results.path,
+        },
+        pool=pool,
+        seed=seed,
+        artifact_root=artifact_root,
+        run_tag=run_tag,
+    )
+    for name, value in outcome.metrics().items():
+        eval_metrics.log_metric(name, value)
+    eval_metrics.metadata["test_split_id"] = outcome.test_split_id
+    pareto.metadata.update({"mime_type": "image/png", "uri": outcome.uris["pareto_png"]})
+    report.metadata["uri"] = outcome.uris["report_md"]
+    results.metadata.update({"mime_type": "application/json", "test_split_id": outcome.test_split_id})
+    EvalOutputs = namedtuple("EvalOutputs", ["test_split_id", "accuracy", "mean_cost_usd"])
+    return EvalOutputs(
+        outcome.test_split_id, float(outcome.conductor["accuracy"]), float(outcome.conductor["mean_cost_usd"])
+    )

@@ -1,0 +1,68 @@
+"""KFP component ``train_conductor``: SFT warm start + GRPO on the prepared train split.
+
+Thin adapter over :func:`rl_conductor.pipeline.steps.train_step`; see README.md. It runs on the
+CUDA image; the pipeline asks for a GPU and mounts the API-key Secret on a cluster (both are
+ignored by the local runner).
+"""
+
+from typing import NamedTuple
+
+from components.images import CUDA_IMAGE
+from kfp import dsl
+
+
+@dsl.component(base_image=CUDA_IMAGE, packages_to_install=[], install_kfp_package=False)
+def train_conductor(
+    train_data: dsl.Input[dsl.Dataset],
+    model: dsl.Output[dsl.Model],
+    train_metrics: dsl.Output[dsl.Metrics],
+    preset: str = "tiny",
+    pool: str = "",
+    reward_preset: str = "",
+    cost_weight: float = -1.0,
+    grpo_steps: int = 0,
+    sft_examples: int = 0,
+    train_overrides: str = "{}",
+    seed: int = 0,
+    mlflow_tracking_uri: str = "",
+    artifact_root: str = "",
+    run_tag: str = "local",
+) -> NamedTuple("TrainOutputs", [("checkpoints", str), ("global_step", int)]):
+    """Train a Conductor from ``preset`` (tiny | smol | gpu | a YAML path) on ``train_data``.
+
+    Empty strings, 0 and a negative ``cost_weight`` keep the preset's value;
+    ``train_overrides`` is a JSON object of any other TrainConfig fields. ``model`` receives the
+    servable folder (weights, tokenizer, ``conductor.json``, prompt templates); the whole
+    training folder goes to ``<artifact_root>/<run_tag>/checkpoints``.
+    """
+    from collections import namedtuple
+
+    from rl_conductor.pipeline import steps
+
+    outcome = steps.train_step(
+        train_path=train_data.path,
+        model_dir=model.path,
+        preset=preset,
+        pool=pool,
+        reward_preset=reward_preset,
+        cost_weight=cost_weight if cost_weight >= 0 else None,
+        grpo_steps=grpo_steps or None,
+        sft_examples=sft_examples or None,
+        overrides=train_overrides,
+        seed=seed,
+        mlflow_tracking_uri=mlflow_tracking_uri,
+        artifact_root=artifact_root,
+        run_tag=run_tag,
+    )
+    model.metadata.update(
+        {
+            "base_model": outcome.base_model,
+            "preset": preset,
+            "checkpoints": outcome.checkpoints_uri,
+            "mlflow_run_id": outcome.mlflow_run_id or "",
+        }
+    )
+    for name, value in outcome.metrics().items():
+        train_metrics.log_metric(name, value)
+    TrainOutputs = namedtuple("TrainOutputs", ["checkpoints", "global_step"])
+    return TrainOutputs(outcome.checkpoints_uri, outcome.global_step)

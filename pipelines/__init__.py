@@ -1,0 +1,1 @@
+"""Kubeflow pipeline definitions (``*.py``) and their compiled YAML, committed side by side."""

@@ -1,0 +1,160 @@
+"""The Kubeflow pipeline ``conductor-training``: prepare → train → evaluate → register → promote.
+
+Compiled to ``conductor_training.yaml`` next to this file (``conductor pipeline compile``; a
+test fails when the committed YAML is stale). Run it locally with ``conductor pipeline run
+--local`` (kfp's SubprocessRunner) or on a cluster with ``conductor pipeline submit --host URL``.
+
+Cluster-only settings, which the local runner ignores: the training step asks for one
+``nvidia.com/gpu`` and receives the worker API keys from the Kubernetes Secret named by
+``api_keys_secret`` (evaluation too: live workers need them); every step receives S3
+credentials from the Secret named by ``s3_secret``. Both Secrets are optional, so a run on
+the simulated pool needs neither.
+
+Every step gets the pipeline job name as ``run_tag``: it names the run's folder below the
+artifact root and the MLflow run that registers the model.
+"""
+
+from typing import NamedTuple
+
+from components.evaluate_conductor.component import evaluate_conductor
+from components.prepare_data.component import prepare_data
+from components.promote_conductor.component import promote_conductor
+from components.register_conductor.component import register_conductor
+from components.train_conductor.component import train_conductor
+from kfp import dsl, kubernetes
+
+PIPELINE_NAME = "conductor-training"
+GPU_RESOURCE = "nvidia.com/gpu"
+#: Secret data key -> environment variable, for the live workers' SDKs.
+API_KEY_ENV = {
+    "OPENAI_API_KEY": "OPENAI_API_KEY",
+    "ANTHROPIC_API_KEY": "ANTHROPIC_API_KEY",
+    "GEMINI_API_KEY": "GEMINI_API_KEY",
+}
+#: Secret data key -> environment variable, for boto3 (rl_conductor.storage) and MLflow's S3 store.
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
+    "AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL",
+    "MLFLOW_S3_ENDPOINT_URL": "MLFLOW_S3_ENDPOINT_URL",
+}
+
+
+class PipelineOutputs(NamedTuple):
+    """What a run returns (``conductor pipeline run`` prints it)."""
+
+    version: int
+    promoted: bool
+    gate_reason: str
+    champion: int
+    run_folder: str
+    results: dsl.Artifact
+    report: dsl.Markdown
+
+
+@dsl.pipeline(
+    name=PIPELINE_NAME,
+    description="Train a Conductor (SFT + GRPO), evaluate it against every baseline, register it "
+    "in MLflow as challenger and promote it to champion behind an evaluation gate.",
+)
+def conductor_training(
+    preset: str = "tiny",
+    pool: str = "paper-sim",
+    dataset: str = "",
+    reward_preset: str = "",
+    cost_weight: float = -1.0,
+    grpo_steps: int = 0,
+    sft_examples: int = 0,
+    train_limit: int = 0,
+    eval_limit: int = 300,
+    train_overrides: str = "{}",
+    seed: int = 0,
+    model_name: str = "conductor",
+    min_accuracy_gain: float = 0.0,
+    max_cost_ratio: float = 1.0,
+    min_accuracy: float = 0.0,
+    mlflow_tracking_uri: str = "",
+    artifact_root: str = "",
+    api_keys_secret: str = "conductor-api-keys",
+    s3_secret: str = "conductor-s3",
+) -> PipelineOutputs:
+    """Parameters (empty string, 0 or a negative number: the preset's or the default value).
+
+    preset: training preset (tiny | smol | gpu). pool: worker pool for training and evaluation.
+    dataset: task set (default: the pool's). reward_preset / cost_weight: reward shape.
+    grpo_steps / sft_examples / train_limit / eval_limit / train_overrides (JSON): size of the
+    run. min_accuracy_gain / max_cost_ratio / min_accuracy: the promotion gate.
+    mlflow_tracking_uri: MLflow server (default: sqlite under .conductor/). artifact_root:
+    local folder or s3://bucket/prefix for datasets, checkpoints and reports.
+    """
+    run_tag = dsl.PIPELINE_JOB_NAME_PLACEHOLDER
+    data = prepare_data(
+        dataset=dataset,
+        pool=pool,
+        train_limit=train_limit,
+        eval_limit=eval_limit,
+        seed=seed,
+        artifact_root=artifact_root,
+        run_tag=run_tag,
+    )
+    train = train_conductor(
+        train_data=data.outputs["train_data"],
+        preset=preset,
+        pool=pool,
+        reward_preset=reward_preset,
+        cost_weight=cost_weight,
+        grpo_steps=grpo_steps,
+        sft_examples=sft_examples,
+        train_overrides=train_overrides,
+        seed=seed,
+        mlflow_tracking_uri=mlflow_tracking_uri,
+        artifact_root=artifact_root,
+        run_tag=run_tag,
+    )
+    train.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(1)
+    evaluation = evaluate_conductor(
+        model=train.outputs["model"],
+        train_data=data.outputs["train_data"],
+        test_data=data.outputs["test_data"],
+        pool=pool,
+        seed=seed,
+        artifact_root=artifact_root,
+        run_tag=run_tag,
+    )
+    register = register_conductor(
+        model=train.outputs["model"],
+        results=evaluation.outputs["results"],
+        report=evaluation.outputs["report"],
+        report_html=evaluation.outputs["report_html"],
+        pareto=evaluation.outputs["pareto"],
+        model_name=model_name,
+        preset=preset,
+        mlflow_tracking_uri=mlflow_tracking_uri,
+        artifact_root=artifact_root,
+        run_tag=run_tag,
+    )
+    promote = promote_conductor(
+        version=register.outputs["version"],
+        model_name=model_name,
+        min_accuracy_gain=min_accuracy_gain,
+        max_cost_ratio=max_cost_ratio,
+        min_accuracy=min_accuracy,
+        mlflow_tracking_uri=mlflow_tracking_uri,
+    )
+    for task in (register, promote):  # side effects on the registry: never reuse a cached result
+        task.set_caching_options(enable_caching=False)
+    for task in (train, evaluation):
+        kubernetes.use_secret_as_env(
+            task, secret_name=api_keys_secret, secret_key_to_env=API_KEY_ENV, optional=True
+        )
+    for task in (data, train, evaluation, register, promote):
+        kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=S3_ENV, optional=True)
+    return PipelineOutputs(
+        version=register.outputs["version"],
+        promoted=promote.outputs["promoted"],
+        gate_reason=promote.outputs["reason"],
+        champion=promote.outputs["champion"],
+        run_folder=data.outputs["run_folder"],
+        results=evaluation.outputs["results"],
+        report=evaluation.outputs["report"],
+    )

@@ -1,0 +1,112 @@
+"""The evaluation report of a pipeline run: Markdown, a self-contained HTML page, a Pareto PNG.
+
+Why: the KFP UI renders Markdown and HTML artifacts in place, and the same files land in the
+artifact root and in the registered model's MLflow run, so a person reading any of the three
+sees the same comparison.
+
+Simplifications: the HTML page embeds the PNG as a data URI (one file, no external assets) and
+uses no template engine; the Markdown links the PNG by its file name, which resolves where the
+files sit side by side (artifact root, MLflow run) but not inside the KFP viewer.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rl_conductor.evaluation.report import COLUMNS, markdown_table, pareto_front, pareto_plot
+
+__all__ = ["html_report", "markdown_report", "write_reports"]
+
+NOTE = (
+    "Workers are simulated when the pool is a simulated one: the simulation cannot reward good "
+    "instructions, only live workers can."
+)
+
+
+def _cell(fmt: str, value: Any) -> str:
+    """A table cell as ``markdown_table`` writes it (accuracy in percent, ``-`` for missing)."""
+    if value is None:
+        return "-"
+    return f"{100 * value:.1f}" if fmt == "{:.1%}" else fmt.format(value)
+
+
+def _title(meta: Mapping[str, Any]) -> str:
+    return f"Conductor evaluation: pool {meta.get('pool', '?')}, test split {meta.get('test_split_id', '?')}"
+
+
+def markdown_report(
+    summaries: Sequence[dict[str, Any]], meta: Mapping[str, Any], png_name: str = "pareto.png"
+) -> str:
+    """The comparison table, the Pareto front and the run's identifiers as Markdown."""
+    front = ", ".join(pareto_front(summaries))
+    lines = [
+        f"# {_title(meta)}",
+        "",
+        f"Run `{meta.get('run_tag', '')}`, {meta.get('n', '?')} test tasks.",
+        "",
+        markdown_table(summaries),
+        "",
+        f"**Pareto front (accuracy vs mean cost):** {front}",
+        "",
+        f"![cost vs accuracy]({png_name})",
+        "",
+        f"_{NOTE}_",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def html_report(summaries: Sequence[dict[str, Any]], meta: Mapping[str, Any], png: bytes) -> str:
+    """A standalone HTML page: the same table, the front, and the chart inlined."""
+    front = set(pareto_front(summaries))
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in COLUMNS)
+    rows = []
+    for s in summaries:
+        cells = "".join(f"<td>{html.escape(_cell(fmt, s.get(key)))}</td>" for key, _, fmt in COLUMNS)
+        style = ' style="font-weight:bold"' if s["policy"] in front else ""
+        rows.append(f"<tr{style}>{cells}</tr>")
+    image = base64.b64encode(png).decode("ascii")
+    title = html.escape(_title(meta))
+    run_tag, n = html.escape(str(meta.get("run_tag", ""))), html.escape(str(meta.get("n", "?")))
+    return (
+        "<!doctype html>\n<html><head><meta charset='utf-8'>"
+        f"<title>{title}</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style>"
+        f"</head><body><h1>{title}</h1>"
+        f"<p>Run <code>{run_tag}</code>, {n} test tasks."
+        " Bold rows are on the Pareto front.</p>"
+        f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+        f"<p><img alt='cost vs accuracy' src='data:image/png;base64,{image}'></p>"
+        f"<p><em>{html.escape(NOTE)}</em></p></body></html>\n"
+    )
+
+
+def write_reports(
+    summaries: Sequence[dict[str, Any]],
+    meta: Mapping[str, Any],
+    *,
+    md_path: str | os.PathLike[str],
+    html_path: str | os.PathLike[str],
+    png_path: str | os.PathLike[str],
+) -> None:
+    """Write the Pareto PNG, then the Markdown and HTML reports that show it (local paths)."""
+    target = Path(png_path)
+    # matplotlib appends ".png" to a name without a suffix (KFP artifact paths have none)
+    drawn = target if target.suffix == ".png" else target.with_name(target.name + ".png")
+    pareto_plot(
+        summaries, drawn, title=f"{meta.get('pool', '')}: cost vs accuracy (test, n={meta.get('n', '?')})"
+    )
+    if drawn != target:
+        os.replace(drawn, target)
+    for path, text in (
+        (Path(md_path), markdown_report(summaries, meta)),
+        (Path(html_path), html_report(summaries, meta, target.read_bytes())),
+    ):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")

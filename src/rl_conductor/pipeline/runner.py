@@ -1,0 +1,266 @@
+"""Run, compile and submit the ``conductor-training`` Kubeflow pipeline.
+
+Why: ``conductor pipeline run|compile|submit`` and ``make run`` need one place that finds the
+pipeline definition, fills its parameters, runs it with kfp's local SubprocessRunner (or sends
+it to a KFP API server) and collects what a person wants to see at the end: the comparison
+table, the report's location, the registered version and its aliases.
+
+The pipeline and its components live in the repository (``pipelines/``, ``components/``), not
+in the installed package: :func:`repo_root` finds them from the working directory or from this
+file (an editable install), and they are imported from there.
+
+Deliberate simplifications:
+- Local runs execute every step in a subprocess of the current Python environment
+  (``use_venv=False``) with no caching; step output is written to a log file unless
+  ``verbose`` is set (kfp prints each step's full executor input otherwise).
+- ``--quick`` is a fixed set of small parameters (:data:`QUICK_ARGUMENTS`) meant for tests and
+  smoke runs, not a preset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rl_conductor.pipeline import steps
+
+__all__ = [
+    "PIPELINE_MODULE",
+    "QUICK_ARGUMENTS",
+    "QUICK_TRAIN_OVERRIDES",
+    "LocalRun",
+    "compile_pipeline",
+    "default_package_path",
+    "load_pipeline",
+    "pipeline_arguments",
+    "pipeline_parameters",
+    "repo_root",
+    "run_local",
+    "submit",
+]
+
+PIPELINE_MODULE = "pipelines.conductor_training"
+PIPELINE_FUNCTION = "conductor_training"
+PACKAGE_NAME = "conductor_training.yaml"
+
+#: Training-config overrides of a quick run: a smaller tiny model, tiny groups, short prompts and
+#: completions, few examples. It checks the plumbing; the Conductor it trains plans badly.
+QUICK_TRAIN_OVERRIDES: dict[str, Any] = {
+    "prompts_per_step": 2,
+    "num_generations": 2,
+    "max_completion_length": 24,
+    "max_question_chars": 200,
+    "sft_batch_size": 16,
+    "logging_steps": 1,
+    "save_steps": 1000,
+    "tiny_hidden_size": 64,
+    "tiny_layers": 2,
+}
+#: Pipeline arguments of ``--quick``: a handful of training steps on a small sample.
+QUICK_ARGUMENTS: dict[str, Any] = {
+    "grpo_steps": 2,
+    "sft_examples": 32,
+    "train_limit": 32,
+    "eval_limit": 12,
+    "train_overrides": json.dumps(QUICK_TRAIN_OVERRIDES, sort_keys=True),
+}
+
+
+def repo_root() -> Path:
+    """The folder holding ``pipelines/`` and ``components/``: the working directory or one
+    above it, else the checkout this package is installed from (editable install)."""
+    here = Path.cwd().resolve()
+    candidates = [here, *here.parents, Path(__file__).resolve().parents[3]]
+    for folder in candidates:
+        if (folder / "pipelines" / "conductor_training.py").is_file() and (folder / "components").is_dir():
+            return folder
+    raise FileNotFoundError(
+        "pipelines/conductor_training.py not found: run this from the rl-conductor checkout"
+    )
+
+
+def load_pipeline() -> Callable[..., Any]:
+    """The ``conductor_training`` pipeline function (imports ``pipelines/`` from the checkout)."""
+    root = str(repo_root())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    module = importlib.import_module(PIPELINE_MODULE)
+    return getattr(module, PIPELINE_FUNCTION)  # type: ignore[no-any-return]
+
+
+def default_package_path() -> Path:
+    """``pipelines/conductor_training.yaml`` in the checkout (the committed compiled pipeline)."""
+    return repo_root() / "pipelines" / PACKAGE_NAME
+
+
+def compile_pipeline(path: str | Path | None = None) -> Path:
+    """Compile the pipeline to ``path`` (default: the committed YAML); returns the path."""
+    from kfp import compiler  # type: ignore[import-untyped]
+
+    out = Path(path) if path is not None else default_package_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(load_pipeline(), str(out))
+    return out
+
+
+def pipeline_parameters() -> dict[str, Any]:
+    """The pipeline's parameters and their defaults, read from its signature."""
+    import inspect
+
+    fn = load_pipeline()
+    target = getattr(fn, "pipeline_func", fn)
+    return {name: p.default for name, p in inspect.signature(target).parameters.items()}
+
+
+def pipeline_arguments(*, quick: bool = False, **arguments: Any) -> dict[str, Any]:
+    """Arguments for a run: :data:`QUICK_ARGUMENTS` if ``quick``, then ``arguments`` (None = default).
+
+    Unknown names raise ValueError listing the pipeline's parameters.
+    """
+    known = pipeline_parameters()
+    given = {k: v for k, v in arguments.items() if v is not None}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ValueError(f"unknown pipeline parameters {unknown}; known: {sorted(known)}")
+    if isinstance(given.get("train_overrides"), Mapping):
+        given["train_overrides"] = json.dumps(given["train_overrides"], sort_keys=True)
+    return {**(QUICK_ARGUMENTS if quick else {}), **given}
+
+
+@dataclass
+class LocalRun:
+    """The result of :func:`run_local`."""
+
+    model_name: str
+    version: int
+    aliases: list[str]
+    promoted: bool
+    gate_reason: str
+    champion: int
+    run_folder: str
+    summaries: list[dict[str, Any]]
+    meta: dict[str, Any]
+    report_uri: str
+    results_path: str
+    seconds: float
+    log_path: str | None = None
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def conductor(self) -> dict[str, Any]:
+        return next(s for s in self.summaries if s["policy"] == steps.CONDUCTOR_LABEL)
+
+
+def _local_root() -> Path:
+    from rl_conductor.tracking.mlflow_utils import conductor_home
+
+    return conductor_home() / ".conductor" / "kfp"
+
+
+def run_local(
+    *,
+    quick: bool = False,
+    verbose: bool = False,
+    pipeline_root: str | Path | None = None,
+    **arguments: Any,
+) -> LocalRun:
+    """Run the pipeline with kfp's local SubprocessRunner; returns what it produced.
+
+    ``arguments`` are pipeline parameters (see :func:`pipeline_parameters`). Step output goes
+    to ``<pipeline_root>/logs/<timestamp>.log`` unless ``verbose``. Raises RuntimeError (with the
+    log's path) when a step fails.
+    """
+    from kfp import local  # type: ignore[import-untyped]
+
+    from rl_conductor.tracking import mlflow_utils, registry
+
+    args = pipeline_arguments(quick=quick, **arguments)
+    pipeline = load_pipeline()
+    root = Path(pipeline_root) if pipeline_root is not None else _local_root()
+    root.mkdir(parents=True, exist_ok=True)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
+    log_path: Path | None = None
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        if not verbose:
+            log_path = root / "logs" / f"{datetime.now(UTC):%Y%m%d-%H%M%S-%f}.log"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = stack.enter_context(open(log_path, "w", encoding="utf-8"))
+            stack.enter_context(contextlib.redirect_stdout(log))
+        try:
+            task = pipeline(**args)
+        except Exception as exc:
+            where = f"; step output in {log_path}" if log_path else ""
+            raise RuntimeError(f"local pipeline run failed: {exc}{where}") from exc
+    seconds = time.perf_counter() - t0
+    out = task.outputs
+    meta, summaries = steps.read_results(out["results"].path)
+    model_name = str(args.get("model_name") or pipeline_parameters()["model_name"])
+    mlflow_utils.configure(str(args.get("mlflow_tracking_uri") or "") or None)
+    version = int(out["version"])
+    row = next((r for r in registry.list_versions(model_name) if r.version == version), None)
+    from rl_conductor import storage
+
+    return LocalRun(
+        model_name=model_name,
+        version=version,
+        aliases=list(row.aliases) if row else [],
+        promoted=bool(out["promoted"]),
+        gate_reason=str(out["gate_reason"]),
+        champion=int(out["champion"]),
+        run_folder=str(out["run_folder"]),
+        summaries=summaries,
+        meta=meta,
+        report_uri=storage.join(str(out["run_folder"]), "reports", "report.md"),
+        results_path=str(out["results"].path),
+        seconds=seconds,
+        log_path=str(log_path) if log_path else None,
+        arguments=args,
+    )
+
+
+def submit(
+    host: str,
+    *,
+    package_path: str | Path | None = None,
+    run_name: str | None = None,
+    experiment: str = "conductor",
+    namespace: str | None = None,
+    quick: bool = False,
+    **arguments: Any,
+) -> str:
+    """Submit the compiled pipeline to the KFP API server at ``host``; returns the run id.
+
+    On a cluster the artifact root must be ``s3://…`` and the MLflow tracking URI a server
+    (``http(s)://…``): a pod's local disk and sqlite file vanish with the pod.
+    """
+    import kfp  # type: ignore[import-untyped]
+
+    args = pipeline_arguments(quick=quick, **arguments)
+    root = str(args.get("artifact_root") or "")
+    if not root.startswith("s3://"):
+        raise ValueError("on a cluster, pass artifact_root=s3://bucket/prefix (pod disks are not kept)")
+    tracking = str(args.get("mlflow_tracking_uri") or "")
+    if not tracking.startswith(("http://", "https://")):
+        raise ValueError("on a cluster, pass mlflow_tracking_uri=http(s)://<mlflow server>")
+    package = Path(package_path) if package_path is not None else default_package_path()
+    if not package.is_file():
+        raise FileNotFoundError(f"{package} not found: run `conductor pipeline compile` first")
+    client = kfp.Client(host=host, namespace=namespace)
+    result = client.create_run_from_pipeline_package(
+        str(package),
+        arguments=args,
+        run_name=run_name or f"conductor-training-{datetime.now(UTC):%Y%m%d-%H%M%S}",
+        experiment_name=experiment,
+        namespace=namespace,
+        enable_caching=False,
+    )
+    return str(result.run_id)

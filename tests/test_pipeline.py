@@ -1,0 +1,301 @@
+"""The whole ``conductor-training`` pipeline on kfp's local runner, its CLI, the compiled YAML, the images.
+
+One quick run (a handful of training steps on a small sample) is shared by the module. It goes
+through ``conductor pipeline run --local --quick``, as ``make run`` does, against a registry that
+already holds a champion: a stand-in for an earlier run's version (a placeholder folder with poor
+metrics on the same test split), so the gate compares instead of taking the "no champion yet"
+path. Everything lives in a temporary CONDUCTOR_HOME (sqlite MLflow, artifact root, kfp root).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from rl_conductor.cli import app
+from rl_conductor.pipeline import runner, steps
+from rl_conductor.pipeline.runner import QUICK_ARGUMENTS, pipeline_arguments, repo_root
+from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.tracking import mlflow_utils, registry
+
+ROOT = repo_root()
+SRC = ROOT / "src"
+sys.path.insert(0, str(ROOT))
+
+from components import images  # noqa: E402
+
+
+@dataclass
+class Quick:
+    home: Path
+    output: str
+    seconds: float
+    split_id: str
+
+
+def _isolate(mp: pytest.MonkeyPatch, home: Path) -> None:
+    mp.setenv("CONDUCTOR_HOME", str(home))
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", mlflow_utils.ARTIFACT_ROOT_ENV):
+        mp.delenv(var, raising=False)
+    mp.setenv("TOKENIZERS_PARALLELISM", "false")
+    mp.setenv("MLFLOW_ENABLE_TELEMETRY", "false")
+
+
+def _seed_previous_champion(work: Path, split_id: str) -> None:
+    """Register and promote a placeholder version that scored 0 % at $1 per task on ``split_id``."""
+    folder = work / "previous-model"
+    folder.mkdir(parents=True)
+    (folder / "conductor.json").write_text(json.dumps({"base_model": "tiny", "reward_preset": "paper"}))
+    row = {"policy": "conductor", "n": QUICK_ARGUMENTS["eval_limit"], "accuracy": 0.0, "mean_cost_usd": 1.0}
+    results = work / "previous-results.json"
+    results.write_text(
+        json.dumps({"meta": {"test_split_id": split_id, "pool": "paper-sim"}, "results": [row]})
+    )
+    version = steps.register_step(model_dir=folder, results_path=results, run_tag="previous").version
+    assert steps.promote_step(version=version).champion == version == 1
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quick]:
+    home = tmp_path_factory.mktemp("pipeline-home")
+    tests = load_tasks("paper-mix", "test", limit=QUICK_ARGUMENTS["eval_limit"], seed=0)
+    split_id = steps.test_split_id(tests, "paper-sim")
+    with pytest.MonkeyPatch.context() as mp:
+        _isolate(mp, home)
+        _seed_previous_champion(tmp_path_factory.mktemp("previous"), split_id)
+        t0 = time.perf_counter()
+        result = CliRunner().invoke(app, ["pipeline", "run", "--local", "--quick", "--preset", "tiny"])
+        seconds = time.perf_counter() - t0
+        assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+        yield Quick(home=home, output=result.output, seconds=seconds, split_id=split_id)
+
+
+@pytest.fixture
+def quick_env(quick: Quick, monkeypatch: pytest.MonkeyPatch) -> Quick:
+    _isolate(monkeypatch, quick.home)
+    mlflow_utils.configure()
+    return quick
+
+
+def test_quick_run_prints_table_report_version_and_aliases(quick: Quick) -> None:
+    out = quick.output
+    for policy in ("conductor", "knn", "moa", "oracle", "single:gpt-5"):
+        assert f"{policy} " in out, policy
+    assert "registered: conductor version 2 (aliases: challenger, champion)" in out
+    assert "gate: promoted:" in out and "vs champion 0.0000" in out
+    report = re.search(r"report: (\S+)", out)
+    assert report is not None
+    relative = Path(report.group(1)).relative_to(quick.home / ".conductor" / "artifacts")
+    assert relative.parts[0].startswith("conductor-training-") and relative.parts[1:] == (
+        "reports",
+        "report.md",
+    )
+
+
+def test_quick_run_fills_the_artifact_root(quick: Quick) -> None:
+    (folder,) = (quick.home / ".conductor" / "artifacts").iterdir()
+    assert sorted(p.name for p in (folder / "data").iterdir()) == [
+        "test.jsonl",
+        "train.jsonl",
+        "validation.jsonl",
+    ]
+    assert (folder / "checkpoints" / "final" / "model.safetensors").is_file()
+    assert (folder / "checkpoints" / "metrics.json").is_file()
+    meta, summaries = steps.read_results(folder / "reports" / "results.json")
+    assert meta["test_split_id"] == quick.split_id
+    assert [s["policy"] for s in summaries][-2:] == ["oracle", "conductor"] and len(summaries) == 13
+    assert all(s["n"] == QUICK_ARGUMENTS["eval_limit"] for s in summaries)
+    assert (folder / "reports" / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_gate_compared_with_the_existing_champion(quick_env: Quick) -> None:
+    rows = {r.version: r for r in registry.list_versions("conductor")}
+    assert set(rows) == {1, 2}
+    assert rows[2].tags["gate.champion_before"] == "1" and rows[2].tags["gate.promoted"] == "true"
+    assert rows[1].test_split_id == rows[2].test_split_id == quick_env.split_id
+    assert rows[2].metrics["n"] == QUICK_ARGUMENTS["eval_limit"]
+    assert rows[2].tags["pipeline.run_tag"].startswith("conductor-training-")
+
+
+def test_champion_loads_in_a_fresh_process(quick_env: Quick) -> None:
+    script = textwrap.dedent(
+        """
+        import json, pathlib
+        import mlflow.pyfunc
+        from rl_conductor.tracking import mlflow_utils, registry
+        mlflow_utils.configure()
+        folder = pathlib.Path(registry.load_model_dir("models:/conductor@champion"))
+        model = mlflow.pyfunc.load_model("models:/conductor@champion")
+        from rl_conductor.policies.conductor import ConductorPolicy
+        policy = ConductorPolicy(folder)
+        print(json.dumps({"files": sorted(p.name for p in folder.iterdir()), "pyfunc": type(model).__name__}))
+        """
+    )
+    env = {"PYTHONPATH": str(SRC), "CONDUCTOR_HOME": str(quick_env.home), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"conductor.json", "model.safetensors", "tokenizer.json", "prompts"} <= set(loaded["files"])
+    assert loaded["pyfunc"] == "PyFuncModel"
+
+
+def test_registry_cli_lists_and_promotes_by_hand(quick_env: Quick) -> None:
+    cli = CliRunner()
+    listed = cli.invoke(app, ["registry", "list"])
+    assert listed.exit_code == 0, listed.output
+    assert "challenger" in listed.output and "champion" in listed.output
+    promoted = cli.invoke(app, ["registry", "promote", "--version", "1"])
+    assert promoted.exit_code == 0, promoted.output
+    assert "conductor@champion was: v2" in promoted.output
+    assert "conductor@champion now: v1 [champion]: accuracy 0.0%" in promoted.output
+    assert registry.get_alias_version("conductor", "champion") == 1
+    assert cli.invoke(app, ["registry", "promote", "--version", "2"]).exit_code == 0  # put it back
+    missing = cli.invoke(app, ["registry", "promote", "--version", "99"])
+    assert missing.exit_code != 0 and "no version 99" in missing.output
+
+
+# --------------------------------------------------------------------------- no run needed
+
+
+def test_compiled_yaml_is_not_stale(tmp_path: Path) -> None:
+    fresh = runner.compile_pipeline(tmp_path / "fresh.yaml")
+    committed = runner.default_package_path()
+    assert committed.is_file(), (
+        "run `conductor pipeline compile` and commit pipelines/conductor_training.yaml"
+    )
+    assert fresh.read_text() == committed.read_text(), "stale: run `conductor pipeline compile`"
+
+
+def _compiled() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The committed YAML's two documents: the pipeline spec and the Kubernetes platform spec."""
+    spec, platform = yaml.safe_load_all(runner.default_package_path().read_text())
+    return spec, platform
+
+
+def _yaml_images(spec: dict[str, Any]) -> dict[str, str]:
+    executors = spec["deploymentSpec"]["executors"]
+    return {name: body["container"]["image"] for name, body in executors.items()}
+
+
+def test_images_agree_between_yaml_dockerfiles_and_constants() -> None:
+    spec, _ = _compiled()
+    used = _yaml_images(spec)
+    assert used["exec-train-conductor"] == images.CUDA_IMAGE
+    assert {v for k, v in used.items() if k != "exec-train-conductor"} == {images.BASE_IMAGE}
+    label = re.compile(rf'^LABEL {re.escape(images.IMAGE_LABEL)}="([^"]+)"$', re.MULTILINE)
+    built = {}
+    for name in ("Dockerfile", "Dockerfile.cuda"):
+        found = label.findall((ROOT / "docker" / name).read_text())
+        assert len(found) == 1, f"docker/{name} needs one {images.IMAGE_LABEL} label"
+        built[name] = found[0]
+    assert built == {"Dockerfile": images.BASE_IMAGE, "Dockerfile.cuda": images.CUDA_IMAGE}
+    from rl_conductor import __version__
+
+    assert __version__ == images.VERSION
+
+
+def test_compiled_yaml_asks_for_a_gpu_and_secrets_only_where_needed() -> None:
+    spec, platform = _compiled()
+    train = spec["deploymentSpec"]["executors"]["exec-train-conductor"]["container"]
+    assert train["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
+    assert train["resources"]["accelerator"]["resourceCount"] == "1"
+    others = [b for k, b in spec["deploymentSpec"]["executors"].items() if k != "exec-train-conductor"]
+    assert all("resources" not in b["container"] for b in others)
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+    def secret_envs(executor: str) -> set[str]:
+        return {m["envVar"] for s in k8s[executor]["secretAsEnv"] for m in s["keyToEnv"]}
+
+    assert {"OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY"} <= secret_envs("exec-train-conductor")
+    assert "OPENAI_API_KEY" not in secret_envs("exec-promote-conductor")
+
+
+def test_pipeline_arguments_quick_and_validation() -> None:
+    args = pipeline_arguments(quick=True, eval_limit=5, train_overrides={"num_generations": 4}, pool=None)
+    assert args["eval_limit"] == 5 and args["grpo_steps"] == runner.QUICK_ARGUMENTS["grpo_steps"]
+    assert json.loads(args["train_overrides"]) == {"num_generations": 4} and "pool" not in args
+    with pytest.raises(ValueError, match="unknown pipeline parameters"):
+        pipeline_arguments(gpu_count=2)
+
+
+def test_submit_refuses_local_storage_for_a_cluster() -> None:
+    with pytest.raises(ValueError, match="artifact_root=s3://"):
+        runner.submit("http://127.0.0.1:9", mlflow_tracking_uri="http://mlflow:5000")
+    with pytest.raises(ValueError, match="mlflow_tracking_uri"):
+        runner.submit("http://127.0.0.1:9", artifact_root="s3://bucket/conductor")
+
+
+class _KfpApiStandIn(http.server.BaseHTTPRequestHandler):
+    """The few KFP v2beta1 endpoints ``kfp.Client`` calls to start a run (no API server runs here)."""
+
+    created_runs: ClassVar[list[dict[str, Any]]] = []
+
+    def _reply(self, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/apis/v2beta1/healthz"):
+            self._reply({"multi_user": False})
+        elif self.path.startswith("/apis/v2beta1/experiments"):
+            self._reply({"experiments": [], "total_size": 0})
+        else:
+            self.send_error(404)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        if self.path == "/apis/v2beta1/experiments":
+            self._reply({"experiment_id": "exp-1", "display_name": body.get("display_name", "")})
+        elif self.path == "/apis/v2beta1/runs":
+            type(self).created_runs.append(body)
+            self._reply({"run_id": "run-1", "display_name": body.get("display_name", ""), "state": "PENDING"})
+        else:
+            self.send_error(404)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def test_submit_sends_the_compiled_pipeline_and_its_arguments() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KfpApiStandIn)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        run_id = runner.submit(
+            f"http://127.0.0.1:{server.server_address[1]}",
+            artifact_root="s3://bucket/conductor",
+            mlflow_tracking_uri="http://mlflow.mlops:5000",
+            preset="gpu",
+            run_name="nightly",
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert run_id == "run-1"
+    (body,) = _KfpApiStandIn.created_runs
+    assert body["display_name"] == "nightly" and body["experiment_id"] == "exp-1"
+    assert body["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "conductor-training"
+    assert "kubernetes" in body["pipeline_spec"]["platform_spec"]["platforms"]
+    assert body["runtime_config"]["parameters"] == {
+        "artifact_root": "s3://bucket/conductor",
+        "mlflow_tracking_uri": "http://mlflow.mlops:5000",
+        "preset": "gpu",
+    }
