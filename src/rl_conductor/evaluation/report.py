@@ -32,14 +32,18 @@ def _fmt(fmt: str, v: Any) -> str:
 def rich_table(summaries: Sequence[dict[str, Any]], title: str = "") -> Table:
     table = Table(title=title or None)
     for _, header, _ in COLUMNS:
-        table.add_column(header, justify="left" if header == "policy" else "right")
+        if header == "policy":
+            table.add_column(header, justify="left", no_wrap=True, min_width=30)
+        else:
+            table.add_column(header, justify="right")
     for s in summaries:
         table.add_row(*(_fmt(fmt, s.get(key)) for key, _, fmt in COLUMNS))
     return table
 
 
 def print_table(summaries: Sequence[dict[str, Any]], title: str = "", console: Console | None = None) -> None:
-    (console or Console()).print(rich_table(summaries, title))
+    # a fixed width when not on a terminal (CI logs, pipes) so policy names are not cut
+    (console or Console(width=None if Console().is_terminal else 130)).print(rich_table(summaries, title))
 
 
 def domain_table(summary: dict[str, Any]) -> Table:

@@ -8,7 +8,8 @@ the sentence-transformers pipeline of that model does: mean pooling over non-pad
 then L2 normalisation, so a dot product is the cosine similarity.
 
 Deliberate simplifications: plain transformers instead of sentence-transformers (same numbers,
-a lighter import); texts longer than 128 word pieces are truncated (the original model allows 256; the start of a question carries its topic, and it halves the cost);
+a lighter import); texts longer than 128 word pieces are truncated (the original model allows
+256; the start of a question carries its topic, and it halves the cost);
 the model is loaded once per process and kept (thread-safe lazily, CPU unless told otherwise).
 """
 

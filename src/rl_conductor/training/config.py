@@ -69,7 +69,9 @@ class TrainConfig:
     save_steps: int = _f(100, "checkpoint every N GRPO steps")
     logging_steps: int = _f(10, "log metrics every N steps")
     # hardware
-    torch_threads: int = _f(1, "CPU threads for torch (1 is fastest for tiny models on a shared 2-core machine)")
+    torch_threads: int = _f(
+        1, "CPU threads for torch (1 is fastest for tiny models on a shared 2-core machine)"
+    )
     bf16: bool = _f(False, "bfloat16 (GPU)")
     use_lora: bool = _f(False, "train LoRA adapters instead of all weights (7B on GPU)")
     lora_r: int = _f(16, "LoRA rank")

@@ -61,6 +61,8 @@ def make_specs(
 ) -> list[PromptSpec]:
     """``n`` prompt specs cycling through shuffled tasks, with random budgets and pool subsets."""
     order = list(tasks)
+    if n > 0 and not order:
+        raise ValueError("make_specs needs at least one task")  # else the cycle below never ends
     specs: list[PromptSpec] = []
     while len(specs) < n:
         rng.shuffle(order)

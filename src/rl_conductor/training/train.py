@@ -168,7 +168,10 @@ def train(
         recursion_prob=cfg.sft_recursion_prob,
         max_question_chars=cfg.max_question_chars,
     )
-    grpo_specs = make_specs(tasks, pool, max(cfg.grpo_steps * cfg.prompts_per_step, 1), **spec_kw)
+    # an optimizer step consumes prompts_per_step prompts per accumulated micro-batch (TRL's
+    # generation batch is per_device_train_batch_size x gradient_accumulation_steps completions)
+    n_grpo = cfg.grpo_steps * cfg.prompts_per_step * cfg.gradient_accumulation_steps
+    grpo_specs = make_specs(tasks, pool, max(n_grpo, 1), **spec_kw)
     grpo = grpo_records(grpo_specs, pool, base_limits, max_question_chars=cfg.max_question_chars)
 
     mlflow_utils.configure(cfg.mlflow_tracking_uri)
