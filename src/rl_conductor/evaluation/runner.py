@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from rl_conductor.policies.base import Episode, Policy
-from rl_conductor.reward import grade_trace
+from rl_conductor.reward import RewardConfig, budget_stopped, compute_reward, grade_trace
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import PoolView
@@ -39,6 +39,7 @@ class Record:
     latency_s: float
     parsed: bool = True
     fallback: bool = False
+    reward: float = 0.0
     workers: list[str] = field(default_factory=list)
 
 
@@ -58,6 +59,7 @@ def summarize(records: Sequence[Record]) -> dict[str, Any]:
         "p95_latency_s": float(np.percentile(lat, 95)),
         "parse_rate": float(np.mean([r.parsed for r in records])),
         "fallback_rate": float(np.mean([r.fallback for r in records])),
+        "mean_reward": float(np.mean([r.reward for r in records])),
     }
 
 
@@ -76,12 +78,20 @@ class EvalResult:
         return out
 
 
-def _record(task: Task, ep: Episode) -> Record:
+def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
     t = ep.trace
+    correct = grade_trace(task, t)
     return Record(
         task_id=task.id,
         domain=task.domain,
-        correct=grade_trace(task, t),
+        correct=correct,
+        reward=compute_reward(
+            parsed=not ep.plan.fallback,
+            correct=correct,
+            cost_usd=t.cost_usd,
+            budget_exceeded=budget_stopped(t),
+            config=reward_config,
+        ),
         tokens=t.tokens,
         cost_usd=t.cost_usd,
         calls=t.calls,
@@ -102,6 +112,7 @@ async def evaluate_async(
     concurrency: int = 32,
     progress: bool = True,
     description: str | None = None,
+    reward_config: RewardConfig | None = None,
 ) -> EvalResult:
     """Run ``policy`` on every task, ``concurrency`` tasks at a time (one ``run_many`` batch, so
     LM policies batch their generation), and collect records in task order."""
@@ -122,7 +133,7 @@ async def evaluate_async(
         for start in range(0, len(tasks), concurrency):
             chunk = list(tasks[start : start + concurrency])
             episodes = await policy.run_many(chunk, view, limits)
-            records.extend(_record(t, ep) for t, ep in zip(chunk, episodes, strict=True))
+            records.extend(_record(t, ep, reward_config or RewardConfig()) for t, ep in zip(chunk, episodes, strict=True))
             bar.advance(pid, len(chunk))
     return EvalResult(policy=policy.name, pool=view.pool.name, records=records)
 

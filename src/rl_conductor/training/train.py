@@ -107,7 +107,13 @@ def save_final(model_src: Path, final_dir: Path, cfg: TrainConfig, pool_names: l
     prompts.mkdir(exist_ok=True)
     for name in ("conductor.txt", "conductor_recursive.txt", "worker.txt"):
         (prompts / name).write_text(resources.files("rl_conductor.prompts").joinpath(name).read_text())
-    meta = {
+    (final_dir / "conductor.json").write_text(json.dumps(conductor_meta(cfg, pool_names), indent=2))
+    return final_dir
+
+
+def conductor_meta(cfg: TrainConfig, pool_names: list[str]) -> dict[str, Any]:
+    """What serving and evaluation read next to the weights (``conductor.json``)."""
+    return {
         "format": "rl-conductor/1",
         "base_model": cfg.model,
         "pool": cfg.pool,
@@ -118,8 +124,6 @@ def save_final(model_src: Path, final_dir: Path, cfg: TrainConfig, pool_names: l
         "reward_preset": cfg.reward_preset,
         "train_config": cfg.to_dict(),
     }
-    (final_dir / "conductor.json").write_text(json.dumps(meta, indent=2))
-    return final_dir
 
 
 def train(
@@ -208,6 +212,8 @@ def train(
             # 2. SFT warm start
             t0 = time.perf_counter()
             _sft(cfg, model_src, sft, sft_dir, progress=progress)
+            # the SFT-only model is a Conductor too (the "before GRPO" baseline of evaluations)
+            (sft_dir / "conductor.json").write_text(json.dumps(conductor_meta(cfg, pool.names()), indent=2))
             result.seconds["sft"] = time.perf_counter() - t0
         # 3. GRPO
         t0 = time.perf_counter()

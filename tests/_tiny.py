@@ -1,0 +1,111 @@
+"""One trained micro Conductor per test session, shared by the training, policy and serving tests.
+
+Why it exists: even the smallest Conductor takes tens of seconds to bootstrap, warm-start and
+GRPO-train on two CPU cores, so the whole test session trains exactly one (cached in this
+module, whichever test file asks first) and every test reads the folder it produced.
+
+What it deliberately simplifies: the micro model (64 hidden units, 2 layers, a 1024-token
+vocabulary) learns only the output format. Its workflows have at most 2 steps (short enough
+for 48 completion tokens) and GRPO samples at temperature 0.5, so that a few of each group's
+completions parse and the rewards of a group differ: with identical rewards GRPO's advantages
+are all zero and no parameter would move, whatever the code did. Tests that must not mutate the
+shared folder copy it first.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rl_conductor.training.config import TrainConfig
+
+# Two threads on the shared 2-core machine are ~25x slower under load than one.
+torch.set_num_threads(1)
+
+#: The micro training run (see module docstring); ``micro_config`` adds paths and overrides.
+MICRO: dict[str, Any] = {
+    "model": "tiny",
+    "tiny_hidden_size": 64,
+    "tiny_layers": 2,
+    "tiny_intermediate_size": 128,
+    "tiny_vocab_size": 1024,
+    "train_limit": 48,
+    "max_question_chars": 120,
+    "max_steps_per_workflow": 2,
+    "sft_examples": 256,
+    "sft_epochs": 2.0,
+    "sft_learning_rate": 0.01,
+    "sft_batch_size": 16,
+    "grpo_steps": 3,
+    "prompts_per_step": 2,
+    "num_generations": 4,
+    "temperature": 0.5,
+    "max_completion_length": 48,
+    "save_steps": 2,
+    "logging_steps": 1,
+    "torch_threads": 1,
+    "mlflow_experiment": "micro-training",
+}
+
+
+def micro_config(tracking_uri: str, **overrides: Any) -> TrainConfig:
+    return TrainConfig(**{**MICRO, "mlflow_tracking_uri": tracking_uri, **overrides})
+
+
+@dataclass(frozen=True)
+class Micro:
+    """Where the session's micro training run landed."""
+
+    out: Path
+    config: TrainConfig
+    result: Any  # rl_conductor.training.train.TrainResult
+    tracking_uri: str
+    home: Path  # CONDUCTOR_HOME during training (MLflow artifacts went under it)
+
+    @property
+    def final_dir(self) -> Path:
+        return self.out / "final"
+
+
+_CACHE: dict[str, Micro] = {}
+
+
+def trained_micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
+    """Train the micro Conductor once per session (later calls return the cached run).
+
+    The run logs to its own sqlite copy of the migrated MLflow template, with ``CONDUCTOR_HOME``
+    pointed at a temporary folder; MLflow's global tracking URI is restored afterwards.
+    """
+    if "micro" in _CACHE:
+        return _CACHE["micro"]
+    import mlflow
+
+    from rl_conductor.tracking import mlflow_utils
+    from rl_conductor.training.train import train
+
+    root = tmp_path_factory.mktemp("micro")
+    db = root / "mlflow.db"
+    shutil.copyfile(mlflow_db_template, db)
+    uri = f"sqlite:///{db}"
+    cfg = micro_config(uri)
+    previous_uri, previous_registry = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    previous_home = os.environ.get(mlflow_utils.HOME_ENV)
+    os.environ[mlflow_utils.HOME_ENV] = str(root / "home")
+    try:
+        result = train(cfg, root / "out", progress=False)
+    finally:
+        if previous_home is None:
+            os.environ.pop(mlflow_utils.HOME_ENV, None)
+        else:
+            os.environ[mlflow_utils.HOME_ENV] = previous_home
+        mlflow_utils.reset()
+        mlflow.set_tracking_uri(previous_uri)
+        mlflow.set_registry_uri(previous_registry)
+    _CACHE["micro"] = Micro(out=root / "out", config=cfg, result=result, tracking_uri=uri, home=root / "home")
+    return _CACHE["micro"]

@@ -1,0 +1,281 @@
+"""The LM Conductor policy on the session's micro model: real generation and parsing, retries and
+the fallback plan on garbage, batched planning, and the recursion hook (the Conductor called as a
+step of its own workflow).
+
+Where a test needs a particular completion (garbage, a known inner plan), the policy's generation
+method is replaced by a scripted one; everything after it (parse, fallback, execute) is real.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _tiny import Micro, trained_micro
+from rl_conductor.policies import make_policy
+from rl_conductor.policies.conductor import FALLBACK_INSTRUCTION, ConductorPolicy, fallback_workflow
+from rl_conductor.tasks.base import Task
+from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.trace import Limits
+from rl_conductor.workers.base import Hosting
+from rl_conductor.workers.fake import FakeWorker, fake_info
+from rl_conductor.workers.pool import Pool, load_pool
+from rl_conductor.workflow import Step, Workflow, parse, render
+
+GARBAGE = "lorem ipsum dolor sit amet"
+
+
+@pytest.fixture(scope="session")
+def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
+    return trained_micro(tmp_path_factory, mlflow_db_template)
+
+
+@pytest.fixture(scope="module")
+def policy(micro: Micro) -> ConductorPolicy:
+    return ConductorPolicy(micro.final_dir)
+
+
+def _task(i: int = 0) -> Task:
+    return Task(
+        id=f"q/{i}", question=f"What is {i} + 1?", answer=str(i + 1), domain="math", source="t", grader="math"
+    )
+
+
+def _pool(hosting: Sequence[Hosting] = ("external", "external")) -> Pool:
+    """w0, w1, ... with rising prices; each answers "\\boxed{<its name>}"."""
+    workers = [
+        FakeWorker(
+            info=fake_info(f"w{i}", price_in=i + 1.0, price_out=2.0 * (i + 1), hosting=h),
+            answer=f"\\boxed{{w{i}}}",
+        )
+        for i, h in enumerate(hosting)
+    ]
+    return Pool(name="fake", workers=list(workers))
+
+
+class Script:
+    """A stand-in for ``ConductorPolicy._generate``: records every call, answers from ``reply``."""
+
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, prompts: Sequence[str], *, greedy: bool, seed: int) -> list[str]:
+        self.calls.append({"prompts": list(prompts), "greedy": greedy, "seed": seed})
+        return [self.reply(p, len(self.calls)) for p in prompts]
+
+
+def _plan_text(ids: Sequence[int], access: Sequence[str] | None = None) -> str:
+    subs = ", ".join(f"'step {i}'" for i in range(len(ids)))
+    acc = ", ".join(access) if access is not None else ", ".join(["[]"] + ['"all"'] * (len(ids) - 1))
+    return f"model_id = [{', '.join(map(str, ids))}]\nsubtasks = [{subs}]\naccess_list = [{acc}]"
+
+
+# --------------------------------------------------------------------------- real generation
+
+
+def test_loads_the_trained_folder(policy: ConductorPolicy, micro: Micro) -> None:
+    assert policy.meta["format"] == "rl-conductor/1"
+    assert policy.max_new_tokens == micro.config.max_completion_length
+    assert policy.max_question_chars == micro.config.max_question_chars
+    assert policy.name == "conductor:final"
+    assert isinstance(make_policy(f"conductor:{micro.final_dir}", load_pool("paper-sim")), ConductorPolicy)
+    with pytest.raises(ValueError, match="model folder"):
+        make_policy("conductor", load_pool("paper-sim"))
+
+
+async def test_greedy_plans_of_the_trained_model_parse(policy: ConductorPolicy, micro: Micro) -> None:
+    """The SFT warm start taught the format: greedy completions mostly parse without retries."""
+    pool = load_pool("paper-sim")
+    view = pool.view()
+    limits = Limits(max_steps=micro.config.max_steps_per_workflow, recursion_depth=0)
+    tasks = load_tasks("paper-mix", split="test", limit=8, seed=3)
+    strict = ConductorPolicy(micro.final_dir, retries=0)
+    plans = await strict.plan_many(tasks, view, limits)
+    parsed = [p for p in plans if not p.fallback]
+    assert len(parsed) >= 4, [p.text for p in plans]
+    for p in parsed:
+        assert p.parse_error is None
+        assert parse(p.text, pool_size=len(view), max_steps=limits.max_steps) == p.workflow
+    # greedy planning is deterministic
+    again = await strict.plan_many(tasks, view, limits)
+    assert [p.text for p in again] == [p.text for p in plans]
+
+
+async def test_run_many_batches_generation_and_keeps_task_order(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rl_conductor.training.generate as gen
+
+    real = gen.generate
+    batches: list[int] = []
+
+    def spy(model: Any, tokenizer: Any, prompts: list[str], **kw: Any) -> list[str]:
+        batches.append(len(prompts))
+        return real(model, tokenizer, prompts, **kw)
+
+    monkeypatch.setattr(gen, "generate", spy)
+    pool = load_pool("paper-sim")
+    tasks = load_tasks("paper-mix", split="test", limit=5, seed=1)
+    episodes = await policy.run_many(tasks, pool.view(), Limits(max_steps=2))
+    assert [e.trace.task_id for e in episodes] == [t.id for t in tasks]
+    assert batches[0] == len(tasks)  # one forward batch for all tasks, then only the retries
+    assert sum(batches[1:]) <= len(tasks) * policy.retries
+    for e in episodes:
+        assert e.trace.workflow_text == e.plan.text
+        assert e.trace.fallback_plan == e.plan.fallback
+        assert len(e.trace.steps) == len(e.plan.workflow.steps)
+
+
+# --------------------------------------------------------------------------- retries and fallback
+
+
+async def test_garbage_retries_then_falls_back_and_marks_the_trace(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = Script(lambda prompt, call: GARBAGE)
+    monkeypatch.setattr(policy, "_generate", script)
+    pool = _pool()
+    ep = await policy.run(_task(), pool.view(), Limits())
+    assert len(script.calls) == policy.retries + 1
+    assert [c["greedy"] for c in script.calls] == [True] + [False] * policy.retries
+    assert len({c["seed"] for c in script.calls}) == len(script.calls)  # each retry samples afresh
+    assert ep.plan.fallback and ep.trace.fallback_plan
+    assert ep.plan.parse_error and "model_id" in ep.plan.parse_error
+    # the documented default: one step on the highest-priced permitted worker
+    assert ep.plan.workflow == Workflow(steps=(Step(1, FALLBACK_INSTRUCTION, ()),))
+    assert ep.plan.text == render(ep.plan.workflow)
+    assert [s.worker for s in ep.trace.steps] == ["w1"]
+    assert ep.trace.final_answer == "\\boxed{w1}"
+
+
+async def test_fallback_respects_the_request(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call: GARBAGE))
+    pool = _pool(("self", "external", "self", "external"))
+    private = Limits(sensitivity="private")
+    assert fallback_workflow(pool.view(), private).workers() == [2]  # dearest self-hosted
+    ep = await policy.run(_task(), pool.view(), private)
+    assert ep.plan.fallback and [s.worker for s in ep.trace.steps] == ["w2"]
+    only_w0 = Limits(allowed_workers=frozenset({"w0"}))
+    assert fallback_workflow(pool.view(), only_w0).workers() == [0]
+
+
+async def test_a_retry_that_parses_is_used(policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script(lambda prompt, call: GARBAGE if call == 1 else _plan_text([0, 1]))
+    monkeypatch.setattr(policy, "_generate", script)
+    plan = await policy.plan(_task(), _pool().view(), Limits())
+    assert len(script.calls) == 2
+    assert not plan.fallback and plan.workflow.workers() == [0, 1]
+    assert plan.parse_error  # the first attempt's error is kept for diagnosis
+
+
+async def test_plan_many_retries_only_the_failures(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def reply(prompt: str, call: int) -> str:
+        n = int(re.search(r"What is (\d+) \+ 1", prompt).group(1))  # type: ignore[union-attr]
+        return _plan_text([n % 2]) if n % 2 == 0 or call > 1 else GARBAGE
+
+    script = Script(reply)
+    monkeypatch.setattr(policy, "_generate", script)
+    plans = await policy.plan_many([_task(i) for i in range(4)], _pool().view(), Limits())
+    assert [len(c["prompts"]) for c in script.calls] == [4, 2]
+    assert [p.workflow.workers() for p in plans] == [[0], [1], [0], [1]]
+    assert not any(p.fallback for p in plans)
+
+
+async def test_too_many_steps_or_unknown_worker_is_unparseable(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call: _plan_text([0, 1, 0])))
+    plan = await policy.plan(_task(), _pool().view(), Limits(max_steps=2))
+    assert plan.fallback and "at most 2" in str(plan.parse_error)
+    monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call: _plan_text([7])))
+    plan = await policy.plan(_task(), _pool().view(), Limits())
+    assert plan.fallback and "out of range" in str(plan.parse_error)
+
+
+# --------------------------------------------------------------------------- recursion
+
+
+def _recursive_script(outer: str, inner: str) -> Script:
+    return Script(lambda prompt, call: inner if "Workflow so far:" in prompt else outer)
+
+
+async def test_recursion_runs_an_inner_workflow_one_level_deeper(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = _pool()  # 2 workers: id 2 is the Conductor itself
+    script = _recursive_script(_plan_text([0, 2]), _plan_text([1]))
+    monkeypatch.setattr(policy, "_generate", script)
+    ep = await policy.run(_task(), pool.view(), Limits(recursion_depth=1))
+    assert not ep.plan.fallback
+    first, review = ep.trace.steps
+    assert first.worker == "w0" and first.status == "ok"
+    assert review.worker == "conductor" and review.status == "recursed"
+    assert [s.worker for s in review.substeps] == ["w1"]
+    assert ep.trace.final_answer == "\\boxed{w1}"
+    assert ep.trace.calls == 2
+    inner_prompt = script.calls[1]["prompts"][0]
+    assert "Answer so far: \\boxed{w0}" in inner_prompt  # the inner call sees the answer so far
+    assert "model_id = [0, 2]" in inner_prompt  # ... and the parent workflow
+    fake = pool.get("w1")
+    assert isinstance(fake, FakeWorker) and len(fake.calls) == 1
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+async def test_recursion_stops_at_the_configured_depth(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch, depth: int
+) -> None:
+    """An inner plan that names the Conductor again recurses until ``recursion_depth``."""
+    pool = _pool()
+    script = _recursive_script(_plan_text([0, 2]), _plan_text([1, 2]))
+    monkeypatch.setattr(policy, "_generate", script)
+    ep = await policy.run(_task(), pool.view(), Limits(recursion_depth=depth))
+    assert len(script.calls) == 1 + depth  # the outer plan, then one per level
+    level = ep.trace.steps[1]
+    for _ in range(depth):
+        assert level.status == "recursed" and [s.worker for s in level.substeps] == ["w1", "conductor"]
+        level = level.substeps[1]
+    assert level.status == "recursed" and "depth reached" in level.note
+    assert ep.trace.final_answer == "\\boxed{w1}"
+
+
+async def test_no_recursion_allowed_makes_a_self_call_unparseable(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(policy, "_generate", _recursive_script(_plan_text([0, 2]), _plan_text([1])))
+    ep = await policy.run(_task(), _pool().view(), Limits(recursion_depth=0))
+    assert ep.plan.fallback and "out of range" in str(ep.plan.parse_error)
+    assert all(s.worker != "conductor" for s in ep.trace.steps)
+
+
+async def test_an_empty_inner_plan_keeps_the_answer(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = "model_id = []\nsubtasks = []\naccess_list = []"
+    monkeypatch.setattr(policy, "_generate", _recursive_script(_plan_text([0, 2]), empty))
+    ep = await policy.run(_task(), _pool().view(), Limits(recursion_depth=1))
+    review = ep.trace.steps[1]
+    assert review.status == "recursed" and review.substeps == []
+    assert ep.trace.final_answer == "\\boxed{w0}" and ep.trace.calls == 1
+    # an empty plan is only acceptable inside a recursive call
+    monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call: empty))
+    assert (await policy.plan(_task(), _pool().view(), Limits())).fallback
+
+
+async def test_recursion_shares_the_budget(policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = _pool()
+    monkeypatch.setattr(policy, "_generate", _recursive_script(_plan_text([0, 2]), _plan_text([1, 1, 1])))
+    # room for the first call and about one more: the inner workflow is stopped by the budget
+    limits = Limits(recursion_depth=1, max_cost_usd=0.0008)
+    ep = await policy.run(_task(), pool.view(), limits)
+    assert ep.trace.cost_usd <= 0.0008
+    inner = ep.trace.steps[1].substeps
+    assert inner and any(s.status == "skipped_budget" for s in inner)

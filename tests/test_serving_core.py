@@ -1,0 +1,105 @@
+"""The serving path shared by the MLflow pyfunc and the KServe predictor: request validation,
+and answers from the session's micro Conductor on the paper-sim pool, with the request's privacy
+rule and budget enforced whatever the Conductor planned.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _tiny import Micro, trained_micro
+from rl_conductor.serving_core import ConductorRequest, RequestError, answer_batch, parse_request
+from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.workers.pool import load_pool
+
+
+@pytest.fixture(scope="session")
+def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
+    return trained_micro(tmp_path_factory, mlflow_db_template)
+
+
+@pytest.fixture(scope="module")
+def questions() -> list[str]:
+    return [t.question for t in load_tasks("paper-mix", split="test", limit=4, seed=7)]
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({}, "question"),
+        ({"question": ""}, "question"),
+        ({"question": "2+2?", "sensitivity": "secret"}, "sensitivity"),
+        ({"question": "2+2?", "max_cost_usd": -0.01}, "max_cost_usd"),
+        ({"question": "2+2?", "max_cost_usd": 0}, "max_cost_usd"),
+        ({"question": "2+2?", "max_cost_usd": "lots"}, "max_cost_usd"),
+        ({"question": "2+2?", "max_steps": 0}, "max_steps"),
+        ({"question": "2+2?", "temperature": 0.3}, "temperature"),
+        ({"question": "2+2?", "allowed_workers": "gpt-5"}, "allowed_workers"),
+    ],
+)
+def test_parse_request_names_the_bad_field(raw: dict[str, Any], field: str) -> None:
+    with pytest.raises(RequestError) as info:
+        parse_request(raw)
+    assert str(info.value).startswith(field) or f"{field}:" in str(info.value)
+
+
+def test_parse_request_accepts_strings_and_drops_missing_values() -> None:
+    assert parse_request("What is 2+2?") == ConductorRequest(question="What is 2+2?")
+    req = parse_request(
+        {"question": "q", "max_cost_usd": None, "pool": float("nan"), "sensitivity": "private"}
+    )
+    assert req.max_cost_usd is None and req.pool is None and req.sensitivity == "private"
+    with pytest.raises(RequestError, match="object"):
+        parse_request(["q"])
+
+
+def test_answer_batch_returns_answer_workflow_steps_and_cost(micro: Micro, questions: list[str]) -> None:
+    out = answer_batch(micro.final_dir, questions[:3])
+    assert len(out) == 3
+    names = set(load_pool("paper-sim").names())
+    for res in out:
+        assert {"answer", "workflow", "steps", "cost_usd", "tokens", "fallback_plan", "raw_plan"} <= set(res)
+        assert res["workflow"] and all(w["worker"] in names | {"conductor"} for w in res["workflow"])
+        assert len(res["steps"]) == len(res["workflow"])
+        assert all(s["worker"] in names | {"conductor"} for s in res["steps"])
+        assert res["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in res["steps"]))
+        if any(s["status"] == "ok" for s in res["steps"]):
+            assert res["answer"] and res["cost_usd"] > 0 and res["tokens"] > 0
+
+
+def test_private_requests_only_reach_self_hosted_workers(micro: Micro, questions: list[str]) -> None:
+    pool = load_pool("paper-sim")
+    hosting = {w.info.name: w.info.hosting for w in pool.workers}
+    out = answer_batch(micro.final_dir, [{"question": q, "sensitivity": "private"} for q in questions])
+    ran = [s for res in out for s in res["steps"] if s["status"] == "ok"]
+    assert ran, "no step ran at all"
+    assert all(hosting[s["worker"]] == "self" for s in ran)
+    assert all(
+        hosting[w["worker"]] == "self" for res in out for w in res["workflow"] if w["worker"] in hosting
+    )
+
+
+def test_allowed_workers_are_honoured_and_unknown_ones_rejected(micro: Micro, questions: list[str]) -> None:
+    out = answer_batch(
+        micro.final_dir, [{"question": q, "allowed_workers": ["gemma-3-27b-it"]} for q in questions[:2]]
+    )
+    assert {s["worker"] for res in out for s in res["steps"] if s["status"] == "ok"} == {"gemma-3-27b-it"}
+    with pytest.raises(RequestError, match="allowed_workers"):
+        answer_batch(micro.final_dir, [{"question": "q", "allowed_workers": ["gpt-17"]}])
+    with pytest.raises(RequestError, match="no worker"):
+        answer_batch(
+            micro.final_dir, [{"question": "q", "allowed_workers": ["gpt-5"], "sensitivity": "private"}]
+        )
+
+
+@pytest.mark.parametrize("budget", [1e-5, 2e-4, 3e-3])
+def test_a_budget_is_never_exceeded(micro: Micro, questions: list[str], budget: float) -> None:
+    out = answer_batch(micro.final_dir, [{"question": q, "max_cost_usd": budget} for q in questions])
+    for res in out:
+        assert res["cost_usd"] <= budget
+    if budget == 1e-5:  # too small for any call: every step is skipped, nothing is spent
+        assert all(res["cost_usd"] == 0.0 for res in out)
+        assert all(res["stopped_reason"] == "skipped_budget" for res in out)
