@@ -133,7 +133,8 @@ async def evaluate_async(
         for start in range(0, len(tasks), concurrency):
             chunk = list(tasks[start : start + concurrency])
             episodes = await policy.run_many(chunk, view, limits)
-            records.extend(_record(t, ep, reward_config or RewardConfig()) for t, ep in zip(chunk, episodes, strict=True))
+            rc = reward_config or RewardConfig()
+            records.extend(_record(t, ep, rc) for t, ep in zip(chunk, episodes, strict=True))
             bar.advance(pid, len(chunk))
     return EvalResult(policy=policy.name, pool=view.pool.name, records=records)
 
