@@ -224,6 +224,7 @@ SUMMARY_KEYS = {
     "p95_latency_s",
     "parse_rate",
     "fallback_rate",
+    "mean_reward",
     "by_domain",
 }
 

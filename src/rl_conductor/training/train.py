@@ -274,7 +274,7 @@ def _sft(
         save_strategy="no",
         report_to=[],
         bf16=cfg.bf16,
-        use_cpu=not cfg.bf16,
+        use_cpu=not _has_gpu(),
         seed=cfg.seed,
         completion_only_loss=True,
         max_length=1024,
@@ -301,6 +301,12 @@ def _sft(
     model.save_pretrained(str(sft_dir))
     trainer.processing_class.save_pretrained(str(sft_dir))
     shutil.rmtree(sft_dir.parent / "sft_work", ignore_errors=True)
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _peft(cfg: TrainConfig) -> Any:
@@ -336,7 +342,7 @@ def grpo_config(cfg: TrainConfig, output_dir: str) -> Any:
         save_total_limit=2,
         report_to=[],
         bf16=cfg.bf16,
-        use_cpu=not cfg.bf16,
+        use_cpu=not _has_gpu(),
         seed=cfg.seed,
         use_vllm=cfg.use_vllm,
         vllm_mode=cfg.vllm_mode,
