@@ -93,7 +93,7 @@ async def test_grade_and_reward_real_traces() -> None:
     assert grade_trace(TASK, ok) and not budget_stopped(ok)
     assert ok.cost_usd == pytest.approx(500 * 10 / 1e6)
     r = _reward(COST_AWARE, correct=grade_trace(TASK, ok), cost=ok.cost_usd, over=budget_stopped(ok))
-    assert r == pytest.approx(1.0 - 0.25 * 0.005 / 0.01)
+    assert r == pytest.approx(1.0 - COST_AWARE.cost_weight * 0.005 / COST_AWARE.cost_scale)
 
     # a budget too small for the right worker: its step is skipped, the cheap wrong answer stands
     limited = await execute(
