@@ -11,7 +11,8 @@ from rich.table import Table
 
 from rl_conductor.cli.app import app, pool_app
 
-console = Console(stderr=False)
+# a fixed width when not on a terminal (CI logs, pipes), so tables keep their columns whole
+console = Console(stderr=False, width=None if Console().is_terminal else 130)
 
 
 def _write_json(path: Path | None, payload: Any) -> None:

@@ -33,7 +33,7 @@ def rich_table(summaries: Sequence[dict[str, Any]], title: str = "") -> Table:
     table = Table(title=title or None)
     for _, header, _ in COLUMNS:
         if header == "policy":
-            table.add_column(header, justify="left", no_wrap=True, min_width=30)
+            table.add_column(header, justify="left", no_wrap=True)
         else:
             table.add_column(header, justify="right")
     for s in summaries:

@@ -29,7 +29,7 @@ from rl_conductor.workflow import Step, Workflow, render
 
 SOLVE = "Solve the problem step by step and give the final answer."
 #: Training questions embedded by default: sentence embeddings run at ~20-40 questions/s on 2 CPU cores.
-FIT_LIMIT = 800
+FIT_LIMIT = 500
 
 
 async def label_tasks(
