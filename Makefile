@@ -42,12 +42,12 @@ test-fast: install ## run the tests not marked slow
 	$(PY) -m pytest -q -m "not slow"
 
 lint: install ## ruff lint + format check
-	$(BIN)/ruff check src tests benchmarks components pipelines serving
-	$(BIN)/ruff format --check src tests benchmarks components pipelines serving
+	$(BIN)/ruff check src tests benchmarks components pipelines
+	$(BIN)/ruff format --check src tests benchmarks components pipelines
 
 format: install ## apply ruff formatting and fixes
-	$(BIN)/ruff check --fix src tests benchmarks components pipelines serving
-	$(BIN)/ruff format src tests benchmarks components pipelines serving
+	$(BIN)/ruff check --fix src tests benchmarks components pipelines
+	$(BIN)/ruff format src tests benchmarks components pipelines
 
 typecheck: install ## mypy over the library
 	$(BIN)/mypy src/rl_conductor
