@@ -8,6 +8,7 @@ step sees); live workers ignore it and see only ``messages``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -101,6 +102,29 @@ def estimate_tokens(text: str) -> int:
     if not text:
         return 0
     return max(1, round(len(text) / 4))
+
+
+async def offline_completion(
+    info: WorkerInfo,
+    text: str,
+    *,
+    input_tokens: int,
+    output_tokens: int,
+    latency_s: float,
+    latency_scale: float = 0.0,
+) -> Completion:
+    """The Completion of an offline worker (simulated, replay): priced from ``info``; the modelled
+    latency is reported, and slept (scaled) only when ``latency_scale > 0``."""
+    if latency_scale > 0:
+        await asyncio.sleep(latency_s * latency_scale)
+    return Completion(
+        text=text,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cost_usd=info.cost(input_tokens, output_tokens),
+        latency_s=latency_s,
+        worker=info.name,
+    )
 
 
 class WorkerError(RuntimeError):

@@ -39,7 +39,6 @@ What it deliberately simplifies, and why:
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
 from collections.abc import Sequence
@@ -55,6 +54,7 @@ from rl_conductor.workers.base import (
     WorkerError,
     WorkerInfo,
     estimate_tokens,
+    offline_completion,
 )
 from rl_conductor.workers.pool import PoolConfigError, info_from_spec, register_kind
 
@@ -162,15 +162,13 @@ class ReplayWorker:
             text, output_tokens = text[: cap * CHARS_PER_TOKEN], cap
         input_tokens = sum(estimate_tokens(m.get("content", "")) for m in messages)
         latency = round(self.ttft_s + output_tokens / self.tokens_per_s, 4)
-        if self.latency_scale > 0:
-            await asyncio.sleep(latency * self.latency_scale)
-        return Completion(
-            text=text,
+        return await offline_completion(
+            self.info,
+            text,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
-            cost_usd=self.info.cost(input_tokens, output_tokens),
             latency_s=latency,
-            worker=self.info.name,
+            latency_scale=self.latency_scale,
         )
 
 

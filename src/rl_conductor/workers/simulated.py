@@ -75,7 +75,14 @@ from importlib import resources
 from typing import Any
 
 from rl_conductor.tasks.base import DOMAINS, Task
-from rl_conductor.workers.base import CallContext, Completion, Message, WorkerInfo, estimate_tokens
+from rl_conductor.workers.base import (
+    CallContext,
+    Completion,
+    Message,
+    WorkerInfo,
+    estimate_tokens,
+    offline_completion,
+)
 from rl_conductor.workers.pool import PoolConfigError, info_from_spec, register_kind
 
 #: Paper benchmark column whose accuracy each domain is calibrated to (Table 7, constrained).
@@ -831,15 +838,13 @@ class SimulatedWorker:
             text = text[: cap * 4]
             output_tokens = min(cap, estimate_tokens(text))
         latency = self.draw_latency(input_tokens, output_tokens, *parts)
-        if self.latency_scale > 0:
-            await asyncio.sleep(latency * self.latency_scale)
-        return Completion(
-            text=text,
+        return await offline_completion(
+            self.info,
+            text,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
-            cost_usd=self.info.cost(input_tokens, output_tokens),
             latency_s=latency,
-            worker=self.info.name,
+            latency_scale=self.latency_scale,
         )
 
 
