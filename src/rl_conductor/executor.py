@@ -130,8 +130,8 @@ def _substitute(view: PoolView, limits: Limits, ordinal: int, *, exclude: set[in
 
 async def _call(
     run: _Run, worker: Worker, messages: list[dict[str, str]], ctx: CallContext
-) -> tuple[Completion | None, str, float]:
-    """One budgeted call. Returns (completion or None, note, reservation kept on failure)."""
+) -> tuple[Completion | None, str]:
+    """One budgeted call. Returns (completion, "") or (None, why it failed; "budget" if unaffordable)."""
     info = worker.info
     in_tok = reserve_input_tokens(messages)
     in_cost = in_tok * info.price_in / 1e6
@@ -146,7 +146,7 @@ async def _call(
         if cap >= MIN_OUTPUT_TOKENS:
             break
         if run.budget.holds == 0:
-            return None, "budget", 0.0
+            return None, "budget"
         # siblings in flight hold reservations: wait until one settles, then look again
         run.budget.changed.clear()
         await run.budget.changed.wait()
@@ -160,14 +160,14 @@ async def _call(
     except TimeoutError:
         # a timed-out call may still be billed: keep its reservation counted as spent
         run.budget.release(reservation, reservation)
-        return None, f"{info.name}: timed out after {run.limits.step_timeout_s:g}s", reservation
+        return None, f"{info.name}: timed out after {run.limits.step_timeout_s:g}s"
     except Exception as exc:  # any worker failure is recorded and replaced
         run.budget.release(reservation, 0.0)
-        return None, f"{info.name}: {exc.__class__.__name__}: {str(exc)[:200]}", 0.0
+        return None, f"{info.name}: {exc.__class__.__name__}: {str(exc)[:200]}"
     run.budget.release(reservation, comp.cost_usd)
     if not isinstance(comp.text, str) or not comp.text.strip():
-        return None, f"{info.name}: empty answer", 0.0
-    return comp, "", 0.0
+        return None, f"{info.name}: empty answer"
+    return comp, ""
 
 
 async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecord]) -> StepRecord:
@@ -207,7 +207,7 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
     while ordinal is not None:
         tried.add(ordinal)
         worker = run.view.worker(ordinal)
-        comp, err, _ = await _call(run, worker, messages, ctx)
+        comp, err = await _call(run, worker, messages, ctx)
         if comp is not None:
             rec.worker = worker.info.name
             rec.answer = comp.text

@@ -21,13 +21,13 @@ import numpy as np
 
 from rl_conductor.executor import execute
 from rl_conductor.policies.base import Plan, Policy
+from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.reward import grade_trace
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
-SOLVE = "Solve the problem step by step and give the final answer."
 #: Training questions embedded by default: sentence embeddings run at ~20-40 questions/s on 2 CPU cores.
 FIT_LIMIT = 500
 
