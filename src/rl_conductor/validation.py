@@ -1,0 +1,75 @@
+"""One place that says which values are valid, reused by the CLI, the pipeline, serving and `Limits`.
+
+Every front door (a CLI option, a KFP parameter, a JSON request field, a dataclass field) checks
+its numbers with these functions, so a rule such as "a budget is a finite number above zero" is
+written once and the error a user sees names the field, the bad value and what would be valid.
+``InvalidValue`` subclasses ``ValueError`` so callers that already catch ``ValueError`` keep working.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+class InvalidValue(ValueError):
+    """A value outside what the field accepts; the message names the field and the valid range."""
+
+    def __init__(self, name: str, value: Any, expected: str) -> None:
+        self.name = name
+        self.value = value
+        self.expected = expected
+        super().__init__(f"invalid {name}: {value!r} (expected {expected})")
+
+
+def _real(name: str, value: Any, expected: str) -> float:
+    # bool is an int in Python; `true` as a budget is a client bug, not $1.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidValue(name, value, expected)
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidValue(name, value, expected)
+    return number
+
+
+def positive_finite(name: str, value: Any) -> float:
+    """A finite number strictly above zero (budgets, timeouts, deadlines)."""
+    expected = "a finite number > 0"
+    number = _real(name, value, expected)
+    if number <= 0:
+        raise InvalidValue(name, value, expected)
+    return number
+
+
+def non_negative_finite(name: str, value: Any) -> float:
+    """A finite number at or above zero (weights, penalties, gains)."""
+    expected = "a finite number >= 0"
+    number = _real(name, value, expected)
+    if number < 0:
+        raise InvalidValue(name, value, expected)
+    return number
+
+
+def probability(name: str, value: Any) -> float:
+    """A finite number in [0, 1]."""
+    expected = "a number in [0, 1]"
+    number = _real(name, value, expected)
+    if not 0.0 <= number <= 1.0:
+        raise InvalidValue(name, value, expected)
+    return number
+
+
+def integer_at_least(name: str, value: Any, minimum: int) -> int:
+    """An integer >= ``minimum`` (counts, steps, token limits)."""
+    expected = f"an integer >= {minimum}"
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidValue(name, value, expected)
+    return value
+
+
+def port(name: str, value: Any) -> int:
+    """A TCP port number in 1..65535."""
+    expected = "a port in 1..65535"
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise InvalidValue(name, value, expected)
+    return value
