@@ -17,18 +17,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from rl_conductor.tasks.base import DOMAINS, Task
+from rl_conductor.trace import Limits
 from rl_conductor.workers.base import CallContext, Completion, Worker
 from rl_conductor.workers.pool import Pool
-from rl_conductor.workers.simulated import calibration_subset, grade_cached, paper_targets
-from rl_conductor.workflow import worker_message
+from rl_conductor.workers.simulated import calibration_subset, grade_cached, paper_rows, paper_targets
+from rl_conductor.workers.simulated.collaboration import ROLE_INSTRUCTIONS, Role
+from rl_conductor.workflow import Step, Workflow, worker_message
 
 #: The single-step instruction (the same words the single-worker baseline uses).
 SOLVE = "Solve the problem completely and give the final answer."
@@ -154,6 +158,162 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         tavg = f" ({statistics.fmean(tgts):.2f})" if len(tgts) == len(sims) and tgts else ""
         cost = statistics.fmean(r["cost_usd"] for r in mine.values())
         lines.append(f"{w:30}" + "".join(cells) + f"{avg:.2f}{tavg}".rjust(18) + f"{cost:10.4f}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- collaboration
+
+#: Best single worker count each candidate family draws its planners/solvers/verifiers from.
+TOP_K = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A fixed workflow of the calibration's candidate set: ``(worker, role)`` per step.
+
+    Plan steps see nothing (independent planners); every other step sees all earlier steps.
+    """
+
+    steps: tuple[tuple[str, Role], ...]
+
+    @property
+    def label(self) -> str:
+        return " → ".join(f"{role}:{worker}" for worker, role in self.steps)
+
+    def workflow(self, names: Sequence[str]) -> Workflow:
+        return Workflow(
+            steps=tuple(
+                Step(names.index(w), ROLE_INSTRUCTIONS[role], () if role == "plan" or i == 0 else "all")
+                for i, (w, role) in enumerate(self.steps)
+            )
+        )
+
+
+def candidate_workflows(workers: Sequence[str], ranked: Sequence[str], top_k: int = TOP_K) -> list[Candidate]:
+    """The documented candidate set for one domain, ``ranked`` = that domain's workers, best
+    single accuracy first:
+
+    * every single worker;
+    * every solve → verify pair (all ordered pairs, a worker may check itself);
+    * with ``top`` = the ``top_k`` best workers: plan → solve and plan → solve → verify over all
+      ``top`` choices, two planners (a pair of ``top``) → solve → verify, and all of ``top``
+      planning → solve → verify (5 steps).
+    """
+    top = list(ranked[:top_k])
+    out = [Candidate(((w, "solve"),)) for w in workers]
+    out += [Candidate(((s, "solve"), (v, "verify"))) for s in workers for v in workers]
+    out += [Candidate(((p, "plan"), (s, "solve"))) for p in top for s in top]
+    out += [Candidate(((p, "plan"), (s, "solve"), (v, "verify"))) for p in top for s in top for v in top]
+    pairs = list(itertools.combinations(top, 2))
+    out += [
+        Candidate(((a, "plan"), (b, "plan"), (s, "solve"), (v, "verify")))
+        for a, b in pairs
+        for s in top
+        for v in top
+    ]
+    out += [Candidate((*((p, "plan") for p in top), (s, "solve"), (v, "verify"))) for s in top for v in top]
+    return out
+
+
+async def _run_candidate(
+    pool: Pool, cand: Candidate, tasks: Sequence[Task], limits: Limits
+) -> tuple[float, float, float, float]:
+    """(accuracy %, mean $, mean tokens, mean steps) of one candidate over ``tasks``."""
+    from rl_conductor.executor import execute
+
+    view = pool.view()
+    wf = cand.workflow(view.names())
+    traces = []
+    for i in range(0, len(tasks), CHUNK):
+        traces += await asyncio.gather(*(execute(wf, t, view, limits) for t in tasks[i : i + CHUNK]))
+    oks = [
+        bool(tr.final_answer) and grade_cached(t, tr.final_answer)
+        for t, tr in zip(tasks, traces, strict=True)
+    ]
+    return (
+        100 * sum(oks) / len(oks),
+        statistics.fmean(tr.cost_usd for tr in traces),
+        statistics.fmean(tr.tokens for tr in traces),
+        statistics.fmean(len(tr.steps) for tr in traces),
+    )
+
+
+async def collaboration_table_async(
+    pool: Pool,
+    tasks: Sequence[Task],
+    *,
+    n: int,
+    singles: Sequence[dict[str, Any]] | None = None,
+    top_k: int = TOP_K,
+) -> list[dict[str, Any]]:
+    """Search the candidate workflows per domain on ``calibration_subset(tasks, n)``.
+
+    ``singles`` (rows of :func:`calibrate`) rank the workers per domain; measured when absent.
+    Returns one row per domain: ``domain``, ``paper`` (the paper's Conductor row, percent),
+    ``best_single`` (worker and accuracy), the best candidate's ``workflow``, ``accuracy``,
+    ``cost_usd``, ``tokens``, ``steps``, ``n`` and ``candidates`` (how many were tried). The best
+    is the most accurate; ties go to the cheaper.
+    """
+    chosen = calibration_subset(tasks, n)
+    if singles is None:
+        singles = await calibrate_async(pool, chosen, n=len(chosen))
+    conductor = paper_conductor()
+    limits = Limits(max_steps=5, max_tokens=MAX_TOKENS, temperature=TEMPERATURE)
+    rows: list[dict[str, Any]] = []
+    by_domain: dict[str, list[Task]] = defaultdict(list)
+    for t in chosen:
+        by_domain[t.domain].append(t)
+    for d in [x for x in DOMAINS if x in by_domain]:
+        mine = [r for r in singles if r["domain"] == d]
+        ranked = [r["worker"] for r in sorted(mine, key=lambda r: -r["simulated"])]
+        cands = candidate_workflows(pool.names(), ranked, top_k)
+        results = [(c, await _run_candidate(pool, c, by_domain[d], limits)) for c in cands]
+        best, (acc, cost, tokens, steps) = max(results, key=lambda cr: (cr[1][0], -cr[1][1]))
+        rows.append(
+            {
+                "domain": d,
+                "paper": conductor.get(d),
+                "best_single": ranked[0],
+                "best_single_accuracy": max(r["simulated"] for r in mine),
+                "workflow": best.label,
+                "accuracy": round(acc, 2),
+                "cost_usd": cost,
+                "tokens": tokens,
+                "steps": steps,
+                "n": len(by_domain[d]),
+                "candidates": len(cands),
+            }
+        )
+    return rows
+
+
+def collaboration_table(
+    pool: Pool, tasks: Sequence[Task], *, n: int, singles: Sequence[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """:func:`collaboration_table_async` from synchronous code."""
+    return asyncio.run(collaboration_table_async(pool, tasks, n=n, singles=singles))
+
+
+def paper_conductor() -> dict[str, float]:
+    """The paper's Conductor accuracy per domain (percent, Table 7 constrained)."""
+    return {d: round(100 * v, 2) for d, v in paper_rows()["conductor-7b"].items()}
+
+
+def collaboration_gap(rows: Sequence[dict[str, Any]]) -> float:
+    """Largest |best workflow − paper Conductor| in points."""
+    return max((abs(r["accuracy"] - r["paper"]) for r in rows if r["paper"] is not None), default=0.0)
+
+
+def format_collaboration(rows: Sequence[dict[str, Any]]) -> str:
+    """One line per domain: paper Conductor row, best single, best workflow and its figures."""
+    head = f"{'domain':10}{'paper':>8}{'single':>8}{'best':>8}{'$/q':>9}{'tokens':>8}{'steps':>6}  workflow"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        paper = "-" if r["paper"] is None else f"{r['paper']:.2f}"
+        lines.append(
+            f"{r['domain']:10}{paper:>8}{r['best_single_accuracy']:8.2f}{r['accuracy']:8.2f}"
+            f"{r['cost_usd']:9.4f}{r['tokens']:8.0f}{r['steps']:6.2f}  {r['workflow']}"
+        )
     return "\n".join(lines)
 
 

@@ -1,0 +1,235 @@
+"""Collaboration in the simulated pool: what a step gains from the earlier steps it sees.
+
+Why it exists: the paper's Conductor beats every single worker by composing them (planners →
+implementer → verifier on code, a check on knowledge questions). Without a model of that, the
+best plan on the simulated pool is always a single worker and a Conductor can only learn routing.
+
+What a step gains depends on three things the executor really provides — the step's instruction,
+the earlier answers the step sees, and which worker wrote each of them — never on the quality of
+the instruction's wording:
+
+* **Role** of a step, from keyword classes of its instruction (:func:`classify_role`): the
+  left-most keyword of any class wins; an instruction with none is ``solve``. Roles:
+  ``plan`` (plan, outline, strategy, approach, decompose, sketch, ...), ``verify`` (verify,
+  check, review, critique, debug, test, validate, ...), ``aggregate`` (aggregate, combine,
+  compare, synthesize, merge, vote, ...) and ``solve`` (solve, answer, compute, implement,
+  write, ... or nothing).
+* **A plan step** writes an outline, not a solution: shorter text (``PLAN_LENGTH_FACTOR``) with
+  **no final answer** — a plan as the last step, or alone, is graded wrong. Its quality on this
+  item is ``q = σ(planner's latent / PLAN_SOFTNESS)`` (its skill, the item's difficulty, its
+  specialism and the call's noise), so a worker strong in the domain writes better plans.
+  A later non-plan step that sees plans gains ``PLAN_GAIN[d] · (1 − Π (1 − q_p·s_p))`` on its
+  latent (``s_p`` = ``SELF_PLAN`` for its own plan, else 1): several plans saturate at
+  ``PLAN_GAIN[d]``.
+* **A verify step** that sees earlier answers checks them: for an answer by another worker the
+  evidence rule's penalty for a wrong answer is scaled by ``1 − v`` (it catches the error with
+  strength ``v``) and the pull of a correct one by ``1 + v``, with ``v = VERIFY[d]``, times
+  ``SELF_VERIFY`` for its own answers and halved for every verify step it already sees
+  (re-checking saturates). A verify step that sees no answer is a plain solve.
+* ``solve`` and ``aggregate`` steps keep the plain evidence rule (``aggregate`` is what MoA and
+  the random baseline write, so those baselines keep their paper rows).
+
+The gains differ by domain (:data:`PAPER_COLLABORATION`): most on code and hard reasoning, least
+on knowledge questions, fitted so that the best fixed workflow of the candidate set in
+:mod:`rl_conductor.workers.calibrate` reaches the paper's Conductor row per domain.
+
+Who wrote a visible answer is known only for text this process rendered (a registry keyed by a
+digest of the text, like the grade cache); other text — recorded elsewhere, or from another
+process — counts as another worker's ``solve`` answer. Deliberate simplification: the wording of
+an instruction beyond its role keyword never matters; only live workers can reward better text.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from rl_conductor.tasks.base import DOMAINS
+from rl_conductor.workers.simulated.answers import _digest
+
+Role = Literal["plan", "solve", "verify", "aggregate"]
+
+#: Keyword stems per role; matched case-insensitively at a word start. The left-most match in an
+#: instruction decides its role.
+ROLE_KEYWORDS: dict[Role, tuple[str, ...]] = {
+    "plan": ("plan", "outline", "strateg", "approach", "decompos", "break down", "sketch"),
+    "verify": (
+        "verif",
+        "check",
+        "double-check",
+        "review",
+        "critique",
+        "critici",
+        "debug",
+        "test",
+        "validat",
+        "proofread",
+        "find the error",
+        "find errors",
+    ),
+    "aggregate": ("aggregat", "combin", "compar", "synthes", "merg", "vote", "consensus", "select the best"),
+    "solve": ("solv", "answer", "comput", "calculat", "implement", "writ", "code", "derive", "prove"),
+}
+_ROLE_PATTERN = re.compile(
+    "|".join(
+        f"(?P<{role}>" + "|".join(r"\b" + re.escape(k) for k in keys) + ")"
+        for role, keys in ROLE_KEYWORDS.items()
+    ),
+    re.IGNORECASE,
+)
+
+#: Canonical instructions per role (what the calibration's candidate workflows use).
+ROLE_INSTRUCTIONS: dict[Role, str] = {
+    "plan": "Plan the approach: outline the key steps and pitfalls, without solving it.",
+    "solve": "Solve the problem completely and give the final answer.",
+    "verify": "Verify the answer above: check each step, fix any error, and give the final answer.",
+    "aggregate": "Compare the candidate answers above and give the single best final answer.",
+}
+
+
+def classify_role(instruction: str) -> Role:
+    """The role of a step from its instruction: the class of the left-most role keyword, or
+    ``solve`` when there is none."""
+    m = _ROLE_PATTERN.search(instruction or "")
+    if m is None or m.lastgroup is None:
+        return "solve"
+    role: Role = m.lastgroup  # type: ignore[assignment]
+    return role
+
+
+@dataclass(frozen=True)
+class Collaboration:
+    """Per-domain collaboration strengths (latent units, see the module docstring).
+
+    Attributes:
+        plan_gain: most a step gains from plans it sees, per domain.
+        verify: ``v``, how much of a wrong visible answer's pull a verifier removes (and how much
+            it strengthens a correct one's), per domain, in [0, 1].
+    """
+
+    plan_gain: dict[str, float] = field(default_factory=dict)
+    verify: dict[str, float] = field(default_factory=dict)
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        for name, table in (("plan_gain", self.plan_gain), ("verify", self.verify)):
+            unknown = set(table) - set(DOMAINS)
+            if unknown:
+                raise ValueError(f"collaboration {name}: unknown domains {sorted(unknown)}")
+            for d, v in table.items():
+                if not math.isfinite(v) or v < 0:
+                    raise ValueError(f"collaboration {name}[{d}] must be a finite number >= 0, got {v!r}")
+        bad = {d: v for d, v in self.verify.items() if v > 1}
+        if bad:
+            raise ValueError(f"collaboration verify must be <= 1, got {bad}")
+
+    def plan_gain_for(self, domain: str) -> float:
+        return self.plan_gain.get(domain, 0.0) if self.enabled else 0.0
+
+    def verify_for(self, domain: str) -> float:
+        return self.verify.get(domain, 0.0) if self.enabled else 0.0
+
+    @classmethod
+    def from_option(cls, value: Any) -> Collaboration:
+        """The pool option ``collaboration``: ``"paper"`` (default: the fitted strengths),
+        ``"off"`` (no collaboration: roles are ignored, as before issue 9) or a mapping with
+        ``plan_gain`` and/or ``verify`` per domain overriding the paper's."""
+        if value is None or value == "paper":
+            return PAPER_COLLABORATION
+        if value == "off" or value is False:
+            return OFF
+        if isinstance(value, dict):
+            unknown = set(value) - {"plan_gain", "verify"}
+            if unknown:
+                raise ValueError(f"collaboration: unknown keys {sorted(unknown)} (plan_gain, verify)")
+            return replace(
+                PAPER_COLLABORATION,
+                plan_gain={**PAPER_COLLABORATION.plan_gain, **_floats(value.get("plan_gain", {}))},
+                verify={**PAPER_COLLABORATION.verify, **_floats(value.get("verify", {}))},
+            )
+        raise ValueError(f"collaboration must be 'paper', 'off' or a mapping, got {value!r}")
+
+
+def _floats(table: Any) -> dict[str, float]:
+    if not isinstance(table, dict):
+        raise ValueError(f"collaboration: expected a mapping domain -> number, got {table!r}")
+    return {str(k): float(v) for k, v in table.items()}
+
+
+#: A plan is an outline: its length relative to the worker's solution length.
+PLAN_LENGTH_FACTOR = 0.5
+#: Softness of a plan's quality in the planner's latent (larger: quality depends less on the item).
+PLAN_SOFTNESS = 1.0
+#: A worker's own plan helps it this much less (it knew it already).
+SELF_PLAN = 0.5
+#: A worker checking its own answer catches this fraction of what another worker would.
+SELF_VERIFY = 0.25
+#: Each verify step a verifier already sees halves its own strength.
+VERIFY_DECAY = 0.5
+
+#: Fitted with ``python -m rl_conductor.workers.calibrate --fit-collaboration`` on ``paper-mix``
+#: (seed 0, 2,000 calibration items): the best candidate workflow per domain then reaches the
+#: paper's Conductor row (Table 7) within the gate's tolerance.
+PAPER_COLLABORATION = Collaboration(
+    plan_gain={"math": 0.6, "knowledge": 0.1, "reasoning": 0.6, "code": 1.0},
+    verify={"math": 0.5, "knowledge": 0.3, "reasoning": 0.5, "code": 0.6},
+)
+OFF = Collaboration(enabled=False)
+
+
+# --------------------------------------------------------------------------- who wrote what
+
+
+@dataclass(frozen=True)
+class Authored:
+    """What the simulation knows about a text it rendered."""
+
+    task_id: str
+    worker: str
+    role: Role
+    plan_quality: float = 0.0
+
+
+_AUTHORED: dict[bytes, Authored] = {}
+_AUTHORED_MAX = 500_000
+
+
+def remember_author(text: str, record: Authored) -> None:
+    if len(_AUTHORED) >= _AUTHORED_MAX:
+        _AUTHORED.clear()
+    _AUTHORED[_digest(text)] = record
+
+
+def author_of(text: str, task_id: str) -> Authored | None:
+    """The record of a text this process rendered for ``task_id`` (None if unknown)."""
+    rec = _AUTHORED.get(_digest(text))
+    return rec if rec is not None and rec.task_id == task_id else None
+
+
+def plan_quality(latent: float) -> float:
+    """Quality of a plan in (0, 1) from the planner's latent on the item."""
+    return 1.0 / (1.0 + math.exp(-latent / PLAN_SOFTNESS))
+
+
+def plan_bonus(collab: Collaboration, domain: str, worker: str, seen: list[Authored]) -> float:
+    """Latent gain of a non-plan step from the plans it sees (saturating)."""
+    gain = collab.plan_gain_for(domain)
+    plans = [a for a in seen if a.role == "plan"]
+    if gain <= 0 or not plans:
+        return 0.0
+    miss = 1.0
+    for p in plans:
+        miss *= 1.0 - p.plan_quality * (SELF_PLAN if p.worker == worker else 1.0)
+    return gain * (1.0 - miss)
+
+
+def verify_strength(
+    collab: Collaboration, domain: str, worker: str, author: Authored | None, n_prior: int
+) -> float:
+    """``v`` for one visible answer checked by a verify step of ``worker``."""
+    v = collab.verify_for(domain) * VERIFY_DECAY**n_prior
+    if author is not None and author.worker == worker:
+        v *= SELF_VERIFY
+    return v
