@@ -14,12 +14,16 @@ import threading
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
+
+if TYPE_CHECKING:
+    from rl_conductor.policies.base import Episode
+    from rl_conductor.workers.pool import Pool, PoolView
 
 
 class RequestError(ValueError):
@@ -76,25 +80,33 @@ def _pool(name: str) -> Any:
 _LOCK = threading.Lock()
 
 
-async def answer_async(model_dir: str | Path, request: ConductorRequest) -> dict[str, Any]:
-    """Plan and execute one request; returns the response document."""
-    policy = _policy(str(model_dir))
-    pool = _pool(request.pool or str(policy.meta.get("pool", "paper-sim")))
-    limits = Limits(
+def request_limits(request: ConductorRequest) -> Limits:
+    """The executor's :class:`Limits` for a validated request."""
+    return Limits(
         max_cost_usd=request.max_cost_usd,
         sensitivity=request.sensitivity,  # type: ignore[arg-type]
         allowed_workers=frozenset(request.allowed_workers) if request.allowed_workers is not None else None,
         max_steps=request.max_steps,
     )
+
+
+def permitted_view(pool: Pool, request: ConductorRequest, limits: Limits) -> PoolView:
+    """The workers of ``pool`` this request permits, as the Conductor sees them.
+
+    Raises :class:`RequestError` for unknown ``allowed_workers`` or when nothing is permitted."""
     unknown = set(request.allowed_workers or ()) - set(pool.names())
     if unknown:
         raise RequestError(f"allowed_workers: unknown workers {sorted(unknown)}; the pool has {pool.names()}")
-    # show the Conductor only workers the request permits
     view = pool.view([i for i, w in enumerate(pool.workers) if limits.permits(w.info.name, w.info.hosting)])
     if len(view) == 0:
         raise RequestError("no worker of the pool is permitted by this request's sensitivity/allowed_workers")
+    return view
+
+
+def request_task(request: ConductorRequest) -> Task:
+    """The :class:`Task` a request stands for (no gold answer; id from the question's hash)."""
     qid = hashlib.sha256(request.question.encode()).hexdigest()[:16]
-    task = Task(
+    return Task(
         id=f"request/{qid}",
         question=request.question,
         answer="",
@@ -102,7 +114,10 @@ async def answer_async(model_dir: str | Path, request: ConductorRequest) -> dict
         source="request",
         grader="qa",
     )
-    episode = (await policy.run_many([task], view, limits))[0]
+
+
+def response_document(view: PoolView, episode: Episode) -> dict[str, Any]:
+    """The response for one executed request: answer, workflow, per-step usage, totals."""
     trace = episode.trace
     return {
         "answer": trace.final_answer,
@@ -133,6 +148,17 @@ async def answer_async(model_dir: str | Path, request: ConductorRequest) -> dict
         "stopped_reason": trace.stopped_reason,
         "raw_plan": episode.plan.text,
     }
+
+
+async def answer_async(model_dir: str | Path, request: ConductorRequest) -> dict[str, Any]:
+    """Plan and execute one request; returns the response document."""
+    policy = _policy(str(model_dir))
+    pool = _pool(request.pool or str(policy.meta.get("pool", "paper-sim")))
+    limits = request_limits(request)
+    # show the Conductor only workers the request permits
+    view = permitted_view(pool, request, limits)
+    episode = (await policy.run_many([request_task(request)], view, limits))[0]
+    return response_document(view, episode)
 
 
 def answer_batch(model_dir: str | Path, inputs: Sequence[Any]) -> list[dict[str, Any]]:
