@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 export MLFLOW_ENABLE_TELEMETRY := false
 export DO_NOT_TRACK := 1
 
-.PHONY: help install run compare test test-fast lint format typecheck bench serve clean
+.PHONY: help install run compare test test-fast lint format typecheck bench serve manifests deploy clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -55,6 +55,17 @@ typecheck: install ## mypy over the library
 bench: install ## run the benchmarks (JSON under benchmarks/results/)
 	$(PY) benchmarks/executor_overhead.py --json benchmarks/results/executor_overhead.json
 	$(PY) benchmarks/parallel_speedup.py --json benchmarks/results/parallel_speedup.json
+
+OVERLAY ?= dev
+# The pool ConfigMap is generated from the pool YAML under src/ (outside the overlay), hence the
+# load restrictor; `kubectl apply -k` has no such flag, so render and pipe.
+KUSTOMIZE := kubectl kustomize --load-restrictor LoadRestrictionsNone
+
+manifests: ## render the Kubernetes manifests of OVERLAY (dev | prod) to stdout
+	@$(KUSTOMIZE) manifests/overlays/$(OVERLAY)
+
+deploy: ## apply OVERLAY (dev | prod) to the current kubectl context (see docs/deploy.md)
+	$(KUSTOMIZE) manifests/overlays/$(OVERLAY) | kubectl apply -f -
 
 clean: ## remove the venv and local state
 	rm -rf $(VENV) .conductor .pytest_cache .ruff_cache .mypy_cache
