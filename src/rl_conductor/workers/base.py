@@ -31,6 +31,10 @@ class Completion:
     latency_s: float
     worker: str = ""
     cached: bool = False
+    #: why generation ended as the server said it: "stop", "length" (cut at max_tokens), "" unknown
+    finish_reason: str = ""
+    #: token counts are estimates (the server reported no usage), not the server's figures
+    tokens_estimated: bool = False
 
 
 @dataclass(frozen=True)

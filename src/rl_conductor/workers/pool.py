@@ -38,6 +38,9 @@ _BUILTIN_MODULES = {
     "simulated": "rl_conductor.workers.simulated",
     "replay": "rl_conductor.workers.replay",
     "fake": "rl_conductor.workers.fake",
+    "openai": "rl_conductor.workers.live.openai_chat",
+    "anthropic": "rl_conductor.workers.live.anthropic_messages",
+    "gemini": "rl_conductor.workers.live.gemini",
 }
 
 

@@ -1,0 +1,309 @@
+"""What every live client shares: timeouts, retries, the circuit breaker, spend guard, usage.
+
+A wire-API module (:mod:`.openai`, :mod:`.anthropic`, :mod:`.gemini`) only says how to send
+one request with its SDK and how to read the answer (:meth:`LiveWorker._send`) and how to turn
+the SDK's exceptions into transient or permanent errors (:meth:`LiveWorker._classify`).
+:meth:`LiveWorker.complete` adds the rest, the same for every API:
+
+* a per-attempt timeout, retries (``resilience.RetryPolicy``), a circuit breaker;
+* the spend guard's reservation before the call and charge after it;
+* tokens from the API's usage fields; where a server reports none, an estimate (about 4
+  characters a token) marked ``Completion.tokens_estimated``; cost from the pool's prices;
+* ``finish_reason`` ("stop" / "length") carried to the trace, so truncated or empty output is
+  marked on the step rather than crashing anything;
+* error messages passed through :func:`.secrets.redact`.
+
+SDK clients are made per event loop (an HTTP connection pool belongs to the loop that opened
+it), unless a client is injected, which is then used as is. The three SDKs are built on
+``httpx2`` (the successor of httpx; anthropic refuses an ``httpx`` client), so an injected client
+is an ``httpx2.AsyncClient``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+
+from rl_conductor.workers.base import CallContext, Completion, Message, WorkerError, WorkerInfo, estimate_tokens
+from rl_conductor.workers.live.resilience import (
+    CircuitBreaker,
+    RetryPolicy,
+    TransientWorkerError,
+    breaker_from,
+    retry_policy_from,
+)
+from rl_conductor.workers.live.secrets import redact
+from rl_conductor.workers.live.spend import SpendGuard, SpendLimitError, worst_case_cost
+from rl_conductor.workers.pool import PoolConfigError, info_from_spec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 60.0
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+@dataclass(frozen=True)
+class WireResult:
+    """One successful response, as read from the wire.
+
+    ``input_tokens`` / ``output_tokens`` are None where the server reported no usage.
+    """
+
+    text: str
+    input_tokens: int | None
+    output_tokens: int | None
+    finish_reason: str = ""
+
+
+@dataclass(frozen=True)
+class CallStats:
+    """Counters of one live worker (for benchmarks, tests and the closing report)."""
+
+    calls: int
+    attempts: int
+    retries: int
+    failures: int
+    refused_by_circuit: int
+
+
+@dataclass(kw_only=True)
+class LiveWorker:
+    """Base of the live clients. Subclasses implement ``_send`` and ``_classify``.
+
+    Attributes:
+        info: static facts (name, prices, hosting) from the pool file.
+        model: the model name the API expects.
+        base_url: the API root (``…/openai/v1`` for KServe, ``https://api.openai.com/v1``, …).
+        api_key: the key (None where the server needs none); never printed.
+        timeout_s: per-attempt timeout.
+        retry: retry policy; breaker: circuit breaker; spend: optional run-wide spend guard.
+        http_client: an injected ``httpx2.AsyncClient`` (else one per event loop, made here).
+    """
+
+    info: WorkerInfo
+    model: str
+    base_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    spend: SpendGuard | None = None
+    http_client: httpx2.AsyncClient | None = field(default=None, repr=False)
+    _clients: dict[int, Any] = field(default_factory=dict, repr=False)
+    _counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("calls", "attempts", "retries", "failures", "refused"), 0),
+        repr=False,
+    )
+
+    # ------------------------------------------------------------------ subclass hooks
+
+    def _make_client(self, http_client: httpx2.AsyncClient) -> Any:
+        """The SDK client over ``http_client``."""
+        raise NotImplementedError
+
+    async def _send(self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float) -> WireResult:
+        """Send one request with the SDK and read the answer; raise SDK exceptions as they come."""
+        raise NotImplementedError
+
+    def _classify(self, exc: Exception) -> WorkerError | None:
+        """Map an SDK exception to a transient / permanent error (None: not an API error)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the call
+
+    def stats(self) -> CallStats:
+        c = self._counts
+        return CallStats(c["calls"], c["attempts"], c["retries"], c["failures"], c["refused"])
+
+    def _client(self) -> Any:
+        if self.http_client is not None:
+            key = 0
+            if key not in self._clients:
+                self._clients[key] = self._make_client(self.http_client)
+            return self._clients[key]
+        loop = asyncio.get_running_loop()
+        key = id(loop)
+        entry = self._clients.get(key)
+        if entry is None or entry[0] is not loop:
+            http = httpx2.AsyncClient(timeout=httpx2.Timeout(self.timeout_s + 5.0))
+            entry = (loop, self._make_client(http))
+            # forget clients of closed loops; their connections died with them
+            self._clients = {k: v for k, v in self._clients.items() if not v[0].is_closed()}
+            self._clients[key] = entry
+        return entry[1]
+
+    async def _attempt(self, messages: Sequence[Message], max_tokens: int, temperature: float) -> WireResult:
+        self._counts["attempts"] += 1
+        client = self._client()
+        try:
+            return await asyncio.wait_for(self._send(client, messages, max_tokens, temperature), self.timeout_s)
+        except TimeoutError:
+            raise TransientWorkerError(
+                f"{self.info.name}: timed out after {self.timeout_s:g}s", timed_out=True
+            ) from None
+        except WorkerError:
+            raise
+        except Exception as exc:
+            err = self._classify(exc)
+            if err is None:
+                raise WorkerError(
+                    f"{self.info.name}: {exc.__class__.__name__}: {redact(str(exc))[:300]}"
+                ) from None
+            raise err from None
+
+    def _on_retry(self, state: Any) -> None:
+        self._counts["retries"] += 1
+        exc = state.outcome.exception() if state.outcome is not None else None
+        log.warning("%s: attempt %d failed (%s); retrying", self.info.name, state.attempt_number, exc)
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        temperature: float,
+        context: CallContext | None = None,
+    ) -> Completion:
+        self._counts["calls"] += 1
+        name = self.info.name
+        try:
+            self.breaker.before_call(name)
+        except WorkerError:
+            self._counts["refused"] += 1
+            raise
+        msgs = list(messages)
+        reservation = 0.0
+        if self.spend is not None:
+            try:
+                reservation = self.spend.reserve(name, worst_case_cost(self.info, msgs, max_tokens))
+            except SpendLimitError:
+                self.breaker.release_probe()
+                raise
+        t0 = time.perf_counter()
+        try:
+            result: WireResult | None = None
+            async for attempt in self.retry.retrying(self._on_retry):
+                with attempt:
+                    result = await self._attempt(msgs, max_tokens, temperature)
+            assert result is not None
+        except WorkerError as exc:
+            self._counts["failures"] += 1
+            self.breaker.record_failure()
+            if self.spend is not None:
+                timed_out = isinstance(exc, TransientWorkerError) and exc.timed_out
+                self.spend.settle(reservation, reservation if timed_out else 0.0)
+            raise
+        except BaseException:
+            self.breaker.release_probe()
+            if self.spend is not None:
+                self.spend.settle(reservation, reservation)
+            raise
+        latency = time.perf_counter() - t0
+        self.breaker.record_success()
+        estimated = result.input_tokens is None or result.output_tokens is None
+        in_tok = (
+            result.input_tokens
+            if result.input_tokens is not None
+            else sum(estimate_tokens(m.get("content", "")) for m in msgs)
+        )
+        out_tok = result.output_tokens if result.output_tokens is not None else estimate_tokens(result.text)
+        cost = self.info.cost(in_tok, out_tok)
+        if self.spend is not None:
+            self.spend.settle(reservation, cost)
+        return Completion(
+            text=result.text,
+            input_tokens=in_tok,
+            output_tokens=out_tok,
+            cost_usd=cost,
+            latency_s=latency,
+            worker=name,
+            finish_reason=result.finish_reason,
+            tokens_estimated=estimated,
+        )
+
+
+# ---------------------------------------------------------------------- pool-file helpers
+
+
+def expand_env(value: str, *, where: str) -> str:
+    """Expand ``${VAR}`` and ``${VAR:-default}`` in a pool value (endpoints, not keys)."""
+
+    def sub(m: re.Match[str]) -> str:
+        var, default = m.group(1), m.group(2)
+        got = os.environ.get(var)
+        if got:
+            return got
+        if default is not None:
+            return default
+        raise PoolConfigError(f"{where}: environment variable {var} is not set (and has no default)")
+
+    return _ENV_REF.sub(sub, value)
+
+
+def common_settings(spec: dict[str, Any], options: dict[str, Any], *, needs_key: bool) -> dict[str, Any]:
+    """Keyword arguments shared by every live worker, read and validated from a worker entry
+    (falling back to pool-level options): ``model``, ``base_url``, ``api_key_env``,
+    ``timeout_s``, ``retries``, ``circuit``, and the pool's ``max_usd`` spend guard."""
+    from rl_conductor.workers.live.secrets import api_key_from_env
+
+    name = spec["name"]
+    where = f"worker {name!r}"
+    model = spec.get("model")
+    if not isinstance(model, str) or not model:
+        raise PoolConfigError(f"{where}: `model` (the model name the API expects) is required")
+    base_url = spec.get("base_url", options.get("base_url"))
+    if base_url is not None:
+        base_url = expand_env(str(base_url), where=where)
+        if not base_url.startswith(("http://", "https://")):
+            raise PoolConfigError(f"{where}: base_url must start with http:// or https://, got {base_url!r}")
+    timeout_s = float(spec.get("timeout_s", options.get("timeout_s", DEFAULT_TIMEOUT_S)))
+    if not timeout_s > 0:
+        raise PoolConfigError(f"{where}: timeout_s must be > 0")
+    try:
+        retry = retry_policy_from(spec, options)
+        breaker = breaker_from(spec, options)
+    except (TypeError, ValueError) as exc:
+        raise PoolConfigError(f"{where}: {exc}") from None
+    return {
+        "info": info_from_spec(spec),
+        "model": model,
+        "base_url": base_url,
+        "api_key": api_key_from_env(spec, required=needs_key),
+        "timeout_s": timeout_s,
+        "retry": retry,
+        "breaker": breaker,
+        "spend": spend_guard_for(options),
+    }
+
+
+def spend_guard_for(options: dict[str, Any]) -> SpendGuard | None:
+    """The pool's shared :class:`SpendGuard` (pool option ``max_usd``), made on first use."""
+    if options.get("max_usd") is None:
+        return None
+    guard = options.get("_spend_guard")
+    if guard is None:
+        try:
+            guard = SpendGuard(float(options["max_usd"]))
+        except (TypeError, ValueError) as exc:
+            raise PoolConfigError(f"max_usd: {exc}") from None
+        options["_spend_guard"] = guard
+    assert isinstance(guard, SpendGuard)
+    return guard
+
+
+def wrap_cache(worker: Any, spec: dict[str, Any], options: dict[str, Any]) -> Any:
+    """Wrap ``worker`` in the pool's response cache when the pool (or entry) configures ``cache``."""
+    cfg = spec.get("cache", options.get("cache"))
+    if not cfg:
+        return worker
+    from rl_conductor.workers.cache import CachedWorker, store_for
+
+    return CachedWorker(inner=worker, store=store_for(cfg, options))

@@ -1,0 +1,122 @@
+"""OpenAI-compatible chat completions (``kind: openai``), through the official ``openai`` SDK.
+
+One wire API, many servers: KServe's Hugging Face and vLLM runtimes (under ``/openai/v1``),
+vLLM, llama.cpp, this project's ``conductor worker serve``, and OpenAI itself. The base URL is
+the API root (``http://host/openai/v1``); the SDK appends ``/chat/completions``.
+
+Pool entry::
+
+    - name: qwen-7b
+      kind: openai
+      model: qwen-7b                       # the name the server expects
+      base_url: http://qwen-7b.workers.svc/openai/v1
+      api_key_env: OPENAI_API_KEY          # omit for servers that need no key
+      max_tokens_field: max_tokens         # or max_completion_tokens (OpenAI's newer models)
+      timeout_s: 60
+      retries: {attempts: 3, initial_s: 0.5, max_s: 8}
+      circuit: {failure_threshold: 5, reset_after_s: 30}
+
+Usage comes from ``usage.prompt_tokens`` / ``usage.completion_tokens``; ``finish_reason``
+``length`` marks an answer cut at ``max_tokens``. The SDK's own retries are off: retries are
+:mod:`.resilience`'s, so that they are the same for every API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import openai
+
+from rl_conductor.workers.base import Message, WorkerError
+from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, wrap_cache
+from rl_conductor.workers.live.resilience import (
+    MalformedResponseError,
+    TransientWorkerError,
+    classify_status,
+)
+from rl_conductor.workers.live.secrets import redact
+from rl_conductor.workers.pool import PoolConfigError, register_kind
+
+#: placeholder key for servers that need none (the SDK insists on some value)
+NO_KEY = "EMPTY"
+
+
+@dataclass(kw_only=True)
+class OpenAIChatWorker(LiveWorker):
+    """A worker behind an OpenAI-compatible ``/chat/completions`` endpoint."""
+
+    max_tokens_field: str = "max_tokens"
+
+    def _make_client(self, http_client: httpx2.AsyncClient) -> Any:
+        return openai.AsyncOpenAI(
+            api_key=self.api_key or NO_KEY,
+            base_url=self.base_url,
+            http_client=http_client,
+            max_retries=0,
+            timeout=self.timeout_s + 5.0,
+        )
+
+    async def _send(
+        self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float
+    ) -> WireResult:
+        kwargs: dict[str, Any] = {self.max_tokens_field: max_tokens}
+        resp = await client.chat.completions.create(
+            model=self.model, messages=list(messages), temperature=temperature, **kwargs
+        )
+        try:
+            choice = resp.choices[0]
+            text = choice.message.content
+            finish = choice.finish_reason or ""
+        except (AttributeError, IndexError, KeyError, TypeError):
+            raise MalformedResponseError(
+                f"{self.info.name}: response has no choices[0].message: {redact(str(resp))[:200]}"
+            ) from None
+        if text is not None and not isinstance(text, str):
+            raise MalformedResponseError(f"{self.info.name}: message content is not text")
+        usage = getattr(resp, "usage", None)
+        in_tok = getattr(usage, "prompt_tokens", None) if usage is not None else None
+        out_tok = getattr(usage, "completion_tokens", None) if usage is not None else None
+        return WireResult(
+            text=text or "",
+            input_tokens=in_tok if isinstance(in_tok, int) else None,
+            output_tokens=out_tok if isinstance(out_tok, int) else None,
+            finish_reason=str(finish),
+        )
+
+    def _classify(self, exc: Exception) -> WorkerError | None:
+        name = self.info.name
+        if isinstance(exc, openai.APITimeoutError):
+            return TransientWorkerError(f"{name}: timed out", timed_out=True)
+        if isinstance(exc, openai.APIConnectionError):
+            return TransientWorkerError(f"{name}: connection failed: {redact(str(exc))[:200]}")
+        if isinstance(exc, openai.APIStatusError):
+            return classify_status(
+                exc.status_code,
+                f"{name}: HTTP {exc.status_code}: {redact(exc.message)[:300]}",
+                dict(exc.response.headers),
+            )
+        if isinstance(exc, openai.APIResponseValidationError | ValueError):
+            return MalformedResponseError(f"{name}: malformed response: {redact(str(exc))[:200]}")
+        return None
+
+
+@register_kind("openai")
+def build_openai(spec: dict[str, Any], options: dict[str, Any]) -> Any:
+    """Builder for ``kind: openai`` (see the module docstring for the entry's fields)."""
+    settings = common_settings(spec, options, needs_key=False)
+    if settings["base_url"] is None:
+        settings["base_url"] = "https://api.openai.com/v1"
+        if settings["api_key"] is None:
+            raise PoolConfigError(
+                f"worker {spec['name']!r}: OpenAI itself needs `api_key_env`; "
+                "set `base_url` for a server of your own"
+            )
+    field = str(spec.get("max_tokens_field", "max_tokens"))
+    if field not in ("max_tokens", "max_completion_tokens"):
+        raise PoolConfigError(
+            f"worker {spec['name']!r}: max_tokens_field must be max_tokens or max_completion_tokens"
+        )
+    return wrap_cache(OpenAIChatWorker(max_tokens_field=field, **settings), spec, options)

@@ -1,0 +1,239 @@
+"""Retries, ``Retry-After`` and a circuit breaker: what keeps a flaky endpoint from sinking a run.
+
+Order of defences for one call of a live worker:
+
+1. a per-attempt timeout (``timeout_s``);
+2. retries with exponential backoff and jitter (tenacity) on what is worth retrying — HTTP 408,
+   409, 429, 5xx, timeouts and connection errors — waiting what the server's ``Retry-After``
+   (or ``retry-after-ms``) asks for instead, capped by ``max_retry_after_s``;
+3. after the retries, the call fails with a :class:`~rl_conductor.workers.base.WorkerError`
+   and the executor tries its fallback worker of the same hosting class;
+4. a per-worker :class:`CircuitBreaker`: after ``failure_threshold`` failed calls in a row the
+   worker refuses calls at once (no latency, no spend) for ``reset_after_s``; then one probe
+   call is let through, and its success closes the circuit again.
+
+Simplification: the breaker counts failed *calls* (after retries), not attempts, and is local to
+the process (each serving replica learns on its own).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+
+from rl_conductor.workers.base import WorkerError
+
+#: HTTP statuses worth retrying: request timeout, conflict, rate limit, and server errors.
+RETRYABLE_STATUS = frozenset({408, 409, 429})
+
+
+class TransientWorkerError(WorkerError):
+    """A failure that may pass on retry (429, 5xx, timeout, connection); may carry Retry-After."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+        timed_out: bool = False,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+        self.timed_out = timed_out
+
+
+class PermanentWorkerError(WorkerError):
+    """A failure that retrying will not fix (4xx other than the retryable ones, bad request)."""
+
+    def __init__(self, message: str, *, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class MalformedResponseError(WorkerError):
+    """The server answered 2xx with a body that is not the API's response shape."""
+
+
+class CircuitOpenError(WorkerError):
+    """The worker's circuit is open: it failed repeatedly and is not called for a while."""
+
+
+def is_retryable_status(status: int) -> bool:
+    return status in RETRYABLE_STATUS or status >= 500
+
+
+def retry_after_seconds(headers: Mapping[str, str] | None, *, now: float | None = None) -> float | None:
+    """Seconds a response asks the client to wait: ``retry-after-ms``, else ``Retry-After``
+    (delta seconds or an HTTP date); None when absent or unreadable."""
+    if not headers:
+        return None
+    lower = {k.lower(): v for k, v in headers.items()}
+    ms = lower.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = lower.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def classify_status(status: int, message: str, headers: Mapping[str, str] | None) -> WorkerError:
+    """The error for an HTTP error status: transient (with Retry-After) or permanent."""
+    if is_retryable_status(status):
+        return TransientWorkerError(message, status=status, retry_after_s=retry_after_seconds(headers))
+    return PermanentWorkerError(message, status=status)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a live worker retries one call.
+
+    Attributes:
+        attempts: tries in all (1 = no retry).
+        initial_s: first backoff wait; doubles each retry.
+        max_s: the longest backoff wait.
+        jitter_s: uniform random extra wait added to each backoff wait.
+        max_retry_after_s: the longest ``Retry-After`` honoured (a longer one is capped).
+    """
+
+    attempts: int = 3
+    initial_s: float = 0.5
+    max_s: float = 8.0
+    jitter_s: float = 0.5
+    max_retry_after_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("retry attempts must be >= 1")
+        if min(self.initial_s, self.max_s, self.jitter_s, self.max_retry_after_s) < 0:
+            raise ValueError("retry waits must be >= 0")
+
+    def wait_s(self, state: RetryCallState, rng: random.Random | None = None) -> float:
+        """Seconds to wait before the next attempt: the server's Retry-After, else backoff + jitter."""
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, TransientWorkerError) and exc.retry_after_s is not None:
+            return min(exc.retry_after_s, self.max_retry_after_s)
+        backoff = min(self.max_s, self.initial_s * 2 ** (state.attempt_number - 1))
+        return backoff + (rng or random).uniform(0, self.jitter_s)
+
+    def retrying(self, on_retry: Callable[[RetryCallState], None] | None = None) -> AsyncRetrying:
+        """A tenacity controller that retries :class:`TransientWorkerError` only."""
+        return AsyncRetrying(
+            stop=stop_after_attempt(self.attempts),
+            retry=retry_if_exception_type(TransientWorkerError),
+            wait=self.wait_s,
+            before_sleep=on_retry,
+            reraise=True,
+        )
+
+
+CircuitState = Literal["closed", "open", "half_open"]
+
+
+@dataclass
+class CircuitBreaker:
+    """Per-worker circuit breaker (see the module docstring).
+
+    Attributes:
+        failure_threshold: failed calls in a row that open the circuit.
+        reset_after_s: how long an open circuit refuses calls before one probe is let through.
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    failure_threshold: int = 5
+    reset_after_s: float = 30.0
+    clock: Callable[[], float] = time.monotonic
+    failures: int = 0
+    opened_at: float | None = None
+    probing: bool = False
+    opened_count: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.failure_threshold < 1:
+            raise ValueError("circuit failure_threshold must be >= 1")
+        if self.reset_after_s < 0:
+            raise ValueError("circuit reset_after_s must be >= 0")
+
+    @property
+    def state(self) -> CircuitState:
+        if self.opened_at is None:
+            return "closed"
+        if self.clock() - self.opened_at < self.reset_after_s:
+            return "open"
+        return "half_open"
+
+    def before_call(self, name: str) -> None:
+        """Raise :class:`CircuitOpenError` unless a call may go out now."""
+        with self._lock:
+            state = self.state
+            if state == "closed":
+                return
+            if state == "half_open" and not self.probing:
+                self.probing = True  # exactly one probe at a time
+                return
+            assert self.opened_at is not None
+            wait = max(0.0, self.reset_after_s - (self.clock() - self.opened_at))
+            raise CircuitOpenError(
+                f"{name}: circuit open after {self.failures} failed calls in a row; "
+                f"next probe in {wait:.1f}s"
+            )
+
+    def record_success(self) -> None:
+        with self._lock:
+            self.failures, self.opened_at, self.probing = 0, None, False
+
+    def record_failure(self) -> None:
+        with self._lock:
+            self.failures += 1
+            if self.probing or self.failures >= self.failure_threshold:
+                if self.opened_at is None or self.probing:
+                    self.opened_count += 1
+                self.opened_at, self.probing = self.clock(), False
+
+    def release_probe(self) -> None:
+        """A probe ended without a verdict on the endpoint (e.g. refused by the spend guard)."""
+        with self._lock:
+            self.probing = False
+
+
+def retry_policy_from(spec: Mapping[str, Any], options: Mapping[str, Any]) -> RetryPolicy:
+    """``retries:`` of a worker entry (else of the pool): attempts, initial_s, max_s, jitter_s,
+    max_retry_after_s."""
+    raw = spec.get("retries", options.get("retries", {})) or {}
+    if isinstance(raw, int):
+        raw = {"attempts": raw}
+    if not isinstance(raw, Mapping):
+        raise ValueError("`retries` must be a number of attempts or a mapping")
+    return RetryPolicy(**{k: (int(v) if k == "attempts" else float(v)) for k, v in raw.items()})
+
+
+def breaker_from(spec: Mapping[str, Any], options: Mapping[str, Any]) -> CircuitBreaker:
+    """``circuit:`` of a worker entry (else of the pool): failure_threshold, reset_after_s."""
+    raw = spec.get("circuit", options.get("circuit", {})) or {}
+    if not isinstance(raw, Mapping):
+        raise ValueError("`circuit` must be a mapping")
+    return CircuitBreaker(
+        failure_threshold=int(raw.get("failure_threshold", 5)),
+        reset_after_s=float(raw.get("reset_after_s", 30.0)),
+    )
