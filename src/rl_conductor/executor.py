@@ -213,6 +213,9 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
             rec.answer = comp.text
             rec.input_tokens, rec.output_tokens = comp.input_tokens, comp.output_tokens
             rec.cost_usd, rec.latency_s, rec.cached = comp.cost_usd, comp.latency_s, comp.cached
+            rec.finish_reason, rec.tokens_estimated = comp.finish_reason, comp.tokens_estimated
+            if comp.finish_reason == "length":
+                notes.append("output truncated at max_tokens")
             rec.status = "ok"
             break
         if err == "budget":

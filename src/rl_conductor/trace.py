@@ -57,6 +57,10 @@ class StepRecord:
     started_s: float = 0.0
     note: str = ""
     cached: bool = False
+    #: how the worker's generation ended: "stop", "length" (truncated at max_tokens), "" unknown
+    finish_reason: str = ""
+    #: the token counts are estimates (the worker's server reported no usage)
+    tokens_estimated: bool = False
     substeps: list[StepRecord] = field(default_factory=list)
 
 
