@@ -145,6 +145,17 @@ class ConductorPolicy(Policy):
                 [self.prompt(t, view, limits) for t in tasks], [view] * len(tasks), [limits] * len(tasks)
             )
 
+    def plan_batch(self, items: Sequence[tuple[Task, PoolView, Limits]]) -> list[Plan]:
+        """Plan several requests, each with its own view and limits, in one batched generation.
+
+        Synchronous and thread-safe (the serving micro-batcher calls it from a worker thread)."""
+        with self._lock:
+            return self._parse_all(
+                [self.prompt(t, v, lim) for t, v, lim in items],
+                [v for _, v, _ in items],
+                [lim for _, _, lim in items],
+            )
+
     async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
         plans = await self.plan_many(tasks, view, limits)
         hook = self.recursion_hook(view)

@@ -8,6 +8,7 @@ They honour the Worker contract the executor relies on: output tokens never exce
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ class FakeWorker:
         fail_times: the first N calls raise :class:`WorkerError` (then it recovers).
         hang: every call sleeps forever (to test timeouts).
         output_tokens: reported output tokens (capped at ``max_tokens``).
+        fail_rate: each call raises :class:`WorkerError` with this probability (seeded by
+            ``seed``, so a run is reproducible): injected failures for resilience tests.
     """
 
     info: WorkerInfo
@@ -43,7 +46,12 @@ class FakeWorker:
     fail_times: int = 0
     hang: bool = False
     output_tokens: int = 50
+    fail_rate: float = 0.0
+    seed: int = 0
     calls: list[dict[str, object]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(f"{self.info.name}|{self.seed}")
 
     async def complete(
         self,
@@ -62,6 +70,8 @@ class FakeWorker:
         if self.fail_times > 0:
             self.fail_times -= 1
             raise WorkerError(f"{self.info.name}: scripted failure")
+        if self.fail_rate and self._rng.random() < self.fail_rate:
+            raise WorkerError(f"{self.info.name}: injected failure")
         text = self.responder(messages, context) if self.responder else self.answer
         in_tok = sum(estimate_tokens(m.get("content", "")) for m in messages)
         out_tok = min(self.output_tokens, max_tokens)
@@ -105,4 +115,8 @@ def _build_fake(spec: dict[str, object], options: dict[str, object]) -> FakeWork
         info=info_from_spec(spec),
         answer=str(spec.get("answer", "The answer is 42.")),
         latency_s=float(spec.get("latency_s", 0.0)),  # type: ignore[arg-type]
+        output_tokens=int(spec.get("output_tokens", 50)),  # type: ignore[call-overload]
+        fail_rate=float(spec.get("fail_rate", options.get("fail_rate", 0.0))),  # type: ignore[arg-type]
+        seed=int(options.get("seed", 0)),  # type: ignore[call-overload]
+        hang=bool(spec.get("hang", False)),
     )

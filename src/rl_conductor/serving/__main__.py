@@ -1,0 +1,5 @@
+"""``python -m rl_conductor.serving --pool YAML --model URI|DIR [KServe flags]``."""
+
+from rl_conductor.serving.server import main
+
+main()

@@ -1,0 +1,459 @@
+"""The predictor's engine: one policy and one pool, answering validated requests concurrently.
+
+Why it is apart from the HTTP code: the KServe model, the OpenAI route, the CLI and the tests all
+answer through :meth:`ConductorService.answer`, which runs the library's one data flow (plan ->
+:func:`rl_conductor.executor.execute` -> trace) with :mod:`rl_conductor.serving_core`'s request
+helpers, and adds what a production endpoint needs around it:
+
+* **concurrency** — requests run as independent coroutines on the server's event loop; there is
+  no lock around a request. An LM Conductor's generation is synchronous, so it runs in a worker
+  thread through a continuous micro-batcher: requests that arrive while a batch generates are
+  planned together in the next batch (one ``generate`` call over all their prompts).
+* **failing workers** — every worker of the pool is wrapped so that a call that raises is retried
+  (``retries`` times, exponential backoff, tenacity); the executor then replaces a worker that
+  still fails or times out with one of the same hosting class.
+* **observability** — per-worker Prometheus metrics, a per-step event stream (for SSE), a
+  structured log line per request (never the question text of a private request, never headers)
+  and, when enabled, an MLflow trace per request with a span per step.
+* **budgets** — a budget too small for a single call is answered with a message saying so, before
+  any planning.
+
+Deliberate simplifications: step events come from worker calls, so a recursive step reports its
+inner calls; the recursion hook of the LM Conductor generates on the event loop (recursion is
+rare and shallow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from rl_conductor.executor import MIN_OUTPUT_TOKENS, execute, reserve_input_tokens
+from rl_conductor.policies.base import Episode, Plan, Policy
+from rl_conductor.serving import metrics as m
+from rl_conductor.serving_core import (
+    ConductorRequest,
+    RequestError,
+    permitted_view,
+    request_limits,
+    request_task,
+    response_document,
+)
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits, Trace
+from rl_conductor.workers.base import CallContext, Completion, Message, Worker, WorkerInfo
+from rl_conductor.workers.pool import Pool, PoolView
+from rl_conductor.workflow import worker_message
+
+log = logging.getLogger("rl_conductor.serving")
+
+StepListener = Callable[[dict[str, Any]], None]
+_LISTENER: ContextVar[StepListener | None] = ContextVar("conductor_step_listener", default=None)
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """How the service runs requests.
+
+    Attributes:
+        retries: extra attempts on the same worker after a call raises (then the executor falls
+            back to another worker of the same hosting class).
+        step_timeout_s: per-call timeout the executor enforces (then it falls back).
+        max_batch: most questions an LM Conductor plans in one generation.
+        trace: log an MLflow trace per request (span per step) to the configured tracking store.
+        experiment: MLflow experiment of the traces.
+    """
+
+    retries: int = 2
+    step_timeout_s: float = 120.0
+    max_batch: int = 32
+    trace: bool = False
+    experiment: str = "conductor-serving"
+
+
+class ObservedWorker:
+    """A pool worker with retries, metrics and per-step events (see module docstring)."""
+
+    def __init__(self, inner: Worker, *, retries: int) -> None:
+        self.inner = inner
+        self.info: WorkerInfo = inner.info
+        self.retries = retries
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        temperature: float,
+        context: CallContext | None = None,
+    ) -> Completion:
+        name = self.info.name
+        started = time.time_ns()
+        comp: Completion | None = None
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(self.retries + 1),
+            wait=wait_exponential(multiplier=0.01, max=0.5),
+            retry=retry_if_exception_type(Exception),
+            reraise=True,
+        ):
+            with attempt:
+                t0 = time.perf_counter()
+                try:
+                    comp = await self.inner.complete(
+                        messages, max_tokens=max_tokens, temperature=temperature, context=context
+                    )
+                except asyncio.CancelledError:
+                    m.WORKER_CALLS.labels(name, "cancelled").inc()  # the executor's timeout
+                    raise
+                except Exception:
+                    m.WORKER_CALLS.labels(name, "error").inc()
+                    m.ERRORS.labels("worker").inc()
+                    raise
+                finally:
+                    m.WORKER_LATENCY.labels(name).observe(time.perf_counter() - t0)
+        assert comp is not None
+        m.WORKER_CALLS.labels(name, "ok").inc()
+        m.WORKER_TOKENS.labels(name, "input").inc(comp.input_tokens)
+        m.WORKER_TOKENS.labels(name, "output").inc(comp.output_tokens)
+        m.WORKER_COST.labels(name).inc(comp.cost_usd)
+        listener = _LISTENER.get()
+        if listener is not None:
+            listener(
+                {
+                    "index": context.step_index if context else None,
+                    "worker": name,
+                    "input_tokens": comp.input_tokens,
+                    "output_tokens": comp.output_tokens,
+                    "cost_usd": comp.cost_usd,
+                    "latency_s": comp.latency_s,
+                    "answer": comp.text,
+                    "start_ns": started,
+                    "end_ns": time.time_ns(),
+                }
+            )
+        return comp
+
+
+def observed_pool(pool: Pool, *, retries: int) -> Pool:
+    """The same pool with every worker wrapped in :class:`ObservedWorker`."""
+    return Pool(
+        name=pool.name,
+        workers=[ObservedWorker(w, retries=retries) for w in pool.workers],
+        options=dict(pool.options),
+    )
+
+
+class _Planner:
+    """Continuous micro-batching of an LM Conductor's planning (see module docstring)."""
+
+    def __init__(self, policy: Any, max_batch: int) -> None:
+        self.policy = policy
+        self.max_batch = max_batch
+        self._queue: list[tuple[Task, PoolView, Limits, asyncio.Future[Plan]]] = []
+        self._runner: asyncio.Task[None] | None = None
+
+    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+        fut: asyncio.Future[Plan] = asyncio.get_running_loop().create_future()
+        self._queue.append((task, view, limits, fut))
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.ensure_future(self._run())
+        return await fut
+
+    async def _run(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+            m.PLAN_BATCH.observe(len(batch))
+            try:
+                plans = await asyncio.to_thread(
+                    self.policy.plan_batch, [(t, v, lim) for t, v, lim, _ in batch]
+                )
+            except Exception as exc:
+                for *_, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            for (*_, fut), plan in zip(batch, plans, strict=True):
+                if not fut.done():
+                    fut.set_result(plan)
+
+
+def cheapest_call(question: str, view: PoolView) -> tuple[float, str]:
+    """The least a first step can reserve on this view (the executor's own reservation rule)."""
+    in_tok = reserve_input_tokens([{"role": "user", "content": worker_message(question, [], "")}])
+    best = min(view.infos(), key=lambda i: i.cost(in_tok, MIN_OUTPUT_TOKENS))
+    return best.cost(in_tok, MIN_OUTPUT_TOKENS), best.name
+
+
+@dataclass
+class _Events:
+    forward: StepListener | None
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.items.append(event)
+        if self.forward is not None:
+            self.forward(event)
+
+
+class ConductorService:
+    """Answers requests with ``policy`` over ``pool`` (see module docstring)."""
+
+    def __init__(self, policy: Policy, pool: Pool, config: ServiceConfig | None = None) -> None:
+        self.config = config or ServiceConfig()
+        self.policy = policy
+        self.pool = observed_pool(pool, retries=self.config.retries)
+        self._planner = _Planner(policy, self.config.max_batch) if hasattr(policy, "plan_batch") else None
+        self._tracer = _Tracer(self.config.experiment) if self.config.trace else None
+        self._background: set[asyncio.Future[Any]] = set()
+
+    def worker_names(self) -> list[str]:
+        return self.pool.names()
+
+    def check(self, request: ConductorRequest) -> None:
+        """Raise :class:`RequestError` now for what :meth:`answer` would reject (unknown or no
+        permitted workers), so a streaming response can still answer 4xx before it starts."""
+        permitted_view(self.pool, request, request_limits(request))
+
+    async def answer(
+        self,
+        request: ConductorRequest,
+        *,
+        endpoint: str = "python",
+        on_step: StepListener | None = None,
+        request_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Plan and execute one request; the response document (see ``serving_core``) plus
+        ``request_id``, token totals, ``calls``, ``wall_s``, ``worker_fallback``, ``budget_stop``
+        and a human ``message`` when the budget or a failure shaped the answer.
+
+        Raises :class:`RequestError` when the request names unknown workers or permits none."""
+        rid = request_id or uuid.uuid4().hex
+        t0, t0_ns = time.perf_counter(), time.time_ns()
+        limits = replace(request_limits(request), step_timeout_s=self.config.step_timeout_s)
+        view = permitted_view(self.pool, request, limits)
+        task = request_task(request)
+        events = _Events(on_step)
+        floor, floor_worker = cheapest_call(request.question, view)
+        if limits.max_cost_usd is not None and limits.max_cost_usd < floor:
+            doc = _unaffordable(limits.max_cost_usd, floor, floor_worker)
+        else:
+            episode = await self._run(task, view, limits, events)
+            doc = response_document(view, episode)
+            doc.update(_extras(episode.trace))
+        doc["request_id"] = rid
+        doc["wall_s"] = time.perf_counter() - t0
+        self._observe(endpoint, request, doc, events.items, t0_ns)
+        return doc
+
+    async def _run(self, task: Task, view: PoolView, limits: Limits, events: _Events) -> Episode:
+        token = _LISTENER.set(events)
+        try:
+            if self._planner is None:
+                return await self.policy.run(task, view, limits)
+            t = time.perf_counter()
+            plan = await self._planner.plan(task, view, limits)
+            m.PLAN_LATENCY.observe(time.perf_counter() - t)
+            trace = await execute(
+                plan.workflow, task, view, limits, recursion=self.policy.recursion_hook(view)
+            )
+            trace.workflow_text, trace.fallback_plan = plan.text, plan.fallback
+            return Episode(plan=plan, trace=trace)
+        finally:
+            _LISTENER.reset(token)
+
+    def _observe(
+        self,
+        endpoint: str,
+        request: ConductorRequest,
+        doc: dict[str, Any],
+        events: list[dict[str, Any]],
+        t0_ns: int,
+    ) -> None:
+        m.REQUEST_LATENCY.labels(endpoint).observe(doc["wall_s"])
+        m.REQUEST_COST.observe(doc["cost_usd"])
+        for flag in ("fallback_plan", "worker_fallback", "budget_stop"):
+            if doc.get(flag):
+                m.STOPS.labels(flag).inc()
+        record: dict[str, Any] = {
+            "event": "conductor.request",
+            "request_id": doc["request_id"],
+            "endpoint": endpoint,
+            "sensitivity": request.sensitivity,
+            "question_sha256": hashlib.sha256(request.question.encode()).hexdigest()[:16],
+            "question_chars": len(request.question),
+            "max_cost_usd": request.max_cost_usd,
+            "workers": [s["worker"] for s in doc["steps"]],
+            "statuses": [s["status"] for s in doc["steps"]],
+            "cost_usd": doc["cost_usd"],
+            "tokens": doc["tokens"],
+            "wall_s": round(doc["wall_s"], 6),
+            "fallback_plan": doc["fallback_plan"],
+            "worker_fallback": doc["worker_fallback"],
+            "budget_stop": doc["budget_stop"],
+        }
+        if request.sensitivity == "public":
+            record["question_preview"] = request.question[:80]
+        log.info(json.dumps(record))
+        if self._tracer is not None:
+            fut = asyncio.ensure_future(
+                asyncio.to_thread(self._tracer.record, request, doc, events, t0_ns, time.time_ns())
+            )
+            self._background.add(fut)
+            fut.add_done_callback(self._background.discard)
+
+    async def drain(self) -> None:
+        """Wait for background work (MLflow traces) to finish."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def _extras(trace: Trace) -> dict[str, Any]:
+    budget_stop = any(s.status == "skipped_budget" for s in trace.steps)
+    worker_fallback = any("fallback to" in s.note for s in trace.steps)
+    failed = [s for s in trace.steps if s.status == "failed"]
+    message = ""
+    if budget_stop:
+        message = "the budget stopped the workflow early; the answer is the best one so far"
+    elif failed and not trace.final_answer:
+        message = "every worker tried for this request failed; no answer"
+    return {
+        "input_tokens": trace.input_tokens,
+        "output_tokens": trace.output_tokens,
+        "calls": trace.calls,
+        "latency_s": trace.latency_s,
+        "worker_fallback": worker_fallback,
+        "budget_stop": budget_stop,
+        "message": message,
+    }
+
+
+def _unaffordable(budget: float, floor: float, worker: str) -> dict[str, Any]:
+    return {
+        "answer": "",
+        "workflow": [],
+        "steps": [],
+        "cost_usd": 0.0,
+        "tokens": 0,
+        "fallback_plan": False,
+        "stopped_reason": "budget",
+        "raw_plan": "",
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "calls": 0,
+        "latency_s": 0.0,
+        "worker_fallback": False,
+        "budget_stop": True,
+        "message": (
+            f"max_cost_usd={budget:g} cannot buy one worker call: the cheapest permitted worker "
+            f"({worker}) needs at least ${floor:.6g} for this question"
+        ),
+    }
+
+
+class _Tracer:
+    """Writes one MLflow trace per request, a span per step, from a worker thread."""
+
+    def __init__(self, experiment: str) -> None:
+        from rl_conductor.tracking import mlflow_utils
+
+        self.experiment_id = mlflow_utils.ensure_experiment(experiment)
+        self._lock = threading.Lock()
+
+    def record(
+        self,
+        request: ConductorRequest,
+        doc: dict[str, Any],
+        events: list[dict[str, Any]],
+        start_ns: int,
+        end_ns: int,
+    ) -> None:
+        import mlflow
+
+        question = (
+            request.question
+            if request.sensitivity == "public"
+            else f"[private: {len(request.question)} chars]"
+        )
+        answer = (
+            doc["answer"] if request.sensitivity == "public" else f"[private: {len(doc['answer'])} chars]"
+        )
+        timing = {e["index"]: e for e in events}
+        with self._lock:
+            root = mlflow.start_span_no_context(
+                "conductor.request",
+                span_type="CHAIN",
+                inputs={
+                    "question": question,
+                    "max_cost_usd": request.max_cost_usd,
+                    "sensitivity": request.sensitivity,
+                },
+                attributes={"request_id": doc["request_id"], "raw_plan": doc["raw_plan"]},
+                experiment_id=self.experiment_id,
+                start_time_ns=start_ns,
+            )
+            for step in doc["steps"]:
+                ev = timing.get(step["index"], {})
+                span = mlflow.start_span_no_context(
+                    f"step {step['index']}: {step['worker']}",
+                    span_type="LLM",
+                    parent_span=root,
+                    inputs={"worker": step["worker"]},
+                    attributes={k: v for k, v in step.items() if k != "note"} | {"note": step["note"]},
+                    start_time_ns=ev.get("start_ns", start_ns),
+                )
+                span.end(
+                    outputs={"status": step["status"]},
+                    status="OK" if step["status"] in ("ok", "recursed") else "ERROR",
+                    end_time_ns=ev.get("end_ns", ev.get("start_ns", start_ns)),
+                )
+            root.end(
+                outputs={"answer": answer, "cost_usd": doc["cost_usd"], "tokens": doc["tokens"]},
+                end_time_ns=end_ns,
+            )
+
+
+def load_policy(model: str | None, policy: str | None, pool: Pool) -> Policy:
+    """The policy to serve: a trained Conductor (MLflow URI, ``s3://`` or folder) or a policy spec.
+
+    ``policy`` takes any spec of :func:`rl_conductor.policies.base.make_policy` (``single:NAME``,
+    ``moa``, ...) or ``fixed:0,1`` (a fixed chain, :mod:`rl_conductor.policies.fixed`)."""
+    if (model is None) == (policy is None):
+        raise ValueError(
+            "serve either a trained Conductor (--model URI|DIR) or a policy spec (--policy SPEC)"
+        )
+    if policy is not None:
+        kind, _, arg = policy.partition(":")
+        if kind == "fixed":
+            from rl_conductor.policies.fixed import FixedPlan
+
+            return FixedPlan.from_text(arg)
+        from rl_conductor.policies.base import make_policy
+
+        return make_policy(policy, pool)
+    from rl_conductor.policies.conductor import ConductorPolicy
+    from rl_conductor.tracking.registry import load_model_dir
+
+    assert model is not None
+    return ConductorPolicy(load_model_dir(model))
+
+
+__all__ = [
+    "ConductorService",
+    "ObservedWorker",
+    "RequestError",
+    "ServiceConfig",
+    "cheapest_call",
+    "load_policy",
+    "observed_pool",
+]
