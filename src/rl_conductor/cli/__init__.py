@@ -7,7 +7,9 @@ Each sub-module registers its commands on :data:`app`; heavy imports happen insi
 from __future__ import annotations
 
 from rl_conductor.cli import core as _core  # noqa: F401  (registers commands)
+from rl_conductor.cli import live as _live  # noqa: F401
 from rl_conductor.cli import pipeline as _pipeline  # noqa: F401
+from rl_conductor.cli import serve as _serve  # noqa: F401
 from rl_conductor.cli import train as _train  # noqa: F401
 from rl_conductor.cli.app import app
 
