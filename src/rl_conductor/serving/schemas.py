@@ -17,9 +17,20 @@ Deliberate simplifications:
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
 
 from rl_conductor.serving_core import ConductorRequest, RequestError, parse_request
 
@@ -27,6 +38,8 @@ from rl_conductor.serving_core import ConductorRequest, RequestError, parse_requ
 MAX_BODY_BYTES = 1_000_000
 #: Most instances in one v1/v2 request.
 MAX_INSTANCES = 64
+#: Largest budget one request may state (USD): anything above is a client bug, not a budget.
+MAX_BUDGET_USD = 10_000.0
 
 
 class WireError(ValueError):
@@ -65,6 +78,15 @@ class WireLimits(BaseModel):
         default=None, description="worker names that may be called"
     )
     max_steps: StrictInt | None = Field(default=None, description="most steps the workflow may run")
+
+    @field_validator("max_cost_usd")
+    @classmethod
+    def _budget_cap(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        if v is not None and v > MAX_BUDGET_USD:
+            raise ValueError(f"at most {MAX_BUDGET_USD:g} USD per request, got {v:g}")
+        return v
 
 
 class Instance(WireLimits):
@@ -180,6 +202,18 @@ def parse_chat(body: Any) -> tuple[ChatCompletionRequest, ConductorRequest]:
         first = exc.errors()[0]["loc"]
         raise WireError(_errors(exc), param=str(first[0]) if first else None) from None
     return chat, to_request({"question": chat.question(), **chat.limits()})
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads(raw: bytes | str) -> Any:
+    """Strict JSON: ``NaN`` and ``Infinity`` are errors (as in KServe's orjson), not floats."""
+    try:
+        return json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise WireError(f"the body is not valid JSON: {exc}") from None
 
 
 def _kind(value: Any) -> str:

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import kserve
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from kserve.errors import InvalidInput
@@ -42,6 +43,7 @@ from rl_conductor.serving.schemas import (
     MAX_BODY_BYTES,
     MAX_INSTANCES,
     WireError,
+    loads,
     parse_chat,
     parse_v1,
     parse_v2_parameters,
@@ -109,12 +111,9 @@ class ConductorModel(kserve.Model):
     ) -> dict[str, Any] | InferResponse:
         if isinstance(payload, InferRequest):
             return await self._predict_v2(payload)
-        if isinstance(payload, bytes | str):  # a JSON content type KServe did not recognise
-            try:
-                payload = json.loads(payload)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise InvalidInput(f"the body is not valid JSON: {exc}") from None
         try:
+            if isinstance(payload, bytes | str):  # a JSON content type KServe did not recognise
+                payload = loads(payload)
             requests = parse_v1(payload)
         except WireError as exc:
             raise InvalidInput(str(exc)) from None
@@ -192,13 +191,8 @@ def add_openai_routes(app: FastAPI, model: ConductorModel) -> None:
         }
 
     async def chat_completions(request: Request) -> Any:
-        raw = await request.body()
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return _openai_error(400, f"the body is not valid JSON: {exc}")
-        try:
-            chat, req = parse_chat(body)
+            chat, req = parse_chat(loads(await request.body()))
         except WireError as exc:
             return _openai_error(exc.status, str(exc), exc.param)
         if chat.model != model.name:
@@ -309,7 +303,8 @@ def _is_json(content_type: str) -> bool:
 
 
 class RequestGuard:
-    """ASGI middleware: 413 for large bodies, 415 for non-JSON POSTs, request metrics."""
+    """ASGI middleware: 413 for large bodies, 415 for non-JSON POSTs, 400 for bodies that are not
+    strict JSON (no NaN/Infinity, valid UTF-8), and request metrics."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.app = app
@@ -351,6 +346,12 @@ class RequestGuard:
                     more = bool(message.get("more_body"))
                     if len(body) > self.max_body_bytes:
                         await _reject(counting_send, 413, f"body exceeds {self.max_body_bytes} bytes")
+                        return
+                if not binary_v2:
+                    try:  # strict JSON for every route (FastAPI's own parser accepts NaN/Infinity)
+                        orjson.loads(bytes(body))
+                    except orjson.JSONDecodeError as exc:
+                        await _reject(counting_send, 400, f"the body is not valid JSON: {exc}")
                         return
                 sent = False
 

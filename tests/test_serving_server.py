@@ -1,0 +1,436 @@
+"""The KServe predictor as a real server process on loopback: the official ``openai`` client (sync
+and streaming), KServe v1 and v2 over plain HTTP, ``/metrics``, privacy and budgets through the
+HTTP API, injected worker failures, a fuzz test of bad requests, and the micro Conductor loaded
+from the MLflow registry with a trace per request.
+
+The fake-pool server plans a fixed chain (``fixed:2,0``: the external worker first, then a
+self-hosted one), so every test knows which workers a request would use if nothing stopped it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _tiny import Micro, trained_micro
+from predictor import HOSTING, Predictor, predictor, write_pool
+
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Predictor]:
+    root = tmp_path_factory.mktemp("predictor")
+    pool = write_pool(root / "pool.yaml")
+    with predictor(["--policy", "fixed:2,0", "--pool", str(pool)], root) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def http(server: Predictor) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        yield client
+
+
+def metric(http: httpx.Client, name: str, **labels: str) -> float:
+    """The value of one Prometheus sample (0 when absent)."""
+    text = http.get("/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$", line)
+        if not m or m.group(1) != name:
+            continue
+        got = ",".join(sorted(p for p in (m.group(2) or "").split(",") if p))
+        if got == want:
+            return float(m.group(3))
+    return 0.0
+
+
+def v1(http: httpx.Client, *instances: Any) -> httpx.Response:
+    return http.post("/v1/models/conductor:predict", json={"instances": list(instances)})
+
+
+# -- the official openai client ----------------------------------------------------------------
+
+
+def test_openai_sdk_lists_the_model_and_answers_with_usage(server: Predictor) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/openai/v1", api_key="not-needed", max_retries=0)
+    assert [m.id for m in client.models.list()] == ["conductor"]
+    resp = client.chat.completions.create(
+        model="conductor",
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is 6*7?"}],
+        extra_body={"max_cost_usd": 0.05, "max_steps": 2},
+    )
+    doc = resp.model_extra["conductor"]
+    assert resp.choices[0].message.content == doc["answer"] == "A: 42"
+    assert [s["worker"] for s in doc["steps"]] == ["cloud-x", "local-a"]
+    assert resp.usage is not None
+    assert resp.usage.prompt_tokens == sum(s["input_tokens"] for s in doc["steps"])
+    assert resp.usage.completion_tokens == sum(s["output_tokens"] for s in doc["steps"])
+    assert resp.usage.total_tokens == doc["tokens"]
+    assert doc["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in doc["steps"]))
+    assert doc["fallback_plan"] is False and doc["budget_stop"] is False and doc["worker_fallback"] is False
+
+
+def test_openai_sdk_streams_one_chunk_per_step_then_the_answer(server: Predictor) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/openai/v1", api_key="not-needed", max_retries=0)
+    stream = client.chat.completions.create(
+        model="conductor", messages=[{"role": "user", "content": "What is 6*7?"}], stream=True
+    )
+    chunks = list(stream)
+    steps = [c.model_extra["conductor_step"] for c in chunks if c.model_extra.get("conductor_step")]
+    assert [s["worker"] for s in steps] == ["cloud-x", "local-a"]
+    assert [s["index"] for s in steps] == [0, 1]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "A: 42"
+    final = chunks[-1]
+    assert final.choices[0].finish_reason == "stop"
+    assert final.usage is not None and final.usage.total_tokens == final.model_extra["conductor"]["tokens"]
+    # the steps arrive before the answer
+    first_answer = next(i for i, c in enumerate(chunks) if c.choices and c.choices[0].delta.content)
+    last_step = max(i for i, c in enumerate(chunks) if c.model_extra.get("conductor_step"))
+    assert last_step < first_answer
+
+
+def test_openai_sdk_gets_4xx_errors_it_understands(server: Predictor) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/openai/v1", api_key="not-needed", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="max_cost_usd"):
+        client.chat.completions.create(
+            model="conductor", messages=[{"role": "user", "content": "q"}], extra_body={"max_cost_usd": -1}
+        )
+    with pytest.raises(openai.BadRequestError, match="unknown workers"):
+        client.chat.completions.create(
+            model="conductor",
+            messages=[{"role": "user", "content": "q"}],
+            extra_body={"allowed_workers": ["gpt-9"]},
+            stream=True,
+        )
+    with pytest.raises(openai.NotFoundError, match="not served"):
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "q"}])
+
+
+# -- KServe v1 / v2 over plain HTTP ---------------------------------------------------------------
+
+
+def test_v1_predict_answers_each_instance(http: httpx.Client) -> None:
+    resp = v1(http, {"question": "What is 6*7?", "max_cost_usd": 0.05}, "a bare question string")
+    assert resp.status_code == 200, resp.text
+    preds = resp.json()["predictions"]
+    assert len(preds) == 2
+    for doc in preds:
+        assert doc["answer"] == "A: 42"
+        assert [w["worker"] for w in doc["workflow"]] == ["cloud-x", "local-a"]
+        assert {"worker", "input_tokens", "output_tokens", "cost_usd", "latency_s", "status"} <= set(
+            doc["steps"][0]
+        )
+        assert doc["tokens"] == doc["input_tokens"] + doc["output_tokens"] > 0
+        assert doc["calls"] == 2
+
+
+def test_v2_infer_takes_a_bytes_tensor_and_parameters(http: httpx.Client) -> None:
+    body = {
+        "inputs": [
+            {"name": "question", "shape": [2], "datatype": "BYTES", "data": ["What is 6*7?", "And 2+2?"]}
+        ],
+        "parameters": {"sensitivity": "private", "max_steps": 1},
+    }
+    resp = http.post("/v2/models/conductor/infer", json=body)
+    assert resp.status_code == 200, resp.text
+    outputs = {o["name"]: o for o in resp.json()["outputs"]}
+    assert outputs["answer"]["data"] == ["A: 42", "A: 42"]  # private: ordinal 2 wraps onto local-a
+    docs = [json.loads(d) for d in outputs["response"]["data"]]
+    assert all(len(d["steps"]) == 1 and HOSTING[d["steps"][0]["worker"]] == "self" for d in docs)
+    assert outputs["cost_usd"]["data"] == pytest.approx([d["cost_usd"] for d in docs])
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        (b'{"instances": [', 400, "JSON"),
+        (b"\xff\xfe", 400, "JSON"),
+        (b'{"instances": [{"question": "q", "max_cost_usd": NaN}]}', 400, "JSON"),
+        (b"[1, 2]", 400, "object"),
+        (b'{"instances": []}', 400, "instances"),
+        (b'{"instances": [{"question": ""}]}', 400, "question"),
+        (b'{"instances": [{"question": "q", "colour": "red"}]}', 400, "unknown field"),
+        (b'{"instances": [{"question": "q", "max_cost_usd": -0.5}]}', 400, "max_cost_usd"),
+        (b'{"instances": [{"question": "q", "max_cost_usd": 1e300}]}', 400, "max_cost_usd"),
+        (b'{"instances": [{"question": "q", "max_cost_usd": "cheap"}]}', 400, "max_cost_usd"),
+        (b'{"instances": [{"question": "q", "max_cost_usd": true}]}', 400, "max_cost_usd"),
+        (b'{"instances": [{"question": 42}]}', 400, "question"),
+        (b'{"instances": [{"question": "q", "allowed_workers": ["nobody"]}]}', 400, "unknown workers"),
+        (b'{"instances": [{"question": "q", "sensitivity": "secret"}]}', 400, "sensitivity"),
+        (b'{"instances": [{"question": "q", "max_steps": 0}]}', 400, "max_steps"),
+        (b'{"instances": [{"question": "q", "pool": "/etc/passwd"}]}', 400, "pool"),
+        (
+            b'{"instances": [{"question": "q", "sensitivity": "private", "allowed_workers": ["cloud-x"]}]}',
+            400,
+            "no worker",
+        ),
+    ],
+)
+def test_bad_v1_requests_get_4xx_saying_what_is_wrong(
+    http: httpx.Client, body: bytes, status: int, says: str
+) -> None:
+    resp = http.post("/v1/models/conductor:predict", content=body, headers=JSON_HEADERS)
+    assert resp.status_code == status, resp.text
+    assert says.lower() in resp.text.lower()
+
+
+def test_content_type_and_body_size_are_checked(http: httpx.Client) -> None:
+    good = json.dumps({"instances": [{"question": "q"}]})
+    for path in ("/v1/models/conductor:predict", "/v2/models/conductor/infer", "/openai/v1/chat/completions"):
+        resp = http.post(path, content=good, headers={"content-type": "text/plain"})
+        assert resp.status_code == 415 and "application/json" in resp.json()["error"]
+        resp = http.post(path, content=good)  # no content type at all
+        assert resp.status_code == 415
+    big = json.dumps({"instances": [{"question": "x" * 1_100_000}]})
+    assert http.post("/v1/models/conductor:predict", content=big, headers=JSON_HEADERS).status_code == 413
+
+    def chunked() -> Iterator[bytes]:  # no content-length: the guard counts what arrives
+        yield b'{"instances": [{"question": "'
+        for _ in range(12):
+            yield b"y" * 100_000
+        yield b'"}]}'
+
+    resp = http.post("/v1/models/conductor:predict", content=chunked(), headers=JSON_HEADERS)
+    assert resp.status_code == 413
+    resp = http.post(
+        "/v1/models/conductor:predict",
+        content=good,
+        headers={"content-type": "application/json; charset=utf-8"},
+    )
+    assert resp.status_code == 200, resp.text
+
+
+# -- privacy, budgets, metrics ---------------------------------------------------------------
+
+
+def test_private_requests_never_reach_the_external_worker(http: httpx.Client, server: Predictor) -> None:
+    before = metric(http, "conductor_worker_calls_total", worker="cloud-x", outcome="ok")
+    public = v1(http, {"question": "public q"}).json()["predictions"][0]
+    assert "cloud-x" in [s["worker"] for s in public["steps"]]  # the plan does use it when allowed
+    after_public = metric(http, "conductor_worker_calls_total", worker="cloud-x", outcome="ok")
+    assert after_public == before + 1
+    client = openai.OpenAI(base_url=f"{server.url}/openai/v1", api_key="x", max_retries=0)
+    with ThreadPoolExecutor(8) as ex:
+        docs = list(
+            ex.map(lambda i: v1(http, {"question": f"secret {i}", "sensitivity": "private"}), range(24))
+        )
+        chats = list(
+            ex.map(
+                lambda i: client.chat.completions.create(
+                    model="conductor",
+                    messages=[{"role": "user", "content": f"secret {i}"}],
+                    extra_body={"sensitivity": "private"},
+                ),
+                range(8),
+            )
+        )
+    steps = [s for r in docs for s in r.json()["predictions"][0]["steps"]]
+    steps += [s for c in chats for s in c.model_extra["conductor"]["steps"]]
+    assert len(steps) == 64 and all(HOSTING[s["worker"]] == "self" for s in steps)
+    assert metric(http, "conductor_worker_calls_total", worker="cloud-x", outcome="ok") == after_public
+    log = server.log.read_text()
+    assert "secret 3" not in log and '"sensitivity": "private"' in log  # no prompt text in logs
+
+
+def test_budgets_are_never_exceeded_and_a_hopeless_budget_says_so(http: httpx.Client) -> None:
+    budgets = [10 ** (-7 + k / 4) for k in range(24)]  # 1e-7 .. ~5e-2 USD
+    with ThreadPoolExecutor(8) as ex:
+        resps = list(
+            ex.map(lambda b: v1(http, {"question": "What is 6*7? " * 20, "max_cost_usd": b}), budgets)
+        )
+    stopped = answered = 0
+    for budget, resp in zip(budgets, resps, strict=True):
+        assert resp.status_code == 200, resp.text
+        doc = resp.json()["predictions"][0]
+        assert doc["cost_usd"] <= budget
+        assert sum(s["cost_usd"] for s in doc["steps"]) <= budget
+        stopped += doc["budget_stop"]
+        answered += bool(doc["answer"])
+        if not doc["steps"]:
+            assert "cannot buy one worker call" in doc["message"] and doc["answer"] == ""
+    assert stopped and answered  # the range covers hopeless, partial and ample budgets
+    tiny = v1(http, {"question": "q", "max_cost_usd": 1e-9}).json()["predictions"][0]
+    assert tiny["budget_stop"] and "cannot buy one worker call" in tiny["message"]
+
+
+def test_metrics_count_requests_workers_tokens_cost_and_latency(http: httpx.Client) -> None:
+    v1(http, {"question": "count me"})
+    http.post("/v1/models/conductor:predict", content=b"{", headers=JSON_HEADERS)
+    assert metric(http, "conductor_requests_total", endpoint="v1", status="2xx") >= 1
+    assert metric(http, "conductor_requests_total", endpoint="v1", status="4xx") >= 1
+    assert metric(http, "conductor_worker_tokens_total", worker="local-a", direction="output") > 0
+    assert metric(http, "conductor_worker_cost_usd_total", worker="cloud-x") > 0
+    assert metric(http, "conductor_worker_latency_seconds_count", worker="local-a") > 0
+    assert metric(http, "conductor_request_latency_seconds_count", endpoint="v1") > 0
+    assert metric(http, "conductor_errors_total", kind="bad_request") >= 1
+
+
+# -- fuzz --------------------------------------------------------------------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4),
+    max_leaves=12,
+)
+_FIELDS = ["question", "max_cost_usd", "sensitivity", "allowed_workers", "max_steps", "pool", "extra"]
+_ENDPOINTS = ["/v1/models/conductor:predict", "/v2/models/conductor/infer", "/openai/v1/chat/completions"]
+
+
+def _envelope(path: str, instance: dict[str, Any]) -> Any:
+    if path.startswith("/v1"):
+        return {"instances": [instance]}
+    if path.startswith("/v2"):
+        q = instance.pop("question", None)
+        return {
+            "inputs": [{"name": "question", "shape": [1], "datatype": "BYTES", "data": [q]}],
+            "parameters": instance,
+        }
+    q = instance.pop("question", None)
+    return {"model": "conductor", "messages": [{"role": "user", "content": q}], **instance}
+
+
+@st.composite
+def bad_requests(draw: st.DrawFn) -> tuple[str, bytes, str]:
+    path = draw(st.sampled_from(_ENDPOINTS))
+    kind = draw(st.sampled_from(["bytes", "json", "field", "drop", "content-type"]))
+    ctype = "application/json"
+    if kind == "bytes":
+        body = draw(st.binary(max_size=200))
+    elif kind == "json":
+        body = json.dumps(draw(_json)).encode()
+    else:
+        instance: dict[str, Any] = {"question": "What is 6*7?", "max_cost_usd": 0.01}
+        if kind == "field":
+            instance[draw(st.sampled_from(_FIELDS))] = draw(_json | st.floats() | st.text())
+        elif kind == "drop":
+            instance.pop("question")
+        else:
+            ctype = draw(
+                st.sampled_from(["text/plain", "application/x-www-form-urlencoded", "", "image/png"])
+            )
+        try:
+            body = json.dumps(_envelope(path, instance)).encode()  # NaN/Infinity as JS literals
+        except (TypeError, ValueError):
+            body = b"{"
+    return path, body, ctype
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(req=bad_requests())
+def test_fuzzed_requests_never_get_a_5xx(http: httpx.Client, req: tuple[str, bytes, str]) -> None:
+    path, body, ctype = req
+    headers = {"content-type": ctype} if ctype else {}
+    resp = http.post(path, content=body, headers=headers)
+    assert resp.status_code < 500, (path, body[:300], resp.status_code, resp.text[:300])
+    if resp.status_code >= 400:
+        assert resp.text.strip(), "a 4xx must say what is wrong"
+
+
+def test_server_still_answers_after_the_fuzz(http: httpx.Client) -> None:
+    assert metric(http, "conductor_requests_total", endpoint="v1", status="5xx") == 0
+    assert metric(http, "conductor_requests_total", endpoint="v2", status="5xx") == 0
+    assert metric(http, "conductor_requests_total", endpoint="openai", status="5xx") == 0
+    assert v1(http, {"question": "still there?"}).json()["predictions"][0]["answer"] == "A: 42"
+
+
+# -- failing workers ---------------------------------------------------------------------------
+
+
+def test_30_percent_failing_worker_calls_still_answer_99_percent(tmp_path: Path) -> None:
+    pool = write_pool(tmp_path / "flaky.yaml", fail_rate=0.3, seed=11)
+    # started through the CLI (`conductor serve`), which forwards KServe's flags
+    with (
+        predictor(["--policy", "fixed:2,0", "--pool", str(pool)], tmp_path, cli=True) as srv,
+        httpx.Client(base_url=srv.url, timeout=60) as client,
+        ThreadPoolExecutor(16) as ex,
+    ):
+        resps = list(ex.map(lambda i: v1(client, {"question": f"q{i}"}), range(300)))
+        errors = metric(client, "conductor_worker_calls_total", worker="local-a", outcome="error")
+        errors += metric(client, "conductor_worker_calls_total", worker="cloud-x", outcome="error")
+        calls = sum(
+            metric(client, "conductor_worker_calls_total", worker=w, outcome=o)
+            for w in HOSTING
+            for o in ("ok", "error")
+        )
+    assert all(r.status_code == 200 for r in resps)
+    docs = [r.json()["predictions"][0] for r in resps]
+    answered = sum(bool(d["answer"]) for d in docs)
+    assert answered >= 0.99 * len(docs), f"only {answered}/{len(docs)} answered"
+    assert 0.2 < errors / calls < 0.4  # failures were really injected (~30 % of attempts)
+
+
+# -- the micro Conductor from the MLflow registry, with traces ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
+    return trained_micro(tmp_path_factory, mlflow_db_template)
+
+
+@pytest.mark.slow
+def test_micro_conductor_from_the_registry_plans_in_batches_and_traces(
+    micro: Micro, mlflow_db_template: Path, tmp_path: Path
+) -> None:
+    import mlflow
+
+    from rl_conductor.tracking import mlflow_utils, registry
+
+    db = tmp_path / "mlflow.db"
+    shutil.copyfile(mlflow_db_template, db)
+    uri = f"sqlite:///{db}"
+    previous = mlflow.get_tracking_uri()
+    mlflow_utils.configure(uri, artifact_root=str(tmp_path / "mlruns"))
+    try:
+        registry.log_conductor_model(micro.final_dir, alias="champion")
+        env = {"MLFLOW_TRACKING_URI": uri, "CONDUCTOR_ARTIFACT_ROOT": str(tmp_path / "mlruns")}
+        with (
+            predictor(["--pool", "paper-sim"], tmp_path, env=env) as srv,
+            httpx.Client(base_url=srv.url, timeout=120) as client,
+        ):  # no --model: the default is models:/conductor@champion
+            questions = [{"question": f"What is {i} + {i}?"} for i in range(6)]
+            resp = v1(client, *questions, {"question": "Keep this private", "sensitivity": "private"})
+            assert resp.status_code == 200, resp.text
+            docs = resp.json()["predictions"]
+            batch_sum = metric(client, "conductor_plan_batch_size_sum")
+            batch_count = metric(client, "conductor_plan_batch_size_count")
+            exp = mlflow_utils.client().get_experiment_by_name("conductor-serving")
+            deadline = time.monotonic() + 60
+            traces: list[Any] = []
+            while time.monotonic() < deadline and len(traces) < len(docs):
+                time.sleep(0.5)
+                if exp is None:
+                    exp = mlflow_utils.client().get_experiment_by_name("conductor-serving")
+                    continue
+                traces = mlflow.search_traces(experiment_ids=[exp.experiment_id], return_type="list")
+        for doc in docs:
+            assert doc["workflow"] and doc["raw_plan"]
+            assert doc["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in doc["steps"]))
+        assert batch_sum / batch_count > 1, "concurrent questions were planned one by one"
+        assert len(traces) == len(docs)
+        for tr in traces:
+            spans = tr.data.spans
+            root = next(s for s in spans if s.parent_id is None)
+            doc = next(d for d in docs if d["request_id"] == root.attributes["request_id"])
+            assert len(spans) == 1 + len(doc["steps"])
+            assert "Keep this private" not in json.dumps(
+                [s.inputs for s in spans] + [s.outputs for s in spans]
+            )
+    finally:
+        mlflow_utils.reset()
+        mlflow.set_tracking_uri(previous)
+        mlflow.set_registry_uri(previous)
