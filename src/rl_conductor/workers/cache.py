@@ -102,7 +102,8 @@ class SqliteCacheStore:
         with self._lock:
             db = self._db()
             db.execute(
-                "INSERT OR REPLACE INTO completions (key, worker, task_id, created, entry) VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO completions (key, worker, task_id, created, entry) "
+                "VALUES (?, ?, ?, ?, ?)",
                 (key, row["worker"], row.get("task_id"), row["created"], json.dumps(row, ensure_ascii=False)),
             )
             db.commit()
@@ -283,6 +284,4 @@ def _entry(
 
 def cache_stats(workers: Sequence[Any]) -> dict[str, dict[str, int]]:
     """Hits and misses of every cached worker among ``workers``, by name."""
-    return {
-        w.info.name: {"hits": w.hits, "misses": w.misses} for w in workers if isinstance(w, CachedWorker)
-    }
+    return {w.info.name: {"hits": w.hits, "misses": w.misses} for w in workers if isinstance(w, CachedWorker)}

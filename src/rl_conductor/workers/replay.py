@@ -1,9 +1,18 @@
 """The replay worker pool: real recorded outputs of real models, answered offline.
 
-A replay worker answers a benchmark item with what a real model once answered to it
-(lm-sys/RouteLLM's recordings of ``gpt-4-1106-preview`` and ``Mixtral-8x7B-Instruct``, see
-:mod:`rl_conductor.tasks.routellm`). It reads the item from ``CallContext.task``; the messages
-are only counted for input tokens.
+A replay worker answers a benchmark item with what a real model once answered to it. It reads
+the item from ``CallContext.task``; the messages are only counted for input tokens. Recordings
+come from a :class:`RecordingSource`:
+
+* a bring-your-own recordings file (pool option ``recordings: path.jsonl``; the format is in
+  :mod:`rl_conductor.tasks.recordings` and ``docs/recordings.md``): any models, any items, a
+  response text and/or a correctness label per model, optional tokens, cost and latency;
+* RouteLLM's recordings of ``gpt-4-1106-preview`` and ``Mixtral-8x7B-Instruct`` (the default
+  when a pool names no file, :mod:`rl_conductor.tasks.routellm`), one instance of that shape:
+  text and label for GSM8K, label only for MMLU.
+
+Recorded tokens, cost and latency are used where a file gives them; the rules below fill in
+what it does not (RouteLLM records none of them).
 
 What it deliberately simplifies, and why:
 
@@ -13,16 +22,18 @@ What it deliberately simplifies, and why:
   only add cost on a replay pool; it measures routing (which model for which item), not
   collaboration. The simulated pool models collaboration; only live workers reward good
   instructions.
-* **The recorded label is authoritative.** A replayed answer grades as RouteLLM recorded it, so
-  a single-worker baseline reproduces the recorded accuracy exactly. GSM8K: the recorded text
-  is returned, and where the project's grader disagrees with the label one final-answer line
-  is appended (:data:`CORRECT_LINE` with the gold for a recorded-correct text whose answer we do
-  not extract, :data:`WRONG_LINE` for a recorded-wrong text we would grade correct; RouteLLM's
+* **The recorded label is authoritative.** A replayed answer grades as recorded, so a
+  single-worker baseline reproduces the recorded accuracy exactly. With text and label: the
+  recorded text is returned, and where the project's grader disagrees with the label one
+  final-answer line is appended (:data:`CORRECT_LINE` with the gold for a recorded-correct text
+  whose answer we do not extract, else ``Answer: gold`` or ``\\boxed{gold}`` when the grader
+  reads those; :data:`WRONG_LINE` for a recorded-wrong text we would grade correct; RouteLLM's
   grader read ``#### $20.00`` as 2000 and ``#### 0.84`` as 84, ours reads 20 and 0.84). A pool
-  option ``normalise: false`` returns the raw text instead. MMLU (no text was recorded): the
-  answer is synthesised as ``Answer: X``, the gold letter when recorded correct, else a wrong
-  letter chosen by a hash of (task id, model).
-* **Tokens are estimated**, with :func:`rl_conductor.workers.base.estimate_tokens` (about 4
+  option ``normalise: false`` returns the raw text instead. Label only (RouteLLM's MMLU): the
+  answer is synthesised — for multiple choice ``Answer: X``, the gold letter when recorded
+  correct, else a wrong letter chosen by a hash of (task id, model); for other graders a final
+  answer line with the gold, or :data:`WRONG_LINE`. Text only: returned as is and graded.
+* **Tokens are estimated** where not recorded, with :func:`rl_conductor.workers.base.estimate_tokens` (about 4
   characters per token), for both models, so their costs stay on one scale. No tokenizer of
   GPT-4 (cl100k) works offline: tiktoken's wheel ships no encoding file. Mixtral's does (the
   ``mistral-common`` wheel) and counts 1.75x more tokens on these texts (131.7 vs 75.3 per
@@ -39,13 +50,15 @@ What it deliberately simplifies, and why:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from rl_conductor.tasks.base import Task
+from rl_conductor.tasks.recordings import RecordedResponse, RecordingsError, dataset_name, load_recordings
 from rl_conductor.tasks.routellm import RECORDED_MODELS, recording
 from rl_conductor.workers.base import (
     CallContext,
@@ -68,19 +81,47 @@ MMLU_OUTPUT_TOKENS = 16
 CHARS_PER_TOKEN = 4
 
 
+class RecordingSource(Protocol):
+    """Where a replay worker finds recorded responses (a recordings file, RouteLLM's CSVs)."""
+
+    @property
+    def models(self) -> tuple[str, ...]: ...
+
+    def get(self, task_id: str, model: str) -> RecordedResponse | None: ...
+
+
+@dataclass(frozen=True, eq=False)
+class RouteLLMSource:
+    """RouteLLM's shipped recordings (:mod:`rl_conductor.tasks.routellm`) as a source."""
+
+    name: str = "routellm"
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(RECORDED_MODELS)
+
+    def get(self, task_id: str, model: str) -> RecordedResponse | None:
+        rec = recording(task_id, model)
+        return None if rec is None else RecordedResponse(text=rec.text, correct=rec.correct)
+
+
+#: The default source of a replay pool that names no recordings file.
+ROUTELLM = RouteLLMSource()
+
+
 @dataclass(frozen=True)
 class ReplayAnswer:
     """The text a replay worker returns for one item, before any ``max_tokens`` cut.
 
     Attributes:
         text: recorded text (possibly with a final-answer line appended) or a synthesised one.
-        recorded_correct: RouteLLM's label for this item and model.
+        recorded_correct: the recorded label for this item and model (None: text only).
         normalised: whether a final-answer line was appended so the grader agrees with the label.
         synthesised: whether the text was made up from the label (no text was recorded).
     """
 
     text: str
-    recorded_correct: bool
+    recorded_correct: bool | None
     normalised: bool = False
     synthesised: bool = False
 
@@ -93,31 +134,66 @@ def wrong_letter(task: Task, model: str) -> str:
     return letters[int.from_bytes(digest[:8], "big") % len(letters)]
 
 
+def _correct_lines(task: Task) -> tuple[str, ...]:
+    """Final-answer lines that make a text grade correct, tried in order."""
+    gold = task.answer
+    return (CORRECT_LINE.format(gold=gold), f"\n\nAnswer: {gold}", f"\n\n\\boxed{{{gold}}}", f"\n\n{gold}")
+
+
+def _synthesise(task: Task, model: str, correct: bool) -> str:
+    from rl_conductor.tasks.graders import grade
+
+    if task.grader == "choice":
+        letter = task.answer.strip().upper() if correct else wrong_letter(task, model)
+        return f"Answer: {letter}"
+    candidates = [line.lstrip() for line in _correct_lines(task)] if correct else [WRONG_LINE.strip()]
+    for text in candidates:
+        if grade(task, text) == correct:
+            return text
+    raise WorkerError(
+        f"replay worker {model!r}: cannot synthesise an answer to {task.id!r} that grades "
+        f"{'correct' if correct else 'wrong'}; record its text"
+    )
+
+
 @functools.lru_cache(maxsize=16384)
-def replay_answer(task: Task, model: str, normalise: bool = True) -> ReplayAnswer:
-    """What ``model`` (a key of ``RECORDED_MODELS``) answers to ``task``, graded as recorded.
+def replay_answer(
+    task: Task, model: str, normalise: bool = True, source: RecordingSource = ROUTELLM
+) -> ReplayAnswer:
+    """What ``model`` answers to ``task`` in ``source`` (RouteLLM's recordings by default),
+    graded as recorded.
 
     Raises:
         WorkerError: no recording of this item for this model.
     """
     from rl_conductor.tasks.graders import grade
 
-    rec = recording(task.id, model)
+    rec = source.get(task.id, model)
     if rec is None:
-        raise WorkerError(
-            f"replay worker {model!r}: no recording of task {task.id!r} (source {task.source!r}); "
+        where = (
             "recorded datasets: routellm-gsm8k, routellm-mmlu (routellm = both)"
+            if isinstance(source, RouteLLMSource)
+            else f"recordings file {getattr(source, 'path', '?')}"
+        )
+        raise WorkerError(
+            f"replay worker {model!r}: no recording of task {task.id!r} (source {task.source!r}); {where}"
         )
     if rec.text is None:
-        letter = task.answer.strip().upper() if rec.correct else wrong_letter(task, model)
-        return ReplayAnswer(text=f"Answer: {letter}", recorded_correct=rec.correct, synthesised=True)
-    if not normalise or grade(task, rec.text) == rec.correct:
+        assert rec.correct is not None  # the file loader requires text or a label
+        return ReplayAnswer(
+            text=_synthesise(task, model, rec.correct), recorded_correct=rec.correct, synthesised=True
+        )
+    if rec.correct is None or not normalise or grade(task, rec.text) == rec.correct:
         return ReplayAnswer(text=rec.text, recorded_correct=rec.correct)
-    line = CORRECT_LINE.format(gold=task.answer) if rec.correct else WRONG_LINE
-    text = rec.text.rstrip() + line
-    if grade(task, text) != rec.correct:
-        raise WorkerError(f"replay worker {model!r}: could not make task {task.id!r} grade as recorded")
-    return ReplayAnswer(text=text, recorded_correct=rec.correct, normalised=True)
+    lines = _correct_lines(task) if rec.correct else (WRONG_LINE,)
+    for line in lines:
+        text = rec.text.rstrip() + line
+        if grade(task, text) == rec.correct:
+            return ReplayAnswer(text=text, recorded_correct=rec.correct, normalised=True)
+    raise WorkerError(
+        f"replay worker {model!r}: could not make task {task.id!r} grade as recorded "
+        "(set `normalise: false` to replay the raw text)"
+    )
 
 
 @dataclass
@@ -126,11 +202,12 @@ class ReplayWorker:
 
     Attributes:
         info: static facts (name, prices, hosting) from the pool file.
-        model: which recorded model this worker replays (a key of ``RECORDED_MODELS``).
+        model: which recorded model this worker replays (a model of ``source``).
         normalise: make the project's grader agree with the recorded label (default).
-        mmlu_output_tokens: output tokens charged for a synthesised multiple-choice answer.
-        ttft_s, tokens_per_s: nominal latency model.
+        mmlu_output_tokens: output tokens charged for a synthesised answer (label only).
+        ttft_s, tokens_per_s: nominal latency model (where no latency was recorded).
         latency_scale: 0 reports latency without sleeping; > 0 sleeps ``latency_s * scale``.
+        source: the recordings (RouteLLM's by default).
     """
 
     info: WorkerInfo
@@ -140,6 +217,7 @@ class ReplayWorker:
     ttft_s: float = 0.5
     tokens_per_s: float = 50.0
     latency_scale: float = 0.0
+    source: RecordingSource = ROUTELLM
 
     async def complete(
         self,
@@ -154,21 +232,44 @@ class ReplayWorker:
                 f"replay worker {self.info.name!r} needs CallContext(task=...): it answers benchmark "
                 "items, not free text"
             )
-        answer = replay_answer(context.task, self.model, self.normalise)
+        answer = replay_answer(context.task, self.model, self.normalise, self.source)
+        rec = self.source.get(context.task.id, self.model)
+        assert rec is not None  # replay_answer raised otherwise
         text = answer.text
-        output_tokens = self.mmlu_output_tokens if answer.synthesised else estimate_tokens(text)
+        if rec.output_tokens is not None:
+            output_tokens = rec.output_tokens
+        else:
+            output_tokens = self.mmlu_output_tokens if answer.synthesised else estimate_tokens(text)
         cap = max(1, max_tokens)
-        if output_tokens > cap:
+        cut = output_tokens > cap
+        if cut:
             text, output_tokens = text[: cap * CHARS_PER_TOKEN], cap
-        input_tokens = sum(estimate_tokens(m.get("content", "")) for m in messages)
-        latency = round(self.ttft_s + output_tokens / self.tokens_per_s, 4)
-        return await offline_completion(
-            self.info,
-            text,
+        if rec.input_tokens is not None:
+            input_tokens = rec.input_tokens
+        else:
+            input_tokens = sum(estimate_tokens(m.get("content", "")) for m in messages)
+        if rec.latency_s is not None and not cut:
+            latency = rec.latency_s
+        else:
+            latency = round(self.ttft_s + output_tokens / self.tokens_per_s, 4)
+        if rec.cost_usd is None or cut:
+            return await offline_completion(
+                self.info,
+                text,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                latency_s=latency,
+                latency_scale=self.latency_scale,
+            )
+        if self.latency_scale > 0:
+            await asyncio.sleep(latency * self.latency_scale)
+        return Completion(
+            text=text,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
+            cost_usd=rec.cost_usd,
             latency_s=latency,
-            latency_scale=self.latency_scale,
+            worker=self.info.name,
         )
 
 
@@ -179,19 +280,34 @@ def _positive(spec: dict[str, Any], key: str, default: float) -> float:
     return value
 
 
+def _source(spec: dict[str, Any], options: dict[str, Any]) -> RecordingSource:
+    path = spec.get("recordings", options.get("recordings"))
+    if path is None:
+        return ROUTELLM
+    try:
+        source = load_recordings(str(path))
+    except (FileNotFoundError, RecordingsError) as exc:
+        raise PoolConfigError(f"replay worker {spec['name']!r}: {exc}") from None
+    options.setdefault("default_dataset", dataset_name(str(path)))
+    return source
+
+
 @register_kind("replay")
 def build_replay(spec: dict[str, Any], options: dict[str, Any]) -> ReplayWorker:
     """Builder for ``kind: replay``.
 
-    Worker entries: ``model`` (a key of ``RECORDED_MODELS``; defaults to the worker's name),
+    Worker entries: ``model`` (a model of the recordings; defaults to the worker's name),
     ``mmlu_output_tokens`` (16), ``ttft_s`` (0.5), ``tokens_per_s`` (50). Pool options (a worker
-    entry may override them): ``normalise`` (true), ``latency_scale`` (0).
+    entry may override them): ``recordings`` (a recordings file; RouteLLM's when absent — the
+    file's items then become the pool's ``default_dataset``, ``recordings:<path>``),
+    ``normalise`` (true), ``latency_scale`` (0).
     """
+    source = _source(spec, options)
     model = str(spec.get("model", spec["name"]))
-    if model not in RECORDED_MODELS:
+    if model not in source.models:
         raise PoolConfigError(
             f"replay worker {spec['name']!r}: no recordings of model {model!r}; "
-            f"recorded: {sorted(RECORDED_MODELS)}"
+            f"recorded: {sorted(source.models)}"
         )
     scale = float(spec.get("latency_scale", options.get("latency_scale", 0.0)))
     if scale < 0:
@@ -210,4 +326,5 @@ def build_replay(spec: dict[str, Any], options: dict[str, Any]) -> ReplayWorker:
         ttft_s=_positive(spec, "ttft_s", 0.5),
         tokens_per_s=_positive(spec, "tokens_per_s", 50.0),
         latency_scale=scale,
+        source=source,
     )

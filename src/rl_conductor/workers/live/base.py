@@ -32,7 +32,14 @@ from typing import Any
 
 import httpx2
 
-from rl_conductor.workers.base import CallContext, Completion, Message, WorkerError, WorkerInfo, estimate_tokens
+from rl_conductor.workers.base import (
+    CallContext,
+    Completion,
+    Message,
+    WorkerError,
+    WorkerInfo,
+    estimate_tokens,
+)
 from rl_conductor.workers.live.resilience import (
     CircuitBreaker,
     RetryPolicy,
@@ -109,7 +116,9 @@ class LiveWorker:
         """The SDK client over ``http_client``."""
         raise NotImplementedError
 
-    async def _send(self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float) -> WireResult:
+    async def _send(
+        self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float
+    ) -> WireResult:
         """Send one request with the SDK and read the answer; raise SDK exceptions as they come."""
         raise NotImplementedError
 
@@ -144,7 +153,9 @@ class LiveWorker:
         self._counts["attempts"] += 1
         client = self._client()
         try:
-            return await asyncio.wait_for(self._send(client, messages, max_tokens, temperature), self.timeout_s)
+            return await asyncio.wait_for(
+                self._send(client, messages, max_tokens, temperature), self.timeout_s
+            )
         except TimeoutError:
             raise TransientWorkerError(
                 f"{self.info.name}: timed out after {self.timeout_s:g}s", timed_out=True

@@ -195,8 +195,7 @@ class CircuitBreaker:
             assert self.opened_at is not None
             wait = max(0.0, self.reset_after_s - (self.clock() - self.opened_at))
             raise CircuitOpenError(
-                f"{name}: circuit open after {self.failures} failed calls in a row; "
-                f"next probe in {wait:.1f}s"
+                f"{name}: circuit open after {self.failures} failed calls in a row; next probe in {wait:.1f}s"
             )
 
     def record_success(self) -> None:

@@ -1,0 +1,254 @@
+"""Bring-your-own recordings: one file format for what real models answered to benchmark items.
+
+A recordings file is JSON Lines (optionally gzipped: ``.jsonl.gz``), one item per line::
+
+    {"id": "support/0042",                   # unique item id (required)
+     "question": "How many ...?",            # the text workers see (required)
+     "answer": "18",                         # gold answer (required unless every response has `correct`)
+     "grader": "math",                       # math | choice | qa | code (default qa)
+     "domain": "math",                       # math | knowledge | reasoning | code (default reasoning)
+     "source": "my-logs",                    # optional (default: the file's name)
+     "metadata": {"choices": ["..."]},       # optional: what the grader needs (choices, tests, ...)
+     "responses": {                          # per model, at least one
+        "gpt-4o": {"text": "... #### 18",    # the response (optional if `correct` is given)
+                   "correct": true,           # correctness label (optional if `text` is given)
+                   "input_tokens": 80,        # optional; estimated when absent
+                   "output_tokens": 120,      # optional; estimated from the text when absent
+                   "cost_usd": 0.0012,        # optional; priced from the pool file when absent
+                   "latency_s": 1.3}}}        # optional; nominal latency model when absent
+
+A pool YAML names the file and the models (see ``docs/recordings.md``); the file's items become
+the dataset ``recordings:<path>`` (the pool's default dataset), split 70/10/20 by id hash like
+every other dataset. RouteLLM's recordings (:mod:`rl_conductor.tasks.routellm`) are one instance
+of this shape: text and label for GSM8K, label only for MMLU
+(:func:`routellm_recordings` writes them out in this format).
+
+Validation is strict and early: a malformed line is an error naming the file and line.
+Simplification: the whole file is read at first use and cached for the process (by path and
+modification time).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rl_conductor.tasks.base import Task
+
+PREFIX = "recordings:"
+DEFAULT_GRADER = "qa"
+DEFAULT_DOMAIN = "reasoning"
+_RESPONSE_KEYS = {"text", "correct", "input_tokens", "output_tokens", "cost_usd", "latency_s"}
+
+
+class RecordingsError(ValueError):
+    """A recordings file is malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class RecordedResponse:
+    """One model's recorded response to one item (see the module docstring for the fields)."""
+
+    text: str | None
+    correct: bool | None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    latency_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True, eq=False)
+class Recordings:
+    """The items of one recordings file and every model's responses, keyed by item id."""
+
+    path: str
+    tasks: tuple[Task, ...]
+    responses: dict[str, dict[str, RecordedResponse]]
+    models: tuple[str, ...]
+
+    def get(self, task_id: str, model: str) -> RecordedResponse | None:
+        return self.responses.get(task_id, {}).get(model)
+
+
+def _open_lines(path: Path) -> Iterator[str]:
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            yield from fh
+    else:
+        with path.open(encoding="utf-8") as fh:
+            yield from fh
+
+
+def _int(value: Any, where: str, key: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RecordingsError(f"{where}: {key} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _float(value: Any, where: str, key: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise RecordingsError(f"{where}: {key} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def parse_response(raw: Any, where: str) -> RecordedResponse:
+    if not isinstance(raw, dict):
+        raise RecordingsError(f"{where}: a response must be an object")
+    unknown = set(raw) - _RESPONSE_KEYS
+    if unknown:
+        raise RecordingsError(
+            f"{where}: unknown response fields {sorted(unknown)}; known: {sorted(_RESPONSE_KEYS)}"
+        )
+    text, correct = raw.get("text"), raw.get("correct")
+    if text is not None and not isinstance(text, str):
+        raise RecordingsError(f"{where}: text must be a string")
+    if correct is not None and not isinstance(correct, bool):
+        raise RecordingsError(f"{where}: correct must be true or false")
+    if text is None and correct is None:
+        raise RecordingsError(f"{where}: a response needs `text`, `correct`, or both")
+    return RecordedResponse(
+        text=text,
+        correct=correct,
+        input_tokens=_int(raw.get("input_tokens"), where, "input_tokens"),
+        output_tokens=_int(raw.get("output_tokens"), where, "output_tokens"),
+        cost_usd=_float(raw.get("cost_usd"), where, "cost_usd"),
+        latency_s=_float(raw.get("latency_s"), where, "latency_s"),
+    )
+
+
+def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict[str, RecordedResponse]]:
+    """One line of a recordings file as a Task and its responses."""
+    from rl_conductor.tasks.graders import GRADERS
+
+    if not isinstance(row, dict):
+        raise RecordingsError(f"{where}: each line must be a JSON object")
+    for key in ("id", "question"):
+        if not isinstance(row.get(key), str) or not row[key].strip():
+            raise RecordingsError(f"{where}: `{key}` is required and must be a non-empty string")
+    grader = row.get("grader", DEFAULT_GRADER)
+    if grader not in GRADERS:
+        raise RecordingsError(f"{where}: unknown grader {grader!r}; known: {sorted(GRADERS)}")
+    responses = row.get("responses")
+    if not isinstance(responses, dict) or not responses:
+        raise RecordingsError(f"{where}: `responses` must map model names to responses (at least one)")
+    parsed = {str(m): parse_response(r, f"{where} model {m!r}") for m, r in responses.items()}
+    answer = row.get("answer")
+    if answer is None:
+        if any(r.correct is None for r in parsed.values()):
+            raise RecordingsError(f"{where}: without a gold `answer`, every response needs `correct`")
+        answer = ""
+    metadata = row.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise RecordingsError(f"{where}: metadata must be an object")
+    task = Task(
+        id=row["id"],
+        question=row["question"],
+        answer=str(answer),
+        domain=str(row.get("domain", DEFAULT_DOMAIN)),
+        source=str(row.get("source", default_source)),
+        grader=grader,
+        metadata=metadata,
+    )
+    return task, parsed
+
+
+@functools.lru_cache(maxsize=32)
+def _load(path: str, mtime_ns: int) -> Recordings:
+    p = Path(path)
+    tasks: list[Task] = []
+    responses: dict[str, dict[str, RecordedResponse]] = {}
+    models: dict[str, None] = {}
+    source = p.name.split(".")[0]
+    for n, line in enumerate(_open_lines(p), start=1):
+        if not line.strip():
+            continue
+        where = f"{p}:{n}"
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise RecordingsError(f"{where}: not JSON ({exc})") from None
+        task, parsed = parse_item(row, where, default_source=source)
+        if task.id in responses:
+            raise RecordingsError(f"{where}: duplicate item id {task.id!r}")
+        tasks.append(task)
+        responses[task.id] = parsed
+        models.update(dict.fromkeys(parsed))
+    if not tasks:
+        raise RecordingsError(f"{p}: no items")
+    return Recordings(path=str(p), tasks=tuple(tasks), responses=responses, models=tuple(models))
+
+
+def load_recordings(path: str | Path) -> Recordings:
+    """Read (and cache) a recordings file.
+
+    Raises:
+        FileNotFoundError: no such file. RecordingsError: a malformed line.
+    """
+    p = Path(path).expanduser().resolve()
+    if not p.is_file():
+        raise FileNotFoundError(f"recordings file {path} does not exist")
+    return _load(str(p), p.stat().st_mtime_ns)
+
+
+def dataset_name(path: str | Path) -> str:
+    """The dataset name under which a recordings file's items load (``recordings:<abs path>``)."""
+    return PREFIX + str(Path(path).expanduser().resolve())
+
+
+def recordings_tasks(name: str) -> list[Task]:
+    """The Tasks of dataset ``recordings:<path>`` (the loader behind :func:`load_tasks`)."""
+    return list(load_recordings(name[len(PREFIX) :]).tasks)
+
+
+def write_recordings(path: str | Path, items: Iterable[dict[str, Any]]) -> int:
+    """Write items (dicts in the file format) as JSON Lines (gzipped for ``.gz``); returns the count."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    opener = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "wt", encoding="utf-8") as fh:
+        for item in items:
+            fh.write(json.dumps(item, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def item_dict(task: Task, responses: dict[str, RecordedResponse]) -> dict[str, Any]:
+    """One line of a recordings file for ``task``."""
+    return {
+        "id": task.id,
+        "question": task.question,
+        "answer": task.answer,
+        "grader": task.grader,
+        "domain": task.domain,
+        "source": task.source,
+        "metadata": dict(task.metadata),
+        "responses": {m: r.to_dict() for m, r in responses.items()},
+    }
+
+
+def routellm_recordings(dataset: str = "routellm") -> Iterator[dict[str, Any]]:
+    """RouteLLM's recordings as items of this format (GSM8K: text and label; MMLU: label only)."""
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.tasks.routellm import RECORDED_MODELS, recording
+
+    for task in load_tasks(dataset):
+        responses = {}
+        for model in RECORDED_MODELS:
+            rec = recording(task.id, model)
+            if rec is not None:
+                responses[model] = RecordedResponse(text=rec.text, correct=rec.correct)
+        if responses:
+            yield item_dict(task, responses)
