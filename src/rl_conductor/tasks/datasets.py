@@ -19,7 +19,9 @@ Registered datasets:
   domain capped at ``PAPER_MIX_DOMAIN_CAP`` tasks so averages weigh domains alike.
 
 Other modules add datasets with :func:`register_dataset`; ``rl_conductor.tasks.routellm`` (the
-RouteLLM recorded benchmarks) is imported lazily the first time a name is not found.
+RouteLLM recorded benchmarks) is imported lazily the first time a name is not found. A name
+``recordings:<path>`` loads the items of a bring-your-own recordings file
+(:mod:`rl_conductor.tasks.recordings`).
 
 Simplifications: loaders return all rows at once (the largest set is a few thousand rows) and
 cache them for the process; the cached Tasks share their ``metadata`` dicts, which callers must
@@ -125,9 +127,17 @@ def load_tasks(name: str, split: str = "all", *, limit: int | None = None, seed:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     if name not in _REGISTRY:
         _import_optional()
+    if name not in _REGISTRY and name.startswith("recordings:"):  # a bring-your-own recordings file
+        from rl_conductor.tasks.recordings import recordings_tasks
+
+        return _select(recordings_tasks(name), split, limit, seed)
     if name not in _REGISTRY:
         raise UnknownDatasetError(f"unknown dataset {name!r}; available: {', '.join(sorted(_REGISTRY))}")
-    tasks = [t for t in _load_all(name) if split == "all" or split_of(t.id) == split]
+    return _select(list(_load_all(name)), split, limit, seed)
+
+
+def _select(all_tasks: list[Task], split: str, limit: int | None, seed: int) -> list[Task]:
+    tasks = [t for t in all_tasks if split == "all" or split_of(t.id) == split]
     if limit is not None and limit < len(tasks):
         keep = sorted(random.Random(seed).sample(range(len(tasks)), max(limit, 0)))
         tasks = [tasks[i] for i in keep]
