@@ -42,12 +42,12 @@ test-fast: install ## run the tests not marked slow
 	$(PY) -m pytest -q -m "not slow"
 
 lint: install ## ruff lint + format check
-	$(BIN)/ruff check src tests benchmarks components pipelines
-	$(BIN)/ruff format --check src tests benchmarks components pipelines
+	$(BIN)/ruff check src tests benchmarks components pipelines serving
+	$(BIN)/ruff format --check src tests benchmarks components pipelines serving
 
 format: install ## apply ruff formatting and fixes
-	$(BIN)/ruff check --fix src tests benchmarks components pipelines
-	$(BIN)/ruff format src tests benchmarks components pipelines
+	$(BIN)/ruff check --fix src tests benchmarks components pipelines serving
+	$(BIN)/ruff format src tests benchmarks components pipelines serving
 
 typecheck: install ## mypy over the library
 	$(BIN)/mypy src/rl_conductor
@@ -55,6 +55,13 @@ typecheck: install ## mypy over the library
 bench: install ## run the benchmarks (JSON under benchmarks/results/)
 	$(PY) benchmarks/executor_overhead.py --json benchmarks/results/executor_overhead.json
 	$(PY) benchmarks/parallel_speedup.py --json benchmarks/results/parallel_speedup.json
+	$(PY) benchmarks/serving_load.py --json benchmarks/results/serving_load.json
+
+MODEL ?= models:/conductor@champion
+POOL ?= paper-sim
+PORT ?= 8080
+serve: install ## serve MODEL (default: make run's champion) on POOL (paper-sim) with KServe on :PORT
+	$(BIN)/conductor serve --model $(MODEL) --pool $(POOL) --http_port $(PORT) --enable_grpc false
 
 OVERLAY ?= dev
 # The pool ConfigMap is generated from the pool YAML under src/ (outside the overlay), hence the
