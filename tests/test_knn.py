@@ -1,8 +1,11 @@
-"""The kNN router baseline: labels (cheapest correct worker), routing by real MiniLM embeddings
-under the request's view and limits, save/load, and the cached ``knn:N`` spec on paper-sim.
+"""The routers fitted on the training split: single-worker measurements, the kNN router's choice
+on a hand-built neighbour set (expected reward, budgets, permissions, view ordinals), the same
+router over real MiniLM embeddings, the domain router, and the cached ``knn:N`` /
+``domain-router:N`` specs on paper-sim.
 
-Labelling runs on scripted fake workers that are right or wrong per task; routing uses the real
-offline all-MiniLM-L6-v2 embeddings, so "nearest" means what it means in evaluation.
+Measurements run on scripted fake workers that are right or wrong per task; the hand-built
+neighbour set fixes embeddings, correctness and costs, so each expected choice can be worked
+out by hand from the reward preset.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import pytest
 import torch
 
 from rl_conductor.policies import make_policy
-from rl_conductor.policies.knn import SOLVE, KnnRouter, label_tasks
+from rl_conductor.policies.knn import SOLVE, KnnRouter
 from rl_conductor.policies.knn_embed import EMBED_DIM, embed
+from rl_conductor.policies.routers import DomainRouter, SingleOutcomes, measure_singles, reward_matrix
+from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.base import CallContext, Hosting, Message
@@ -27,12 +32,12 @@ from rl_conductor.workers.pool import Pool, load_pool
 torch.set_num_threads(1)  # two threads on the shared 2-core machine are far slower under load
 
 
-def _task(i: int) -> Task:
+def _task(i: int, domain: str = "math") -> Task:
     return Task(
         id=f"t/{i}",
         question=f"What is {i} + {i}?",
         answer=str(2 * i),
-        domain="math",
+        domain=domain,
         source="t",
         grader="math",
     )
@@ -53,8 +58,22 @@ def _worker(name: str, price: float, right: set[str], hosting: Hosting = "extern
     )
 
 
-async def test_label_tasks_picks_the_cheapest_correct_worker() -> None:
-    # listed dearest first, so the label cannot come from the pool's order
+def _pool() -> Pool:
+    """dear (external), cheap (external), local (self-hosted), in that order."""
+    return Pool(
+        name="route",
+        workers=[
+            _worker("dear", 10.0, set()),
+            _worker("cheap", 0.1, set()),
+            _worker("local", 0.2, set(), hosting="self"),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------- measurement
+
+
+async def test_measure_singles_runs_every_worker_alone_and_grades_it() -> None:
     pool = Pool(
         name="fake",
         workers=[
@@ -64,13 +83,122 @@ async def test_label_tasks_picks_the_cheapest_correct_worker() -> None:
         ],
     )
     tasks = [_task(i) for i in range(4)]
-    labels, counts = await label_tasks(pool, tasks)
-    assert labels == ["cheap", "mid", "dear", None]  # t/3: nobody was right
-    assert counts == {"dear": 3, "mid": 2, "cheap": 1}
+    out = await measure_singles(pool, tasks)
+    assert out.names == ["dear", "mid", "cheap"] and out.task_ids == [t.id for t in tasks]
+    assert out.correct.tolist() == [
+        [True, True, True],
+        [True, True, False],
+        [True, False, False],
+        [False, False, False],
+    ]
+    assert (out.cost > 0).all() and (out.cost[:, 0] > out.cost[:, 1]).all()  # priced by the call
     for w in pool.workers:  # every worker answered every task alone, once
         assert isinstance(w, FakeWorker) and len(w.calls) == len(tasks)
         assert all(SOLVE in str(c["messages"]) for c in w.calls)
 
+
+# ----------------------------------------------------------------------------- hand-built neighbours
+
+
+def _unit(*xs: float) -> list[float]:
+    v = np.asarray(xs, dtype=np.float64)
+    return list(v / np.linalg.norm(v))
+
+
+#: Three training questions near the query (1, 0, 0), one far away (0, 0, 1).
+EMB = np.asarray([_unit(1, 0, 0), _unit(0.9, 0.1, 0), _unit(0.8, 0.2, 0), _unit(0, 0, 1)], dtype=np.float32)
+#                     dear   cheap  local
+CORRECT = np.array(
+    [
+        [True, True, True],  # t/0: everybody right
+        [True, False, True],  # t/1
+        [True, False, False],  # t/2: only dear
+        [True, False, True],  # t/3 (far): dear and local
+    ]
+)
+COST = np.array([[0.01, 0.0001, 0.0002]] * 4)  # dear costs 0.03 reward per question (cost-aware)
+
+
+def _outcomes() -> SingleOutcomes:
+    return SingleOutcomes(
+        names=["dear", "cheap", "local"],
+        task_ids=[f"t/{i}" for i in range(4)],
+        domains=["math", "math", "math", "code"],
+        correct=CORRECT.copy(),
+        cost=COST.copy(),
+    )
+
+
+@pytest.fixture
+def hand() -> KnnRouter:
+    return KnnRouter(EMB, _outcomes(), k=3)
+
+
+def test_expected_reward_is_the_similarity_weighted_mean_of_the_neighbours(hand: KnnRouter) -> None:
+    q = np.asarray([1.0, 0.0, 0.0])
+    expected, cost = hand.expected(q)
+    sims = EMB[:3] @ q
+    w = sims / sims.sum()
+    r = reward_matrix(_outcomes(), REWARD_PRESETS["cost-aware"])[:3]
+    assert expected == pytest.approx({"dear": w @ r[:, 0], "cheap": w @ r[:, 1], "local": w @ r[:, 2]})
+    assert expected["dear"] == pytest.approx(0.5 + 0.5 - 0.03)  # right on all three, minus its cost term
+    assert cost == pytest.approx({"dear": 0.01, "cheap": 0.0001, "local": 0.0002})
+
+
+def test_knn_picks_the_best_permitted_affordable_worker(hand: KnnRouter) -> None:
+    view = _pool().view()
+    q = np.asarray([1.0, 0.0, 0.0])
+    # dear is right on all three neighbours: worth its cost term
+    assert hand.route_vector(q, view, Limits()) == 0
+    # a budget below dear's cost there: local (right on 2 of 3) beats cheap (1 of 3)
+    assert hand.route_vector(q, view, Limits(max_cost_usd=0.005)) == 2
+    # a budget nobody fits: the cheapest
+    assert hand.route_vector(q, view, Limits(max_cost_usd=0.00001)) == 1
+    # private: only the self-hosted worker may see the request
+    assert hand.route_vector(q, view, Limits(sensitivity="private")) == 2
+    assert hand.route_vector(q, view, Limits(allowed_workers=frozenset({"cheap"}))) == 1
+    # ids are the view's ordinals, not the pool's
+    assert hand.route_vector(q, _pool().view([2, 1, 0]), Limits()) == 2
+    # the neighbours' best worker is not in the view: the next best of the view
+    assert hand.route_vector(q, _pool().view([1, 2]), Limits()) == 1
+
+
+def test_knn_breaks_equal_accuracy_by_cost_and_ignores_dissimilar_questions() -> None:
+    view = _pool().view()
+    far = np.asarray([0.0, 0.0, 1.0])
+    # nearest neighbour t/3: dear and local both right; local's cost term is smaller
+    assert KnnRouter(EMB, _outcomes(), k=1).route_vector(far, view, Limits()) == 2
+    # with the paper's reward (no cost term) they tie, and the tie goes to the cheaper one
+    paper = KnnRouter(EMB, _outcomes(), k=1, reward=REWARD_PRESETS["paper"])
+    assert paper.route_vector(far, view, Limits()) == 2
+    # k=4 around (1,0,0): t/3 is orthogonal (weight 0), so the choice is that of k=3
+    four = KnnRouter(EMB, _outcomes(), k=4)
+    e4, _ = four.expected(np.asarray([1.0, 0.0, 0.0]))
+    e3, _ = KnnRouter(EMB, _outcomes(), k=3).expected(np.asarray([1.0, 0.0, 0.0]))
+    assert e4 == pytest.approx(e3)
+
+
+def test_knn_validates_its_inputs() -> None:
+    with pytest.raises(ValueError, match="embeddings"):
+        KnnRouter(EMB[:2], _outcomes())
+    with pytest.raises(ValueError, match="k must be"):
+        KnnRouter(EMB, _outcomes(), k=0)
+
+
+def test_save_load_round_trip(hand: KnnRouter, tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "index"
+    hand.save(path)
+    loaded = KnnRouter.load(path)
+    assert np.array_equal(loaded.embeddings, hand.embeddings) and loaded.k == hand.k
+    assert loaded.reward == hand.reward and loaded.outcomes.names == hand.outcomes.names
+    view = _pool().view()
+    for q in (np.asarray([1.0, 0, 0]), np.asarray([0, 0, 1.0])):
+        for lim in (Limits(), Limits(max_cost_usd=0.005)):
+            assert loaded.route_vector(q, view, lim) == hand.route_vector(q, view, lim)
+    assert isinstance(make_policy(f"knn:{path}", _pool()), KnnRouter)
+
+
+# ----------------------------------------------------------------------------- real embeddings
 
 MATH = [
     "What is the derivative of x^3 + 2x with respect to x?",
@@ -86,85 +214,75 @@ CODE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def router() -> KnnRouter:
-    """Math questions labelled "mathw", code questions "coder"; prior: coder, then local."""
-    emb = embed(MATH + CODE)
-    labels: list[str | None] = ["mathw"] * len(MATH) + ["coder"] * len(CODE)
-    return KnnRouter(emb, labels, prior=["coder", "local", "mathw"], k=3)
-
-
-def _routing_pool() -> Pool:
-    return Pool(
-        name="route",
-        workers=[
-            _worker("coder", 10.0, set()),
-            _worker("mathw", 5.0, set()),
-            _worker("local", 0.5, set(), hosting="self"),
-        ],
+async def test_routes_questions_by_their_real_neighbours() -> None:
+    # "dear" is right on the code questions only, "local" on the math questions only
+    n = len(MATH) + len(CODE)
+    correct = np.zeros((n, 3), dtype=bool)
+    correct[len(MATH) :, 0] = True
+    correct[: len(MATH), 2] = True
+    outcomes = SingleOutcomes(
+        names=["dear", "cheap", "local"],
+        task_ids=[f"q/{i}" for i in range(n)],
+        domains=["math"] * len(MATH) + ["code"] * len(CODE),
+        correct=correct,
+        cost=np.tile([0.01, 0.0001, 0.0002], (n, 1)),
     )
-
-
-def test_routes_to_the_label_of_the_nearest_questions(router: KnnRouter) -> None:
-    pool = _routing_pool()
-    view = pool.view()
-    assert router.route("Differentiate sin(x) * x^2.", view, Limits()) == 1
+    router = KnnRouter(embed(MATH + CODE), outcomes, k=3)
+    view = _pool().view()
+    assert router.route("Differentiate sin(x) * x^2.", view, Limits()) == 2
     assert router.route("Write a Python function that sorts a dictionary by value.", view, Limits()) == 0
-    # ids are the view's ordinals, not the pool's
-    reordered = pool.view([2, 1, 0])
-    assert router.route("Differentiate sin(x) * x^2.", reordered, Limits()) == 1
-    assert router.route("Write a Python function that sorts a dictionary by value.", reordered, Limits()) == 2
-
-
-async def test_routing_respects_the_view_and_the_request(router: KnnRouter) -> None:
-    pool = _routing_pool()
-    question = "Differentiate sin(x) * x^2."
-    # private: the neighbours' workers are external, so the best self-hosted one by prior
-    assert router.route(question, pool.view(), Limits(sensitivity="private")) == 2
-    # the neighbours' worker is not allowed: the first allowed worker of the prior
-    assert router.route(question, pool.view(), Limits(allowed_workers=frozenset({"coder", "local"}))) == 0
-    # the neighbours' worker is not in the view at all
-    assert router.route(question, pool.view([2, 0]), Limits()) == 1  # "coder" leads the prior
-    plan = await router.plan(_task(1), pool.view(), Limits(sensitivity="private"))
-    assert plan.workflow.workers() == [2] and not plan.fallback
-    episode = await router.run(
-        Task(id="m", question=question, answer="0", domain="math", source="t", grader="math"),
-        pool.view(),
-        Limits(sensitivity="private"),
+    task = Task(
+        id="m", question="Differentiate sin(x) * x^2.", answer="0", domain="math", source="t", grader="math"
     )
-    assert [s.worker for s in episode.trace.steps] == ["local"]
+    episodes = await router.run_many([task], view, Limits())
+    assert [s.worker for s in episodes[0].trace.steps] == ["local"]
 
 
-def test_save_load_round_trip(router: KnnRouter, tmp_path: Path) -> None:
-    path = tmp_path / "sub" / "index"
-    router.save(path)
-    assert path.with_suffix(".npy").is_file() and path.with_suffix(".json").is_file()
-    loaded = KnnRouter.load(path)
-    assert np.array_equal(loaded.embeddings, router.embeddings)
-    assert (loaded.labels, loaded.prior, loaded.k) == (router.labels, router.prior, router.k)
-    view = _routing_pool().view()
-    for q in ("Differentiate sin(x) * x^2.", "Write a Python function that sorts a dictionary by value."):
-        assert loaded.route(q, view, Limits()) == router.route(q, view, Limits())
-    assert isinstance(make_policy(f"knn:{path}", _routing_pool()), KnnRouter)
+# ----------------------------------------------------------------------------- domain router
 
 
-def test_knn_spec_fits_on_paper_sim_and_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_domain_router_sends_each_domain_to_its_best_worker() -> None:
+    router = DomainRouter.from_outcomes(_outcomes())
+    # math (t/0..t/2): dear right 3/3 (reward 0.97), local 2/3; code (t/3): local right and cheaper
+    assert router.table["math"]["dear"] == pytest.approx(0.97)
+    view = _pool().view()
+    assert router.choose("math", view, Limits()) == 0
+    assert router.choose("code", view, Limits()) == 2
+    assert router.choose("math", view, Limits(max_cost_usd=0.005)) == 2  # dear does not fit
+    assert router.choose("math", view, Limits(sensitivity="private")) == 2
+    assert router.choose("math", _pool().view([1, 2]), Limits()) == 1  # local is ordinal 1 there
+    assert router.prior == ["dear", "local", "cheap"]  # by mean reward over every domain
+    assert router.choose("history", view, Limits()) == 0  # an unseen domain: the prior
+    assert router.choose("history", view, Limits(sensitivity="private")) == 2
+    plan = await router.plan(_task(0, "code"), view, Limits())
+    assert plan.workflow.workers() == [2] and "model_id" in plan.text
+
+
+# ----------------------------------------------------------------------------- specs on paper-sim
+
+
+def test_router_specs_fit_on_paper_sim_and_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path))
     pool = load_pool("paper-sim")
     first = make_policy("knn:40", pool)
     assert isinstance(first, KnnRouter)
     assert first.embeddings.shape == (40, EMBED_DIM)
-    assert len(first.labels) == 40
-    assert {lab for lab in first.labels if lab is not None} <= set(pool.names())
-    assert any(lab is not None for lab in first.labels)
-    assert sorted(first.prior) == sorted(pool.names())
-    cached = sorted(p.name for p in (tmp_path / ".conductor" / "knn").iterdir())
-    assert cached == ["paper-sim-paper-mix-seed0-n40.json", "paper-sim-paper-mix-seed0-n40.npy"]
+    assert first.outcomes.correct.shape == (40, len(pool))
+    assert first.outcomes.names == pool.names() and first.outcomes.correct.any()
+    cached = sorted(p.suffix for p in (tmp_path / ".conductor" / "routers").iterdir())
+    assert cached == [".json", ".npy", ".npz"]  # outcomes (json + npz) and embeddings
 
-    def no_refit(*args: Any, **kwargs: Any) -> KnnRouter:
-        raise AssertionError("the cached index should have been loaded")
+    def no_refit(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the cached measurement should have been loaded")
 
-    monkeypatch.setattr(KnnRouter, "fit", classmethod(no_refit))
+    monkeypatch.setattr("rl_conductor.policies.routers._run_sync", no_refit)
+    monkeypatch.setattr("rl_conductor.policies.knn_embed.embed", no_refit)
     second = make_policy("knn:40", pool)
     assert isinstance(second, KnnRouter)
-    assert second.labels == first.labels and np.array_equal(second.embeddings, first.embeddings)
+    assert np.array_equal(second.outcomes.correct, first.outcomes.correct)
+    assert np.array_equal(second.embeddings, first.embeddings)
+    router = make_policy("domain-router:40", pool)  # the same measurement, no new calls
+    assert isinstance(router, DomainRouter) and set(router.prior) == set(pool.names())
+    assert set(router.table) <= {"math", "knowledge", "reasoning", "code"}
+    with pytest.raises(ValueError, match="number of training tasks"):
+        make_policy("domain-router:abc", pool)

@@ -225,6 +225,9 @@ SUMMARY_KEYS = {
     "parse_rate",
     "fallback_rate",
     "mean_reward",
+    "verify_rate",
+    "worker_shares",
+    "shapes",
     "by_domain",
 }
 
@@ -246,6 +249,7 @@ def test_evaluate_summary_schema_and_by_domain() -> None:
     assert set(s["by_domain"]["math"]) == SUMMARY_KEYS - {"policy", "pool", "by_domain"}
     assert [r.task_id for r in result.records] == ["math/1", "math/2", "know/1"]
     assert all(r.workers == ["mid"] for r in result.records)
+    assert s["worker_shares"] == {"mid": 1.0} and s["shapes"] == {"mid": 1.0} and s["verify_rate"] == 0.0
 
 
 def test_evaluate_moa_costs_more_and_report_tables() -> None:

@@ -148,7 +148,7 @@ def eval_cmd(
         list[str],
         typer.Option(
             help="single:<worker> | random | moa | self-consistency:<worker> | oracle | knn | "
-            "conductor:DIR (repeatable)"
+            "domain-router | conductor:DIR (repeatable)"
         ),
     ],
     pool: Annotated[str, typer.Option(help="pool name or YAML path")] = "paper-sim",
@@ -184,13 +184,22 @@ def eval_cmd(
 
 
 def baseline_specs(pool: str) -> list[str]:
-    """Every single worker, random, MoA, self-consistency of the strongest-priced worker, oracle."""
+    """Every single worker, the domain and kNN routers (fitted on the training split), random,
+    MoA, self-consistency of the strongest-priced worker, oracle."""
     from rl_conductor.workers.pool import load_pool
 
     p = load_pool(pool)
     names = p.names()
     top = max(p.workers, key=lambda w: w.info.price_out).info.name
-    return [*(f"single:{n}" for n in names), "random", "moa", f"self-consistency:{top}", "oracle"]
+    return [
+        *(f"single:{n}" for n in names),
+        "domain-router",
+        "knn",
+        "random",
+        "moa",
+        f"self-consistency:{top}",
+        "oracle",
+    ]
 
 
 @app.command("compare")
@@ -205,12 +214,50 @@ def compare_cmd(
     plot: Annotated[Path | None, typer.Option(help="write a cost-vs-accuracy Pareto PNG here")] = None,
 ) -> None:
     """Evaluate every baseline (and extra policies) side by side; table, JSON and Pareto chart."""
-    from rl_conductor.evaluation.report import pareto_plot, print_table
+    from rl_conductor.evaluation.report import (
+        behaviour_table,
+        budget_label,
+        budget_plot,
+        budget_table,
+        pareto_plot,
+        parse_budgets,
+        print_table,
+    )
 
     specs = baseline_specs(pool) + list(extra or [])
-    summaries = run_eval(specs, pool=pool, dataset=dataset, split=split, limit=limit, seed=seed)
-    print_table(summaries, title=f"{pool} / {summaries[0]['dataset']} / {split}")
+    summaries: list[dict[str, Any]] = []
+    for amount in amounts:
+        runs = run_eval(
+            specs, pool=pool, dataset=dataset, split=split, limit=limit, seed=seed, max_cost_usd=amount
+        )
+        for s in runs:
+            s["budget"] = budget_label(amount)
+        label = "" if amount is None else f" / budget ${amount:g}"
+        print_table(runs, title=f"{pool} / {runs[0]['dataset']} / {split}{label}")
+        if behaviour:
+            console.print(behaviour_table([s for s in runs if not s["policy"].startswith("single:")]))
+        summaries += runs
+    if len(amounts) > 1:
+        console.print(budget_table(summaries))
     _write_json(json_out, {"results": summaries})
     if plot:
-        pareto_plot(summaries, plot, title=f"{pool}: cost vs accuracy ({split}, n={summaries[0]['n']})")
+        n = summaries[0]["n"]
+        if len(amounts) > 1:
+            budget_plot(summaries, plot, title=f"{pool}: accuracy under budgets ({split}, n={n})")
+        else:
+            pareto_plot(summaries, plot, title=f"{pool}: cost vs accuracy ({split}, n={n})")
         console.print(f"[dim]wrote {plot}[/dim]")
+    budgets: Annotated[
+        str | None,
+        typer.Option(
+            help="also run the same questions under these per-request budgets, e.g. none,0.002 "
+            "(side-by-side table; the JSON keeps every run; --plot draws them)"
+        ),
+    ] = None,
+    behaviour: Annotated[
+        bool, typer.Option(help="print per domain which workers each policy calls and its workflow shapes")
+    ] = True,
+    try:
+        amounts = parse_budgets(budgets) if budgets else [None]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--budgets") from exc

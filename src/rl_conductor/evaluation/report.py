@@ -124,3 +124,164 @@ def pareto_plot(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+# --------------------------------------------------------------------------- behaviour
+
+
+def _top(shares: dict[str, float] | None, n: int = 3) -> str:
+    """``a 92%, b 8%``: the ``n`` largest shares, then ``+k more``."""
+    if not shares:
+        return "-"
+    items = sorted(shares.items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"{k} {100 * v:.0f}%" for k, v in items[:n])
+    return text + (f", +{len(items) - n} more" if len(items) > n else "")
+
+
+#: Columns of the behaviour view: (header, function of a per-domain summary).
+BEHAVIOUR_COLUMNS: list[tuple[str, Any]] = [
+    ("n", lambda s: str(s.get("n", 0))),
+    ("acc %", lambda s: _fmt("{:.1%}", s.get("accuracy"))),
+    ("steps", lambda s: _fmt("{:.2f}", s.get("mean_steps"))),
+    ("verify %", lambda s: _fmt("{:.1%}", s.get("verify_rate"))),
+    ("workers called", lambda s: _top(s.get("worker_shares"))),
+    ("workflow shapes", lambda s: _top(s.get("shapes"))),
+]
+
+
+def behaviour_rows(summaries: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """One row per (policy, domain) and an ``all`` row per policy: what the policy does there."""
+    rows = []
+    for s in summaries:
+        label = s["policy"] + (f" @ {s['budget']}" if s.get("budget") not in (None, "none") else "")
+        for domain, d in [("all", s), *s.get("by_domain", {}).items()]:
+            rows.append([label, domain, *(fn(d) for _, fn in BEHAVIOUR_COLUMNS)])
+    return rows
+
+
+def behaviour_table(summaries: Sequence[dict[str, Any]], title: str = "what each policy does") -> Table:
+    table = Table(title=title)
+    table.add_column("policy", no_wrap=True)
+    table.add_column("domain")
+    for header, _ in BEHAVIOUR_COLUMNS:
+        table.add_column(header, justify="left" if header.startswith(("workers", "workflow")) else "right")
+    for row in behaviour_rows(summaries):
+        table.add_row(*row)
+    return table
+
+
+def behaviour_markdown(summaries: Sequence[dict[str, Any]]) -> str:
+    heads = ["policy", "domain", *(h for h, _ in BEHAVIOUR_COLUMNS)]
+    lines = ["| " + " | ".join(heads) + " |", "|---|---|" + "---:|" * 4 + "---|---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in behaviour_rows(summaries)]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- budgets
+
+
+def budget_label(value: float | None) -> str:
+    """``none`` for no budget, else the amount as written (``0.002``)."""
+    return "none" if value is None else f"{value:g}"
+
+
+def parse_budgets(text: str) -> list[float | None]:
+    """``none,0.002`` → ``[None, 0.002]``; each amount a finite number > 0."""
+    from rl_conductor.validation import positive_finite
+
+    out: list[float | None] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if part.lower() == "none":
+            out.append(None)
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            value = part  # type: ignore[assignment]  # positive_finite names the bad value
+        out.append(positive_finite("budget", value))
+    if not out:
+        raise ValueError(f"no budgets in {text!r}: write e.g. none,0.002")
+    return list(dict.fromkeys(out))
+
+
+def budget_rows(summaries: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Per policy, accuracy / cost / workers chosen under each budget, side by side."""
+    budgets = list(dict.fromkeys(str(s.get("budget", "none")) for s in summaries))
+    by_policy: dict[str, dict[str, dict[str, Any]]] = {}
+    for s in summaries:
+        by_policy.setdefault(s["policy"], {})[str(s.get("budget", "none"))] = s
+    heads = ["policy"]
+    for b in budgets:
+        heads += [f"acc % @{b}", f"cost $ @{b}", f"workers @{b}"]
+    rows = []
+    for policy, per in by_policy.items():
+        row = [policy]
+        for b in budgets:
+            s = per.get(b, {})
+            row += [
+                _fmt("{:.1%}", s.get("accuracy")),
+                _fmt("{:.5f}", s.get("mean_cost_usd")),
+                _top(s.get("worker_shares"), 2),
+            ]
+        rows.append(row)
+    return heads, rows
+
+
+def budget_table(
+    summaries: Sequence[dict[str, Any]], title: str = "the same questions under each budget"
+) -> Table:
+    heads, rows = budget_rows(summaries)
+    table = Table(title=title)
+    for h in heads:
+        table.add_column(
+            h, no_wrap=h == "policy", justify="left" if h.startswith(("policy", "workers")) else "right"
+        )
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def budget_markdown(summaries: Sequence[dict[str, Any]]) -> str:
+    heads, rows = budget_rows(summaries)
+    sep = "|" + "|".join("---" if h.startswith(("policy", "workers")) else "---:" for h in heads) + "|"
+    return "\n".join(["| " + " | ".join(heads) + " |", sep, *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def budget_plot(
+    summaries: Sequence[dict[str, Any]], path: str | Path, title: str = "Accuracy under budgets"
+) -> Path:
+    """Cost (log x) vs accuracy, one marker per budget and a line joining each policy's points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    budgets = list(dict.fromkeys(str(s.get("budget", "none")) for s in summaries))
+    markers = "os^Dvx*"
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
+    by_policy: dict[str, list[dict[str, Any]]] = {}
+    for s in summaries:
+        by_policy.setdefault(s["policy"], []).append(s)
+    for i, (policy, points) in enumerate(by_policy.items()):
+        xy = [(max(p["mean_cost_usd"], 1e-6), 100 * p["accuracy"]) for p in points]
+        ax.plot([x for x, _ in xy], [y for _, y in xy], "-", color=f"C{i % 10}", lw=0.8, alpha=0.6)
+        for p, (x, y) in zip(points, xy, strict=True):
+            b = str(p.get("budget", "none"))
+            ax.scatter(x, y, marker=markers[budgets.index(b) % len(markers)], color=f"C{i % 10}", zorder=3)
+        ax.annotate(policy, xy[-1], fontsize=7, xytext=(4, 3), textcoords="offset points")
+    for j, b in enumerate(budgets):
+        ax.scatter([], [], marker=markers[j % len(markers)], color="k", label=f"budget {b}")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("mean cost per question (USD, log scale)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -8,12 +8,18 @@
 
 Accuracy is in [0, 1]; latency is the critical path of the workers' reported latencies (what the
 simulated pool models); tokens are worker input + output tokens.
+
+What a policy *does* is summarised too (per domain as well), so a collapse onto one worker shows
+at a glance: ``worker_shares`` (share of steps per worker), ``verify_rate`` (share of
+questions with a step that sees earlier answers: a verifier or an aggregator) and ``shapes``
+(share of questions per workflow shape, e.g. ``gemini-2.5-pro`` or
+``gpt-5→claude-sonnet-4(all)``; the most frequent ``SHAPES_KEPT``, the rest as ``other``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +29,11 @@ import numpy as np
 from rl_conductor.policies.base import Episode, Policy
 from rl_conductor.reward import RewardConfig, budget_stopped, compute_reward, grade_trace
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
+from rl_conductor.trace import Limits, StepRecord
 from rl_conductor.workers.pool import PoolView
+
+#: Workflow shapes listed by name in a summary; rarer ones are counted as ``other``.
+SHAPES_KEPT = 8
 
 
 @dataclass
@@ -41,6 +50,43 @@ class Record:
     fallback: bool = False
     reward: float = 0.0
     workers: list[str] = field(default_factory=list)
+    shape: str = ""
+    sees_earlier: bool = False
+
+
+def _step_label(step: StepRecord) -> str:
+    if not step.visible:
+        return step.worker
+    if step.visible == list(range(step.index)):
+        return f"{step.worker}(all)"
+    return f"{step.worker}({','.join(map(str, step.visible))})"
+
+
+def workflow_shape(steps: Sequence[StepRecord]) -> str:
+    """``a→b(all)``: the executed steps' workers with what each saw; repeats as ``5×a``."""
+    labels = [_step_label(s) for s in steps]
+    runs: list[list[Any]] = []
+    for label in labels:
+        if runs and runs[-1][0] == label:
+            runs[-1][1] += 1
+        else:
+            runs.append([label, 1])
+    return "→".join(label if n == 1 else f"{n}×{label}" for label, n in runs) or "(none)"
+
+
+def _behaviour(records: Sequence[Record]) -> dict[str, Any]:
+    calls: Counter[str] = Counter(w for r in records for w in r.workers)
+    total = sum(calls.values())
+    shapes = Counter(r.shape for r in records).most_common()
+    kept = dict(shapes[:SHAPES_KEPT])
+    rest = sum(n for _, n in shapes[SHAPES_KEPT:])
+    if rest:
+        kept["other"] = rest
+    return {
+        "verify_rate": float(np.mean([r.sees_earlier for r in records])),
+        "worker_shares": {w: n / total for w, n in calls.most_common()} if total else {},
+        "shapes": {k: n / len(records) for k, n in kept.items()},
+    }
 
 
 def summarize(records: Sequence[Record]) -> dict[str, Any]:
@@ -60,6 +106,7 @@ def summarize(records: Sequence[Record]) -> dict[str, Any]:
         "parse_rate": float(np.mean([r.parsed for r in records])),
         "fallback_rate": float(np.mean([r.fallback for r in records])),
         "mean_reward": float(np.mean([r.reward for r in records])),
+        **_behaviour(records),
     }
 
 
@@ -100,6 +147,8 @@ def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
         parsed=ep.plan.parse_error is None,
         fallback=ep.plan.fallback,
         workers=[s.worker for s in t.steps],
+        shape=workflow_shape(t.steps),
+        sees_earlier=any(s.visible for s in t.steps),
     )
 
 

@@ -18,7 +18,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_conductor.evaluation.report import COLUMNS, markdown_table, pareto_front, pareto_plot
+from rl_conductor.evaluation.report import (
+    BEHAVIOUR_COLUMNS,
+    COLUMNS,
+    behaviour_markdown,
+    behaviour_rows,
+    budget_markdown,
+    budget_rows,
+    markdown_table,
+    pareto_front,
+    pareto_plot,
+)
 
 __all__ = ["html_report", "markdown_report", "write_reports"]
 
@@ -35,14 +45,30 @@ def _cell(fmt: str, value: Any) -> str:
     return f"{100 * value:.1f}" if fmt == "{:.1%}" else fmt.format(value)
 
 
+def _acting(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The policies whose behaviour is worth a table (a single worker always does the same)."""
+    return [s for s in summaries if not str(s.get("policy", "")).startswith("single:")]
+
+
+BEHAVIOUR_INTRO = (
+    "Per domain: the share of steps each worker gets, mean steps, how often a step sees earlier "
+    "answers (verifies or aggregates), and the share of questions per workflow shape."
+)
+BUDGET_INTRO = "The same test questions under each per-request budget (`max_cost_usd`), side by side."
+
+
 def _title(meta: Mapping[str, Any]) -> str:
     return f"Conductor evaluation: pool {meta.get('pool', '?')}, test split {meta.get('test_split_id', '?')}"
 
 
 def markdown_report(
-    summaries: Sequence[dict[str, Any]], meta: Mapping[str, Any], png_name: str = "pareto.png"
+    summaries: Sequence[dict[str, Any]],
+    meta: Mapping[str, Any],
+    png_name: str = "pareto.png",
+    budget_summaries: Sequence[dict[str, Any]] = (),
 ) -> str:
-    """The comparison table, the Pareto front and the run's identifiers as Markdown."""
+    """The comparison table, the Pareto front, what each policy does, the budget comparison
+    (when ``budget_summaries`` holds runs under budgets) and the run's identifiers as Markdown."""
     front = ", ".join(pareto_front(summaries))
     lines = [
         f"# {_title(meta)}",
@@ -55,14 +81,39 @@ def markdown_report(
         "",
         f"![cost vs accuracy]({png_name})",
         "",
-        f"_{NOTE}_",
+        "## What each policy does",
+        "",
+        BEHAVIOUR_INTRO,
+        "",
+        behaviour_markdown(_acting(summaries)),
         "",
     ]
+    if budget_summaries:
+        lines += [
+            "## Under a budget",
+            "",
+            BUDGET_INTRO,
+            "",
+            budget_markdown([*summaries, *budget_summaries]),
+            "",
+        ]
+    lines += [f"_{NOTE}_", ""]
     return "\n".join(lines)
 
 
-def html_report(summaries: Sequence[dict[str, Any]], meta: Mapping[str, Any], png: bytes) -> str:
-    """A standalone HTML page: the same table, the front, and the chart inlined."""
+def _html_table(heads: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in heads)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def html_report(
+    summaries: Sequence[dict[str, Any]],
+    meta: Mapping[str, Any],
+    png: bytes,
+    budget_summaries: Sequence[dict[str, Any]] = (),
+) -> str:
+    """A standalone HTML page: the same tables, the front, and the chart inlined."""
     front = set(pareto_front(summaries))
     head = "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in COLUMNS)
     rows = []
@@ -73,6 +124,13 @@ def html_report(summaries: Sequence[dict[str, Any]], meta: Mapping[str, Any], pn
     image = base64.b64encode(png).decode("ascii")
     title = html.escape(_title(meta))
     run_tag, n = html.escape(str(meta.get("run_tag", ""))), html.escape(str(meta.get("n", "?")))
+    behaviour = _html_table(
+        ["policy", "domain", *(h for h, _ in BEHAVIOUR_COLUMNS)], behaviour_rows(_acting(summaries))
+    )
+    extra = f"<h2>What each policy does</h2><p>{html.escape(BEHAVIOUR_INTRO)}</p>{behaviour}"
+    if budget_summaries:
+        heads, brows = budget_rows([*summaries, *budget_summaries])
+        extra += f"<h2>Under a budget</h2><p>{html.escape(BUDGET_INTRO)}</p>{_html_table(heads, brows)}"
     return (
         "<!doctype html>\n<html><head><meta charset='utf-8'>"
         f"<title>{title}</title>"
@@ -82,7 +140,7 @@ def html_report(summaries: Sequence[dict[str, Any]], meta: Mapping[str, Any], pn
         f"<p>Run <code>{run_tag}</code>, {n} test tasks."
         " Bold rows are on the Pareto front.</p>"
         f"<table><tr>{head}</tr>{''.join(rows)}</table>"
-        f"<p><img alt='cost vs accuracy' src='data:image/png;base64,{image}'></p>"
+        f"<p><img alt='cost vs accuracy' src='data:image/png;base64,{image}'></p>{extra}"
         f"<p><em>{html.escape(NOTE)}</em></p></body></html>\n"
     )
 
@@ -94,6 +152,7 @@ def write_reports(
     md_path: str | os.PathLike[str],
     html_path: str | os.PathLike[str],
     png_path: str | os.PathLike[str],
+    budget_summaries: Sequence[dict[str, Any]] = (),
 ) -> None:
     """Write the Pareto PNG, then the Markdown and HTML reports that show it (local paths)."""
     target = Path(png_path)
@@ -105,8 +164,8 @@ def write_reports(
     if drawn != target:
         os.replace(drawn, target)
     for path, text in (
-        (Path(md_path), markdown_report(summaries, meta)),
-        (Path(html_path), html_report(summaries, meta, target.read_bytes())),
+        (Path(md_path), markdown_report(summaries, meta, budget_summaries=budget_summaries)),
+        (Path(html_path), html_report(summaries, meta, target.read_bytes(), budget_summaries)),
     ):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")

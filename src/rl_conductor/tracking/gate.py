@@ -3,31 +3,59 @@
 Why: promotion moves the ``champion`` alias that serving loads, so it must follow a rule that
 can be read, tested and logged, not a person's judgement at the end of a pipeline run.
 
-The rule (``decide``): refuse a challenger below ``min_accuracy``; promote it when there is no
-champion; otherwise both must have been measured on the same test split (same
-``test_split_id``), its accuracy must reach the champion's plus ``min_accuracy_gain``, and its
-mean cost must stay within ``max_cost_ratio`` times the champion's.
+The rule (``decide``): refuse a challenger below ``min_accuracy``; refuse it when its accuracy
+is below the best baseline of its *own* evaluation (``baseline_accuracy``: the best single
+worker and the ``domain-router``, measured on the same questions, see :func:`best_baseline`)
+plus ``min_gain_over_baseline`` — a Conductor that a fixed router beats is registered but never
+becomes champion, the first version included; promote it when there is no champion; otherwise
+both must have been measured in the same world (same ``test_split_id``, which fingerprints the
+task ids, the pool file's contents, the evaluation seed and the code version:
+:func:`rl_conductor.evaluation.fingerprint.evaluation_id`), its accuracy must reach the
+champion's plus ``min_accuracy_gain``, and its mean cost must stay within ``max_cost_ratio``
+times the champion's.
 
 Deliberate simplifications: one accuracy and one mean cost per model, compared as point
 estimates (no confidence intervals); equal-or-better passes with the default thresholds. The
-split check compares identifiers only; computing them (a fingerprint of the test set) is the
-evaluation's job.
+split check compares identifiers only; computing them is the evaluation's job. Every threshold
+is validated (:mod:`rl_conductor.validation`): a NaN would make every comparison false and wave
+any challenger through.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rl_conductor import validation
 from rl_conductor.tracking import registry
 
-__all__ = ["ACCURACY", "COST", "SPLIT", "GateDecision", "GateThresholds", "decide", "promote_if_better"]
+__all__ = [
+    "ACCURACY",
+    "BASELINE_ACCURACY",
+    "BASELINE_COST",
+    "BASELINE_POLICY",
+    "COST",
+    "GATE_BASELINES",
+    "SPLIT",
+    "GateDecision",
+    "GateThresholds",
+    "best_baseline",
+    "decide",
+    "promote_if_better",
+]
 
 ACCURACY = "accuracy"
 COST = "mean_cost_usd"
 SPLIT = registry.TEST_SPLIT_KEY
+#: Metrics (and a param) the evaluation attaches to the challenger: its best baseline's numbers.
+BASELINE_ACCURACY = "baseline_accuracy"
+BASELINE_COST = "baseline_mean_cost_usd"
+BASELINE_POLICY = registry.BASELINE_POLICY_KEY
+#: Policies of an evaluation the challenger must not fall below: every single worker and the
+#: per-domain router (prefixes of the policy names).
+GATE_BASELINES = ("single:", "domain-router")
 _EPS = 1e-12  # float noise must not flip an "equal" comparison
 
 
@@ -38,12 +66,16 @@ class GateThresholds:
     min_accuracy_gain: float = 0.0  # absolute accuracy points over the champion (0.02 = +2 pts)
     max_cost_ratio: float = 1.0  # challenger mean cost <= champion mean cost x this
     min_accuracy: float = 0.0  # floor for any champion, including the first one
+    min_gain_over_baseline: float = 0.0  # accuracy points over the best baseline of the evaluation
+    require_baseline: bool = True  # refuse a challenger whose metrics lack the baseline's accuracy
 
     def __post_init__(self) -> None:
-        if self.max_cost_ratio < 0 or not math.isfinite(self.max_cost_ratio):
-            raise ValueError(f"max_cost_ratio must be a finite number >= 0, got {self.max_cost_ratio}")
-        if not 0.0 <= self.min_accuracy <= 1.0:
-            raise ValueError(f"min_accuracy is a fraction in [0, 1], got {self.min_accuracy}")
+        validation.non_negative_finite("min_accuracy_gain", self.min_accuracy_gain)
+        validation.positive_finite("max_cost_ratio", self.max_cost_ratio)
+        validation.probability("min_accuracy", self.min_accuracy)
+        validation.non_negative_finite("min_gain_over_baseline", self.min_gain_over_baseline)
+        if not isinstance(self.require_baseline, bool):
+            raise validation.InvalidValue("require_baseline", self.require_baseline, "true or false")
 
 
 @dataclass(frozen=True)
@@ -74,8 +106,28 @@ def decide(
         return GateDecision(False, f"challenger lacks numeric {ACCURACY!r} and {COST!r} metrics")
     if acc + _EPS < t.min_accuracy:
         return GateDecision(False, f"challenger accuracy {acc:.4f} is below the floor {t.min_accuracy:.4f}")
+    base_acc = _number(challenger, BASELINE_ACCURACY)
+    base_name = str(challenger.get(BASELINE_POLICY) or "the best baseline")
+    if base_acc is None and t.require_baseline:
+        return GateDecision(
+            False,
+            f"challenger lacks {BASELINE_ACCURACY!r} (the best single worker / domain-router of its "
+            "evaluation): evaluate it with the baselines before promoting it",
+        )
+    versus = ""
+    if base_acc is not None:
+        if acc + _EPS < base_acc + t.min_gain_over_baseline:
+            gain = f" + required gain {t.min_gain_over_baseline:.4f}" if t.min_gain_over_baseline else ""
+            return GateDecision(
+                False,
+                f"accuracy {acc:.4f} is below {base_name} ({base_acc:.4f}{gain}) on the same test "
+                "questions: a fixed router does better, so this Conductor stays registered but not champion",
+            )
+        versus = f", >= {base_name} {base_acc:.4f}"
     if champion is None:
-        return GateDecision(True, f"no champion yet; challenger accuracy {acc:.4f}, mean cost ${cost:.6f}")
+        return GateDecision(
+            True, f"no champion yet; challenger accuracy {acc:.4f}{versus}, mean cost ${cost:.6f}"
+        )
 
     split, champ_split = challenger.get(SPLIT), champion.get(SPLIT)
     if not split or not champ_split:
@@ -103,9 +155,27 @@ def decide(
         )
     return GateDecision(
         True,
-        f"accuracy {acc:.4f} vs champion {champ_acc:.4f} (gain {acc - champ_acc:+.4f}), "
+        f"accuracy {acc:.4f} vs champion {champ_acc:.4f} (gain {acc - champ_acc:+.4f}){versus}, "
         f"mean cost ${cost:.6f} vs ${champ_cost:.6f}, same split {split!r}",
     )
+
+
+def best_baseline(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The most accurate of an evaluation's ``GATE_BASELINES`` (ties: the cheaper), as the
+    challenger's ``baseline_*`` entries; None when the evaluation ran none of them."""
+    rows = [
+        s
+        for s in summaries
+        if str(s.get("policy", "")).startswith(GATE_BASELINES) and _number(s, ACCURACY) is not None
+    ]
+    if not rows:
+        return None
+    best = max(rows, key=lambda s: (float(s[ACCURACY]), -float(s.get(COST) or 0.0)))
+    return {
+        BASELINE_POLICY: str(best["policy"]),
+        BASELINE_ACCURACY: float(best[ACCURACY]),
+        BASELINE_COST: float(best.get(COST) or 0.0),
+    }
 
 
 def promote_if_better(

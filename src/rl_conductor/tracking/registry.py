@@ -61,6 +61,8 @@ CHALLENGER = "challenger"
 CHAMPION = "champion"
 TEST_SPLIT_KEY = "test_split_id"
 _MODEL_CODE = """\
+#: Run param naming the best baseline of the version's evaluation (what the gate compares with).
+BASELINE_POLICY_KEY = "baseline_policy"
 import mlflow.models
 
 from rl_conductor.tracking.registry import ConductorPyfunc
@@ -256,7 +258,8 @@ def _split_id(version_tags: Mapping[str, str], run: Any) -> str | None:
 
 
 def version_metrics(name: str, version: int | str) -> dict[str, Any]:
-    """The metrics of the run that logged ``version``, plus its ``test_split_id`` (if known)."""
+    """The metrics of the run that logged ``version``, plus its ``test_split_id`` and
+    ``baseline_policy`` (if known)."""
     c = mlflow_utils.client()
     mv = c.get_model_version(name, str(version))
     run = c.get_run(mv.run_id) if mv.run_id else None
@@ -265,6 +268,8 @@ def version_metrics(name: str, version: int | str) -> dict[str, Any]:
     if split is not None:
         out[TEST_SPLIT_KEY] = split
     return out
+    if run and run.data.params.get(BASELINE_POLICY_KEY):
+        out[BASELINE_POLICY_KEY] = str(run.data.params[BASELINE_POLICY_KEY])
 
 
 def list_versions(name: str) -> list[VersionRow]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -76,16 +77,34 @@ class MlflowMetrics(TrainerCallback):
 
 
 class TimeLimit(TrainerCallback):
-    """Stop training (with a checkpoint) once ``seconds`` of wall time have passed."""
+    """Stop training (with a checkpoint) once ``seconds`` of wall time have passed.
+
+    A safety net, not a way to size a run: where it stops depends on the machine's load, so a
+    run it cut short does not reproduce. When it fires it logs a warning and records the step
+    in ``fired_at_step`` (training reports it as ``time_limit_fired_at_step``).
+    """
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self._t0 = 0.0
+        self.fired_at_step: int | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._t0 = time.perf_counter()
+        self.fired_at_step = None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        if time.perf_counter() - self._t0 > self.seconds:
+        elapsed = time.perf_counter() - self._t0
+        if elapsed > self.seconds and self.fired_at_step is None:
+            self.fired_at_step = int(state.global_step)
+            logging.getLogger(__name__).warning(
+                "time limit fired: training stopped after %.0f s at step %d of %d "
+                "(time_limit_s=%g); the result depends on the machine's load, raise the limit or "
+                "lower the step count to reproduce",
+                elapsed,
+                state.global_step,
+                state.max_steps,
+                self.seconds,
+            )
             control.should_save = True
             control.should_training_stop = True

@@ -65,7 +65,11 @@ class TrainConfig:
     max_completion_length: int = _f(128, "max tokens of a Conductor completion (paper: 1024)")
     entropy_coef: float = _f(0.0, "entropy bonus against collapse (TRL entropy_coef)")
     gradient_accumulation_steps: int = _f(1, "gradient accumulation")
-    time_limit_s: float | None = _f(None, "stop GRPO after this many seconds (a checkpoint is saved)")
+    time_limit_s: float | None = _f(
+        None,
+        "safety net: stop GRPO after this many seconds (a checkpoint is saved, a warning logged and "
+        "time_limit_fired_at_step recorded); size runs with grpo_steps, not with this",
+    )
     save_steps: int = _f(100, "checkpoint every N GRPO steps")
     logging_steps: int = _f(10, "log metrics every N steps")
     # hardware

@@ -39,6 +39,7 @@ class TrainResult:
     reward_curve: list[dict[str, float]] = field(default_factory=list)
     global_step: int = 0
     mlflow_run_id: str | None = None
+    time_limit_fired_at_step: int | None = None  # set when the time-limit safety net stopped GRPO
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +49,7 @@ class TrainResult:
             "reward_curve": self.reward_curve,
             "global_step": self.global_step,
             "mlflow_run_id": self.mlflow_run_id,
+            "time_limit_fired_at_step": self.time_limit_fired_at_step,
         }
 
 
@@ -226,6 +228,9 @@ def train(
         _save_policy(trainer, out / "grpo" / "last", merge_lora=cfg.use_lora)
         result.seconds["grpo"] = time.perf_counter() - t0
         result.global_step = int(trainer.state.global_step)
+        result.time_limit_fired_at_step = _time_limit_fired(trainer)
+        if result.time_limit_fired_at_step is not None:
+            mlflow.log_metric("time_limit_fired_at_step", result.time_limit_fired_at_step)
         result.reward_curve = [
             {k: float(v) for k, v in h.items() if isinstance(v, (int, float))}
             for h in trainer.state.log_history
@@ -237,6 +242,16 @@ def train(
         (out / "metrics.json").write_text(json.dumps({**result.to_dict(), "config": cfg.to_dict()}, indent=2))
         mlflow.log_artifact(str(out / "metrics.json"))
     return result
+
+
+def _time_limit_fired(trainer: Any) -> int | None:
+    """The step at which the TimeLimit callback stopped training, None if it did not fire."""
+    from rl_conductor.training.callbacks import TimeLimit
+
+    for cb in trainer.callback_handler.callbacks:
+        if isinstance(cb, TimeLimit) and cb.fired_at_step is not None:
+            return cb.fired_at_step
+    return None
 
 
 def _save_policy(trainer: Any, path: Path, *, merge_lora: bool) -> None:

@@ -1,0 +1,258 @@
+"""Single-worker routers fitted on the training split: the floors a learned Conductor must clear.
+
+Both routers here and the kNN router (:mod:`rl_conductor.policies.knn`) learn from one
+measurement, :class:`SingleOutcomes`: every training question answered by every worker of the
+pool alone, through the same executor as evaluation, with its correctness and its cost. From it
+each predicts a worker's *expected reward* (the evaluation's reward preset: correct minus the
+cost term, :func:`rl_conductor.reward.compute_reward`) and sends the question to the best worker
+the request permits and can afford, as RouterBench's and RouteLLM's similarity-weighted
+routers do. Labelling each question with its cheapest correct worker instead (the old kNN
+router) drifts to cheap workers: the cheapest worker is right on the easy questions and every
+worker is wrong on the hard ones.
+
+* ``domain-router`` — the worker with the best mean reward in the question's domain (all of the
+  training questions of that domain weigh alike). It only reads the domain: the floor any
+  learned policy must clear.
+
+Budgets: a worker is affordable when its mean cost on the questions the estimate used is within
+``max_cost_usd``; with none affordable, the cheapest (by that mean) is sent and the executor
+enforces the budget. Measurements are cached under ``.conductor/routers/`` keyed by the pool
+(name, options, worker facts), the code that produces outcomes
+(:func:`rl_conductor.evaluation.fingerprint.code_version`) and the task ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from rl_conductor.executor import execute
+from rl_conductor.policies.base import Plan, Policy
+from rl_conductor.policies.baselines import SOLVE
+from rl_conductor.reward import REWARD_PRESETS, RewardConfig, grade_trace
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits
+from rl_conductor.workers.pool import Pool, PoolView
+from rl_conductor.workflow import Step, Workflow, render
+
+__all__ = [
+    "FIT_LIMIT",
+    "DomainRouter",
+    "SingleOutcomes",
+    "choose_worker",
+    "measure_singles",
+    "reward_matrix",
+    "single_outcomes",
+]
+
+#: Training questions measured by default (the kNN router embeds them too: ~20-40 questions/s).
+FIT_LIMIT = 500
+
+
+@dataclass
+class SingleOutcomes:
+    """Every worker alone on every task: ``correct[i, j]`` and ``cost[i, j]`` (USD)."""
+
+    names: list[str]
+    task_ids: list[str]
+    domains: list[str]
+    correct: NDArray[np.bool_]
+    cost: NDArray[np.float64]
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path.with_suffix(".npz"), correct=self.correct, cost=self.cost)
+        meta = {"names": self.names, "task_ids": self.task_ids, "domains": self.domains}
+        path.with_suffix(".json").write_text(json.dumps(meta))
+
+    @classmethod
+    def load(cls, path: Path) -> SingleOutcomes:
+        arrays = np.load(path.with_suffix(".npz"))
+        meta = json.loads(path.with_suffix(".json").read_text())
+        return cls(
+            names=list(meta["names"]),
+            task_ids=list(meta["task_ids"]),
+            domains=list(meta["domains"]),
+            correct=arrays["correct"].astype(bool),
+            cost=arrays["cost"].astype(np.float64),
+        )
+
+
+async def measure_singles(pool: Pool, tasks: Sequence[Task], limits: Limits | None = None) -> SingleOutcomes:
+    """Run every worker of ``pool`` alone on every task (64 tasks at a time) and grade it."""
+    limits = limits or Limits()
+    view = pool.view()
+    w = len(view)
+    correct = np.zeros((len(tasks), w), dtype=bool)
+    cost = np.zeros((len(tasks), w), dtype=np.float64)
+    for start in range(0, len(tasks), 64):
+        chunk = tasks[start : start + 64]
+        runs = [
+            execute(Workflow(steps=(Step(j, SOLVE, ()),)), t, view, limits) for t in chunk for j in range(w)
+        ]
+        traces = await asyncio.gather(*runs)
+        for i, t in enumerate(chunk):
+            for j in range(w):
+                tr = traces[i * w + j]
+                correct[start + i, j] = grade_trace(t, tr)
+                cost[start + i, j] = tr.cost_usd
+    return SingleOutcomes(
+        names=view.names(),
+        task_ids=[t.id for t in tasks],
+        domains=[t.domain for t in tasks],
+        correct=correct,
+        cost=cost,
+    )
+
+
+def _run_sync(pool: Pool, tasks: Sequence[Task]) -> SingleOutcomes:
+    """``measure_singles`` from synchronous code, also when an event loop is running here."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(measure_singles(pool, tasks))
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        return ex.submit(lambda: asyncio.run(measure_singles(pool, tasks))).result()
+
+
+def pool_key(pool: Pool) -> str:
+    """What a measurement on ``pool`` depends on: its name, options, worker facts and the code."""
+    from rl_conductor.evaluation.fingerprint import code_version, fingerprint
+
+    facts = [asdict(w.info) for w in pool.workers]
+    return fingerprint(
+        [
+            pool.name,
+            json.dumps(pool.options, sort_keys=True, default=str),
+            json.dumps(facts, default=str),
+            code_version(),
+        ]
+    )
+
+
+def single_outcomes(pool: Pool, tasks: Sequence[Task], *, cache: bool = True) -> SingleOutcomes:
+    """:func:`measure_singles`, cached under ``.conductor/routers/`` (see module docstring)."""
+    from rl_conductor.evaluation.fingerprint import fingerprint
+    from rl_conductor.tracking.mlflow_utils import conductor_home
+
+    path = (
+        conductor_home()
+        / ".conductor"
+        / "routers"
+        / f"singles-{pool.name}-{pool_key(pool)}-{fingerprint(t.id for t in tasks)}"
+    )
+    if cache and path.with_suffix(".json").exists() and path.with_suffix(".npz").exists():
+        return SingleOutcomes.load(path)
+    out = _run_sync(pool, tasks)
+    if cache:
+        out.save(path)
+    return out
+
+
+def reward_matrix(outcomes: SingleOutcomes, config: RewardConfig) -> NDArray[np.float64]:
+    """Per task and worker, the evaluation's reward of that worker alone (parsed, no budget stop)."""
+    penalty = np.minimum(config.max_cost_penalty, config.cost_weight * outcomes.cost / config.cost_scale)
+    return config.format_bonus + config.correct_weight * outcomes.correct.astype(np.float64) - penalty
+
+
+def choose_worker(
+    expected: Mapping[str, float],
+    mean_cost: Mapping[str, float],
+    view: PoolView,
+    limits: Limits,
+    prior: Sequence[str] = (),
+) -> int:
+    """The view ordinal of the worker to send the question to.
+
+    Among the workers of ``view`` the request permits (every worker when it permits none: the
+    executor then records the refusal), keep those with an estimate and, under a budget, those
+    whose ``mean_cost`` fits it (if none fits: the cheapest). Pick the highest ``expected``
+    reward; ties go to the cheaper, then to the earlier in the view. Without any estimate, the
+    first permitted worker of ``prior``, else the first permitted one.
+    """
+    infos = view.infos()
+    permitted = [j for j, info in enumerate(infos) if limits.permits(info.name, info.hosting)]
+    permitted = permitted or list(range(len(infos)))
+    known = [j for j in permitted if infos[j].name in expected]
+    if not known:
+        for name in prior:
+            for j in permitted:
+                if infos[j].name == name:
+                    return j
+        return permitted[0]
+    if limits.max_cost_usd is not None:
+        fits = [j for j in known if mean_cost.get(infos[j].name, 0.0) <= limits.max_cost_usd]
+        if not fits:
+            return min(known, key=lambda j: (mean_cost.get(infos[j].name, 0.0), j))
+        known = fits
+    return min(known, key=lambda j: (-expected[infos[j].name], mean_cost.get(infos[j].name, 0.0), j))
+
+
+def _reward_config(kw: Mapping[str, Any]) -> RewardConfig:
+    preset = str(kw.get("reward_preset") or "cost-aware")
+    if preset not in REWARD_PRESETS:
+        raise ValueError(f"unknown reward preset {preset!r}; known: {sorted(REWARD_PRESETS)}")
+    return REWARD_PRESETS[preset]
+
+
+def training_tasks(pool: Pool, kw: Mapping[str, Any], limit: int) -> list[Task]:
+    """The seeded sample of ``limit`` training tasks of the dataset named in ``kw`` (or the pool's)."""
+    from rl_conductor.tasks.datasets import load_tasks
+
+    dataset = str(kw.get("dataset") or pool.options.get("default_dataset", "paper-mix"))
+    return load_tasks(dataset, split="train", limit=limit, seed=int(kw.get("seed", 0)))
+
+
+class DomainRouter(Policy):
+    """See module docstring: the best worker by mean reward in the question's domain."""
+
+    name = "domain-router"
+
+    def __init__(
+        self,
+        table: Mapping[str, Mapping[str, float]],
+        costs: Mapping[str, Mapping[str, float]],
+        prior: Sequence[str] = (),
+    ) -> None:
+        self.table = {d: dict(v) for d, v in table.items()}  # domain -> worker -> mean reward
+        self.costs = {d: dict(v) for d, v in costs.items()}  # domain -> worker -> mean cost
+        self.prior = list(prior)  # workers by overall mean reward, best first
+
+    @classmethod
+    def from_outcomes(cls, outcomes: SingleOutcomes, config: RewardConfig | None = None) -> DomainRouter:
+        rewards = reward_matrix(outcomes, config or REWARD_PRESETS["cost-aware"])
+        domains = np.asarray(outcomes.domains)
+        table: dict[str, dict[str, float]] = {}
+        costs: dict[str, dict[str, float]] = {}
+        for d in sorted(set(outcomes.domains)):
+            rows = domains == d
+            table[d] = {n: float(rewards[rows, j].mean()) for j, n in enumerate(outcomes.names)}
+            costs[d] = {n: float(outcomes.cost[rows, j].mean()) for j, n in enumerate(outcomes.names)}
+        overall = rewards.mean(axis=0) if len(rewards) else np.zeros(len(outcomes.names))
+        prior = [outcomes.names[j] for j in np.argsort(-overall, kind="stable")]
+        return cls(table, costs, prior)
+
+    @classmethod
+    def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> DomainRouter:
+        """``domain-router`` (fit on up to ``FIT_LIMIT`` training tasks) or ``domain-router:N``."""
+        if arg and not arg.isdigit():
+            raise ValueError(f"domain-router takes a number of training tasks, got {arg!r}")
+        limit = int(arg) if arg else FIT_LIMIT
+        return cls.from_outcomes(single_outcomes(pool, training_tasks(pool, kw, limit)), _reward_config(kw))
+
+    def choose(self, domain: str, view: PoolView, limits: Limits) -> int:
+        expected = self.table.get(domain, {})
+        return choose_worker(expected, self.costs.get(domain, {}), view, limits, self.prior)
+
+    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+        wf = Workflow(steps=(Step(self.choose(task.domain, view, limits), SOLVE, ()),))
+        return Plan(workflow=wf, text=render(wf))
