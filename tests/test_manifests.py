@@ -272,10 +272,15 @@ def test_pipeline_secrets_are_the_templates_the_manifests_ship() -> None:
 
 
 @pytest.mark.parametrize(("overlay", "pool_file"), [("dev", "paper-sim.yaml"), ("prod", "cluster.yaml")])
-def test_pool_configmap_is_the_pool_yaml_the_loader_reads(overlay: str, pool_file: str) -> None:
+def test_pool_configmap_is_the_pool_yaml_the_loader_reads(
+    overlay: str, pool_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rl_conductor.workers.pool import load_pool
 
     source = ROOT / "src" / "rl_conductor" / "configs" / "pools" / pool_file
+    for worker in yaml.safe_load(source.read_text())["workers"]:  # the Secret's keys, as on a cluster
+        if "api_key_env" in worker:
+            monkeypatch.setenv(worker["api_key_env"], "test-key-not-a-secret")
     configmap = next(
         d for d in render(overlay) if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("conductor-pool")
     )
