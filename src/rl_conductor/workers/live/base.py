@@ -262,7 +262,8 @@ def expand_env(value: str, *, where: str) -> str:
 def common_settings(spec: dict[str, Any], options: dict[str, Any], *, needs_key: bool) -> dict[str, Any]:
     """Keyword arguments shared by every live worker, read and validated from a worker entry
     (falling back to pool-level options): ``model``, ``base_url``, ``api_key_env``,
-    ``timeout_s``, ``retries``, ``circuit``, and the pool's ``max_usd`` spend guard."""
+    ``timeout_s``, ``retries``, ``circuit``, and the pool's ``max_usd`` spend guard.
+    ``model``, ``base_url``, ``cache`` and ``max_usd`` may use ``${VAR}`` / ``${VAR:-default}``."""
     from rl_conductor.workers.live.secrets import api_key_from_env
 
     name = spec["name"]
@@ -270,6 +271,7 @@ def common_settings(spec: dict[str, Any], options: dict[str, Any], *, needs_key:
     model = spec.get("model")
     if not isinstance(model, str) or not model:
         raise PoolConfigError(f"{where}: `model` (the model name the API expects) is required")
+    model = expand_env(model, where=where)
     base_url = spec.get("base_url", options.get("base_url"))
     if base_url is not None:
         base_url = expand_env(str(base_url), where=where)
@@ -301,8 +303,11 @@ def spend_guard_for(options: dict[str, Any]) -> SpendGuard | None:
         return None
     guard = options.get("_spend_guard")
     if guard is None:
+        raw = options["max_usd"]
+        if isinstance(raw, str):
+            raw = expand_env(raw, where="max_usd")
         try:
-            guard = SpendGuard(float(options["max_usd"]))
+            guard = SpendGuard(float(raw))
         except (TypeError, ValueError) as exc:
             raise PoolConfigError(f"max_usd: {exc}") from None
         options["_spend_guard"] = guard
@@ -313,6 +318,8 @@ def spend_guard_for(options: dict[str, Any]) -> SpendGuard | None:
 def wrap_cache(worker: Any, spec: dict[str, Any], options: dict[str, Any]) -> Any:
     """Wrap ``worker`` in the pool's response cache when the pool (or entry) configures ``cache``."""
     cfg = spec.get("cache", options.get("cache"))
+    if isinstance(cfg, str):
+        cfg = expand_env(cfg, where="cache")
     if not cfg:
         return worker
     from rl_conductor.workers.cache import CachedWorker, store_for

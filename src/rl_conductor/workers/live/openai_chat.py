@@ -12,6 +12,7 @@ Pool entry::
       base_url: http://qwen-7b.workers.svc/openai/v1
       api_key_env: OPENAI_API_KEY          # omit for servers that need no key
       max_tokens_field: max_tokens         # or max_completion_tokens (OpenAI's newer models)
+      extra_body: {chat_template_kwargs: {enable_thinking: true}}   # optional extra request fields
       timeout_s: 60
       retries: {attempts: 3, initial_s: 0.5, max_s: 8}
       circuit: {failure_threshold: 5, reset_after_s: 30}
@@ -49,6 +50,8 @@ class OpenAIChatWorker(LiveWorker):
     """A worker behind an OpenAI-compatible ``/chat/completions`` endpoint."""
 
     max_tokens_field: str = "max_tokens"
+    #: extra request fields the server understands (e.g. vLLM's ``chat_template_kwargs``)
+    extra_body: dict[str, Any] | None = None
 
     def _make_client(self, http_client: httpx2.AsyncClient) -> Any:
         return openai.AsyncOpenAI(
@@ -63,6 +66,8 @@ class OpenAIChatWorker(LiveWorker):
         self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float
     ) -> WireResult:
         kwargs: dict[str, Any] = {self.max_tokens_field: max_tokens}
+        if self.extra_body:
+            kwargs["extra_body"] = self.extra_body
         resp = await client.chat.completions.create(
             model=self.model, messages=list(messages), temperature=temperature, **kwargs
         )
@@ -119,4 +124,8 @@ def build_openai(spec: dict[str, Any], options: dict[str, Any]) -> Any:
         raise PoolConfigError(
             f"worker {spec['name']!r}: max_tokens_field must be max_tokens or max_completion_tokens"
         )
-    return wrap_cache(OpenAIChatWorker(max_tokens_field=field, **settings), spec, options)
+    extra = spec.get("extra_body")
+    if extra is not None and not isinstance(extra, dict):
+        raise PoolConfigError(f"worker {spec['name']!r}: extra_body must be a mapping")
+    worker = OpenAIChatWorker(max_tokens_field=field, extra_body=extra, **settings)
+    return wrap_cache(worker, spec, options)
