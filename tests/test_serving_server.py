@@ -164,6 +164,7 @@ def test_v2_infer_takes_a_bytes_tensor_and_parameters(http: httpx.Client) -> Non
         (b"[1, 2]", 400, "object"),
         (b'{"instances": []}', 400, "instances"),
         (b'{"instances": [{"question": ""}]}', 400, "question"),
+        (b'{"instances": [{"question": " \\n\\t "}]}', 400, "whitespace"),
         (b'{"instances": [{"question": "q", "colour": "red"}]}', 400, "unknown field"),
         (b'{"instances": [{"question": "q", "max_cost_usd": -0.5}]}', 400, "max_cost_usd"),
         (b'{"instances": [{"question": "q", "max_cost_usd": 1e300}]}', 400, "max_cost_usd"),

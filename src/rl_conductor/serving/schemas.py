@@ -97,6 +97,9 @@ class Instance(WireLimits):
 
 def to_request(fields: dict[str, Any], prefix: str = "") -> ConductorRequest:
     """Library-validated request from already shape-checked fields (None values dropped)."""
+    question = fields.get("question")
+    if isinstance(question, str) and question and not question.strip():
+        raise WireError(f"{prefix}question: must contain more than whitespace")
     try:
         return parse_request({k: v for k, v in fields.items() if v is not None})
     except RequestError as exc:
