@@ -263,6 +263,12 @@ def _entry(
         "key": key,
         "worker": info.name,
         "model": model,
+        "worker_info": {
+            "price_in": info.price_in,
+            "price_out": info.price_out,
+            "hosting": info.hosting,
+            "description": info.description,
+        },
         "created": time.time(),
         "messages": [dict(m) for m in messages],
         "max_tokens": max_tokens,
