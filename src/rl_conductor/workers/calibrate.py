@@ -21,7 +21,7 @@ import itertools
 import os
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -163,6 +163,10 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
 # --------------------------------------------------------------------------- collaboration
 
+#: Gates of ``conductor pool calibrate --check``: points between a simulated single worker and its
+#: target, and between the best candidate workflow per domain and the paper's Conductor.
+SINGLE_TOLERANCE = 2.5
+COLLABORATION_TOLERANCE = 1.5
 #: Best single worker count each candidate family draws its planners/solvers/verifiers from.
 TOP_K = 3
 
@@ -317,6 +321,81 @@ def format_collaboration(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: Shape of the strengths per domain, (plan gain, verify) before the fitted scale: plans pay where
+#: a solution has structure (math, reasoning, code), not for recalling a fact; checking pays
+#: everywhere. The scale per domain is what :func:`fit_collaboration` fits.
+FIT_SHAPE = {"math": (1.0, 0.5), "knowledge": (0.0, 0.5), "reasoning": (1.0, 0.5), "code": (1.0, 0.5)}
+
+
+def _scaled(domain: str, alpha: float) -> dict[str, dict[str, float]]:
+    plan, verify = FIT_SHAPE[domain]
+    return {
+        "plan_gain": {domain: round(alpha * plan, 4)},
+        "verify": {domain: round(min(1.0, alpha * verify), 4)},
+    }
+
+
+async def fit_collaboration_async(
+    tasks: Sequence[Task],
+    *,
+    n: int,
+    pool: str = "paper-sim",
+    seed: int = 0,
+    iterations: int = 8,
+    keep: int = 8,
+    log: Callable[[str], None] = print,
+) -> dict[str, dict[str, float]]:
+    """Fit the collaboration scale per domain so that the best candidate workflow on
+    ``calibration_subset(tasks, n)`` reaches the paper's Conductor accuracy.
+
+    Per domain: a full candidate pass at scale 1 keeps the ``keep`` best candidates; bisection
+    on the scale (in [0, 2]) over those; a full pass at the result checks it (and, if another
+    candidate now wins by too much, one more round). Returns the ``collaboration`` option
+    (``plan_gain`` and ``verify`` per domain) to paste into
+    :data:`rl_conductor.workers.simulated.collaboration.PAPER_COLLABORATION`.
+    """
+    from rl_conductor.workers.pool import load_pool
+
+    chosen = calibration_subset(tasks, n)
+    base = load_pool(pool, seed=seed, collaboration="off")
+    singles = await calibrate_async(base, chosen, n=len(chosen))
+    conductor = paper_conductor()
+    limits = Limits(max_steps=5, max_tokens=MAX_TOKENS, temperature=TEMPERATURE)
+    fitted: dict[str, dict[str, float]] = {"plan_gain": {}, "verify": {}}
+    for d in [x for x in DOMAINS if any(t.domain == x for t in chosen)]:
+        items = [t for t in chosen if t.domain == d]
+        mine = [r for r in singles if r["domain"] == d]
+        cands = candidate_workflows(
+            base.names(), [r["worker"] for r in sorted(mine, key=lambda r: -r["simulated"])]
+        )
+        target = conductor[d]
+
+        async def best(alpha: float, among: Sequence[Candidate], d: str = d, items: list[Task] = items):
+            p = load_pool(pool, seed=seed, collaboration=_scaled(d, alpha))
+            res = [(c, (await _run_candidate(p, c, items, limits))[0]) for c in among]
+            return sorted(res, key=lambda cr: -cr[1])
+
+        alpha, lo, hi = 1.0, 0.0, 2.0
+        for _round in range(2):
+            ranked = await best(alpha, cands)
+            log(f"{d}: scale {alpha:.3f}: best {ranked[0][1]:.2f} (paper {target:.2f}) {ranked[0][0].label}")
+            if abs(ranked[0][1] - target) <= 0.5:
+                break
+            top = [c for c, _ in ranked[:keep]]
+            for _ in range(iterations):
+                alpha = (lo + hi) / 2
+                acc = (await best(alpha, top))[0][1]
+                log(f"{d}: scale {alpha:.3f}: {acc:.2f}")
+                if abs(acc - target) <= 0.25:
+                    break
+                lo, hi = (alpha, hi) if acc < target else (lo, alpha)
+            lo, hi = max(0.0, alpha - 0.25), min(2.0, alpha + 0.25)
+        scaled = _scaled(d, alpha)
+        fitted["plan_gain"].update(scaled["plan_gain"])
+        fitted["verify"].update(scaled["verify"])
+    return fitted
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m rl_conductor.workers.calibrate [--pool paper-sim] [--dataset paper-mix] ...``"""
     from rl_conductor.tasks.datasets import load_tasks
@@ -328,7 +407,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--split", default="all")
     ap.add_argument("-n", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--fit-collaboration",
+        action="store_true",
+        help="fit the collaboration strengths per domain to the paper's Conductor row (minutes)",
+    )
     args = ap.parse_args(argv)
+    if args.fit_collaboration:
+        tasks = load_tasks(args.dataset, args.split)
+        fitted = asyncio.run(fit_collaboration_async(tasks, n=args.n, pool=args.pool, seed=args.seed))
+        print(fitted)
+        return
     rows = calibrate(load_pool(args.pool, seed=args.seed), load_tasks(args.dataset, args.split), n=args.n)
     print(format_table(rows))
     print(f"largest gap to the paper: {max_gap(rows):.2f} points")

@@ -28,8 +28,13 @@ The model: for worker ``w``, item ``i`` of domain ``d`` and a call ``k`` = (nonc
   agree; agreeing wrong answers mislead it, and a wrong worker then repeats that wrong answer with
   probability ``k/(k+1)``. Three strong proposers plus an aggregator beat one answer but stay far
   from the best of the three: Mixture-of-Agents lands near the paper's MoA row.
-* Instructions do **not** change accuracy — only live workers can reward good instructions — and
-  temperature is ignored (``η`` is the sampling noise).
+* ``collaboration`` (:mod:`.collaboration`): the step's *role* — plan, solve, verify or
+  aggregate, from keyword classes of its instruction — and who wrote the answers it sees. A plan
+  (an outline without a final answer) by a worker strong on the item helps the steps that see it;
+  a verifier removes part of the pull of another worker's wrong answer. Strengths differ by
+  domain and are fitted so that the best fixed workflow per domain reaches the paper's Conductor
+  row. Beyond the role keyword, the wording of an instruction never matters — only live workers
+  can reward good instructions — and temperature is ignored (``η`` is the sampling noise).
 
 Calibration: ``skill[w,d]`` is solved on the *realised* outcomes of the deterministic
 single-worker call (nonce 0, step 0) on the calibration items (default: ``paper-mix``, all splits,
@@ -50,6 +55,12 @@ phrases, so it never changes a grade, and it makes the text as long as the drawn
 (lognormal per worker and domain, thinking models ≈3× longer, capped at 4,000 tokens):
 ``output_tokens == estimate_tokens(text)`` and visible context costs realistic input tokens.
 
+Layout: :mod:`.draws` (stable hashed randomness), :mod:`.skill` (paper numbers, difficulty
+features, fitted skills, the shared model), :mod:`.answers` (text, wrong answers, cached grading),
+:mod:`.collaboration` (roles, plan and verify effects), :mod:`.worker` (profiles, one call's
+outcome, tokens, cost, latency, the ``simulated`` pool kind). Everything public is re-exported
+here.
+
 Deliberate simplifications: a ``max_tokens`` below the drawn length cuts the text before its
 answer (wrong); truncation at the paper's 4,096 limit is already inside its accuracies. A call
 without a ``CallContext`` or gold answer (a serving request) gets a placeholder answer. Wrong
@@ -67,6 +78,14 @@ from rl_conductor.workers.simulated.answers import (
     render_answer,
     simulated_value,
     wrong_candidates,
+)
+from rl_conductor.workers.simulated.collaboration import (
+    PAPER_COLLABORATION,
+    ROLE_INSTRUCTIONS,
+    ROLE_KEYWORDS,
+    Collaboration,
+    Role,
+    classify_role,
 )
 from rl_conductor.workers.simulated.draws import logistic, normal, unit
 from rl_conductor.workers.simulated.skill import (
@@ -109,18 +128,24 @@ __all__ = [
     "IDIOSYNCRATIC_SD",
     "LENGTH_SIGMA",
     "MAX_SIM_OUTPUT_TOKENS",
+    "PAPER_COLLABORATION",
     "PAPER_TABLE",
     "PROFILES",
+    "ROLE_INSTRUCTIONS",
+    "ROLE_KEYWORDS",
     "TOPIC_SD",
     "WRONG_SET_SIZE",
     "WRONG_WEIGHTS",
+    "Collaboration",
     "FeatureScaler",
+    "Role",
     "SimulatedWorker",
     "SimulationModel",
     "WorkerProfile",
     "answer_key",
     "build_simulated",
     "calibration_subset",
+    "classify_role",
     "grade_cached",
     "grade_cached_async",
     "logistic",

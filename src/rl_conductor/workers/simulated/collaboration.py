@@ -9,18 +9,18 @@ the earlier answers the step sees, and which worker wrote each of them — never
 the instruction's wording:
 
 * **Role** of a step, from keyword classes of its instruction (:func:`classify_role`): the
-  left-most keyword of any class wins; an instruction with none is ``solve``. Roles:
-  ``plan`` (plan, outline, strategy, approach, decompose, sketch, ...), ``verify`` (verify,
-  check, review, critique, debug, test, validate, ...), ``aggregate`` (aggregate, combine,
-  compare, synthesize, merge, vote, ...) and ``solve`` (solve, answer, compute, implement,
-  write, ... or nothing).
+  left-most keyword (whole words, :data:`ROLE_KEYWORDS`) wins; an instruction with none is
+  ``solve``. Roles: ``plan`` (plan, outline, strategy, approach, decompose, sketch, ...),
+  ``verify`` (verify, check, review, critique, debug, test, validate, ...), ``aggregate``
+  (aggregate, combine, compare, synthesize, merge, vote, ...) and ``solve`` (solve, answer,
+  compute, implement, write, ... or nothing).
 * **A plan step** writes an outline, not a solution: shorter text (``PLAN_LENGTH_FACTOR``) with
   **no final answer** — a plan as the last step, or alone, is graded wrong. Its quality on this
   item is ``q = σ(planner's latent / PLAN_SOFTNESS)`` (its skill, the item's difficulty, its
   specialism and the call's noise), so a worker strong in the domain writes better plans.
-  A later non-plan step that sees plans gains ``PLAN_GAIN[d] · (1 − Π (1 − q_p·s_p))`` on its
-  latent (``s_p`` = ``SELF_PLAN`` for its own plan, else 1): several plans saturate at
-  ``PLAN_GAIN[d]``.
+  A later non-plan step that sees plans gains up to ``PLAN_GAIN[d]`` on its latent, the best
+  plan's quality first and each further plan a fraction ``EXTRA_PLAN`` of the rest
+  (:func:`plan_bonus`; its own plan counts ``SELF_PLAN`` as much): more plans saturate.
 * **A verify step** that sees earlier answers checks them: for an answer by another worker the
   evidence rule's penalty for a wrong answer is scaled by ``1 − v`` (it catches the error with
   strength ``v``) and the pull of a correct one by ``1 + v``, with ``v = VERIFY[d]``, times
@@ -51,31 +51,55 @@ from rl_conductor.workers.simulated.answers import _digest
 
 Role = Literal["plan", "solve", "verify", "aggregate"]
 
-#: Keyword stems per role; matched case-insensitively at a word start. The left-most match in an
-#: instruction decides its role.
+#: Keyword patterns per role (regular expressions, whole words, case-insensitive). The left-most
+#: match in an instruction decides its role.
 ROLE_KEYWORDS: dict[Role, tuple[str, ...]] = {
-    "plan": ("plan", "outline", "strateg", "approach", "decompos", "break down", "sketch"),
-    "verify": (
-        "verif",
-        "check",
-        "double-check",
-        "review",
-        "critique",
-        "critici",
-        "debug",
-        "test",
-        "validat",
-        "proofread",
-        "find the error",
-        "find errors",
+    "plan": (
+        r"plan(?:s|ned|ning)?",
+        r"outlines?",
+        r"strateg(?:y|ies)",
+        r"approach(?:es)?",
+        r"decompos(?:e|ition)",
+        r"break (?:it |this |the \w+ )?down",
+        r"sketch",
     ),
-    "aggregate": ("aggregat", "combin", "compar", "synthes", "merg", "vote", "consensus", "select the best"),
-    "solve": ("solv", "answer", "comput", "calculat", "implement", "writ", "code", "derive", "prove"),
+    "verify": (
+        r"verif(?:y|ies|ied|ication)",
+        r"(?:double-)?check(?:s|ed|ing)?",
+        r"review",
+        r"critique",
+        r"critici[sz]e",
+        r"debug",
+        r"test(?:s|ing)?",
+        r"validat(?:e|ion)",
+        r"proofread",
+        r"find (?:the |any )?errors?",
+    ),
+    "aggregate": (
+        r"aggregat(?:e|ion)",
+        r"combin(?:e|ing)",
+        r"compar(?:e|ing|ison)",
+        r"synthesi[sz]e",
+        r"merge",
+        r"vote",
+        r"consensus",
+        r"select the best",
+    ),
+    "solve": (
+        r"solv(?:e|es|ing)",
+        r"answer",
+        r"comput(?:e|ation)",
+        r"calculat(?:e|ion)",
+        r"implement",
+        r"write",
+        r"code",
+        r"derive",
+        r"prove",
+    ),
 }
 _ROLE_PATTERN = re.compile(
     "|".join(
-        f"(?P<{role}>" + "|".join(r"\b" + re.escape(k) for k in keys) + ")"
-        for role, keys in ROLE_KEYWORDS.items()
+        f"(?P<{role}>" + "|".join(rf"\b{k}\b" for k in keys) + ")" for role, keys in ROLE_KEYWORDS.items()
     ),
     re.IGNORECASE,
 )
@@ -164,6 +188,8 @@ PLAN_LENGTH_FACTOR = 0.5
 PLAN_SOFTNESS = 1.0
 #: A worker's own plan helps it this much less (it knew it already).
 SELF_PLAN = 0.5
+#: What a second (third, ...) plan adds, relative to the first.
+EXTRA_PLAN = 0.3
 #: A worker checking its own answer catches this fraction of what another worker would.
 SELF_VERIFY = 0.25
 #: Each verify step a verifier already sees halves its own strength.
@@ -173,7 +199,7 @@ VERIFY_DECAY = 0.5
 #: (seed 0, 2,000 calibration items): the best candidate workflow per domain then reaches the
 #: paper's Conductor row (Table 7) within the gate's tolerance.
 PAPER_COLLABORATION = Collaboration(
-    plan_gain={"math": 0.6, "knowledge": 0.1, "reasoning": 0.6, "code": 1.0},
+    plan_gain={"math": 0.6, "knowledge": 0.0, "reasoning": 0.6, "code": 1.0},
     verify={"math": 0.5, "knowledge": 0.3, "reasoning": 0.5, "code": 0.6},
 )
 OFF = Collaboration(enabled=False)
@@ -214,15 +240,21 @@ def plan_quality(latent: float) -> float:
 
 
 def plan_bonus(collab: Collaboration, domain: str, worker: str, seen: list[Authored]) -> float:
-    """Latent gain of a non-plan step from the plans it sees (saturating)."""
+    """Latent gain of a non-plan step from the plans it sees: ``PLAN_GAIN[d] · q_eff`` with
+    ``q_eff = q₁ + (1 − q₁)·(1 − Π_{k≥2} (1 − EXTRA_PLAN·q_k))`` over the plans' qualities
+    (best first, each times ``SELF_PLAN`` if the step's own worker wrote it): a second plan adds
+    a little, a third less, and the sum never exceeds ``PLAN_GAIN[d]``."""
     gain = collab.plan_gain_for(domain)
-    plans = [a for a in seen if a.role == "plan"]
-    if gain <= 0 or not plans:
+    qs = sorted(
+        (p.plan_quality * (SELF_PLAN if p.worker == worker else 1.0) for p in seen if p.role == "plan"),
+        reverse=True,
+    )
+    if gain <= 0 or not qs:
         return 0.0
     miss = 1.0
-    for p in plans:
-        miss *= 1.0 - p.plan_quality * (SELF_PLAN if p.worker == worker else 1.0)
-    return gain * (1.0 - miss)
+    for q in qs[1:]:
+        miss *= 1.0 - EXTRA_PLAN * q
+    return gain * (qs[0] + (1.0 - qs[0]) * (1.0 - miss))
 
 
 def verify_strength(

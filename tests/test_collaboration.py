@@ -1,0 +1,310 @@
+"""Collaboration in the simulated pool: roles by keyword, what pays, what must not, determinism,
+and the calibration against the paper's Conductor row.
+
+The fast tests run real workflows through the real executor on small synthetic item sets (the
+pool calibrated on them); the slow one searches the candidate workflows on ``paper-mix``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+
+import pytest
+
+from rl_conductor.executor import execute
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits, Trace
+from rl_conductor.workers.calibrate import (
+    Candidate,
+    candidate_workflows,
+    collaboration_gap,
+    collaboration_table,
+    format_collaboration,
+)
+from rl_conductor.workers.pool import Pool, PoolConfigError, load_pool
+from rl_conductor.workers.simulated import grade_cached
+from rl_conductor.workers.simulated.collaboration import (
+    PAPER_COLLABORATION,
+    ROLE_INSTRUCTIONS,
+    Authored,
+    Collaboration,
+    classify_role,
+    plan_bonus,
+    verify_strength,
+)
+from rl_conductor.workflow import Step, Workflow
+from test_simulated import choice_tasks, math_tasks
+
+SOLVE = ROLE_INSTRUCTIONS["solve"]
+PLAN = ROLE_INSTRUCTIONS["plan"]
+VERIFY = ROLE_INSTRUCTIONS["verify"]
+
+KNOWLEDGE = choice_tasks(300)
+REASONING = choice_tasks(300, "reasoning")
+MATH = math_tasks(300)
+ITEMS = KNOWLEDGE + REASONING + MATH
+
+
+def pool(collaboration: object = "paper", seed: int = 0) -> Pool:
+    return load_pool("paper-sim", calibration=ITEMS, seed=seed, collaboration=collaboration)
+
+
+def run(p: Pool, steps: Sequence[tuple[str, str, object]], tasks: Sequence[Task]) -> list[Trace]:
+    """Execute one fixed workflow ``(worker, instruction, access)`` per step on every task."""
+    view = p.view()
+    names = view.names()
+    wf = Workflow(steps=tuple(Step(names.index(w), instr, access) for w, instr, access in steps))  # type: ignore[arg-type]
+
+    async def go() -> list[Trace]:
+        return list(await asyncio.gather(*(execute(wf, t, view, Limits()) for t in tasks)))
+
+    return asyncio.run(go())
+
+
+def grades(tasks: Sequence[Task], traces: Sequence[Trace]) -> list[bool]:
+    return [
+        bool(tr.final_answer) and grade_cached(t, tr.final_answer)
+        for t, tr in zip(tasks, traces, strict=True)
+    ]
+
+
+def acc(tasks: Sequence[Task], traces: Sequence[Trace]) -> float:
+    g = grades(tasks, traces)
+    return sum(g) / len(g)
+
+
+# --------------------------------------------------------------------------- roles
+
+
+@pytest.mark.parametrize(
+    ("instruction", "role"),
+    [
+        ("Solve the problem completely and give the final answer.", "solve"),
+        ("", "solve"),
+        ("Do it.", "solve"),
+        ("Plan the approach: outline the key steps.", "plan"),
+        ("Outline a strategy, then solve.", "plan"),
+        ("Solve it with a careful approach.", "solve"),  # left-most keyword wins
+        ("Check and answer.", "verify"),
+        ("Review the code above and debug it.", "verify"),
+        ("VERIFY the answer", "verify"),
+        ("Critically compare them, correct any mistakes, and give the single best answer.", "aggregate"),
+        ("Combine the drafts.", "aggregate"),
+        ("Implement the function.", "solve"),
+        ("Name the planet.", "solve"),  # whole words only
+        ("Break this down into steps.", "plan"),
+        ("Run the tests and fix failures.", "verify"),
+    ],
+)
+def test_role_is_the_leftmost_keyword_class(instruction: str, role: str) -> None:
+    assert classify_role(instruction) == role
+
+
+def test_baseline_instructions_keep_their_meaning() -> None:
+    from rl_conductor.policies.baselines import AGGREGATE
+    from rl_conductor.policies.baselines import SOLVE as BASELINE_SOLVE
+
+    assert classify_role(BASELINE_SOLVE) == "solve"
+    assert classify_role(AGGREGATE) == "aggregate"  # MoA keeps the plain evidence rule
+
+
+def test_plan_bonus_saturates_and_needs_a_plan() -> None:
+    collab = PAPER_COLLABORATION
+    gain = collab.plan_gain["code"]
+    strong = Authored("t", "a", "plan", 0.9)
+    assert plan_bonus(collab, "code", "x", []) == 0.0
+    assert plan_bonus(collab, "code", "x", [Authored("t", "a", "solve", 0.9)]) == 0.0
+    one = plan_bonus(collab, "code", "x", [strong])
+    many = [plan_bonus(collab, "code", "x", [strong] * k) for k in range(1, 6)]
+    assert one == pytest.approx(0.9 * gain)
+    assert all(b > a for a, b in itertools.pairwise(many)) and many[-1] < gain
+    assert many[1] - many[0] > many[2] - many[1]  # diminishing returns
+    assert plan_bonus(collab, "code", "a", [strong]) < one  # its own plan helps less
+    assert plan_bonus(collab, "knowledge", "x", [strong] * 3) == 0.0  # plans don't help recall
+    weak = Authored("t", "b", "plan", 0.1)
+    assert plan_bonus(collab, "code", "x", [weak]) < 0.2 * one  # a weak planner helps little
+
+
+def test_verify_strength_halves_per_earlier_check_and_is_small_on_itself() -> None:
+    collab = PAPER_COLLABORATION
+    other = Authored("t", "a", "solve")
+    v = [verify_strength(collab, "code", "x", other, n) for n in range(4)]
+    assert v[0] == collab.verify["code"] and v == pytest.approx([v[0] / 2**n for n in range(4)])
+    assert verify_strength(collab, "code", "a", other, 0) < 0.3 * v[0]
+
+
+def test_collaboration_option_is_validated() -> None:
+    with pytest.raises(PoolConfigError, match="collaboration"):
+        pool({"verify": {"code": 1.5}})
+    with pytest.raises(PoolConfigError, match="unknown domains"):
+        pool({"plan_gain": {"poetry": 1.0}})
+    with pytest.raises(PoolConfigError, match="unknown keys"):
+        pool({"magic": {}})
+    with pytest.raises(ValueError, match=">= 0"):
+        Collaboration(plan_gain={"code": -1.0})
+    assert pool("off").get("gpt-5").collaboration.enabled is False  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- what must not pay
+
+
+def test_a_magic_word_alone_buys_nothing() -> None:
+    """One step: a verify/aggregate instruction gives exactly the solve outcome; a plan alone has
+    no final answer and is wrong."""
+    p = pool()
+    for tasks in (KNOWLEDGE[:150], MATH[:150]):
+        for w in ("gemini-2.5-pro", "qwen3-32b"):
+            base = grades(tasks, run(p, [(w, SOLVE, ())], tasks))
+            for instr in (VERIFY, "Check, verify, review and double-check everything.", "Aggregate."):
+                assert grades(tasks, run(p, [(w, instr, ())], tasks)) == base
+            assert acc(tasks, run(p, [(w, PLAN, ())], tasks)) == 0.0
+
+
+def test_roles_in_the_wrong_order_do_not_pay() -> None:
+    p = pool()
+    tasks = MATH
+    s, v = "claude-sonnet-4", "gemini-2.5-pro"
+    plain = grades(tasks, run(p, [(s, SOLVE, ()), (v, SOLVE, "all")], tasks))
+    # a verify step first sees nothing to check: same outcomes as a solve there
+    assert grades(tasks, run(p, [(s, VERIFY, ()), (v, SOLVE, "all")], tasks)) == plain
+    # a plan last leaves the workflow without an answer
+    assert acc(tasks, run(p, [(s, SOLVE, ()), (v, PLAN, "all")], tasks)) == 0.0
+    # a verifier that cannot see the answer gains nothing from its role
+    blind = grades(tasks, run(p, [(s, SOLVE, ()), (v, SOLVE, ())], tasks))
+    assert grades(tasks, run(p, [(s, SOLVE, ()), (v, VERIFY, ())], tasks)) == blind
+
+
+def test_a_plan_pays_in_math_but_not_for_knowledge_questions() -> None:
+    p = pool()
+    planner, solver = "gemini-2.5-pro", "qwen3-32b"
+    gains = {}
+    for name, tasks in (("knowledge", KNOWLEDGE), ("math", MATH)):
+        seen = acc(tasks, run(p, [(planner, PLAN, ()), (solver, SOLVE, "all")], tasks))
+        blind = acc(tasks, run(p, [(planner, PLAN, ()), (solver, SOLVE, ())], tasks))
+        gains[name] = seen - blind
+    assert gains["knowledge"] == 0.0  # plan_gain[knowledge] = 0: the role in the wrong domain
+    assert gains["math"] > 0.04
+    # a weak planner's plan helps less than a strong one's
+    weak = acc(MATH, run(p, [("gemma-3-27b-it", PLAN, ()), (solver, SOLVE, "all")], MATH))
+    strong = acc(MATH, run(p, [(planner, PLAN, ()), (solver, SOLVE, "all")], MATH))
+    assert weak < strong
+
+
+def test_a_verifier_catches_another_workers_errors_and_repeats_saturate() -> None:
+    p, off = pool(), pool("off")
+    tasks = REASONING
+    s, v = "qwen3-32b", "gemini-2.5-pro"
+    checked = acc(tasks, run(p, [(s, SOLVE, ()), (v, VERIFY, "all")], tasks))
+    plain = acc(tasks, run(off, [(s, SOLVE, ()), (v, VERIFY, "all")], tasks))
+    self_checked = acc(tasks, run(p, [(v, SOLVE, ()), (v, VERIFY, "all")], tasks))
+    self_plain = acc(tasks, run(off, [(v, SOLVE, ()), (v, VERIFY, "all")], tasks))
+    assert checked > plain + 0.02
+    assert self_checked - self_plain < checked - plain  # checking itself catches less
+    chain = [acc(tasks, run(p, [(s, SOLVE, ())] + [(v, VERIFY, "all")] * k, tasks)) for k in (1, 2, 4)]
+    assert chain[2] - chain[0] < checked - plain  # three more checks add less than the first
+
+
+def test_same_seed_same_workflow_outcome() -> None:
+    steps = [("gpt-5", PLAN, ()), ("claude-sonnet-4", SOLVE, "all"), ("gemini-2.5-pro", VERIFY, "all")]
+    a = run(pool(), steps, MATH[:60])
+    b = run(pool(), steps, MATH[:60])
+    c = run(pool(seed=3), steps, MATH[:60])
+    assert [t.final_answer for t in a] == [t.final_answer for t in b]
+    assert [t.cost_usd for t in a] == [t.cost_usd for t in b]
+    assert [t.final_answer for t in a] != [t.final_answer for t in c]
+
+
+def test_a_plan_is_shorter_than_a_solution() -> None:
+    p = pool()
+    plan = run(p, [("gpt-5", PLAN, ())], MATH[:80])
+    sol = run(p, [("gpt-5", SOLVE, ())], MATH[:80])
+    ratio = sum(t.steps[0].output_tokens for t in plan) / sum(t.steps[0].output_tokens for t in sol)
+    assert 0.35 < ratio < 0.65
+
+
+def test_candidate_set_is_the_documented_one() -> None:
+    workers = [f"w{i}" for i in range(7)]
+    cands = candidate_workflows(workers, workers[::-1], top_k=3)
+    sizes = [len(c.steps) for c in cands]
+    assert len(cands) == 7 + 49 + 9 + 27 + 27 + 9 and max(sizes) == 5
+    assert len(set(cands)) == len(cands)
+    assert Candidate((("w6", "plan"), ("w5", "solve"), ("w4", "verify"))) in cands
+    assert all(w in ("w6", "w5", "w4") for c in cands if len(c.steps) > 2 for w, _ in c.steps)
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def test_collaboration_table_on_a_few_hundred_items() -> None:
+    """The search runs in the test budget and composition pays on the synthetic items."""
+    p = pool()
+    rows = collaboration_table(p, ITEMS, n=240)
+    assert [r["domain"] for r in rows] == ["math", "knowledge", "reasoning"]
+    for r in rows:
+        assert r["n"] == 80 and r["candidates"] == 128
+        assert r["accuracy"] >= r["best_single_accuracy"]
+        assert 1 <= r["steps"] <= 5 and r["cost_usd"] > 0 and r["tokens"] > 0
+    by = {r["domain"]: r for r in rows}
+    assert by["math"]["accuracy"] - by["math"]["best_single_accuracy"] > 1.0
+    assert "paper" in format_collaboration(rows)
+
+
+#: Single-worker accuracy per domain on paper-mix (seed 0, n = 2000) measured before the
+#: collaboration model existed (`python -m rl_conductor.workers.calibrate`, commit 783f68b).
+SINGLES_BEFORE = {
+    "gpt-5": (74.40, 89.80, 33.20, 57.38),
+    "claude-sonnet-4": (83.00, 90.60, 32.60, 38.10),
+    "gemini-2.5-pro": (85.20, 91.60, 39.60, 40.24),
+    "deepseek-r1-distill-qwen-32b": (78.40, 84.40, 32.80, 24.76),
+    "gemma-3-27b-it": (37.40, 63.60, 15.00, 7.14),
+    "qwen3-32b": (73.20, 84.00, 30.60, 26.90),
+    "qwen3-32b-thinking": (76.80, 83.20, 34.40, 31.19),
+}
+
+
+@pytest.mark.slow
+def test_collaboration_gate_on_paper_mix() -> None:
+    """The gate: on the calibration items the best candidate workflow per domain is within 1.5
+    points of the paper's Conductor row, and no single worker moved by more than 0.5 points."""
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.workers.calibrate import calibrate, paper_conductor
+
+    tasks = load_tasks("paper-mix", "all")
+    p = load_pool("paper-sim")
+    singles = calibrate(p, tasks, n=2000)
+    for r in singles:
+        before = SINGLES_BEFORE[r["worker"]][("math", "knowledge", "reasoning", "code").index(r["domain"])]
+        assert abs(r["simulated"] - before) <= 0.5, r
+    rows = collaboration_table(p, tasks, n=2000, singles=singles)
+    print("\n" + format_collaboration(rows))
+    assert [r["domain"] for r in rows] == ["math", "knowledge", "reasoning", "code"]
+    assert {r["domain"]: r["paper"] for r in rows} == paper_conductor()
+    assert collaboration_gap(rows) <= 1.5
+    for r in rows:
+        assert r["accuracy"] > r["best_single_accuracy"]  # composition pays in every domain
+        assert r["steps"] <= 5
+    by = {r["domain"]: r for r in rows}
+    assert by["code"]["steps"] > by["knowledge"]["steps"]
+
+
+def test_moa_and_self_consistency_are_untouched() -> None:
+    """MoA's aggregator (an ``aggregate`` step) and self-consistency (independent solves) give
+    exactly the outcomes of the model without collaboration, so they keep their paper rows."""
+    from rl_conductor.policies.base import make_policy
+
+    tasks = REASONING[:100] + MATH[:100]
+
+    def finals(collaboration: str, spec: str) -> list[str]:
+        p = pool(collaboration)
+        policy = make_policy(spec, p, seed=0)
+
+        async def go() -> list[str]:
+            eps = await asyncio.gather(*(policy.run(t, p.view(), Limits()) for t in tasks))
+            return [e.trace.final_answer for e in eps]
+
+        return asyncio.run(go())
+
+    for spec in ("moa", "self-consistency:gpt-5"):
+        assert finals("paper", spec) == finals("off", spec)
