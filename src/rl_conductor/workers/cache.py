@@ -151,7 +151,11 @@ class S3CacheStore:
     def rows(self) -> Iterator[dict[str, Any]]:
         from rl_conductor import storage
 
-        entries = [storage.read_json(u) for u in storage.list_files(self.uri) if u.endswith(".json")]
+        entries = [
+            storage.read_json(storage.join(self.uri, rel))
+            for rel in storage.list_files(self.uri)
+            if rel.endswith(".json")
+        ]
         yield from sorted(entries, key=lambda e: (e.get("created", 0.0), e.get("key", "")))
 
 

@@ -26,7 +26,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +104,8 @@ class LiveWorker:
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     spend: SpendGuard | None = None
     http_client: httpx2.AsyncClient | None = field(default=None, repr=False)
+    #: how retries wait (``asyncio.sleep``); tests inject a recorder
+    sleep: Callable[[float], Awaitable[None]] | None = field(default=None, repr=False)
     _clients: dict[int, Any] = field(default_factory=dict, repr=False)
     _counts: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(("calls", "attempts", "retries", "failures", "refused"), 0),
@@ -201,7 +203,7 @@ class LiveWorker:
         t0 = time.perf_counter()
         try:
             result: WireResult | None = None
-            async for attempt in self.retry.retrying(self._on_retry):
+            async for attempt in self.retry.retrying(self._on_retry, self.sleep):
                 with attempt:
                     result = await self._attempt(msgs, max_tokens, temperature)
             assert result is not None

@@ -22,7 +22,7 @@ import email.utils
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -136,14 +136,21 @@ class RetryPolicy:
         backoff = min(self.max_s, self.initial_s * 2 ** (state.attempt_number - 1))
         return backoff + (rng or random).uniform(0, self.jitter_s)
 
-    def retrying(self, on_retry: Callable[[RetryCallState], None] | None = None) -> AsyncRetrying:
-        """A tenacity controller that retries :class:`TransientWorkerError` only."""
+    def retrying(
+        self,
+        on_retry: Callable[[RetryCallState], None] | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+    ) -> AsyncRetrying:
+        """A tenacity controller that retries :class:`TransientWorkerError` only (``sleep``:
+        how to wait, ``asyncio.sleep`` by default; tests record the waits instead)."""
+        extra: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
         return AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             retry=retry_if_exception_type(TransientWorkerError),
             wait=self.wait_s,
             before_sleep=on_retry,
             reraise=True,
+            **extra,
         )
 
 
@@ -219,8 +226,10 @@ class CircuitBreaker:
 def retry_policy_from(spec: Mapping[str, Any], options: Mapping[str, Any]) -> RetryPolicy:
     """``retries:`` of a worker entry (else of the pool): attempts, initial_s, max_s, jitter_s,
     max_retry_after_s."""
-    raw = spec.get("retries", options.get("retries", {})) or {}
-    if isinstance(raw, int):
+    raw = spec.get("retries", options.get("retries"))
+    if raw is None:
+        raw = {}
+    if isinstance(raw, int) and not isinstance(raw, bool):
         raw = {"attempts": raw}
     if not isinstance(raw, Mapping):
         raise ValueError("`retries` must be a number of attempts or a mapping")
