@@ -72,11 +72,41 @@ class Predictor:
 
 
 def _ready(url: str) -> bool:
+    return _ok(f"{url}/v2/health/ready")
+
+
+def _ok(url: str) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as resp:
+        with urllib.request.urlopen(url, timeout=2) as resp:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+@contextmanager
+def process(
+    cmd: Sequence[str],
+    log: Path,
+    ready_url: str,
+    *,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 180.0,
+) -> Iterator[Path]:
+    """Run ``cmd`` (its output into ``log``) until the block ends, once ``ready_url`` answers 200."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            list(cmd), stdout=fh, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _ok(ready_url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{' '.join(cmd)} did not start:\n{_log_tail(log)}")
+            time.sleep(0.2)
+        yield log
+    finally:
+        _stop(proc, grace_s=5.0)
 
 
 @contextmanager

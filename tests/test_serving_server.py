@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _tiny import Micro, trained_micro
-from predictor import HOSTING, Predictor, predictor, write_pool
+from predictor import HOSTING, Predictor, predictor, process, write_pool
+from servers import free_ports
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -417,7 +419,7 @@ def test_micro_conductor_from_the_registry_plans_in_batches_and_traces(
                 if exp is None:
                     exp = mlflow_utils.client().get_experiment_by_name("conductor-serving")
                     continue
-                traces = mlflow.search_traces(experiment_ids=[exp.experiment_id], return_type="list")
+                traces = mlflow.search_traces(locations=[exp.experiment_id], return_type="list")
         for doc in docs:
             assert doc["workflow"] and doc["raw_plan"]
             assert doc["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in doc["steps"]))
@@ -435,3 +437,59 @@ def test_micro_conductor_from_the_registry_plans_in_batches_and_traces(
         mlflow_utils.reset()
         mlflow.set_tracking_uri(previous)
         mlflow.set_registry_uri(previous)
+
+
+# -- live local workers (`conductor worker serve`) ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_local_live_pool_end_to_end_keeps_private_requests_home(tmp_path: Path) -> None:
+    """The predictor on the `local-live` pool: two real `conductor worker serve` processes (the tiny
+    model), one self-hosted and one posing as an external API. The fixed plan asks the external
+    worker first; its access log proves private requests never reached it over HTTP."""
+    self_port, ext_port = free_ports(2)
+    env = {
+        "CONDUCTOR_SELF_PORT": str(self_port),
+        "CONDUCTOR_EXTERNAL_PORT": str(ext_port),
+        "CONDUCTOR_SELF_MODEL": "tiny",
+        "CONDUCTOR_EXTERNAL_MODEL": "tiny",
+        "CONDUCTOR_CACHE": str(tmp_path / "cache.sqlite"),
+    }
+    worker = [sys.executable, "-m", "rl_conductor.cli", "worker", "serve", "--model", "tiny"]
+    worker += ["--model-dir", str(tmp_path / "models"), "--default-max-tokens", "32"]
+    chat = "POST /openai/v1/chat/completions"
+    with (
+        process(
+            [*worker, "--port", str(self_port)],
+            tmp_path / "self.log",
+            f"http://127.0.0.1:{self_port}/openai/v1/models",
+            env=env,
+        ),
+        process(
+            [*worker, "--port", str(ext_port)],
+            tmp_path / "ext.log",
+            f"http://127.0.0.1:{ext_port}/openai/v1/models",
+            env=env,
+        ) as ext_log,
+        predictor(["--policy", "fixed:1,0", "--pool", "local-live"], tmp_path, env=env) as srv,
+        httpx.Client(base_url=srv.url, timeout=300) as client,
+    ):
+        public = v1(client, {"question": "What is 2 + 3?", "max_cost_usd": 0.01})
+        assert public.status_code == 200, public.text
+        doc = public.json()["predictions"][0]
+        assert [s["worker"] for s in doc["steps"]] == ["smol-external", "smol-self"]
+        assert all(s["status"] == "ok" and s["input_tokens"] > 0 for s in doc["steps"]), doc["steps"]
+        assert doc["answer"] and 0 < doc["cost_usd"] <= 0.01
+        external_calls = ext_log.read_text().count(chat)
+        assert external_calls >= 1
+        private = v1(
+            client,
+            *(
+                {"question": f"My salary is {i}00 EUR; what is 10 %?", "sensitivity": "private"}
+                for i in range(3)
+            ),
+        )
+        assert private.status_code == 200, private.text
+        steps = [s for d in private.json()["predictions"] for s in d["steps"]]
+        assert steps and all(s["worker"] == "smol-self" for s in steps)
+        assert ext_log.read_text().count(chat) == external_calls
