@@ -3,8 +3,10 @@
 One quick run (a handful of training steps on a small sample) is shared by the module. It goes
 through ``conductor pipeline run --local --quick``, as ``make run`` does, against a registry that
 already holds a champion: a stand-in for an earlier run's version (a placeholder folder with poor
-metrics on the same test split), so the gate compares instead of taking the "no champion yet"
-path. Everything lives in a temporary CONDUCTOR_HOME (sqlite MLflow, artifact root, kfp root).
+metrics on the same test split). The quick run's Conductor is deliberately weak (two GRPO
+steps), so the gate registers it and refuses it: it is below the best single worker /
+domain-router of its own evaluation, whatever the champion scored. Everything lives in a
+temporary CONDUCTOR_HOME (sqlite MLflow, artifact root, kfp root).
 """
 
 from __future__ import annotations
@@ -60,11 +62,17 @@ def _seed_previous_champion(work: Path, split_id: str) -> None:
     folder = work / "previous-model"
     folder.mkdir(parents=True)
     (folder / "conductor.json").write_text(json.dumps({"base_model": "tiny", "reward_preset": "paper"}))
-    row = {"policy": "conductor", "n": QUICK_ARGUMENTS["eval_limit"], "accuracy": 0.0, "mean_cost_usd": 1.0}
+    baseline = {"baseline_policy": "single:stand-in", "baseline_accuracy": 0.0, "baseline_mean_cost_usd": 1.0}
+    row = {
+        "policy": "conductor",
+        "n": QUICK_ARGUMENTS["eval_limit"],
+        "accuracy": 0.0,
+        "mean_cost_usd": 1.0,
+        **baseline,
+    }
     results = work / "previous-results.json"
-    results.write_text(
-        json.dumps({"meta": {"test_split_id": split_id, "pool": "paper-sim"}, "results": [row]})
-    )
+    meta = {"test_split_id": split_id, "pool": "paper-sim", "best_baseline": baseline}
+    results.write_text(json.dumps({"meta": meta, "results": [row]}))
     version = steps.register_step(model_dir=folder, results_path=results, run_tag="previous").version
     assert steps.promote_step(version=version).champion == version == 1
 
@@ -93,10 +101,11 @@ def quick_env(quick: Quick, monkeypatch: pytest.MonkeyPatch) -> Quick:
 
 def test_quick_run_prints_table_report_version_and_aliases(quick: Quick) -> None:
     out = quick.output
-    for policy in ("conductor", "knn", "moa", "oracle", "single:gpt-5"):
+    for policy in ("conductor", "knn", "domain-router", "moa", "oracle", "single:gpt-5"):
         assert f"{policy} " in out, policy
-    assert "registered: conductor version 2 (aliases: challenger, champion)" in out
-    assert "gate: promoted:" in out and "vs champion 0.0000" in out
+    # better than the champion (0 %) but below a fixed router of the same evaluation: refused
+    assert "registered: conductor version 2 (aliases: challenger)" in out
+    assert "gate: not promoted:" in out and "on the same test questions" in out
     report = re.search(r"report: (\S+)", out)
     assert report is not None
     relative = Path(report.group(1)).relative_to(quick.home / ".conductor" / "artifacts")
@@ -117,29 +126,43 @@ def test_quick_run_fills_the_artifact_root(quick: Quick) -> None:
     assert (folder / "checkpoints" / "metrics.json").is_file()
     meta, summaries = steps.read_results(folder / "reports" / "results.json")
     assert meta["test_split_id"] == quick.split_id
-    assert [s["policy"] for s in summaries][-2:] == ["oracle", "conductor"] and len(summaries) == 13
+    assert [s["policy"] for s in summaries][-2:] == ["oracle", "conductor"] and len(summaries) == 14
+    assert {"domain-router", "knn"} <= {s["policy"] for s in summaries}
     assert all(s["n"] == QUICK_ARGUMENTS["eval_limit"] for s in summaries)
+    best = meta["best_baseline"]
+    singles = [s for s in summaries if s["policy"].startswith("single:") or s["policy"] == "domain-router"]
+    assert best["baseline_accuracy"] == max(s["accuracy"] for s in singles)
+    assert summaries[-1]["baseline_policy"] == best["baseline_policy"]
+    payload = json.loads((folder / "reports" / "results.json").read_text())
+    budgeted = {s["policy"]: s for s in payload["budget_results"]}
+    assert budgeted["conductor"]["budget"] == "0.002" and "domain-router" in budgeted
+    report = (folder / "reports" / "report.md").read_text()
+    assert "## What each policy does" in report and "## Under a budget" in report
+    assert "acc % @0.002" in report and "workflow shapes" in report
     assert (folder / "reports" / "pareto.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_gate_compared_with_the_existing_champion(quick_env: Quick) -> None:
     rows = {r.version: r for r in registry.list_versions("conductor")}
     assert set(rows) == {1, 2}
-    assert rows[2].tags["gate.champion_before"] == "1" and rows[2].tags["gate.promoted"] == "true"
+    assert rows[2].tags["gate.champion_before"] == "1" and rows[2].tags["gate.promoted"] == "false"
+    assert "stays registered but not champion" in rows[2].tags["gate.reason"]
+    assert registry.get_alias_version("conductor", "champion") == 1
     assert rows[1].test_split_id == rows[2].test_split_id == quick_env.split_id
     assert rows[2].metrics["n"] == QUICK_ARGUMENTS["eval_limit"]
+    assert rows[2].metrics["accuracy"] < rows[2].metrics["baseline_accuracy"]
     assert rows[2].tags["pipeline.run_tag"].startswith("conductor-training-")
 
 
-def test_champion_loads_in_a_fresh_process(quick_env: Quick) -> None:
+def test_registered_version_loads_in_a_fresh_process(quick_env: Quick) -> None:
     script = textwrap.dedent(
         """
         import json, pathlib
         import mlflow.pyfunc
         from rl_conductor.tracking import mlflow_utils, registry
         mlflow_utils.configure()
-        folder = pathlib.Path(registry.load_model_dir("models:/conductor@champion"))
-        model = mlflow.pyfunc.load_model("models:/conductor@champion")
+        folder = pathlib.Path(registry.load_model_dir("models:/conductor@challenger"))
+        model = mlflow.pyfunc.load_model("models:/conductor@challenger")
         from rl_conductor.policies.conductor import ConductorPolicy
         policy = ConductorPolicy(folder)
         print(json.dumps({"files": sorted(p.name for p in folder.iterdir()), "pyfunc": type(model).__name__}))
@@ -158,12 +181,12 @@ def test_registry_cli_lists_and_promotes_by_hand(quick_env: Quick) -> None:
     listed = cli.invoke(app, ["registry", "list"])
     assert listed.exit_code == 0, listed.output
     assert "challenger" in listed.output and "champion" in listed.output
-    promoted = cli.invoke(app, ["registry", "promote", "--version", "1"])
+    promoted = cli.invoke(app, ["registry", "promote", "--version", "2"])  # a person overrides the gate
     assert promoted.exit_code == 0, promoted.output
-    assert "conductor@champion was: v2" in promoted.output
-    assert "conductor@champion now: v1 [champion]: accuracy 0.0%" in promoted.output
-    assert registry.get_alias_version("conductor", "champion") == 1
-    assert cli.invoke(app, ["registry", "promote", "--version", "2"]).exit_code == 0  # put it back
+    assert "conductor@champion was: v1" in promoted.output
+    assert "conductor@champion now: v2 [challenger, champion]" in promoted.output
+    assert registry.get_alias_version("conductor", "champion") == 2
+    assert cli.invoke(app, ["registry", "promote", "--version", "1"]).exit_code == 0  # put it back
     missing = cli.invoke(app, ["registry", "promote", "--version", "99"])
     assert missing.exit_code != 0 and "no version 99" in missing.output
 

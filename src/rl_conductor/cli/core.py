@@ -163,7 +163,7 @@ def eval_cmd(
     json_out: Annotated[Path | None, typer.Option("--json", help="write the summary JSON here")] = None,
 ) -> None:
     """Evaluate one or more policies on a pool and print a table."""
-    from rl_conductor.evaluation.report import domain_table, print_table
+    from rl_conductor.evaluation.report import behaviour_table, domain_table, print_table
 
     summaries = run_eval(
         policy,
@@ -180,6 +180,7 @@ def eval_cmd(
     print_table(summaries, title=f"{pool} / {summaries[0]['dataset']} / {split}")
     for s in summaries:
         console.print(domain_table(s))
+    console.print(behaviour_table(summaries))
     _write_json(json_out, summaries[0] if len(summaries) == 1 else {"results": summaries})
 
 
@@ -212,6 +213,16 @@ def compare_cmd(
     extra: Annotated[list[str] | None, typer.Option("--policy", help="extra policies to include")] = None,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
     plot: Annotated[Path | None, typer.Option(help="write a cost-vs-accuracy Pareto PNG here")] = None,
+    budgets: Annotated[
+        str | None,
+        typer.Option(
+            help="also run the same questions under these per-request budgets, e.g. none,0.002 "
+            "(side-by-side table; the JSON keeps every run; --plot draws them)"
+        ),
+    ] = None,
+    behaviour: Annotated[
+        bool, typer.Option(help="print per domain which workers each policy calls and its workflow shapes")
+    ] = True,
 ) -> None:
     """Evaluate every baseline (and extra policies) side by side; table, JSON and Pareto chart."""
     from rl_conductor.evaluation.report import (
@@ -224,6 +235,10 @@ def compare_cmd(
         print_table,
     )
 
+    try:
+        amounts = parse_budgets(budgets) if budgets else [None]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--budgets") from exc
     specs = baseline_specs(pool) + list(extra or [])
     summaries: list[dict[str, Any]] = []
     for amount in amounts:
@@ -247,17 +262,3 @@ def compare_cmd(
         else:
             pareto_plot(summaries, plot, title=f"{pool}: cost vs accuracy ({split}, n={n})")
         console.print(f"[dim]wrote {plot}[/dim]")
-    budgets: Annotated[
-        str | None,
-        typer.Option(
-            help="also run the same questions under these per-request budgets, e.g. none,0.002 "
-            "(side-by-side table; the JSON keeps every run; --plot draws them)"
-        ),
-    ] = None,
-    behaviour: Annotated[
-        bool, typer.Option(help="print per domain which workers each policy calls and its workflow shapes")
-    ] = True,
-    try:
-        amounts = parse_budgets(budgets) if budgets else [None]
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--budgets") from exc

@@ -83,7 +83,7 @@ def run_cmd(
     verbose: Annotated[bool, typer.Option("--verbose", help="show every step's output")] = False,
 ) -> None:
     """Run the whole pipeline: prepare, train, evaluate, register, promote behind the gate."""
-    from rl_conductor.evaluation.report import print_table
+    from rl_conductor.evaluation.report import behaviour_table, print_table
     from rl_conductor.pipeline import run_local
 
     if not local:
@@ -112,6 +112,8 @@ def run_cmd(
         title=f"{meta.get('pool')} / test split {meta.get('test_split_id')} (n={meta.get('n')})",
         console=console,
     )
+    acting = [s for s in run.summaries if s["policy"] in ("conductor", "domain-router", "knn")]
+    console.print(behaviour_table(acting, title="what the Conductor and the routers do"))
     console.print(f"report: {run.report_uri}", markup=False, soft_wrap=True)
     console.print(f"artifacts: {run.run_folder}", markup=False, soft_wrap=True)
     aliases = ", ".join(run.aliases) or "none"

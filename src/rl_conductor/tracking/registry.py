@@ -60,9 +60,9 @@ MODEL_DIR_ARTIFACT = "model_dir"
 CHALLENGER = "challenger"
 CHAMPION = "champion"
 TEST_SPLIT_KEY = "test_split_id"
-_MODEL_CODE = """\
 #: Run param naming the best baseline of the version's evaluation (what the gate compares with).
 BASELINE_POLICY_KEY = "baseline_policy"
+_MODEL_CODE = """\
 import mlflow.models
 
 from rl_conductor.tracking.registry import ConductorPyfunc
@@ -267,9 +267,9 @@ def version_metrics(name: str, version: int | str) -> dict[str, Any]:
     split = _split_id(mv.tags or {}, run)
     if split is not None:
         out[TEST_SPLIT_KEY] = split
-    return out
     if run and run.data.params.get(BASELINE_POLICY_KEY):
         out[BASELINE_POLICY_KEY] = str(run.data.params[BASELINE_POLICY_KEY])
+    return out
 
 
 def list_versions(name: str) -> list[VersionRow]:
