@@ -1,0 +1,143 @@
+"""``conductor worker serve`` end to end: two real worker processes (KServe ModelServer, OpenAI-
+compatible routes) serving a tiny randomly initialised model, called over HTTP by the official
+``openai`` SDK and by the executor through the ``local-live`` pool.
+
+The tiny model is built once per module with the project's bootstrap (``build_tiny``); it
+answers nonsense, quickly. What is checked is the protocol: real ``usage`` (the served
+tokenizer's counts), ``max_tokens`` honoured, the executor's budget never exceeded, the privacy
+rule keeping a private request off the worker that poses as external.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rl_conductor.executor import execute
+from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.trace import Limits
+from rl_conductor.workers.pool import Pool, load_pool
+from rl_conductor.workflow import Step, Workflow
+from servers import _log_tail, _stop, _wait_http_ok, free_ports
+
+pytestmark = pytest.mark.slow
+NAMES = ("tiny-self", "tiny-ext")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rl_conductor.training.models import build_tiny
+
+    corpus = [t.question for t in load_tasks("gsm8k")[:200]]
+    out = tmp_path_factory.mktemp("worker-model") / "tiny"
+    return build_tiny(
+        corpus, out, vocab_size=512, hidden_size=32, intermediate_size=64, num_attention_heads=2
+    )
+
+
+@pytest.fixture(scope="module")
+def workers(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, int]]:
+    """Two ``conductor worker serve`` processes; yields {served name: port}."""
+    logs = tmp_path_factory.mktemp("worker-logs")
+    ports = free_ports(2)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    procs = []
+    try:
+        for name, port in zip(NAMES, ports, strict=True):
+            cmd = [sys.executable, "-m", "rl_conductor.cli", "worker", "serve", "--model", str(tiny_dir)]
+            cmd += ["--name", name, "--port", str(port), "--threads", "1"]
+            with (logs / f"{name}.log").open("wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                    )
+                )
+        for (name, port), proc in zip(zip(NAMES, ports, strict=True), procs, strict=True):
+            url = f"http://127.0.0.1:{port}/openai/v1/models"
+            if not _wait_http_ok(url, proc, timeout_s=180):
+                pytest.fail(f"worker {name} did not start:\n{_log_tail(logs / f'{name}.log')}")
+        yield dict(zip(NAMES, ports, strict=True))
+    finally:
+        for proc in procs:
+            _stop(proc)
+
+
+@pytest.fixture
+def live_pool(workers: dict[str, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Pool:
+    monkeypatch.setenv("CONDUCTOR_SELF_PORT", str(workers["tiny-self"]))
+    monkeypatch.setenv("CONDUCTOR_EXTERNAL_PORT", str(workers["tiny-ext"]))
+    monkeypatch.setenv("CONDUCTOR_SELF_MODEL", "tiny-self")
+    monkeypatch.setenv("CONDUCTOR_EXTERNAL_MODEL", "tiny-ext")
+    monkeypatch.setenv("CONDUCTOR_CACHE", str(tmp_path / "cache.sqlite"))
+    return load_pool("local-live")
+
+
+def test_openai_sdk_sees_models_and_real_usage(workers: dict[str, int], tiny_dir: Path) -> None:
+    import openai
+
+    from rl_conductor.workers.live.server import ChatModel
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{workers['tiny-self']}/openai/v1", api_key="EMPTY")
+    assert [m.id for m in client.models.list().data] == ["tiny-self"]
+    messages = [{"role": "user", "content": "Natalia sold clips to 48 of her friends."}]
+    resp = client.chat.completions.create(model="tiny-self", messages=messages, max_tokens=7, temperature=0.0)
+    local = ChatModel("tiny-self", tiny_dir)  # the served model's own tokenizer and prompt format
+    local.load()
+    assert resp.usage is not None
+    assert resp.usage.prompt_tokens == len(local.prompt_ids(messages)) > 10
+    assert 1 <= resp.usage.completion_tokens <= 7
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+    assert resp.choices[0].finish_reason in ("stop", "length")
+    if resp.choices[0].finish_reason == "length":
+        assert resp.usage.completion_tokens == 7
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-5", messages=messages, max_tokens=4)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny-self", messages=[], max_tokens=4)
+
+
+async def test_two_step_workflow_over_http_reports_tokens_and_keeps_the_budget(live_pool: Pool) -> None:
+    task = load_tasks("gsm8k", "test", limit=1)[0]
+    view = live_pool.view()
+    wf = Workflow([Step(0, "Solve the problem.", []), Step(1, "Check the answer above.", "all")])
+    limits = Limits(max_cost_usd=0.01, max_tokens=64, temperature=0.7)
+    trace = await execute(wf, task, view, limits)
+    assert [s.status for s in trace.steps] == ["ok", "ok"], [s.note for s in trace.steps]
+    assert [s.worker for s in trace.steps] == ["smol-self", "smol-external"]
+    for step in trace.steps:
+        info = live_pool.get(step.worker).info
+        assert step.input_tokens > 0 and 1 <= step.output_tokens <= 64 and not step.tokens_estimated
+        assert step.cost_usd == pytest.approx(info.cost(step.input_tokens, step.output_tokens))
+        assert step.finish_reason in ("stop", "length") and not step.cached
+    assert trace.steps[1].input_tokens > trace.steps[0].input_tokens  # it saw step 0's answer
+    assert 0 < trace.cost_usd <= 0.01
+
+    # a budget that affords the self-hosted step but not the external one: stop, never exceed it
+    tight = 5e-5
+    trace = await execute(wf, task, view, Limits(max_cost_usd=tight, max_tokens=64, temperature=0.7))
+    assert [s.status for s in trace.steps] == ["ok", "skipped_budget"]
+    assert 0 < trace.cost_usd <= tight and trace.final_answer == trace.steps[0].answer
+
+    # a private request never reaches the worker posing as external
+    trace = await execute(wf, task, view, Limits(sensitivity="private", max_tokens=64, temperature=0.7))
+    assert [s.worker for s in trace.steps] == ["smol-self", "smol-self"]
+
+
+async def test_repeated_workflow_is_served_from_the_cache(live_pool: Pool) -> None:
+    task = load_tasks("gsm8k", "test", limit=1)[0]
+    wf = Workflow([Step(0, "Solve the problem.", [])])
+    limits = Limits(max_tokens=64, temperature=0.7)
+    first = await execute(wf, task, live_pool.view(), limits)
+    again = await execute(wf, task, load_pool("local-live").view(), limits)  # a new pool, same cache
+    assert not first.steps[0].cached and again.steps[0].cached
+    assert again.final_answer == first.final_answer and again.cost_usd == first.cost_usd
