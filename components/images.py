@@ -12,3 +12,7 @@ VERSION = "0.1.0"
 BASE_IMAGE = f"{REGISTRY}/conductor:{VERSION}"
 CUDA_IMAGE = f"{REGISTRY}/conductor-cuda:{VERSION}"
 IMAGE_LABEL = "io.rl-conductor.image"
+#: The KServe predictor (serving/Dockerfile), run by manifests/base/conductor.yaml.
+SERVING_IMAGE = f"{REGISTRY}/conductor-serving:{VERSION}"
+#: MLflow tracking server of the deployment (docker/Dockerfile.mlflow), tagged with MLflow's version.
+MLFLOW_IMAGE = f"{REGISTRY}/mlflow:3.17.2"

@@ -291,3 +291,70 @@ def test_pool_configmap_is_the_pool_yaml_the_loader_reads(
     assert volume["configMap"]["name"] == configmap["metadata"]["name"]  # the hash suffix reaches the pod
     assert f"--pool={mount['mountPath']}/pool.yaml" in isvc["containers"][0]["args"]
     assert load_pool(str(source)).view()  # the file the ConfigMap carries is a pool the code loads
+
+
+def _label(dockerfile: Path) -> str:
+    import re
+
+    from components import images
+
+    found = re.findall(rf'^LABEL {re.escape(images.IMAGE_LABEL)}="([^"]+)"$', dockerfile.read_text(), re.MULTILINE)
+    assert len(found) == 1, f"{dockerfile} needs one {images.IMAGE_LABEL} label"
+    return found[0]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_images_are_the_ones_the_dockerfiles_build(overlay: str) -> None:
+    from importlib.metadata import version
+
+    from components import images
+
+    docs = render(overlay)
+    conductor = kinds(docs, "InferenceService")["conductor"]["spec"]["predictor"]["containers"][0]
+    assert conductor["image"] == images.SERVING_IMAGE == _label(ROOT / "serving" / "Dockerfile")
+    mlflow = kinds(docs, "Deployment")["mlflow"]["spec"]["template"]["spec"]["containers"][0]
+    assert mlflow["image"] == images.MLFLOW_IMAGE == _label(ROOT / "docker" / "Dockerfile.mlflow")
+    assert images.MLFLOW_IMAGE.endswith(":" + version("mlflow"))  # the server runs the pinned client's version
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_predictor_command_is_what_conductor_serve_parses(overlay: str) -> None:
+    import re
+
+    from rl_conductor.serving import server
+
+    container = kinds(render(overlay), "InferenceService")["conductor"]["spec"]["predictor"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert container["command"] == ["conductor", "serve"]
+    argv = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+    args = server.build_parser().parse_args(argv)
+    assert args.model == env["CONDUCTOR_MODEL_URI"] == server.DEFAULT_MODEL_URI
+    assert args.model_name == server.DEFAULT_NAME
+    assert [args.http_port] == [p["containerPort"] for p in container["ports"]]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == args.http_port
+    assert container["readinessProbe"]["httpGet"]["path"] == f"/v2/models/{args.model_name}/ready"
+    # tracing and the registry follow MLFLOW_TRACKING_URI, which points at the MLflow Service
+    service = kinds(render(overlay), "Service")["mlflow"]
+    assert env["MLFLOW_TRACKING_URI"] == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+
+
+def test_cluster_pool_names_the_worker_inference_services_and_the_secret_keys() -> None:
+    import re
+
+    pool = yaml.safe_load((ROOT / "src" / "rl_conductor" / "configs" / "pools" / "cluster.yaml").read_text())
+    isvcs = kinds(render("prod"), "InferenceService")
+    keys = set(_template("conductor-api-keys")["stringData"])
+    served = set()
+    for worker in pool["workers"]:
+        if worker["hosting"] == "self":
+            # ${VAR:-http://NAME-predictor}/openai/v1: the default is the worker Service in-namespace
+            match = re.fullmatch(r"\$\{\w+:-http://([a-z0-9-]+)-predictor\}/openai/v1", worker["base_url"])
+            assert match, worker["base_url"]
+            isvc = isvcs[match.group(1)]
+            assert f"--model_name={worker['model']}" in isvc["spec"]["predictor"]["model"]["args"]
+            served.add(match.group(1))
+            assert "api_key_env" not in worker
+        else:
+            assert worker["api_key_env"] in keys, f"{worker['name']}: {worker['api_key_env']} not in the Secret"
+    assert served == set(isvcs) - {"conductor"}  # every worker InferenceService is used by the pool
