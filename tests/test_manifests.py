@@ -44,7 +44,13 @@ def _kubectl() -> str:
 @cache
 def render(overlay: str) -> tuple[dict[str, Any], ...]:
     out = subprocess.run(
-        [_kubectl(), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(MANIFESTS / "overlays" / overlay)],
+        [
+            _kubectl(),
+            "kustomize",
+            "--load-restrictor",
+            "LoadRestrictionsNone",
+            str(MANIFESTS / "overlays" / overlay),
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -282,7 +288,9 @@ def test_pool_configmap_is_the_pool_yaml_the_loader_reads(
         if "api_key_env" in worker:
             monkeypatch.setenv(worker["api_key_env"], "test-key-not-a-secret")
     configmap = next(
-        d for d in render(overlay) if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("conductor-pool")
+        d
+        for d in render(overlay)
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("conductor-pool")
     )
     assert configmap["data"]["pool.yaml"] == source.read_text()
     isvc = kinds(render(overlay), "InferenceService")["conductor"]["spec"]["predictor"]
@@ -298,7 +306,9 @@ def _label(dockerfile: Path) -> str:
 
     from components import images
 
-    found = re.findall(rf'^LABEL {re.escape(images.IMAGE_LABEL)}="([^"]+)"$', dockerfile.read_text(), re.MULTILINE)
+    found = re.findall(
+        rf'^LABEL {re.escape(images.IMAGE_LABEL)}="([^"]+)"$', dockerfile.read_text(), re.MULTILINE
+    )
     assert len(found) == 1, f"{dockerfile} needs one {images.IMAGE_LABEL} label"
     return found[0]
 
@@ -314,7 +324,9 @@ def test_images_are_the_ones_the_dockerfiles_build(overlay: str) -> None:
     assert conductor["image"] == images.SERVING_IMAGE == _label(ROOT / "serving" / "Dockerfile")
     mlflow = kinds(docs, "Deployment")["mlflow"]["spec"]["template"]["spec"]["containers"][0]
     assert mlflow["image"] == images.MLFLOW_IMAGE == _label(ROOT / "docker" / "Dockerfile.mlflow")
-    assert images.MLFLOW_IMAGE.endswith(":" + version("mlflow"))  # the server runs the pinned client's version
+    assert images.MLFLOW_IMAGE.endswith(
+        ":" + version("mlflow")
+    )  # the server runs the pinned client's version
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -336,7 +348,10 @@ def test_predictor_command_is_what_conductor_serve_parses(overlay: str) -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == f"/v2/models/{args.model_name}/ready"
     # tracing and the registry follow MLFLOW_TRACKING_URI, which points at the MLflow Service
     service = kinds(render(overlay), "Service")["mlflow"]
-    assert env["MLFLOW_TRACKING_URI"] == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    assert (
+        env["MLFLOW_TRACKING_URI"]
+        == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    )
 
 
 def test_cluster_pool_names_the_worker_inference_services_and_the_secret_keys() -> None:
@@ -356,5 +371,7 @@ def test_cluster_pool_names_the_worker_inference_services_and_the_secret_keys() 
             served.add(match.group(1))
             assert "api_key_env" not in worker
         else:
-            assert worker["api_key_env"] in keys, f"{worker['name']}: {worker['api_key_env']} not in the Secret"
+            assert worker["api_key_env"] in keys, (
+                f"{worker['name']}: {worker['api_key_env']} not in the Secret"
+            )
     assert served == set(isvcs) - {"conductor"}  # every worker InferenceService is used by the pool
