@@ -1,0 +1,272 @@
+"""Bring-your-own recordings: the file format, RouteLLM as one instance of it, the cache's export
+into it, and a three-model recordings pool that trains and evaluates end to end."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rl_conductor.cli import app
+from rl_conductor.cli.core import run_eval
+from rl_conductor.policies.base import make_policy
+from rl_conductor.tasks.base import Task
+from rl_conductor.tasks.datasets import load_tasks, split_of
+from rl_conductor.tasks.graders import grade
+from rl_conductor.tasks.recordings import (
+    RecordingsError,
+    dataset_name,
+    load_recordings,
+    routellm_recordings,
+    write_recordings,
+)
+from rl_conductor.trace import Limits
+from rl_conductor.workers.base import CallContext
+from rl_conductor.workers.live.testing import Reply, Request, ok, scripted_server
+from rl_conductor.workers.pool import PoolConfigError, build_pool, load_pool
+from rl_conductor.workers.replay import ReplayWorker
+
+ROUTELLM_MODELS = ("gpt-4-1106-preview", "mixtral-8x7b-instruct")
+
+
+def _write(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _item(i: int, **responses: Any) -> dict[str, Any]:
+    return {"id": f"x/{i}", "question": f"What is {i} + 1?", "answer": str(i + 1), "grader": "math",
+            "domain": "math", "responses": responses}  # fmt: skip
+
+
+def test_format_errors_name_the_file_and_line(tmp_path: Path) -> None:
+    good = _item(1, a={"text": "#### 2"})
+    cases = {
+        "not JSON": "{nope",
+        "`question` is required": {**good, "question": ""},
+        "unknown grader": {**good, "grader": "vibes"},
+        "needs `text`, `correct`, or both": _item(1, a={}),
+        "unknown response fields": _item(1, a={"text": "2", "tokens": 3}),
+        "output_tokens must be an integer": _item(1, a={"text": "2", "output_tokens": -1}),
+        "every response needs `correct`": {**_item(1, a={"text": "2"}), "answer": None},
+        "at least one": _item(1),
+    }
+    for message, row in cases.items():
+        path = tmp_path / f"{abs(hash(message))}.jsonl"
+        path.write_text((row if isinstance(row, str) else json.dumps(row)) + "\n", encoding="utf-8")
+        with pytest.raises(RecordingsError, match=re.escape(message)) as info:
+            load_recordings(path)
+        assert f"{path}:1" in str(info.value)
+    dup = _write(tmp_path / "dup.jsonl", [good, good])
+    with pytest.raises(RecordingsError, match="duplicate item id"):
+        load_recordings(dup)
+    with pytest.raises(PoolConfigError, match="does not exist"):
+        build_pool({"recordings": str(tmp_path / "none.jsonl"), "workers": [{"name": "a", "kind": "replay"}]})
+    path = _write(tmp_path / "ok.jsonl", [good])
+    with pytest.raises(PoolConfigError, match="no recordings of model 'b'"):
+        build_pool({"recordings": str(path), "workers": [{"name": "b", "kind": "replay"}]})
+
+
+async def test_label_only_text_only_and_recorded_usage(tmp_path: Path) -> None:
+    rows = [
+        _item(1, a={"text": "I think 2.\n#### 2", "correct": True, "input_tokens": 40, "output_tokens": 9,
+                    "cost_usd": 0.5, "latency_s": 2.5},
+              b={"correct": True}, c={"text": "It is 7."}),
+        _item(2, a={"text": "#### 3", "correct": False}, b={"correct": False}, c={"text": "#### 3"}),
+    ]  # fmt: skip
+    path = _write(tmp_path / "r.jsonl", rows)
+    pool = build_pool({"recordings": str(path), "workers": [
+        {"name": n, "kind": "replay", "price_in": 1.0, "price_out": 2.0} for n in "abc"]})  # fmt: skip
+    assert pool.options["default_dataset"] == dataset_name(path)
+    tasks = load_tasks(dataset_name(path))
+    assert [t.id for t in tasks] == ["x/1", "x/2"]
+    msgs = [{"role": "user", "content": "solve"}]
+    got = {}
+    for w in pool.workers:
+        for t in tasks:
+            got[w.info.name, t.id] = await w.complete(
+                msgs, max_tokens=512, temperature=0, context=CallContext(t)
+            )
+    a1 = got["a", "x/1"]
+    assert (a1.text, a1.input_tokens, a1.output_tokens, a1.cost_usd, a1.latency_s) == (
+        "I think 2.\n#### 2", 40, 9, 0.5, 2.5)  # fmt: skip
+    assert grade(tasks[1], got["a", "x/2"].text) is False  # recorded wrong: a wrong-answer line appended
+    assert grade(tasks[0], got["b", "x/1"].text) and not grade(tasks[1], got["b", "x/2"].text)  # synthesised
+    assert got["c", "x/1"].text == "It is 7." and grade(tasks[1], got["c", "x/2"].text)  # text only: as is
+    assert got["c", "x/1"].cost_usd == pytest.approx(
+        pool.workers[2].info.cost(got["c", "x/1"].input_tokens, got["c", "x/1"].output_tokens)
+    )
+
+
+async def test_routellm_recordings_are_one_instance_of_the_format(tmp_path: Path) -> None:
+    path = tmp_path / "routellm.jsonl.gz"
+    assert write_recordings(path, routellm_recordings()) == len(load_tasks("routellm"))
+    builtin = load_pool("routellm-replay")
+    spec = yaml.safe_load(Path(builtin_pool_file()).read_text())
+    from_file = build_pool({**spec, "recordings": str(path)})
+    assert {t.id for t in load_tasks(from_file.options["default_dataset"])} == {
+        t.id for t in load_tasks("routellm")
+    }
+    tasks = load_tasks("routellm", limit=600, seed=3)
+    msgs = [{"role": "user", "content": "Answer this."}]
+    for name in ROUTELLM_MODELS:
+        a, b = builtin.get(name), from_file.get(name)
+        assert isinstance(b, ReplayWorker) and b.source is not a.source
+        for t in tasks:
+            ca = await a.complete(msgs, max_tokens=4096, temperature=0.2, context=CallContext(t))
+            cb = await b.complete(msgs, max_tokens=4096, temperature=0.2, context=CallContext(t))
+            assert ca == cb, t.id  # same text, tokens, cost, latency: the same replay
+
+
+def builtin_pool_file() -> str:
+    from rl_conductor.workers.pool import builtin_pool_dir
+
+    return str(builtin_pool_dir() / "routellm-replay.yaml")
+
+
+# ------------------------------------------------------------------------------ cache -> export -> replay
+
+
+def _answering_server(tasks: list[Task]) -> Any:
+    """Answers each question right or wrong by a hash of its id, like a model of middling skill."""
+
+    def reply(req: Request) -> Reply:
+        content = json.dumps(req.body)
+        for t in tasks:
+            if json.dumps(t.question)[1:-1] in content:
+                right = hashlib.sha256(t.id.encode()).digest()[0] % 2 == 0
+                text = f"Let me think.\n#### {t.answer if right else t.answer + '1'}"
+                return ok("openai", text, input_tokens=len(content) // 4, output_tokens=12)
+        return ok("openai", "I do not know this question.", input_tokens=5, output_tokens=7)
+
+    return reply
+
+
+def test_second_eval_makes_no_http_call_and_the_export_replays_it(tmp_path: Path) -> None:
+    tasks = load_tasks("gsm8k", "test", limit=12, seed=1)
+    cache = tmp_path / "cache.sqlite"
+    with scripted_server("openai", default=_answering_server(tasks)) as srv:
+        pool_yaml = tmp_path / "live.yaml"
+        pool_yaml.write_text(yaml.safe_dump({
+            "name": "live", "default_dataset": "gsm8k", "cache": str(cache),
+            "workers": [{"name": "remote", "kind": "openai", "model": "m", "base_url": srv.base_url,
+                         "price_in": 1.0, "price_out": 4.0, "hosting": "external"}],
+        }))  # fmt: skip
+        kw: dict[str, Any] = dict(pool=str(pool_yaml), dataset="gsm8k", split="test", limit=12, seed=1,
+                                  progress=False)  # fmt: skip
+        first = run_eval(["single:remote"], **kw)[0]
+        calls = len(srv.requests)
+        second = run_eval(["single:remote"], **kw)[0]
+        assert calls == 12 and len(srv.requests) == calls  # the second run made no HTTP call
+        assert {k: first[k] for k in ("accuracy", "mean_cost_usd", "mean_tokens")} == {
+            k: second[k] for k in ("accuracy", "mean_cost_usd", "mean_tokens")
+        }
+        assert 0 < first["accuracy"] < 1
+        live_pool = load_pool(pool_yaml)
+        live = _answers(live_pool, tasks)
+        assert len(srv.requests) == calls
+
+    from typer.testing import CliRunner
+
+    out, replay_yaml = tmp_path / "recorded.jsonl", tmp_path / "replay.yaml"
+    res = CliRunner().invoke(
+        app, ["record", "export", "--cache", str(cache), "--out", str(out), "--pool-out", str(replay_yaml)]
+    )
+    assert res.exit_code == 0, res.output
+    assert "12 items, 12 responses of 1 workers (remote)" in " ".join(res.output.split())
+    replay_pool = load_pool(replay_yaml)
+    assert replay_pool.get("remote").info.price_out == 4.0
+    replayed = _answers(replay_pool, tasks)
+    for t in tasks:
+        assert replayed[t.id][0] == live[t.id][0]  # the recorded answer
+        assert replayed[t.id][1] == live[t.id][1] == grade(t, live[t.id][0])  # and its grade
+        assert replayed[t.id][2] == pytest.approx(live[t.id][2])  # and its cost
+    rec = load_recordings(out)
+    assert all(rec.get(t.id, "remote").correct == grade(t, live[t.id][0]) for t in tasks)
+
+
+def _answers(pool: Any, tasks: list[Task]) -> dict[str, tuple[str, bool, float]]:
+    import asyncio
+
+    policy = make_policy("single:remote", pool, seed=1, dataset="gsm8k")
+    episodes = asyncio.run(policy.run_many(tasks, pool.view(), Limits()))
+    return {t.id: (e.trace.final_answer, grade(t, e.trace.final_answer), e.trace.cost_usd)
+            for t, e in zip(tasks, episodes, strict=True)}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ three models train end to end
+
+
+def _three_model_file(path: Path) -> tuple[Path, dict[str, float]]:
+    """Recordings of three made-up models over 120 GSM8K items: text+label, label only, text only."""
+    tasks = load_tasks("gsm8k", limit=120, seed=7)
+    rows = []
+    for t in tasks:
+        h = hashlib.sha256(t.id.encode()).digest()
+        strong, medium, weak = h[0] % 10 < 8, h[1] % 10 < 5, h[2] % 10 < 2
+        rows.append({
+            "id": t.id, "question": t.question, "answer": t.answer, "grader": t.grader, "domain": t.domain,
+            "responses": {
+                "strong": {"text": f"Working.\n#### {t.answer if strong else '-1'}", "correct": strong,
+                           "output_tokens": 300, "cost_usd": 0.003},
+                "medium": {"correct": medium},
+                "weak": {"text": f"#### {t.answer if weak else '0.5'}"},
+            },
+        })  # fmt: skip
+    _write(path, rows)
+    test = [r for r in rows if split_of(r["id"]) == "test"]
+    acc = {
+        "strong": sum(r["responses"]["strong"]["correct"] for r in test) / len(test),
+        "medium": sum(r["responses"]["medium"]["correct"] for r in test) / len(test),
+    }
+    return path, acc
+
+
+@pytest.mark.slow
+def test_three_model_recordings_train_and_evaluate_end_to_end(tmp_path: Path) -> None:
+    rec, acc = _three_model_file(tmp_path / "three.jsonl")
+    pool = tmp_path / "three.yaml"
+    pool.write_text(yaml.safe_dump({"name": "three", "recordings": str(rec), "workers": [
+        {"name": "strong", "kind": "replay", "price_in": 2.0, "price_out": 8.0, "hosting": "external",
+         "description": "strong and expensive"},
+        {"name": "medium", "kind": "replay", "price_in": 0.3, "price_out": 0.6, "hosting": "self",
+         "description": "middling"},
+        {"name": "weak", "kind": "replay", "price_in": 0.1, "price_out": 0.1, "hosting": "self",
+         "description": "cheap and weak"},
+    ]}))  # fmt: skip
+    preset = tmp_path / "micro.yaml"
+    preset.write_text(yaml.safe_dump({
+        "model": "tiny", "tiny_hidden_size": 64, "tiny_layers": 2, "tiny_intermediate_size": 128,
+        "tiny_vocab_size": 1024, "max_question_chars": 120, "max_steps_per_workflow": 2,
+        "sft_examples": 64, "sft_epochs": 1.0, "sft_learning_rate": 0.01, "sft_batch_size": 16,
+        "grpo_steps": 2, "prompts_per_step": 2, "num_generations": 4, "temperature": 0.7,
+        "max_completion_length": 48, "save_steps": 2, "logging_steps": 1, "torch_threads": 1,
+        "mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+    }))  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CONDUCTOR_HOME": str(tmp_path)}
+    cli = [sys.executable, "-m", "rl_conductor.cli"]
+    out = tmp_path / "out"
+    train = subprocess.run([*cli, "train", "--out", str(out), "--preset", str(preset), "--pool", str(pool)],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)  # fmt: skip
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    assert (out / "final" / "config.json").is_file()
+    summary = tmp_path / "eval.json"
+    ev = subprocess.run([*cli, "eval", "--pool", str(pool), "--policy", f"conductor:{out / 'final'}",
+                         "--policy", "single:strong", "--policy", "single:medium", "--json", str(summary)],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)  # fmt: skip
+    assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
+    results = {r["policy"]: r for r in json.loads(summary.read_text())["results"]}
+    conductor = next(r for name, r in results.items() if name.startswith("conductor"))
+    assert conductor["n"] == results["single:strong"]["n"] > 10
+    assert 0 <= conductor["accuracy"] <= 1 and conductor["parse_rate"] >= 0
+    # the recorded labels replay exactly on the test split
+    assert results["single:strong"]["accuracy"] == pytest.approx(acc["strong"])
+    assert results["single:medium"]["accuracy"] == pytest.approx(acc["medium"])
