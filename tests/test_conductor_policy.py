@@ -233,18 +233,22 @@ async def test_recursion_runs_an_inner_workflow_one_level_deeper(
 async def test_recursion_stops_at_the_configured_depth(
     policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch, depth: int
 ) -> None:
-    """An inner plan that names the Conductor again recurses until ``recursion_depth``."""
+    """An inner plan that names the Conductor again recurses while ``recursion_depth`` allows; at
+    the deepest level "yourself" is neither offered nor parsed (one recursion setting)."""
     pool = _pool()
     script = _recursive_script(_plan_text([0, 2]), _plan_text([1, 2]))
     monkeypatch.setattr(policy, "_generate", script)
     ep = await policy.run(_task(), pool.view(), Limits(recursion_depth=depth))
-    assert len(script.calls) == 1 + depth  # the outer plan, then one per level
     level = ep.trace.steps[1]
-    for _ in range(depth):
+    for _ in range(depth - 1):
         assert level.status == "recursed" and [s.worker for s in level.substeps] == ["w1", "conductor"]
         level = level.substeps[1]
-    assert level.status == "recursed" and "depth reached" in level.note
-    assert ep.trace.final_answer == "\\boxed{w1}"
+    # the deepest level's plan names the Conductor: unparseable there, so the answer is kept
+    assert level.status == "recursed" and level.substeps == [] and "kept the previous answer" in level.note
+    deepest = script.calls[-1]["prompts"][0]
+    assert "Workflow so far:" in deepest and "yourself" not in deepest
+    assert "2: yourself" in script.calls[0]["prompts"][0]
+    assert ep.trace.final_answer == ("\\boxed{w1}" if depth > 1 else "\\boxed{w0}")
 
 
 async def test_no_recursion_allowed_makes_a_self_call_unparseable(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,10 +20,11 @@ from hypothesis import strategies as st
 
 from rl_conductor.executor import RecursionRequest, execute
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, StepRecord, Trace
+from rl_conductor.trace import MIN_OUTPUT_TOKENS, STEP_STATUSES, Limits, StepRecord, Trace
+from rl_conductor.validation import InvalidValue
 from rl_conductor.workers.base import CallContext, Hosting, Message
 from rl_conductor.workers.fake import FakeWorker, fake_info
-from rl_conductor.workers.pool import Pool, PoolView
+from rl_conductor.workers.pool import Pool, PoolView, info_from_spec
 from rl_conductor.workflow import Step, Workflow
 
 TASK = Task(id="t/1", question="What is 6 * 7?", answer="42", domain="math", source="test", grader="math")
@@ -128,35 +130,54 @@ async def test_each_message_shows_exactly_its_visible_answers() -> None:
 
 # ----------------------------------------------------------------------------- the limits property
 
+# prices in USD per million tokens: free, cheap (<= $1, where a `> 1` price test would drop the
+# output cap), mid and dear; input prices are drawn separately so reservations include input cost
 _PRICES = st.sampled_from(
-    [0.0, 0.01, 0.1, 0.15, 0.3, 1.0, 1.25, 3.0, 10.0, 15.0, 60.0, 600.0, 1000.0, 2000.0, 3000.0]
+    [0.0, 0.01, 0.1, 0.5, 1.0, 1.25, 3.0, 10.0, 15.0, 60.0, 600.0, 1000.0, 2000.0, 3000.0]
 )
+_CHEAP = st.sampled_from([0.01, 0.1, 0.5, 1.0])
+# budgets around the cost of one call: a step of ~300 input tokens and 64-4096 output tokens
+# costs 1e-7..1e-2 at these prices, so most draws run some steps and stop others
 _BUDGETS = st.one_of(
     st.none(),
-    st.just(0.0),
-    st.floats(min_value=1e-8, max_value=0.05, allow_nan=False, allow_infinity=False),
-    st.sampled_from([1e-6, 3e-5, 1e-4, 0.1, 0.3, 0.7, 1.0]),
+    st.floats(min_value=1e-7, max_value=0.05, allow_nan=False, allow_infinity=False),
+    st.sampled_from([1e-6, 3e-5, 1e-4, 2e-4, 1e-3, 0.01, 0.1, 1.0]),
 )
+
+
+@dataclass(frozen=True)
+class _Scenario:
+    workers: list[FakeWorker]
+    workflow: Workflow
+    limits: Limits
+    hook_raises: bool
+
+
+def _scenario_worker(draw: st.DrawFn, i: int) -> FakeWorker:
+    cheap = draw(st.booleans())
+    price_in = draw(_CHEAP if cheap else _PRICES)
+    price_out = draw(_CHEAP if cheap else _PRICES)
+    mode = draw(st.sampled_from(["ok", "ok", "ok", "fail", "flaky", "empty", "hang"]))
+    return FakeWorker(
+        info=fake_info(
+            f"w{i}",
+            price_in=price_in,
+            price_out=price_out,
+            hosting=draw(st.sampled_from(["self", "external"])),
+        ),
+        answer="   " if mode == "empty" else f"answer from w{i}",
+        output_tokens=draw(st.sampled_from([1, 50, 63, 64, 65, 700, 4096, 10_000])),
+        fail_times={"fail": 100, "flaky": 1}.get(mode, 0),
+        hang=mode == "hang",
+        latency_s=draw(st.sampled_from([0.0, 0.0, 0.001])),
+    )
 
 
 @st.composite
-def _scenarios(draw: st.DrawFn) -> tuple[list[FakeWorker], Workflow, Limits]:
+def _scenarios(draw: st.DrawFn) -> _Scenario:
     n = draw(st.integers(1, 5))
-    workers = [
-        FakeWorker(
-            info=fake_info(
-                f"w{i}",
-                price_in=draw(_PRICES),
-                price_out=draw(_PRICES),
-                hosting=draw(st.sampled_from(["self", "external"])),
-            ),
-            answer=f"answer from w{i}",
-            output_tokens=draw(st.sampled_from([1, 50, 63, 64, 65, 700, 4096, 10_000])),
-            fail_times=draw(st.sampled_from([0, 0, 0, 1, 5])),
-            latency_s=draw(st.sampled_from([0.0, 0.0, 0.001, 0.002])),
-        )
-        for i in range(n)
-    ]
+    workers = [_scenario_worker(draw, i) for i in range(n)]
+    depth_limit = draw(st.integers(0, 2))
     k = draw(st.integers(1, 5))
     steps = []
     for i in range(k):
@@ -169,7 +190,8 @@ def _scenarios(draw: st.DrawFn) -> tuple[list[FakeWorker], Workflow, Limits]:
                 ),
             )
         )
-        worker = draw(st.integers(0, n))  # n == the Conductor itself (recursion)
+        # n names the Conductor itself: only where recursion is on (else the workflow is invalid)
+        worker = draw(st.integers(0, n if depth_limit else n - 1))
         steps.append(Step(worker, draw(st.sampled_from(["solve", "check {x} [y]", "x" * 3000])), access))
     names = [w.info.name for w in workers]
     allowed = draw(st.one_of(st.none(), st.sets(st.sampled_from(names)).map(frozenset)))
@@ -177,10 +199,11 @@ def _scenarios(draw: st.DrawFn) -> tuple[list[FakeWorker], Workflow, Limits]:
         max_cost_usd=draw(_BUDGETS),
         allowed_workers=allowed,
         sensitivity=draw(st.sampled_from(["public", "private"])),
-        max_tokens=draw(st.sampled_from([1, 64, 100, 4096])),
-        recursion_depth=draw(st.integers(0, 2)),
+        max_tokens=draw(st.sampled_from([64, 65, 100, 4096])),
+        recursion_depth=depth_limit,
+        step_timeout_s=0.05,
     )
-    return workers, Workflow(steps=tuple(steps)), limits
+    return _Scenario(workers, Workflow(steps=tuple(steps)), limits, draw(st.booleans()))
 
 
 async def test_settled_reservations_do_not_block_a_later_step() -> None:
@@ -204,39 +227,68 @@ def _flatten(trace_steps: list[StepRecord]) -> list[StepRecord]:
     return out
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_scenarios())
-def test_limits_are_never_violated(scenario: tuple[list[FakeWorker], Workflow, Limits]) -> None:
-    workers, wf, limits = scenario
-    view = _view(*workers)
-    inner = Workflow(steps=(Step(0, "verify", "all"), Step(len(view), "again", "all")))
-
-    async def hook(req: RecursionRequest) -> Trace:
-        return await execute(inner, req.task, view, req.limits, recursion=hook, depth=req.depth)
-
-    async def go() -> Trace:
-        return await asyncio.wait_for(execute(wf, TASK, view, limits, recursion=hook), timeout=2)
-
-    trace = asyncio.run(go())
+def _check_trace(trace: Trace, workers: list[FakeWorker], limits: Limits) -> None:
+    """The executor's promises, for any workflow, pool, failures and limits."""
+    by_name = {w.info.name: w for w in workers}
+    records = _flatten(trace.steps)
+    # cost: what the budget was charged is exactly what the trace reports, within the limit
+    assert trace.cost_usd == pytest.approx(trace.charged_usd, rel=1e-9, abs=1e-15)
+    assert trace.cost_usd >= 0 and math.isfinite(trace.cost_usd)
     if limits.max_cost_usd is not None:
         assert trace.cost_usd <= limits.max_cost_usd
+    # every call a worker received is an attempt in the trace, and no other
+    calls = sorted(name for name, w in by_name.items() for _ in w.calls)
+    assert sorted(trace.workers_called) == calls
     for w in workers:
         if not limits.permits(w.info.name, w.info.hosting):
             assert w.calls == [], (
                 f"{w.info.name} ({w.info.hosting}) was called on a {limits.sensitivity} request"
             )
         for call in w.calls:
-            assert 1 <= int(call["max_tokens"]) <= limits.max_tokens  # type: ignore[call-overload]
-    by_name = {w.info.name: w for w in workers}
-    for rec in _flatten(trace.steps):
-        assert rec.status in ("ok", "skipped_budget", "skipped_forbidden", "failed", "recursed")
+            assert MIN_OUTPUT_TOKENS <= int(call["max_tokens"]) <= limits.max_tokens  # type: ignore[call-overload]
+    for rec in records:
+        assert rec.status in STEP_STATUSES
+        assert rec.cost_usd == pytest.approx(sum(a.cost_usd for a in rec.attempts))
+        for a in rec.attempts:
+            info = by_name[a.worker].info
+            # no attempt of any kind (first try, fallback, recursion) names a forbidden worker
+            assert limits.permits(info.name, info.hosting)
+            if a.status in ("ok", "empty"):
+                assert a.cost_usd == pytest.approx(info.cost(a.input_tokens, a.output_tokens))
+        if rec.worker and rec.worker != "conductor":
+            assert rec.worker == rec.attempts[-1].worker  # the audit names who decided the step
+        elif rec.status in ("ok", "failed") and rec.worker != "conductor":
+            raise AssertionError(f"step {rec.index} is {rec.status} without a worker")
         if rec.status == "ok":
-            w = by_name[rec.worker]
-            assert limits.permits(w.info.name, w.info.hosting)
-            assert rec.cost_usd == pytest.approx(w.info.cost(rec.input_tokens, rec.output_tokens))
+            assert rec.attempts[-1].status == "ok"
     answered = [r for r in trace.steps if r.status in ("ok", "recursed") and r.answer]
     assert trace.final_answer == (answered[-1].answer if answered else "")
-    assert trace.cost_usd >= 0 and math.isfinite(trace.cost_usd)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_scenarios())
+def test_limits_are_never_violated(scenario: _Scenario) -> None:
+    workers, wf, limits = scenario.workers, scenario.workflow, scenario.limits
+    view = _view(*workers)
+    me = len(view)
+
+    async def hook(req: RecursionRequest) -> Trace:
+        # an inner plan with steps after its own recursion, on a worker drawn from the outer plan
+        steps = [Step(0, "verify", "all")]
+        if req.limits.allows_recursion(req.depth):
+            steps.append(Step(me, "again", "all"))
+        steps.append(Step(len(view) - 1, "after", "all"))
+        inner = await execute(
+            Workflow(steps=tuple(steps)), req.task, view, req.limits, recursion=hook, depth=req.depth
+        )
+        if scenario.hook_raises and req.depth == 1:
+            raise RuntimeError("the policy broke after running its inner workflow")
+        return inner
+
+    async def go() -> Trace:
+        return await asyncio.wait_for(execute(wf, TASK, view, limits, recursion=hook), timeout=10)
+
+    _check_trace(asyncio.run(go()), workers, limits)
 
 
 # ----------------------------------------------------------------------------- budgets and skipping
@@ -386,7 +438,8 @@ async def test_workflow_is_truncated_to_max_steps() -> None:
 
 
 class _Recorder:
-    """A recursion hook that runs a fixed inner workflow (which itself recurses again)."""
+    """A recursion hook that runs a fixed inner workflow, naming the Conductor again while the
+    limits allow it (as the LM Conductor's hook parses with ``limits.allows_recursion``)."""
 
     def __init__(self, view: PoolView, inner: Workflow) -> None:
         self.view, self.inner = view, inner
@@ -394,10 +447,14 @@ class _Recorder:
 
     async def __call__(self, req: RecursionRequest) -> Trace:
         self.requests.append(req)
-        return await execute(self.inner, req.task, self.view, req.limits, recursion=self, depth=req.depth)
+        me = len(self.view)
+        steps = tuple(s for s in self.inner.steps if s.worker != me or req.limits.allows_recursion(req.depth))
+        return await execute(
+            Workflow(steps=steps), req.task, self.view, req.limits, recursion=self, depth=req.depth
+        )
 
 
-@pytest.mark.parametrize("depth_limit", [0, 1, 2])
+@pytest.mark.parametrize("depth_limit", [1, 2])
 async def test_recursion_hook_and_depth_limit(depth_limit: int) -> None:
     w = _worker("w", responder=lambda m, ctx: f"ANSWER-{ctx.step_index}-nonce{ctx.nonce}")  # type: ignore[union-attr]
     view = _view(w)
@@ -411,27 +468,36 @@ async def test_recursion_hook_and_depth_limit(depth_limit: int) -> None:
     for d, req in enumerate(hook.requests, start=1):
         assert req.depth == d
         assert req.step_index == 1
-    if hook.requests:
-        first = hook.requests[0]
-        assert first.parent is outer
-        assert first.answer_so_far == "ANSWER-0-nonce0"
-        assert first.visible == ((0, "solve", "ANSWER-0-nonce0"),)
+    first = hook.requests[0]
+    assert first.parent is outer
+    assert first.answer_so_far == "ANSWER-0-nonce0"
+    assert first.visible == ((0, "solve", "ANSWER-0-nonce0"),)
     if len(hook.requests) > 1:
-        assert hook.requests[-1].parent is inner
+        assert hook.requests[-1].parent.steps == inner.steps
     rec = trace.steps[1]
     assert rec.status == "recursed"
-    # each level adds one call; beyond the limit the previous answer is kept
+    # each level adds one call
     assert len(w.calls) == 1 + depth_limit
     assert trace.calls == 1 + depth_limit
-    expected = "ANSWER-0-nonce0" if depth_limit == 0 else f"ANSWER-0-nonce{100 * depth_limit}"
-    assert trace.final_answer == expected
-    if depth_limit == 0:
-        assert "depth reached" in rec.note and rec.substeps == []
-    else:
-        assert len(rec.substeps) == 2
+    assert trace.final_answer == f"ANSWER-0-nonce{100 * depth_limit}"
+    assert len(rec.substeps) == (2 if depth_limit > 1 else 1)
     assert trace.cost_usd == pytest.approx(
         sum(w.info.cost(c.input_tokens, c.output_tokens) for c in _flatten(trace.steps) if c.status == "ok")
     )
+    assert trace.cost_usd == pytest.approx(trace.charged_usd)
+
+
+async def test_conductor_step_is_rejected_where_recursion_is_off() -> None:
+    """Finding 1: with recursion_depth=0 the "yourself" id is no free step; it is an invalid plan."""
+    w = _worker("w")
+    view = _view(w)
+    wf = Workflow(steps=(Step(len(view), "do nothing", ()),))
+    hook = _Recorder(view, Workflow(steps=()))
+    with pytest.raises(ValueError, match="names the Conductor"):
+        await execute(wf, TASK, view, Limits(recursion_depth=0), recursion=hook)
+    with pytest.raises(ValueError, match="no recursion hook"):
+        await execute(wf, TASK, view, Limits(recursion_depth=1))
+    assert w.calls == [] and hook.requests == []
 
 
 async def test_recursion_that_keeps_the_answer() -> None:
@@ -442,7 +508,7 @@ async def test_recursion_that_keeps_the_answer() -> None:
         return Trace(task_id=req.task.id)  # an empty inner workflow
 
     wf = Workflow(steps=(Step(0, "solve", ()), Step(len(view), "reconsider", "all")))
-    trace = await execute(wf, TASK, view, recursion=keep)
+    trace = await execute(wf, TASK, view, Limits(recursion_depth=1), recursion=keep)
     assert trace.steps[1].status == "recursed"
     assert trace.final_answer == "answer from w"
     assert "kept the previous answer" in trace.steps[1].note
@@ -460,7 +526,224 @@ async def test_recursion_inherits_the_remaining_budget() -> None:
         )
 
     wf = Workflow(steps=(Step(0, "solve", ()), Step(len(view), "reconsider", "all")))
-    trace = await execute(wf, TASK, view, Limits(max_cost_usd=0.01, max_tokens=200), recursion=hook)
-    assert seen == [pytest.approx(0.01 - 200 * 10 / 1e6)]
+    limits = Limits(max_cost_usd=0.01, max_tokens=200, recursion_depth=1)
+    trace = await execute(wf, TASK, view, limits, recursion=hook)
+    assert seen == [pytest.approx(0.01 * (1 - 1e-9) - 200 * 10 / 1e6)]
     assert trace.cost_usd <= 0.01
     assert trace.cost_usd == pytest.approx(2 * 200 * 10 / 1e6)
+
+
+async def test_recursion_cost_is_charged_to_the_parent_budget() -> None:
+    """Mutant: dropping the charge of a recursion's inner cost let a later step overspend."""
+    w = _worker("w", price_in=0.0, price_out=10.0, output_tokens=4096, responder=_step_answer)
+    view = _view(w)
+
+    async def hook(req: RecursionRequest) -> Trace:
+        return await execute(
+            Workflow(steps=(Step(0, "verify", ()),)), req.task, view, req.limits, depth=req.depth
+        )
+
+    # each call spends 400 tokens x $10/M = $0.004: after two, $0.002 is left, 200 tokens' worth
+    wf = Workflow(steps=(Step(0, "solve", ()), Step(len(view), "reconsider", "all"), Step(0, "after", "all")))
+    limits = Limits(max_cost_usd=0.01, max_tokens=400, recursion_depth=1)
+    trace = await execute(wf, TASK, view, limits, recursion=hook)
+    assert [s.status for s in trace.steps] == ["ok", "recursed", "ok"]
+    assert [int(c["max_tokens"]) for c in w.calls][:2] == [400, 400]  # type: ignore[call-overload]
+    assert 199 <= int(w.calls[2]["max_tokens"]) <= 200  # type: ignore[call-overload]
+    assert trace.cost_usd <= 0.01
+    assert trace.charged_usd == pytest.approx(trace.cost_usd)
+
+
+async def test_step_after_a_recursion_sees_its_answer() -> None:
+    """Mutant: a step after a recursion step no longer saw the recursion's answer."""
+    w = _worker("w", responder=_step_answer)
+    view = _view(w)
+
+    async def hook(req: RecursionRequest) -> Trace:
+        return await execute(
+            Workflow(steps=(Step(0, "inner", ()),)), req.task, view, req.limits, depth=req.depth
+        )
+
+    wf = Workflow(steps=(Step(0, "solve", ()), Step(len(view), "reconsider", "all"), Step(0, "after", (1,))))
+    trace = await execute(wf, TASK, view, Limits(recursion_depth=1), recursion=hook)
+    assert trace.steps[1].answer == "ANSWER-0"  # the inner step's answer
+    assert trace.steps[2].visible == [1]
+    last = w.calls[-1]
+    assert "[Step 1] Subtask: reconsider" in _message(last) and "ANSWER-0" in _message(last)
+
+
+async def test_recursion_hook_exception_fails_the_step_and_keeps_its_cost() -> None:
+    """Worth checking: an exception from the hook escaped execute while siblings kept calling."""
+    w = _worker("w", price_in=1.0, price_out=2.0, responder=_step_answer)
+    sibling = _worker("sib", latency_s=0.05)
+    view = _view(w, sibling)
+
+    async def broken(req: RecursionRequest) -> Trace:
+        await execute(Workflow(steps=(Step(0, "inner", ()),)), req.task, view, req.limits, depth=req.depth)
+        raise RuntimeError("generation failed")
+
+    wf = Workflow(steps=(Step(0, "solve", ()), Step(len(view), "reconsider", (0,)), Step(1, "side", ())))
+    trace = await execute(wf, TASK, view, Limits(max_cost_usd=1.0, recursion_depth=1), recursion=broken)
+    rec = trace.steps[1]
+    assert rec.status == "failed" and "generation failed" in rec.note
+    assert [a.worker for a in rec.substeps[0].attempts] == ["w"]  # the inner call is still recorded
+    assert trace.steps[2].status == "ok"
+    assert len(w.calls) == 2
+    assert trace.cost_usd == pytest.approx(trace.charged_usd) and trace.cost_usd > 0
+
+
+async def test_execute_cancelled_stops_steps_in_flight() -> None:
+    slow = _worker("slow", latency_s=5.0)
+    task = asyncio.ensure_future(
+        execute(Workflow(steps=(Step(0, "a", ()), Step(0, "b", ()))), TASK, _view(slow))
+    )
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert not [t for t in pending if "_run_step" in repr(t.get_coro())]
+
+
+# ----------------------------------------------------------------------------- the review's findings
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_cost_usd", float("nan")),
+        ("max_cost_usd", float("inf")),
+        ("max_cost_usd", 0.0),
+        ("max_cost_usd", -1.0),
+        ("max_cost_usd", True),
+        ("max_cost_usd", "1"),
+        ("max_tokens", 32),
+        ("max_tokens", MIN_OUTPUT_TOKENS - 1),
+        ("max_steps", 0),
+        ("step_timeout_s", float("nan")),
+        ("temperature", -0.1),
+        ("recursion_depth", -1),
+        ("sensitivity", "secret"),
+        ("allowed_workers", ["a"]),
+    ],
+)
+def test_limits_reject_values_no_request_could_mean(field: str, value: object) -> None:
+    """Findings 2 and 3: a NaN budget meant unlimited spending; max_tokens < 64 read as "exhausted"."""
+    with pytest.raises(InvalidValue, match=field):
+        Limits(**{field: value})  # type: ignore[arg-type]
+
+
+def test_limits_accept_the_boundaries() -> None:
+    lim = Limits(max_cost_usd=1e-9, max_tokens=MIN_OUTPUT_TOKENS, max_steps=1, temperature=0.0)
+    assert lim.max_tokens == MIN_OUTPUT_TOKENS and not lim.allows_recursion()
+    assert Limits(recursion_depth=2).allows_recursion(1) and not Limits(recursion_depth=2).allows_recursion(2)
+
+
+def test_pool_rejects_a_worker_that_cannot_start_a_call() -> None:
+    """Finding 3: a pool worker with max_output_tokens < 64 could never run a step."""
+    spec = {"name": "tiny", "kind": "fake", "max_output_tokens": 32}
+    with pytest.raises(InvalidValue, match="max_output_tokens"):
+        info_from_spec(spec)
+    assert info_from_spec({**spec, "max_output_tokens": MIN_OUTPUT_TOKENS}).max_output_tokens == 64
+
+
+async def test_blank_answer_cost_is_in_the_trace() -> None:
+    """Finding 4: a blank answer was charged to the budget but missing from trace.cost_usd."""
+    mute = _worker("mute", answer="  ", price_in=1.0, price_out=2.0)
+    backup = _worker("backup", price_in=1.0, price_out=2.5)
+    trace = await execute(
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(mute, backup), Limits(max_cost_usd=1.0)
+    )
+    rec = trace.steps[0]
+    assert rec.status == "ok" and rec.worker == "backup"
+    assert [(a.worker, a.status) for a in rec.attempts] == [("mute", "empty"), ("backup", "ok")]
+    blank, good = rec.attempts
+    assert blank.cost_usd > 0 and "empty answer" in blank.error
+    assert trace.cost_usd == pytest.approx(blank.cost_usd + good.cost_usd)
+    assert trace.cost_usd == pytest.approx(trace.charged_usd)
+    assert rec.input_tokens == blank.input_tokens + good.input_tokens
+
+
+async def test_timed_out_call_is_recorded_at_its_reservation() -> None:
+    """Finding 4: a timed-out call was charged its reservation but recorded as $0."""
+    hung = _worker("hung", hang=True, price_in=1.0, price_out=2.0)
+    trace = await execute(
+        Workflow(steps=(Step(0, "solve", ()),)),
+        TASK,
+        _view(hung),
+        Limits(max_cost_usd=1.0, max_tokens=100, step_timeout_s=0.05),
+    )
+    rec = trace.steps[0]
+    assert rec.status == "failed" and rec.worker == "hung"
+    (attempt,) = rec.attempts
+    assert attempt.status == "timeout" and attempt.latency_s == 0.05
+    message = _message(hung.calls[0])
+    reserved = (math.ceil(len(message) / 2.5) + 16) * 1.0 / 1e6 + 100 * 2.0 / 1e6
+    assert attempt.cost_usd == pytest.approx(reserved)
+    assert trace.cost_usd == pytest.approx(trace.charged_usd) == pytest.approx(reserved)
+
+
+async def test_private_audit_never_names_an_external_worker() -> None:
+    """Finding 5: the record kept the requested external worker's name when the substitute failed."""
+    ext = _worker("ext", hosting="external", price_out=10.0)
+    local = _worker("local", hosting="self", price_out=9.0, fail_times=10)
+    trace = await execute(
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(ext, local), Limits(sensitivity="private")
+    )
+    rec = trace.steps[0]
+    assert ext.calls == []
+    assert rec.status == "failed"
+    assert rec.worker == "local" and rec.requested_worker == "ext"
+    assert trace.workers_called == ["local"]
+    forbidden = await execute(
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(ext), Limits(sensitivity="private")
+    )
+    assert forbidden.steps[0].worker == "" and forbidden.workers_called == []
+
+
+async def test_cheap_output_price_still_caps_tokens() -> None:
+    """Mutant `price_out > 0` -> `> 1`: a worker at <= $1/M output tokens got no cap."""
+    cheap = _worker("cheap", price_in=0.0, price_out=0.5, output_tokens=10_000)
+    trace = await execute(
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(cheap), Limits(max_cost_usd=1e-4)
+    )
+    assert int(cheap.calls[0]["max_tokens"]) in (199, 200)  # type: ignore[call-overload]
+    assert trace.cost_usd <= 1e-4
+
+
+async def test_reservation_covers_input_cost() -> None:
+    """Mutant halving the input reservation: a long question at a high input price overspent."""
+    w = _worker("w", price_in=10.0, price_out=10.0, output_tokens=10_000)
+    task = Task(id="t/long", question="y" * 6000, answer="", domain="qa", source="test", grader="qa")
+    budget = 0.03  # the input reservation (~$0.025) leaves ~500 output tokens; half of it, ~1750
+    trace = await execute(
+        Workflow(steps=(Step(0, "solve", ()),)), task, _view(w), Limits(max_cost_usd=budget)
+    )
+    assert trace.steps[0].status == "ok"
+    assert trace.cost_usd <= budget
+    assert int(w.calls[0]["max_tokens"]) < 600  # type: ignore[call-overload]
+
+
+async def test_fallback_picks_the_closest_price_among_several() -> None:
+    """Mutant: the fallback after a failure picked the furthest-priced worker (one candidate before)."""
+    bad = _worker("bad", price_out=10.0, fail_times=10)
+    far_low = _worker("far-low", price_out=1.0)
+    near = _worker("near", price_out=12.0)
+    far_high = _worker("far-high", price_out=60.0)
+    trace = await execute(Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(bad, far_low, near, far_high))
+    assert trace.steps[0].worker == "near"
+    assert far_low.calls == [] and far_high.calls == []
+
+
+async def test_step_that_affords_exactly_the_minimum_runs() -> None:
+    """Mutant `cap >= MIN_OUTPUT_TOKENS` -> `>`: the boundary was untested."""
+    w = _worker("w", price_in=0.0, price_out=10.0, output_tokens=4096)
+    exact = MIN_OUTPUT_TOKENS * 10.0 / 1e6 * (1 + 2e-9)  # the executor keeps 1e-9 of slack
+    trace = await execute(Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(w), Limits(max_cost_usd=exact))
+    assert trace.steps[0].status == "ok"
+    assert int(w.calls[0]["max_tokens"]) == MIN_OUTPUT_TOKENS  # type: ignore[call-overload]
+    below = MIN_OUTPUT_TOKENS * 10.0 / 1e6 * (1 - 1e-6)
+    skipped = await execute(
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(w), Limits(max_cost_usd=below)
+    )
+    assert skipped.steps[0].status == "skipped_budget" and len(w.calls) == 1

@@ -38,6 +38,19 @@ def questions() -> list[str]:
         ({"question": "2+2?", "max_steps": 0}, "max_steps"),
         ({"question": "2+2?", "temperature": 0.3}, "temperature"),
         ({"question": "2+2?", "allowed_workers": "gpt-5"}, "allowed_workers"),
+        # finding 2: these read as "no budget", an infinite one, and $1
+        ({"question": "2+2?", "max_cost_usd": float("nan")}, "max_cost_usd"),
+        ({"question": "2+2?", "max_cost_usd": float("inf")}, "max_cost_usd"),
+        ({"question": "2+2?", "max_cost_usd": "inf"}, "max_cost_usd"),
+        ({"question": "2+2?", "max_cost_usd": "NaN"}, "max_cost_usd"),
+        ({"question": "2+2?", "max_cost_usd": True}, "max_cost_usd"),
+        ({"question": "2+2?", "max_cost_usd": "0.01"}, "max_cost_usd"),
+        ({"question": " \n\t "}, "question"),
+        # finding 7: a request cannot name a pool (path or name)
+        ({"question": "2+2?", "pool": "../../../../tmp/evil"}, "pool"),
+        ({"question": "2+2?", "pool": "/tmp/evil.yaml"}, "pool"),
+        ({"question": "2+2?", "pool": "paper-sim"}, "pool"),
+        ({"question": "2+2?", "pool": None}, "pool"),
     ],
 )
 def test_parse_request_names_the_bad_field(raw: dict[str, Any], field: str) -> None:
@@ -48,10 +61,9 @@ def test_parse_request_names_the_bad_field(raw: dict[str, Any], field: str) -> N
 
 def test_parse_request_accepts_strings_and_drops_missing_values() -> None:
     assert parse_request("What is 2+2?") == ConductorRequest(question="What is 2+2?")
-    req = parse_request(
-        {"question": "q", "max_cost_usd": None, "pool": float("nan"), "sensitivity": "private"}
-    )
-    assert req.max_cost_usd is None and req.pool is None and req.sensitivity == "private"
+    req = parse_request({"question": "q", "max_cost_usd": None, "sensitivity": "private"})
+    assert req.max_cost_usd is None and req.sensitivity == "private"
+    assert parse_request({"question": "q", "max_cost_usd": 1}).max_cost_usd == 1.0
     with pytest.raises(RequestError, match="object"):
         parse_request(["q"])
 
@@ -64,8 +76,12 @@ def test_answer_batch_returns_answer_workflow_steps_and_cost(micro: Micro, quest
         assert {"answer", "workflow", "steps", "cost_usd", "tokens", "fallback_plan", "raw_plan"} <= set(res)
         assert res["workflow"] and all(w["worker"] in names | {"conductor"} for w in res["workflow"])
         assert len(res["steps"]) == len(res["workflow"])
-        assert all(s["worker"] in names | {"conductor"} for s in res["steps"])
+        # "" = no worker was called for that step (skipped)
+        assert all(s["worker"] in names | {"conductor", ""} for s in res["steps"])
         assert res["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in res["steps"]))
+        attempts = [a for s in res["steps"] for a in s["attempts"]]
+        assert res["workers_called"] == [a["worker"] for a in attempts]
+        assert res["cost_usd"] == pytest.approx(sum(a["cost_usd"] for a in attempts))
         if any(s["status"] == "ok" for s in res["steps"]):
             assert res["answer"] and res["cost_usd"] > 0 and res["tokens"] > 0
 
@@ -77,6 +93,9 @@ def test_private_requests_only_reach_self_hosted_workers(micro: Micro, questions
     ran = [s for res in out for s in res["steps"] if s["status"] == "ok"]
     assert ran, "no step ran at all"
     assert all(hosting[s["worker"]] == "self" for s in ran)
+    # finding 5: no step, attempt or audit entry names an external worker
+    assert all(hosting[w] == "self" for res in out for w in res["workers_called"])
+    assert all(hosting[s["worker"]] == "self" for res in out for s in res["steps"] if s["worker"])
     assert all(
         hosting[w["worker"]] == "self" for res in out for w in res["workflow"] if w["worker"] in hosting
     )
@@ -103,3 +122,24 @@ def test_a_budget_is_never_exceeded(micro: Micro, questions: list[str], budget: 
     if budget == 1e-5:  # too small for any call: every step is skipped, nothing is spent
         assert all(res["cost_usd"] == 0.0 for res in out)
         assert all(res["stopped_reason"] == "skipped_budget" for res in out)
+
+
+def test_the_operator_picks_the_pool(micro: Micro, questions: list[str], tmp_path: Path) -> None:
+    """Finding 7: the pool comes from the operator (or the model), never from the request."""
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("name: evil\nworkers:\n  - {name: spy, kind: fake, hosting: self}\n")
+    with pytest.raises(RequestError, match="cannot choose the worker pool"):
+        answer_batch(micro.final_dir, [{"question": questions[0], "pool": str(evil)}])
+    (res,) = answer_batch(micro.final_dir, [questions[0]], pool=str(evil))
+    assert res["workers_called"] and set(res["workers_called"]) == {"spy"}
+
+
+def test_response_step_with_substeps_adds_up() -> None:
+    from rl_conductor.serving_core import step_document
+    from rl_conductor.trace import Attempt, StepRecord
+
+    inner = StepRecord(1, "w", "verify", [0], attempts=[Attempt("w", "ok", 10, 5, 0.002)], cost_usd=0.002)
+    outer = StepRecord(1, "conductor", "review", [0], status="recursed", substeps=[inner])
+    doc = step_document(outer)
+    assert doc["cost_usd"] == pytest.approx(0.002)
+    assert doc["substeps"][0]["attempts"][0]["worker"] == "w"

@@ -186,7 +186,7 @@ def test_mutated_workflow_text_raises_only_parse_error(
     for _ in range(rounds):
         text = _mutate(text, rng)
     try:
-        got = parse(text, pool_size=pool_size)
+        got = parse(text, pool_size=pool_size, allow_recursion=True)
     except ParseError:
         return
     _well_formed(got, pool_size, DEFAULT_MAX_STEPS)
@@ -197,11 +197,13 @@ def test_mutated_workflow_text_raises_only_parse_error(
 def test_render_parse_round_trip(case: tuple[Workflow, int], reasoning: str) -> None:
     wf, pool_size = case
     text = render(wf, reasoning=reasoning)
-    got = parse(text, pool_size=pool_size)
+    got = parse(text, pool_size=pool_size, allow_recursion=True)
     assert normalize(got) == normalize(wf)
     assert got.reasoning == reasoning.strip()
     # a parsed workflow renders to itself exactly (the canonical spelling is a fixed point)
-    assert render(parse(render(got), pool_size=pool_size)) == render(got)
+    assert render(parse(render(got), pool_size=pool_size, allow_recursion=True)) == render(got)
+    # and parses back to itself: parse(render(w)) == w for every w that parse returns
+    assert parse(render(got), pool_size=pool_size, allow_recursion=True) == got
 
 
 def test_round_trip_keeps_all_spelling_and_explicit_lists() -> None:
@@ -246,7 +248,7 @@ def test_paper_example_parses() -> None:
         (_text("[0, 1]", "['a', 'b']", "[[1], []]"), "not earlier than step 0"),
         (_text("[0]", "['a']", "[[0]]"), "not earlier than step 0"),
         (_text("[0, 1]", "['a', 'b']", "[[], [-1]]"), "negative"),
-        (_text("[0, 4]", "['a', 'b']", "[[], []]"), "out of range 0..3"),
+        (_text("[0, 4]", "['a', 'b']", "[[], []]"), "out of range 0..2"),
         (_text("[-1]", "['a']", "[[]]"), "out of range"),
         (_text("[True]", "['a']", "[[]]"), "must be an int"),
         (_text("[0]", "['  ']", "[[]]"), "is empty"),
@@ -272,10 +274,15 @@ def test_all_means_every_earlier_step_and_self_reference_is_an_error() -> None:
 
 
 def test_recursion_id_accepted_only_when_allowed() -> None:
+    """Finding 1: the "yourself" id is a parse error unless recursion is on (off by default)."""
     text = _text("[0, 3]", "['solve', 'reconsider']", '[[], "all"]')
-    assert parse(text, pool_size=3).steps[1].worker == 3
+    assert parse(text, pool_size=3, allow_recursion=True).steps[1].worker == 3
     with pytest.raises(ParseError, match=r"out of range 0\.\.2"):
         parse(text, pool_size=3, allow_recursion=False)
+    with pytest.raises(ParseError, match=r"out of range 0\.\.2"):
+        parse(text, pool_size=3)
+    with pytest.raises(ParseError, match=r"out of range 0\.\.2"):
+        parse(_text("[3]", "['do nothing']", "[[]]"), pool_size=3)
     with pytest.raises(ParseError, match="out of range"):
         parse(_text("[0, 4]", "['a', 'b']", "[[], []]"), pool_size=3, allow_recursion=True)
 
@@ -355,3 +362,29 @@ def test_worker_message_shows_exactly_the_visible_steps(visible_idx: list[int], 
     positions = [msg.index(answers[i]) for i in visible_idx]
     assert positions == sorted(positions)
     assert all(p < msg.index("Your subtask:") for p in positions)
+
+
+def test_full_explicit_access_list_round_trips_exactly() -> None:
+    """``render`` spelled (0, 1) at step 2 as "all", so parse(render(w)) != w."""
+    wf = Workflow(steps=(Step(0, "a", ()), Step(1, "b", (0,)), Step(0, "c", (0, 1)), Step(1, "d", "all")))
+    assert parse(render(wf), pool_size=2) == wf
+
+
+@pytest.mark.parametrize("value", [None, 1, b"model_id = [0]", ["model_id = [0]"]])
+def test_non_text_is_a_parse_error(value: object) -> None:
+    with pytest.raises(ParseError, match="not text"):
+        parse(value, pool_size=3)  # type: ignore[arg-type]
+
+
+def test_triple_quoted_instructions_parse() -> None:
+    subtasks = "subtasks = ['''Solve ] this''', \"\"\"Check [it] \"\"\"]"
+    text = f'model_id = [0, 1]\n{subtasks}\naccess_list = [[], "all"]'
+    wf = parse(text, pool_size=2)
+    assert [s.instruction for s in wf.steps] == ["Solve ] this", "Check [it]"]
+    with pytest.raises(ParseError, match="unterminated"):
+        parse("model_id = [0]\nsubtasks = ['''never closed ]\naccess_list = [[]]", pool_size=1)
+
+
+def test_list_followed_directly_by_semicolon() -> None:
+    wf = parse("model_id = [1];subtasks = ['a'];access_list = [[]];", pool_size=2)
+    assert wf.workers() == [1] and wf.steps[0].instruction == "a"

@@ -7,17 +7,28 @@ Whatever the policy wrote, it enforces:
 * **budget** — before a call it reserves the worst case the call can cost (a conservative input
   token count plus ``max_tokens`` of output, with ``max_tokens`` capped to what the unreserved
   budget affords) and charges the real cost afterwards, so ``trace.cost_usd`` never exceeds
-  ``limits.max_cost_usd`` as long as workers honour ``max_tokens``. A step that cannot afford
-  ``MIN_OUTPUT_TOKENS`` of output is skipped, its dependents too, and the best answer so far
-  (the latest completed step) becomes the final answer.
+  ``limits.max_cost_usd`` as long as workers honour ``max_tokens`` and input tokens stay within
+  the reservation (characters / 2.5 + 16 per message: true for the offline workers, not
+  guaranteed for real tokenizers on CJK or emoji text). Every call is recorded as an
+  :class:`~rl_conductor.trace.Attempt` carrying what the budget was charged for it (a blank
+  answer its cost, a timed-out call its whole reservation), so ``trace.cost_usd`` is exactly the
+  budget's charged total. A step that cannot afford ``MIN_OUTPUT_TOKENS`` of output is skipped,
+  its dependents too, and the best answer so far (the latest completed step) becomes the final
+  answer.
 * **allowed workers and sensitivity** — a forbidden worker (not in ``allowed_workers``, or external
   on a ``private`` request) is replaced by the permitted worker of the view whose price is
   closest; with none permitted the step is skipped. Private requests never reach an external worker.
 * **failures** — a call that raises or passes ``step_timeout_s`` is retried on a fallback worker of
-  the same hosting class; after that the step is ``failed`` and its dependents run without it.
-* **recursion** — worker id ``len(view)`` names the Conductor itself; the executor calls the
-  ``recursion`` hook (the policy) with the parent workflow and the answers so far, up to
-  ``limits.recursion_depth`` levels; deeper, the step keeps the previous answer.
+  the same hosting class (the closest in price); after that the step is ``failed`` and its
+  dependents run without it. ``StepRecord.worker`` is the worker whose attempt decided the step
+  ("" when none was called), so the audit never names a worker that did not see the request.
+* **recursion** — worker id ``len(view)`` names the Conductor itself, valid only while
+  ``depth < limits.recursion_depth`` and with a ``recursion`` hook; otherwise the workflow is
+  rejected, as ``parse`` rejects it (one recursion setting for parsing, prompt and executor).
+  The hook (the policy) gets the parent workflow and the answers so far and returns the inner
+  trace. The inner run is charged to a hold of the whole remaining budget (parallel siblings
+  wait for it) and its records are kept even when the hook raises; an exception from the hook
+  makes the step ``failed`` instead of escaping ``execute``.
 
 Latency is reported two ways: ``Trace.wall_s`` (measured) and ``Trace.latency_s`` (critical path
 of the workers' reported latencies, which is what simulated pools model).
@@ -26,19 +37,19 @@ of the workers' reported latencies, which is what simulated pools model).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, StepRecord, Trace
-from rl_conductor.workers.base import CallContext, Completion, Worker
+from rl_conductor.trace import ANSWERED, MIN_OUTPUT_TOKENS, Attempt, Limits, StepRecord, Trace
+from rl_conductor.workers.base import CallContext, Completion, Worker, WorkerInfo
 from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Step, Workflow, worker_message
 
-#: A step that cannot afford this many output tokens is not started.
-MIN_OUTPUT_TOKENS = 64
+__all__ = ["MIN_OUTPUT_TOKENS", "RecursionHook", "RecursionRequest", "execute", "reserve_input_tokens"]
 #: Conservative characters-per-token used to reserve input cost (real tokenizers average ~4).
 _RESERVE_CHARS_PER_TOKEN = 2.5
 _MESSAGE_OVERHEAD_TOKENS = 16
@@ -96,6 +107,21 @@ class _Budget:
 
 
 @dataclass
+class _Inner:
+    """What a recursion step shares with the run its hook starts: the held budget, and a sink
+    that receives each inner step's record as it settles (kept even if the hook raises)."""
+
+    depth: int
+    budget: _Budget
+    records: list[StepRecord] = field(default_factory=list)
+    joined: bool = False
+
+
+#: Set by a recursion step while its hook runs; the hook's ``execute`` at that depth joins it.
+_INNER: contextvars.ContextVar[_Inner | None] = contextvars.ContextVar("rl_conductor_inner", default=None)
+
+
+@dataclass
 class _Run:
     task: Task
     workflow: Workflow
@@ -104,7 +130,7 @@ class _Run:
     recursion: RecursionHook | None
     depth: int
     budget: _Budget
-    records: list[StepRecord] = field(default_factory=list)
+    sink: list[StepRecord] | None = None  # a recursion step's record sink (see _Inner)
     finish: dict[int, float] = field(default_factory=dict)  # simulated finish time per step
     t0: float = field(default_factory=time.perf_counter)
 
@@ -128,13 +154,8 @@ def _substitute(view: PoolView, limits: Limits, ordinal: int, *, exclude: set[in
     return None if best is None else best[1]
 
 
-async def _call(
-    run: _Run, worker: Worker, messages: list[dict[str, str]], ctx: CallContext
-) -> tuple[Completion | None, str]:
-    """One budgeted call. Returns (completion, "") or (None, why it failed; "budget" if unaffordable)."""
-    info = worker.info
-    in_tok = reserve_input_tokens(messages)
-    in_cost = in_tok * info.price_in / 1e6
+async def _affordable_cap(run: _Run, info: WorkerInfo, in_cost: float) -> int | None:
+    """Output tokens a call may use, waiting for siblings' reservations; None = unaffordable."""
     while True:
         cap = min(run.limits.max_tokens, info.max_output_tokens)
         avail = run.budget.available()
@@ -144,12 +165,23 @@ async def _call(
             elif avail < in_cost:
                 cap = -1
         if cap >= MIN_OUTPUT_TOKENS:
-            break
+            return cap
         if run.budget.holds == 0:
-            return None, "budget"
+            return None
         # siblings in flight hold reservations: wait until one settles, then look again
         run.budget.changed.clear()
         await run.budget.changed.wait()
+
+
+async def _call(
+    run: _Run, worker: Worker, messages: list[dict[str, str]], ctx: CallContext
+) -> tuple[Completion | None, Attempt | None]:
+    """One budgeted call: (completion or None, its attempt); attempt None = unaffordable, not called."""
+    info = worker.info
+    in_cost = reserve_input_tokens(messages) * info.price_in / 1e6
+    cap = await _affordable_cap(run, info, in_cost)
+    if cap is None:
+        return None, None
     reservation = in_cost + cap * info.price_out / 1e6
     run.budget.reserve(reservation)
     try:
@@ -160,36 +192,69 @@ async def _call(
     except TimeoutError:
         # a timed-out call may still be billed: keep its reservation counted as spent
         run.budget.release(reservation, reservation)
-        return None, f"{info.name}: timed out after {run.limits.step_timeout_s:g}s"
+        timeout = run.limits.step_timeout_s
+        err = f"{info.name}: timed out after {timeout:g}s"
+        return None, Attempt(info.name, "timeout", cost_usd=reservation, latency_s=timeout, error=err)
+    except asyncio.CancelledError:
+        run.budget.release(reservation, reservation)  # cancelled mid-call: it may still be billed
+        raise
     except Exception as exc:  # any worker failure is recorded and replaced
         run.budget.release(reservation, 0.0)
-        return None, f"{info.name}: {exc.__class__.__name__}: {str(exc)[:200]}"
-    run.budget.release(reservation, comp.cost_usd)
-    if not isinstance(comp.text, str) or not comp.text.strip():
-        return None, f"{info.name}: empty answer"
-    return comp, ""
+        err = f"{info.name}: {exc.__class__.__name__}: {str(exc)[:200]}"
+        return None, Attempt(info.name, "error", error=err)
+    cost = comp.cost_usd
+    if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) or cost < 0:
+        cost = reservation  # a worker that reports no usable cost is charged its worst case
+    run.budget.release(reservation, cost)
+    answered = isinstance(comp.text, str) and bool(comp.text.strip())
+    attempt = Attempt(
+        info.name,
+        "ok" if answered else "empty",
+        input_tokens=comp.input_tokens,
+        output_tokens=comp.output_tokens,
+        cost_usd=cost,
+        latency_s=comp.latency_s,
+        error="" if answered else f"{info.name}: empty answer",
+    )
+    return (comp if answered else None), attempt
+
+
+def _fallback(run: _Run, failed: WorkerInfo, tried: set[int]) -> int | None:
+    """The untried permitted worker of ``failed``'s hosting class closest to it in price."""
+    same = [
+        j
+        for j in range(len(run.view))
+        if j not in tried
+        and _permitted(run.view, run.limits, j)
+        and run.view.worker(j).info.hosting == failed.hosting
+    ]
+    if not same:
+        return None
+    return min(same, key=lambda j: (abs(run.view.worker(j).info.price_out - failed.price_out), j))
 
 
 async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecord]) -> StepRecord:
-    visible_idx = [i for i in step.visible(index) if done[i].status in ("ok", "recursed")]
+    visible_idx = [i for i in step.visible(index) if done[i].status in ANSWERED]
     visible = [(i, run.workflow.steps[i].instruction, done[i].answer) for i in visible_idx]
     start = max((run.finish.get(i, 0.0) for i in step.visible(index)), default=0.0)
 
     if step.worker == len(run.view):
         return await _run_recursion(run, index, step, visible, start)
 
+    requested = run.view.worker(step.worker).info.name
     rec = StepRecord(
         index=index,
-        worker=run.view.worker(step.worker).info.name,
+        worker="",
         instruction=step.instruction,
         visible=visible_idx,
         started_s=start,
+        requested_worker=requested,
     )
     ordinal: int | None = step.worker
     notes: list[str] = []
     if not _permitted(run.view, run.limits, step.worker):
         sub = _substitute(run.view, run.limits, step.worker, exclude=set())
-        notes.append(f"{rec.worker} not permitted ({run.limits.sensitivity} request)")
+        notes.append(f"{requested} not permitted ({run.limits.sensitivity} request)")
         ordinal = sub
         if sub is None:
             rec.status, rec.note = "skipped_forbidden", "; ".join([*notes, "no permitted worker"])
@@ -207,38 +272,30 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
     while ordinal is not None:
         tried.add(ordinal)
         worker = run.view.worker(ordinal)
-        comp, err = await _call(run, worker, messages, ctx)
+        comp, attempt = await _call(run, worker, messages, ctx)
+        if attempt is None:
+            rec.status = "skipped_budget"
+            notes.append("budget exhausted")
+            break
+        rec.attempts.append(attempt)
+        rec.worker = attempt.worker
         if comp is not None:
-            rec.worker = worker.info.name
-            rec.answer = comp.text
-            rec.input_tokens, rec.output_tokens = comp.input_tokens, comp.output_tokens
-            rec.cost_usd, rec.latency_s, rec.cached = comp.cost_usd, comp.latency_s, comp.cached
+            rec.answer, rec.cached = comp.text, comp.cached
             rec.finish_reason, rec.tokens_estimated = comp.finish_reason, comp.tokens_estimated
             if comp.finish_reason == "length":
                 notes.append("output truncated at max_tokens")
             rec.status = "ok"
             break
-        if err == "budget":
-            rec.status = "skipped_budget"
-            notes.append("budget exhausted")
-            break
-        notes.append(err)
+        notes.append(attempt.error)
         rec.status = "failed"
         # a fallback of the same hosting class, never one the request forbids
-        same = [
-            j
-            for j in range(len(run.view))
-            if j not in tried
-            and _permitted(run.view, run.limits, j)
-            and run.view.worker(j).info.hosting == worker.info.hosting
-        ]
-        ordinal = (
-            min(same, key=lambda j: abs(run.view.worker(j).info.price_out - worker.info.price_out))
-            if same
-            else None
-        )
+        ordinal = _fallback(run, worker.info, tried)
         if ordinal is not None:
             notes.append(f"fallback to {run.view.worker(ordinal).info.name}")
+    rec.input_tokens = sum(a.input_tokens for a in rec.attempts)
+    rec.output_tokens = sum(a.output_tokens for a in rec.attempts)
+    rec.cost_usd = sum(a.cost_usd for a in rec.attempts)
+    rec.latency_s = sum(a.latency_s for a in rec.attempts)
     rec.note = "; ".join(notes)
     run.finish[index] = start + rec.latency_s
     return rec
@@ -253,20 +310,29 @@ async def _run_recursion(
         instruction=step.instruction,
         visible=[v[0] for v in visible],
         started_s=start,
+        status="recursed",
+        requested_worker="conductor",
     )
+    hook = run.recursion
+    assert hook is not None  # execute() rejects a Conductor step it cannot run
     prev = visible[-1][2] if visible else ""
-    if run.recursion is None or run.depth >= run.limits.recursion_depth:
-        rec.status, rec.answer = "recursed", prev
-        rec.note = "recursion depth reached: previous answer kept"
-        run.finish[index] = start
-        return rec
     avail = run.budget.available()
-    hold = 0.0 if math.isinf(avail) else max(0.0, avail)
-    sub_limits = replace(run.limits, max_cost_usd=None if math.isinf(avail) else hold)
+    while math.isfinite(avail) and avail <= 0 and run.budget.holds:
+        run.budget.changed.clear()
+        await run.budget.changed.wait()
+        avail = run.budget.available()
+    run.finish[index] = start
+    if math.isfinite(avail) and avail <= 0:
+        rec.status, rec.worker, rec.note = "skipped_budget", "", "budget exhausted before the recursion"
+        return rec
+    hold = avail if math.isfinite(avail) else 0.0
+    sub_limits = replace(run.limits, max_cost_usd=hold if math.isfinite(avail) else None)
+    shared = _Inner(depth=run.depth + 1, budget=_Budget(sub_limits.max_cost_usd))
     run.budget.reserve(hold)
-    charge = 0.0
+    token = _INNER.set(shared)
+    charge: float | None = None
     try:
-        inner = await run.recursion(
+        inner = await hook(
             RecursionRequest(
                 task=run.task,
                 parent=run.workflow,
@@ -277,11 +343,20 @@ async def _run_recursion(
                 depth=run.depth + 1,
             )
         )
-        charge = inner.cost_usd
+        # a hook whose inner run went through this executor was charged on the held budget; one
+        # that ran elsewhere reports its cost in the trace it returns
+        charge = shared.budget.spent if shared.joined else inner.cost_usd
+    except Exception as exc:  # the policy failed: this step fails, the rest of the run goes on
+        rec.status, rec.answer = "failed", ""
+        rec.substeps = list(shared.records)
+        rec.note = f"recursion failed: {exc.__class__.__name__}: {str(exc)[:200]}"
+        return rec
     finally:
-        run.budget.release(hold, charge)
-    rec.status = "recursed"
-    rec.substeps = inner.steps
+        _INNER.reset(token)
+        run.budget.release(hold, shared.budget.spent if charge is None else charge)
+    rec.substeps = (
+        list(inner.steps) if not shared.joined or _same(inner.steps, shared.records) else list(shared.records)
+    )
     rec.answer = inner.final_answer or prev
     rec.note = (
         "inner workflow kept the previous answer"
@@ -293,6 +368,10 @@ async def _run_recursion(
     return rec
 
 
+def _same(a: list[StepRecord], b: list[StepRecord]) -> bool:
+    return sorted(map(id, a)) == sorted(map(id, b))
+
+
 async def execute(
     workflow: Workflow,
     task: Task,
@@ -302,51 +381,87 @@ async def execute(
     recursion: RecursionHook | None = None,
     depth: int = 0,
 ) -> Trace:
-    """Execute ``workflow`` for ``task`` on ``view`` within ``limits`` and return its trace."""
+    """Execute ``workflow`` for ``task`` on ``view`` within ``limits`` and return its trace.
+
+    Raises:
+        ValueError: for a workflow these limits make invalid (a worker id outside the view, a
+            step that sees a later one, the Conductor's id where recursion is off or no hook).
+    """
     limits = limits or Limits()
     steps = workflow.steps[: limits.max_steps]
-    run = _Run(task, workflow, view, limits, recursion, depth, _Budget(limits.max_cost_usd))
     trace = Trace(task_id=task.id)
     if len(workflow.steps) > limits.max_steps:
         trace.notes.append(f"workflow truncated to {limits.max_steps} steps")
     for i, s in enumerate(steps):
+        if s.worker == len(view) and not (limits.allows_recursion(depth) and recursion is not None):
+            why = (
+                "no recursion hook was given"
+                if recursion is None
+                else f"recursion_depth={limits.recursion_depth} allows none at depth {depth}"
+            )
+            raise ValueError(f"step {i} names the Conductor itself (id {len(view)}) but {why}")
         if not 0 <= s.worker <= len(view):
             raise ValueError(f"step worker id {s.worker} is outside the view of {len(view)} workers")
         if not all(0 <= d < i for d in s.visible(i)):
             raise ValueError(f"step {i} may only see earlier steps, not {s.access}")
+    shared = _INNER.get()
+    if shared is not None and shared.depth == depth:
+        # started by a recursion step's hook: spend from its hold and report every record to it
+        shared.joined = True
+        run = _Run(task, workflow, view, limits, recursion, depth, shared.budget, sink=shared.records)
+    else:
+        run = _Run(task, workflow, view, limits, recursion, depth, _Budget(limits.max_cost_usd))
 
     done: dict[int, StepRecord] = {}
+
+    def settle(i: int, rec: StepRecord) -> None:
+        done[i] = rec
+        if run.sink is not None:
+            run.sink.append(rec)
+
     pending = set(range(len(steps)))
     running: dict[asyncio.Task[StepRecord], int] = {}
-    while pending or running:
-        for i in sorted(pending):
-            deps = steps[i].visible(i)
-            if all(d in done for d in deps):
-                if any(done[d].status in ("skipped_budget",) for d in deps):
-                    done[i] = StepRecord(
-                        index=i,
-                        worker=_name(view, steps[i].worker),
-                        instruction=steps[i].instruction,
-                        visible=[],
-                        status="skipped_budget",
-                        note="a step it depends on was skipped",
-                    )
+    try:
+        while pending or running:
+            for i in sorted(pending):
+                deps = steps[i].visible(i)
+                if all(d in done for d in deps):
+                    if any(done[d].status == "skipped_budget" for d in deps):
+                        settle(
+                            i,
+                            StepRecord(
+                                index=i,
+                                worker="",
+                                instruction=steps[i].instruction,
+                                visible=[],
+                                status="skipped_budget",
+                                note="a step it depends on was skipped",
+                                requested_worker=_name(view, steps[i].worker),
+                            ),
+                        )
+                        pending.discard(i)
+                        continue
+                    running[asyncio.ensure_future(_run_step(run, i, steps[i], done))] = i
                     pending.discard(i)
-                    continue
-                running[asyncio.ensure_future(_run_step(run, i, steps[i], done))] = i
-                pending.discard(i)
-        if not running:
-            continue
-        finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-        for fut in finished:
-            i = running.pop(fut)
-            done[i] = fut.result()
+            if not running:
+                continue
+            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for fut in finished:
+                i = running.pop(fut)
+                settle(i, fut.result())
+    finally:
+        # an error (or a cancellation) stops the steps still in flight: no orphan keeps calling
+        for fut in running:
+            fut.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
 
     trace.steps = [done[i] for i in range(len(steps))]
-    answered = [r for r in trace.steps if r.status in ("ok", "recursed") and r.answer]
+    answered = [r for r in trace.steps if r.status in ANSWERED and r.answer]
     trace.final_answer = answered[-1].answer if answered else ""
-    if trace.steps and trace.steps[-1].status not in ("ok", "recursed"):
+    if trace.steps and trace.steps[-1].status not in ANSWERED:
         trace.stopped_reason = trace.steps[-1].status
+    trace.charged_usd = run.budget.spent
     trace.wall_s = time.perf_counter() - run.t0
     return trace
 

@@ -2,7 +2,9 @@
 
 It shows the question, the workers by ordinal id only (names hidden, as in the paper) with a
 one-line description, a price tier and where they run, the budget when there is one, and the
-output format. Questions are cut to ``max_question_chars`` so the prompt fits the tiny model's
+output format. The "yourself" line (the Conductor's own id) appears only where the limits allow
+recursion at that depth, so the prompt never offers an id that parsing would reject.
+Questions are cut to ``max_question_chars`` so the prompt fits the tiny model's
 context; the cut is marked.
 """
 
@@ -24,13 +26,15 @@ def template(name: str = "conductor.txt") -> str:
     return resources.files("rl_conductor.prompts").joinpath(name).read_text(encoding="utf-8")
 
 
-def worker_lines(view: PoolView) -> str:
-    """``i: description (price tier, self-hosted|external)`` per worker, then the Conductor itself."""
+def worker_lines(view: PoolView, *, recursion: bool) -> str:
+    """``i: description (price tier, self-hosted|external)`` per worker, then, when ``recursion``
+    is allowed, the Conductor itself."""
     lines = []
     for i, info in enumerate(view.infos()):
         where = "self-hosted" if info.hosting == "self" else "external"
         lines.append(f"{i}: {info.description or 'general assistant'} ({info.price_tier()}, {where})")
-    lines.append(f"{len(view)}: yourself (review the workflow)")
+    if recursion:
+        lines.append(f"{len(view)}: yourself (review the workflow)")
     return "\n".join(lines)
 
 
@@ -51,7 +55,7 @@ def conductor_prompt(
     """The user message the Conductor answers with a workflow."""
     return template().format(
         max_steps=limits.max_steps,
-        workers=worker_lines(view),
+        workers=worker_lines(view, recursion=limits.allows_recursion()),
         budget=budget_line(limits),
         question=cut(task.question, max_question_chars),
     )
@@ -64,12 +68,14 @@ def recursive_prompt(
     parent: Workflow,
     answer: str,
     *,
+    depth: int = 1,
     max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
 ) -> str:
-    """The prompt of a recursive call: the parent workflow and the answer so far."""
+    """The prompt of a recursive call at ``depth`` (1 = called from the top-level workflow): the
+    parent workflow and the answer so far."""
     return template("conductor_recursive.txt").format(
         max_steps=limits.max_steps,
-        workers=worker_lines(view),
+        workers=worker_lines(view, recursion=limits.allows_recursion(depth)),
         budget=budget_line(limits),
         question=cut(task.question, max_question_chars),
         parent=render(parent, reasoning=""),

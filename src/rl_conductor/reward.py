@@ -1,7 +1,10 @@
 """Grade a trace and turn it into a reward.
 
-``reward = format_bonus·parsed + correct_weight·correct − cost_weight·cost/cost_scale − budget_penalty``
-(0 for an unparseable plan). The paper's reward (0 / 0.5 / 1, no cost term) is the ``paper``
+``reward = format_bonus·called + correct_weight·correct − cost_weight·cost/cost_scale − budget_penalty``
+(0 for an unparseable plan). The format bonus is paid only when at least one worker call ran
+(``called``): a plan that calls nobody — every step skipped or forbidden — must not out-earn a
+real plan whose answer was wrong, or a GRPO group where every answer is wrong learns to do nothing.
+The paper's reward (0 / 0.5 / 1, no cost term) is the ``paper``
 preset; the default preset adds a cost term so that, between two equally correct workflows, the
 cheaper one wins, and a penalty when a stated budget stopped the workflow early.
 
@@ -12,8 +15,10 @@ share :func:`grade_trace` so "correct" means the same thing everywhere.
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, fields
-from functools import lru_cache
 
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Trace
@@ -55,23 +60,57 @@ REWARD_PRESETS: dict[str, RewardConfig] = {
 
 def grade_trace(task: Task, trace: Trace) -> bool:
     """Whether the trace's final answer is correct for the task."""
-    return bool(trace.final_answer) and _grade_cached(task, trace.final_answer)
+    return bool(trace.final_answer) and _GRADES.grade(task, trace.final_answer)
 
 
-@lru_cache(maxsize=200_000)
-def _grade_cached(task: Task, text: str) -> bool:
-    # rollouts repeat the same (task, answer) pairs often; code answers cost a sandboxed subprocess
-    from rl_conductor.tasks.graders import grade
+class _GradeCache:
+    """Grades of (task, answer) pairs, least recently used dropped beyond ``maxsize``.
 
-    return grade(task, text)
+    Rollouts repeat the same pairs often and code answers cost a sandboxed subprocess. Keys hold
+    a SHA-256 of the answer, not its text, so a long GRPO run keeps ~100 bytes per entry instead
+    of every answer it ever graded."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._grades: OrderedDict[tuple[Task, bytes], bool] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def grade(self, task: Task, text: str) -> bool:
+        from rl_conductor.tasks.graders import grade
+
+        key = (task, hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
+        with self._lock:
+            if key in self._grades:
+                self._grades.move_to_end(key)
+                return self._grades[key]
+        result = grade(task, text)
+        with self._lock:
+            self._grades[key] = result
+            while len(self._grades) > self.maxsize:
+                self._grades.popitem(last=False)
+        return result
+
+    def __len__(self) -> int:
+        return len(self._grades)
+
+
+_GRADES = _GradeCache(maxsize=50_000)
 
 
 def compute_reward(
-    *, parsed: bool, correct: bool, cost_usd: float, budget_exceeded: bool, config: RewardConfig
+    *,
+    parsed: bool,
+    correct: bool,
+    cost_usd: float,
+    budget_exceeded: bool,
+    config: RewardConfig,
+    worker_calls: int,
 ) -> float:
+    """The reward of one plan (see module docstring); ``worker_calls`` counts the calls made to
+    workers (``len(trace.attempts)``), failed ones included."""
     if not parsed:
         return 0.0
-    r = config.format_bonus + (config.correct_weight if correct else 0.0)
+    r = (config.format_bonus if worker_calls > 0 else 0.0) + (config.correct_weight if correct else 0.0)
     r -= min(config.max_cost_penalty, config.cost_weight * cost_usd / config.cost_scale)
     if budget_exceeded:
         r -= config.budget_penalty

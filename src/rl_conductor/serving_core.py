@@ -2,8 +2,12 @@
 
 The one serving path, shared by the MLflow pyfunc model (``tracking.registry.ConductorPyfunc``)
 and the KServe predictor: a request names a question and optional limits; the response carries
-the answer, the workflow, per-step usage and the total cost. Validation errors raise
-:class:`RequestError` (the HTTP adapters turn it into a 4xx that says what is wrong).
+the answer, the workflow, per-step usage (every attempt, recursion sub-steps included) and the
+total cost. Validation errors raise :class:`RequestError` (the HTTP adapters turn it into a 4xx
+that says what is wrong): a budget must be a finite number above zero (JSON ``NaN``, ``"inf"``
+and ``true`` are errors, not "no budget" or $1), a question must hold text. The worker pool is
+the operator's choice (``answer_batch(..., pool=...)`` or the model's own pool), never a field
+of the request: a client must not point a served Conductor at a pool nobody evaluated.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
+from rl_conductor.trace import Limits, StepRecord
+from rl_conductor.validation import InvalidValue, positive_finite
 
 if TYPE_CHECKING:
     from rl_conductor.policies.base import Episode
@@ -28,6 +33,12 @@ if TYPE_CHECKING:
 
 class RequestError(ValueError):
     """A request is malformed; the message says which field and why."""
+
+
+#: Fields a request may not set, with why (the message the client gets).
+FORBIDDEN_FIELDS = {
+    "pool": "a request cannot choose the worker pool; the operator sets it when serving starts",
+}
 
 
 class ConductorRequest(BaseModel):
@@ -39,8 +50,25 @@ class ConductorRequest(BaseModel):
     max_cost_usd: float | None = Field(default=None, gt=0)
     sensitivity: str = "public"
     allowed_workers: list[str] | None = None
-    pool: str | None = None
     max_steps: int = Field(default=5, ge=1, le=10)
+
+    @field_validator("question")
+    @classmethod
+    def _question(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("the question is blank (only whitespace)")
+        return v
+
+    @field_validator("max_cost_usd", mode="before")
+    @classmethod
+    def _budget(cls, v: Any) -> Any:
+        # strictly a number: pydantic's lax mode reads "inf" as infinity and true as 1.0
+        if v is None:
+            return v
+        try:
+            return positive_finite("max_cost_usd", v)
+        except InvalidValue:
+            raise ValueError(f"must be a finite number of USD > 0, got {v!r}") from None
 
     @field_validator("sensitivity")
     @classmethod
@@ -55,7 +83,11 @@ def parse_request(raw: Any) -> ConductorRequest:
         raw = {"question": raw}
     if not isinstance(raw, Mapping):
         raise RequestError(f"a request must be an object with a 'question', got {type(raw).__name__}")
-    clean = {k: v for k, v in raw.items() if v is not None and not (isinstance(v, float) and v != v)}
+    for name, why in FORBIDDEN_FIELDS.items():
+        if name in raw:
+            raise RequestError(f"{name}: {why}")
+    # JSON null means "not given"; NaN is not null (it is an error for every numeric field)
+    clean = {k: v for k, v in raw.items() if v is not None}
     try:
         return ConductorRequest.model_validate(clean)
     except ValidationError as exc:
@@ -116,6 +148,36 @@ def request_task(request: ConductorRequest) -> Task:
     )
 
 
+def step_document(s: StepRecord) -> dict[str, Any]:
+    """One step of a response: its status, the worker that decided it ("" when none was called),
+    every attempt, and for a recursion step its inner steps. ``cost_usd`` and the token counts
+    include the inner steps, so the steps of a response add up to its ``cost_usd``."""
+    inner = [step_document(x) for x in s.substeps]
+    return {
+        "index": s.index,
+        "worker": s.worker,
+        "requested_worker": s.requested_worker,
+        "status": s.status,
+        "input_tokens": s.input_tokens + sum(x["input_tokens"] for x in inner),
+        "output_tokens": s.output_tokens + sum(x["output_tokens"] for x in inner),
+        "cost_usd": s.cost_usd + sum(x["cost_usd"] for x in inner),
+        "latency_s": s.latency_s,
+        "note": s.note,
+        "attempts": [
+            {
+                "worker": a.worker,
+                "status": a.status,
+                "input_tokens": a.input_tokens,
+                "output_tokens": a.output_tokens,
+                "cost_usd": a.cost_usd,
+                "error": a.error,
+            }
+            for a in s.attempts
+        ],
+        "substeps": inner,
+    }
+
+
 def response_document(view: PoolView, episode: Episode) -> dict[str, Any]:
     """The response for one executed request: answer, workflow, per-step usage, totals."""
     trace = episode.trace
@@ -129,19 +191,8 @@ def response_document(view: PoolView, episode: Episode) -> dict[str, Any]:
             }
             for i, s in enumerate(episode.plan.workflow.steps)
         ],
-        "steps": [
-            {
-                "index": s.index,
-                "worker": s.worker,
-                "status": s.status,
-                "input_tokens": s.input_tokens,
-                "output_tokens": s.output_tokens,
-                "cost_usd": s.cost_usd,
-                "latency_s": s.latency_s,
-                "note": s.note,
-            }
-            for s in trace.steps
-        ],
+        "steps": [step_document(s) for s in trace.steps],
+        "workers_called": trace.workers_called,
         "cost_usd": trace.cost_usd,
         "tokens": trace.tokens,
         "fallback_plan": episode.plan.fallback,
@@ -150,23 +201,31 @@ def response_document(view: PoolView, episode: Episode) -> dict[str, Any]:
     }
 
 
-async def answer_async(model_dir: str | Path, request: ConductorRequest) -> dict[str, Any]:
-    """Plan and execute one request; returns the response document."""
+async def answer_async(
+    model_dir: str | Path, request: ConductorRequest, *, pool: str | None = None
+) -> dict[str, Any]:
+    """Plan and execute one request; returns the response document.
+
+    ``pool`` is the operator's choice (a built-in name or a pool file); by default the pool the
+    Conductor was trained on (its ``conductor.json``)."""
     policy = _policy(str(model_dir))
-    pool = _pool(request.pool or str(policy.meta.get("pool", "paper-sim")))
+    pool_ = _pool(pool or str(policy.meta.get("pool", "paper-sim")))
     limits = request_limits(request)
     # show the Conductor only workers the request permits
-    view = permitted_view(pool, request, limits)
+    view = permitted_view(pool_, request, limits)
     episode = (await policy.run_many([request_task(request)], view, limits))[0]
     return response_document(view, episode)
 
 
-def answer_batch(model_dir: str | Path, inputs: Sequence[Any]) -> list[dict[str, Any]]:
-    """Synchronous batch entry (MLflow pyfunc ``predict``): one response per input, in order."""
+def answer_batch(
+    model_dir: str | Path, inputs: Sequence[Any], *, pool: str | None = None
+) -> list[dict[str, Any]]:
+    """Synchronous batch entry (MLflow pyfunc ``predict``): one response per input, in order;
+    ``pool`` as in :func:`answer_async` (the operator's, never the request's)."""
     requests = [parse_request(r) for r in inputs]
 
     async def run_all() -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(answer_async(model_dir, r) for r in requests)))
+        return list(await asyncio.gather(*(answer_async(model_dir, r, pool=pool) for r in requests)))
 
     with _LOCK:
         return asyncio.run(run_all())

@@ -1,11 +1,35 @@
-"""Request limits and execution traces: the typed values between execute, grade and report."""
+"""Request limits and execution traces: the typed values between execute, grade and report.
+
+``Limits`` validates itself, so every front door (CLI, pipeline, pyfunc, KServe, training) gets
+the same rules from one place: a budget is a finite number above zero, ``max_tokens`` is at
+least what the executor needs to start a call, and ``recursion_depth`` is the one setting that
+decides whether the Conductor may name itself (parsing, the prompt, SFT data and the executor
+all read it). A :class:`StepRecord` keeps every attempt of its step, so the money a trace
+reports is the money the budget was charged and the audit lists every worker that saw the request.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+
+from rl_conductor import validation
 
 Sensitivity = Literal["public", "private"]
+
+#: A step whose call cannot afford this many output tokens is not started; ``Limits.max_tokens``
+#: and a worker's ``max_output_tokens`` below it could never run a step.
+MIN_OUTPUT_TOKENS = 64
+
+#: What became of a step.
+StepStatus = Literal["ok", "skipped_budget", "skipped_forbidden", "failed", "recursed"]
+STEP_STATUSES: tuple[str, ...] = get_args(StepStatus)
+#: Statuses whose step produced an answer later steps can see.
+ANSWERED: tuple[StepStatus, ...] = ("ok", "recursed")
+
+#: What became of one call to a worker: answered, raised, timed out, or answered with blank text.
+AttemptStatus = Literal["ok", "error", "timeout", "empty"]
+ATTEMPT_STATUSES: tuple[str, ...] = get_args(AttemptStatus)
 
 
 @dataclass(frozen=True)
@@ -19,9 +43,14 @@ class Limits:
         max_steps: most steps a workflow may run.
         step_timeout_s: per-call timeout; a timed-out (or failed) call is replaced by a
             fallback worker of the same hosting class, else the step fails.
-        max_tokens: max output tokens per worker call.
+        max_tokens: max output tokens per worker call (at least ``MIN_OUTPUT_TOKENS``).
         temperature: worker sampling temperature (paper: 0.2).
-        recursion_depth: how deep the Conductor may call itself (0 = never).
+        recursion_depth: how deep the Conductor may call itself (0 = never). The one recursion
+            setting: with 0 the "yourself" id is a parse error, absent from the prompt and the
+            SFT data, and a workflow naming it is rejected by the executor.
+
+    Raises:
+        InvalidValue: (a ``ValueError``) for a value no request could mean, naming the field.
     """
 
     max_cost_usd: float | None = None
@@ -31,7 +60,29 @@ class Limits:
     step_timeout_s: float = 120.0
     max_tokens: int = 4096
     temperature: float = 0.2
-    recursion_depth: int = 1
+    recursion_depth: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_cost_usd is not None:
+            validation.positive_finite("max_cost_usd", self.max_cost_usd)
+        if self.allowed_workers is not None and not (
+            isinstance(self.allowed_workers, frozenset)
+            and all(isinstance(n, str) for n in self.allowed_workers)
+        ):
+            raise validation.InvalidValue(
+                "allowed_workers", self.allowed_workers, "None or a frozenset of worker names"
+            )
+        if self.sensitivity not in get_args(Sensitivity):
+            raise validation.InvalidValue("sensitivity", self.sensitivity, "'public' or 'private'")
+        validation.integer_at_least("max_steps", self.max_steps, 1)
+        validation.positive_finite("step_timeout_s", self.step_timeout_s)
+        validation.integer_at_least("max_tokens", self.max_tokens, MIN_OUTPUT_TOKENS)
+        validation.non_negative_finite("temperature", self.temperature)
+        validation.integer_at_least("recursion_depth", self.recursion_depth, 0)
+
+    def allows_recursion(self, depth: int = 0) -> bool:
+        """Whether a workflow run at ``depth`` (0 = the top level) may name the Conductor."""
+        return depth < self.recursion_depth
 
     def permits(self, name: str, hosting: str) -> bool:
         if self.allowed_workers is not None and name not in self.allowed_workers:
@@ -40,15 +91,35 @@ class Limits:
 
 
 @dataclass
+class Attempt:
+    """One call to a worker for a step: who, what became of it, what it used and cost.
+
+    ``cost_usd`` is what the budget was charged for the call: the worker's reported cost, or the
+    whole reservation for a call that timed out (it may still be billed)."""
+
+    worker: str
+    status: AttemptStatus
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    error: str = ""
+
+
+@dataclass
 class StepRecord:
-    """What one step did. ``status`` is ``ok``, ``skipped_budget``, ``skipped_forbidden``,
-    ``failed`` or ``recursed``."""
+    """What one step did (see :data:`StepStatus`).
+
+    ``worker`` is the worker whose attempt decided the step (the one that answered, else the
+    last one tried; empty when none was called), ``requested_worker`` the one the plan named.
+    ``attempts`` lists every call made for the step; the step's tokens, cost and latency are
+    their totals. A recursion step's inner calls are in ``substeps``."""
 
     index: int
     worker: str
     instruction: str
     visible: list[int]
-    status: str = "ok"
+    status: StepStatus = "ok"
     answer: str = ""
     input_tokens: int = 0
     output_tokens: int = 0
@@ -62,6 +133,12 @@ class StepRecord:
     #: the token counts are estimates (the worker's server reported no usage)
     tokens_estimated: bool = False
     substeps: list[StepRecord] = field(default_factory=list)
+    requested_worker: str = ""
+    attempts: list[Attempt] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.status not in STEP_STATUSES:
+            raise ValueError(f"step status {self.status!r} is not one of {STEP_STATUSES}")
 
 
 @dataclass
@@ -76,6 +153,8 @@ class Trace:
     workflow_text: str = ""
     fallback_plan: bool = False
     notes: list[str] = field(default_factory=list)
+    #: what the executor's budget was charged in all (equals ``cost_usd``; kept to check that)
+    charged_usd: float = 0.0
 
     @property
     def cost_usd(self) -> float:
@@ -95,11 +174,18 @@ class Trace:
 
     @property
     def calls(self) -> int:
-        """Worker calls actually made (recursion counts its inner calls)."""
-        return sum(
-            (1 if s.status == "ok" else 0) + sum(1 for x in _flatten(s.substeps) if x.status == "ok")
-            for s in self.steps
-        )
+        """Steps a worker answered (recursion counts its inner steps)."""
+        return sum(1 for s in _flatten(self.steps) if s.status == "ok")
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        """Every call made to a worker, first tries, fallbacks and recursion alike."""
+        return [a for s in _flatten(self.steps) for a in s.attempts]
+
+    @property
+    def workers_called(self) -> list[str]:
+        """Names of the workers that received the request, in call order (the audit trail)."""
+        return [a.worker for a in self.attempts]
 
     @property
     def latency_s(self) -> float:

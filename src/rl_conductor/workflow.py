@@ -9,10 +9,12 @@ The Conductor writes, after optional free-text reasoning, three equal-length Pyt
 
 ``access_list`` entries are ``"all"`` (see every earlier step), ``[]`` (see none) or a list of
 earlier step indices (an extension of the paper). A worker id equal to the pool size names the
-Conductor itself (recursion). Parsing uses ``ast.literal_eval`` on bracket-matched list literals,
-never ``eval``; anything malformed raises :class:`ParseError` with a message saying what is wrong.
-When a list name occurs several times (a model that "thinks out loud"), the last occurrence wins;
-occurrences inside another list (an instruction quoting the format) are not assignments.
+Conductor itself (recursion), accepted only with ``allow_recursion=True``, which callers derive
+from the one recursion setting, ``Limits.recursion_depth``. Parsing uses ``ast.literal_eval`` on
+bracket-matched list literals, never ``eval``; anything malformed raises :class:`ParseError`
+with a message saying what is wrong. When a list name occurs several times (a model that
+"thinks out loud"), the last occurrence wins; occurrences inside another list (an instruction
+quoting the format) are not assignments.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def parse(
     *,
     pool_size: int,
     max_steps: int = DEFAULT_MAX_STEPS,
-    allow_recursion: bool = True,
+    allow_recursion: bool = False,
     allow_empty: bool = False,
 ) -> Workflow:
     """Parse a Conductor completion into a :class:`Workflow`.
@@ -191,7 +193,9 @@ def parse(
         text: the completion: optional reasoning, then the three lists.
         pool_size: number of workers shown to the Conductor; id ``pool_size`` means "myself".
         max_steps: upper bound on the number of steps.
-        allow_recursion: whether id ``pool_size`` is accepted.
+        allow_recursion: whether id ``pool_size`` ("yourself") is accepted; pass
+            ``limits.allows_recursion(depth)``. Off by default, so a caller that forgets the
+            setting cannot turn a "call nobody" plan into a valid workflow.
         allow_empty: accept three empty lists (a recursive call that keeps the parent's answer).
 
     Raises:
@@ -226,20 +230,24 @@ def parse(
     return Workflow(steps=tuple(steps), reasoning=reasoning)
 
 
-def _access_literal(step: Step, index: int) -> str:
+def _access_literal(step: Step) -> str:
+    # spelled exactly as held: an explicit list of every earlier step stays a list, so it parses
+    # back to the same Step (``normalize`` is what makes the two spellings compare equal)
     if step.access == "all":
-        return '"all"'
-    if index > 0 and tuple(step.access) == tuple(range(index)) and index > 1:
         return '"all"'
     return "[" + ", ".join(str(i) for i in step.access) + "]"
 
 
 def render(workflow: Workflow, *, reasoning: str | None = None) -> str:
-    """Render a workflow in the Conductor's output format; ``parse(render(w)) == w``."""
+    """Render a workflow in the Conductor's output format.
+
+    ``parse(render(w)) == w`` for every workflow ``parse`` can return (stripped, non-empty
+    instructions; a first step whose access is ``()``, which is how ``parse`` reads a first step's
+    ``"all"``), given ``allow_recursion`` when ``w`` names the Conductor."""
     r = workflow.reasoning if reasoning is None else reasoning
     ids = "[" + ", ".join(str(s.worker) for s in workflow.steps) + "]"
     subs = "[" + ", ".join(repr(s.instruction) for s in workflow.steps) + "]"
-    acc = "[" + ", ".join(_access_literal(s, i) for i, s in enumerate(workflow.steps)) + "]"
+    acc = "[" + ", ".join(_access_literal(s) for s in workflow.steps) + "]"
     body = f"model_id = {ids}\nsubtasks = {subs}\naccess_list = {acc}"
     return f"{r.strip()}\n{body}" if r and r.strip() else body
 

@@ -138,6 +138,7 @@ def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
             cost_usd=t.cost_usd,
             budget_exceeded=budget_stopped(t),
             config=reward_config,
+            worker_calls=len(t.attempts),
         ),
         tokens=t.tokens,
         cost_usd=t.cost_usd,

@@ -44,6 +44,12 @@ class ConductorReward:
         *,
         concurrency: int = 64,
     ) -> None:
+        if base_limits.recursion_depth:
+            # rollouts execute without the Conductor's recursion hook (the policy is being trained)
+            raise ValueError(
+                f"training runs with recursion_depth=0, got {base_limits.recursion_depth}: "
+                "a rollout cannot call the Conductor that is being trained"
+            )
         self.pool = pool
         self.tasks = tasks
         self.config = config
@@ -58,7 +64,13 @@ class ConductorReward:
         view = self.pool.view(view_idx)
         limits = Limits(**{**self.base_limits.__dict__, "max_cost_usd": budget})
         try:
-            wf = parse(text, pool_size=len(view), max_steps=limits.max_steps)
+            # the one recursion setting: with recursion_depth=0 "yourself" is a parse error
+            wf = parse(
+                text,
+                pool_size=len(view),
+                max_steps=limits.max_steps,
+                allow_recursion=limits.allows_recursion(),
+            )
         except ParseError:
             return {
                 "reward": 0.0,
@@ -72,7 +84,12 @@ class ConductorReward:
         correct = grade_trace(task, trace)
         stopped = budget_stopped(trace)
         r = compute_reward(
-            parsed=True, correct=correct, cost_usd=trace.cost_usd, budget_exceeded=stopped, config=self.config
+            parsed=True,
+            correct=correct,
+            cost_usd=trace.cost_usd,
+            budget_exceeded=stopped,
+            config=self.config,
+            worker_calls=len(trace.attempts),
         )
         return {
             "reward": r,

@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
+from rl_conductor.trace import MIN_OUTPUT_TOKENS
+from rl_conductor.validation import integer_at_least, non_negative_finite
+
 if TYPE_CHECKING:
     from rl_conductor.tasks.base import Task
 
@@ -70,6 +73,12 @@ class WorkerInfo:
     #: typical output length, used for pre-flight cost estimates
     typical_output_tokens: int = 512
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        # the executor never starts a call with fewer output tokens: such a worker could never answer
+        integer_at_least(f"worker {self.name!r} max_output_tokens", self.max_output_tokens, MIN_OUTPUT_TOKENS)
+        for name in ("price_in", "price_out"):
+            non_negative_finite(f"worker {self.name!r} {name}", getattr(self, name))
 
     def cost(self, input_tokens: int, output_tokens: int) -> float:
         return (input_tokens * self.price_in + output_tokens * self.price_out) / 1_000_000
