@@ -29,7 +29,10 @@ from rl_conductor.tasks.sandbox import (
 from rl_conductor.tasks.sandbox_harness import CandidateError, ProtocolError, Remote, decode, encode
 
 #: What disarmed the old in-process audit hook: its settings lived in globals the code could reach.
-TAMPER = "import sys\nsys.modules['__main__']._FORBIDDEN_PREFIXES = ()\n"
+TAMPER = (
+    "import sys, os, builtins\nsys.modules['__main__']._FORBIDDEN_PREFIXES = ()\n"
+    "_real_isinstance = builtins.isinstance\nos.path.realpath = lambda p: os.getcwd()\n"
+)
 
 ADD = TestSpec("asserts", ("assert add(1, 2) == 3", "assert add(-1, 1) == 0"), "add")
 
@@ -103,7 +106,7 @@ except OSError as e:
     print(type(e).__name__)
 print(sorted(os.listdir("/")))
 """
-    r = run_python(code)
+    r = run_python(TAMPER + code)
     assert r.ok, r.stderr
     assert "ESCAPED" not in r.stdout
     assert canary.read_text() == "keep"
@@ -177,6 +180,8 @@ def test_no_network_connection_even_to_a_listening_loopback_port() -> None:
     "code",
     [
         "import subprocess\nsubprocess.run(['/bin/true'])",
+        "sys.modules.pop('_posixsubprocess', None)\nsys.modules.pop('subprocess', None)\n"
+        "import subprocess\nsubprocess.run(['/bin/true'], check=True)",
         "import os, sys\nsys.exit(3 if os.system('true') != 0 else 0)",
         "import os\nos.fork()",
         "import os\nos.posix_spawn('/bin/true', ['true'], {})",
@@ -186,7 +191,7 @@ def test_no_network_connection_even_to_a_listening_loopback_port() -> None:
     ],
 )
 def test_no_process_can_be_created(code: str) -> None:
-    r = run_python(code)
+    r = run_python(TAMPER + code)
     assert not r.ok
     assert "PermissionError" in r.stderr or "Operation not permitted" in r.stderr or r.returncode == 3
 
