@@ -23,13 +23,16 @@ the sandbox is a real isolation boundary, not an in-process audit hook. Each run
 * a wall-clock limit after which the outer ``bwrap`` is SIGKILLed, which takes the whole PID
   namespace with it: no process outlives a run.
 
-Grading does not trust the candidate's exit status. :func:`run_tests` starts two sandboxes: the
-candidate's module is loaded in one and serves calls; the task's tests run in the other (a
-separate PID namespace the candidate cannot see, signal or trace), calling the candidate through
-a pipe pair. Only plain data (builtin values, see :mod:`rl_conductor.tasks.sandbox_harness`)
-crosses back, so comparisons happen outside the candidate's process on values it cannot give a
-forged ``__eq__``; the tests and expected values are never inside the candidate's sandbox; and
-the verdict is the runner's JSON line on a pipe only the grader reads. Exiting early, killing
+Grading does not trust the candidate's exit status. :func:`run_tests` uses two sandboxes: the
+candidate's module is loaded in a fresh one and serves calls; the task's tests run in the other,
+the *runner* (a separate PID namespace the candidate cannot see, signal or trace), calling the
+candidate through a pipe pair whose ends the grader hands to the runner over a socket. The runner
+is started once per grading thread and reused (it runs only trusted test code; a job that does
+not end normally discards it), so a grading costs one sandbox start, not two. Only plain data
+(builtin values, see :mod:`rl_conductor.tasks.sandbox_harness`) crosses back, so comparisons
+happen outside the candidate's process on values it cannot give a forged ``__eq__``; the tests
+and expected values are never inside the candidate's sandbox; and the verdict is the runner's
+message on a socket only the grader holds. Exiting early, killing
 the server or hanging all end in "not passed".
 
 When ``bwrap`` cannot create its namespaces (for example a container without user-namespace
@@ -39,7 +42,7 @@ never run in a weaker mode instead.
 Deliberate simplifications: x86_64 and aarch64 only (the seccomp filter is written per
 architecture); no cgroup, so memory is bounded per process by ``RLIMIT_AS`` and the tmpfs size
 rather than by a cgroup limit; the kernel is shared (a kernel exploit escapes any namespace
-sandbox). Each grade costs two short-lived interpreters (see ``benchmarks/grading_throughput.py``).
+sandbox). Each grade costs one sandboxed interpreter start (see ``benchmarks/grading_throughput.py``).
 """
 
 from __future__ import annotations
@@ -52,11 +55,13 @@ import os
 import platform
 import select
 import signal
+import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal
@@ -585,6 +590,80 @@ def run_python(
         os.close(err)
 
 
+class _Runner:
+    """A long-lived runner sandbox, one per grading thread; jobs arrive on a socket.
+
+    Starting the runner costs as much as starting a candidate sandbox, so it is started once per
+    thread and reused; the candidate sandbox is fresh for every grading. The runner only ever
+    runs trusted test code and decodes plain data, and it lives in its own PID namespace, so the
+    candidates it talks to cannot reach it. After a job that does not end normally (timeout,
+    protocol error) the runner is discarded and the next job starts a new one.
+    """
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            limits = [str(0), str(RUNNER_MEMORY_MB * 1024 * 1024), str(FILE_SIZE_LIMIT)]
+            self.box = _Sandbox(["runner", *limits, str(theirs.fileno())], {}, pass_fds=(theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.pid = os.getpid()
+        self._finalizer = weakref.finalize(self, _Runner._shutdown, self.box, ours)
+
+    @staticmethod
+    def _shutdown(box: _Sandbox, sock: socket.socket) -> None:
+        sock.close()  # the runner's loop ends on EOF
+        box.kill(grace_s=0.2)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def job(self, spec_json: bytes, req_w: int, rep_r: int, deadline: float) -> dict[str, Any] | None:
+        """Send one job with its two pipe ends; the verdict, or None (then the runner is closed)."""
+        try:
+            socket.send_fds(self.sock, [struct.pack(">I", len(spec_json)) + spec_json], [req_w, rep_r])
+            verdict = self._recv(deadline)
+        except (OSError, ValueError):
+            verdict = None
+        ok = isinstance(verdict, dict) and all(isinstance(verdict.get(k), int) for k in ("ran", "total"))
+        if not ok:
+            self.close()
+            return None
+        return verdict
+
+    def _recv(self, deadline: float) -> Any:
+        fd = self.sock.fileno()
+        data = b""
+        need = 4
+        while len(data) < need:
+            left = deadline - time.perf_counter()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, need - len(data))
+            if not chunk:
+                return None
+            data += chunk
+            if need == 4 and len(data) == 4:
+                need = 4 + struct.unpack(">I", data)[0]
+                if need > 1 << 20:
+                    return None
+        return json.loads(data[4:].decode("utf-8"))
+
+
+_runners = threading.local()
+
+
+def _runner() -> _Runner:
+    runner = getattr(_runners, "runner", None)
+    if runner is None or not runner._finalizer.alive or runner.pid != os.getpid():
+        runner = _runners.runner = _Runner()
+    return runner
+
+
 def run_tests(
     code: str,
     spec: TestSpec,
@@ -592,7 +671,8 @@ def run_tests(
     timeout_s: float = 6.0,
     memory_mb: int = 1024,
 ) -> TestVerdict:
-    """Grade ``code`` with ``spec``'s tests: candidate and tests in two sandboxes, verdict by the runner.
+    """Grade ``code`` with ``spec``'s tests: the candidate in a fresh sandbox, the tests in the
+    thread's runner sandbox; the verdict is the runner's.
 
     Never raises on bad code; raises :class:`SandboxUnavailableError` when no sandbox can be built.
     """
@@ -607,51 +687,36 @@ def run_tests(
             "remote_names": list(remote_names(spec)) if spec.kind == "asserts" else [spec.entry_point],
         }
     ).encode()
+    runner = _runner()
     req_r, req_w = os.pipe()  # runner -> candidate
     rep_r, rep_w = os.pipe()  # candidate -> runner
-    verdict_r, verdict_w = os.pipe()  # runner -> grader (only)
     cand_err = _memfd("stderr", b"")
     start = time.perf_counter()
-    boxes: list[_Sandbox] = []
+    box: _Sandbox | None = None
     verdict: dict[str, Any] | None = None
-    timed_out = False
     try:
-        limits = _limits_argv(timeout_s, memory_mb)
-        boxes.append(
-            _Sandbox(
-                ["serve", *limits, str(req_r), str(rep_w)],
-                {"/sbx/solution.py": code.encode("utf-8", "surrogatepass")},
-                pass_fds=(req_r, rep_w),
-                stderr=cand_err,
-            )
+        box = _Sandbox(
+            ["serve", *_limits_argv(timeout_s, memory_mb), str(req_r), str(rep_w)],
+            {"/sbx/solution.py": code.encode("utf-8", "surrogatepass")},
+            pass_fds=(req_r, rep_w),
+            stderr=cand_err,
         )
-        runner_limits = _limits_argv(timeout_s, RUNNER_MEMORY_MB)
-        boxes.append(
-            _Sandbox(
-                ["test", *runner_limits, str(req_w), str(rep_r)],
-                {"/sbx/spec.json": spec_json},
-                pass_fds=(req_w, rep_r),
-                stdout=verdict_w,
-            )
-        )
-        for fd in (req_r, req_w, rep_r, rep_w, verdict_w):
-            os.close(fd)
-        req_r = req_w = rep_r = rep_w = verdict_w = -1
-        verdict, timed_out = _read_verdict(verdict_r, boxes[1], deadline=start + timeout_s)
+        os.close(req_r)
+        os.close(rep_w)
+        req_r = rep_w = -1
+        verdict = runner.job(spec_json, req_w, rep_r, deadline=start + timeout_s)
     finally:
-        for fd in (req_r, req_w, rep_r, rep_w, verdict_w):
+        for fd in (req_r, req_w, rep_r, rep_w):
             if fd >= 0:
                 os.close(fd)
-        req_r = req_w = rep_r = rep_w = verdict_w = -1
-        for box in reversed(boxes):  # runner first: its exit closes the candidate's channel
+        if box is not None:
+            # after a verdict the runner has closed its ends: the candidate sees EOF and exits
             box.kill(grace_s=0.0 if verdict is None else 0.5)
-        for fd in (req_r, req_w, rep_r, rep_w, verdict_w, verdict_r):
-            if fd >= 0:
-                os.close(fd)
         stderr_tail = _read_capped(cand_err, 4000)
         os.close(cand_err)
     wall = time.perf_counter() - start
     if verdict is None:
+        timed_out = wall >= timeout_s
         why = "timed out" if timed_out else "the test runner gave no verdict"
         return TestVerdict(False, 0, 0, why, timed_out, wall, stderr_tail)
     return TestVerdict(
@@ -663,34 +728,3 @@ def run_tests(
         wall_s=wall,
         candidate_stderr=stderr_tail,
     )
-
-
-def _read_verdict(fd: int, runner: _Sandbox, deadline: float) -> tuple[dict[str, Any] | None, bool]:
-    """The runner's JSON verdict line, or (None, timed_out) when none arrives in time."""
-    import selectors
-
-    data = b""
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                return None, True
-            if not sel.select(timeout=left):
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            data += chunk
-            if len(data) > 1 << 20:
-                return None, False
-    try:
-        runner.proc.wait(timeout=max(0.1, deadline - time.perf_counter()))
-    except subprocess.TimeoutExpired:
-        return None, True
-    try:
-        verdict = json.loads(data.decode("utf-8").strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None, False
-    ok = isinstance(verdict, dict) and all(isinstance(verdict.get(k), int) for k in ("ran", "total"))
-    return (verdict, False) if ok else (None, False)

@@ -11,11 +11,11 @@ chosen by its first argument:
     candidate can tamper with everything in this process; that is fine, because nothing here
     decides anything.
 
-``test`` (runner sandbox, a different sandbox with its own PID namespace)
+``runner`` (runner sandbox, a different sandbox with its own PID namespace, reused across jobs)
     Runs the task's own tests (trusted dataset code). Every name the tests take from the
     candidate is a :class:`Remote` stub whose calls go over a pipe to the candidate sandbox and
     whose results come back as plain data, decoded by :func:`decode` into builtins only. The runner
-    writes one JSON verdict line on its own stdout, which only the grader reads. An early exit,
+    sends its verdict on a socket that only the grader holds. An early exit,
     a killed server, an object with a forged ``__eq__`` or a table read from the tests cannot
     produce a pass: the candidate never sees the tests nor the expected values, and only values
     of builtin types reach the comparisons.
@@ -308,11 +308,15 @@ def decode(x: Any, resolve: Any = None, depth: int = 0) -> Any:
 
 
 def set_limits(cpu_s: int, memory_bytes: int, file_bytes: int) -> None:
-    """Hard resource limits (soft = hard); the sandboxed user has no capability to raise them."""
+    """Hard resource limits (soft = hard); the sandboxed user has no capability to raise them.
+
+    ``cpu_s <= 0`` leaves CPU time unlimited (the long-lived runner: its wall time is bounded by
+    the grader, which kills it when a job overruns)."""
     import resource
 
+    if cpu_s > 0:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
     for lim, val in (
-        (resource.RLIMIT_CPU, cpu_s),
         (resource.RLIMIT_AS, memory_bytes),
         (resource.RLIMIT_FSIZE, file_bytes),
         (resource.RLIMIT_NOFILE, 64),
@@ -456,25 +460,57 @@ def run_tests(spec: dict[str, Any], req_fd: int, rep_fd: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- entry
 
 
+def runner_loop(sock_fd: int) -> None:
+    """The long-lived test runner: one job per message on the grader's socket.
+
+    A job is a framed JSON spec sent together with two descriptors (SCM_RIGHTS): the request
+    pipe to a fresh candidate sandbox and the reply pipe from it. The verdict goes back on the
+    socket, which only the grader holds. Every job runs its tests in a fresh namespace; the
+    process is reused only to save an interpreter start per grading.
+    """
+    import socket
+
+    sock = socket.socket(fileno=sock_fd)
+    while True:
+        try:
+            head, fds, _flags, _addr = socket.recv_fds(sock, 4, 2)
+        except OSError:
+            return
+        if not head:
+            return  # the grader closed the socket
+        try:
+            if len(head) < 4:
+                head += _read_exact(sock_fd, 4 - len(head))
+            (size,) = struct.unpack(">I", head)
+            if size > MAX_MESSAGE:
+                raise ProtocolError("job too large")
+            spec = loads(_read_exact(sock_fd, size).decode("utf-8"))
+            if len(fds) != 2:
+                raise ProtocolError("a job comes with exactly two descriptors")
+            verdict = run_tests(spec, fds[0], fds[1])
+        except BaseException as e:
+            verdict = {"passed": False, "ran": 0, "total": 0, "error": f"{type(e).__name__}: {e}"[:2000]}
+        finally:
+            for fd in fds:
+                try:  # noqa: SIM105 - contextlib would cost start-up time
+                    os.close(fd)
+                except OSError:
+                    pass
+        try:
+            send(sock_fd, verdict)
+        except OSError:
+            return
+
+
 def main(argv: list[str]) -> int:
-    """Entry point inside the sandbox: ``harness.py ROLE CPU_S MEMORY_BYTES FILE_BYTES [FD FD]``."""
+    """Entry point inside the sandbox: ``harness.py ROLE CPU_S MEMORY_BYTES FILE_BYTES [FD ...]``."""
     if argv[:1] == ["probe"]:
         return 0
     role, cpu_s, mem, fsize = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
-    if role == "test":
-        verdict_fd = os.dup(1)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        set_limits(cpu_s, mem, fsize)
-        with open("/sbx/spec.json", encoding="utf-8") as f:
-            spec = loads(f.read())
-        try:
-            verdict = run_tests(spec, int(argv[4]), int(argv[5]))
-        except BaseException as e:
-            verdict = {"passed": False, "ran": 0, "total": 0, "error": f"{type(e).__name__}: {e}"[:2000]}
-        os.write(verdict_fd, (dumps(verdict) + "\n").encode())
-        return 0
     set_limits(cpu_s, mem, fsize)
+    if role == "runner":
+        runner_loop(int(argv[4]))
+        return 0
     if role == "serve":
         serve(int(argv[4]), int(argv[5]))
         return 0
