@@ -498,3 +498,21 @@ def test_a_killed_sandbox_leaves_the_next_run_working() -> None:
     r = run_python("import time\ntime.sleep(30)", timeout_s=0.5)
     assert r.timed_out and r.returncode == -signal.SIGKILL
     assert run_python("print(2)").stdout.strip() == "2"
+
+
+def test_the_runner_is_reused_and_replaced_when_it_dies() -> None:
+    honest = "def add(a, b):\n    return a + b\n"
+    assert run_tests(honest, ADD).passed
+    runner = sandbox._runner()
+    assert run_tests(honest, ADD).passed
+    assert sandbox._runner() is runner  # one runner per thread, kept between gradings
+    runner.box.kill()  # killed from outside between two gradings
+    assert run_tests(honest, ADD).passed
+    assert sandbox._runner() is not runner
+
+
+def test_a_timed_out_job_discards_the_runner() -> None:
+    runner = sandbox._runner()
+    assert run_tests("def add(a, b):\n    while True:\n        pass\n", ADD, timeout_s=1.0).timed_out
+    assert sandbox._runner() is not runner
+    assert run_tests("def add(a, b):\n    return a + b\n", ADD).passed

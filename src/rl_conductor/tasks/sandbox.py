@@ -659,6 +659,8 @@ _runners = threading.local()
 
 def _runner() -> _Runner:
     runner = getattr(_runners, "runner", None)
+    if runner is not None and runner.pid == os.getpid() and runner.box.proc.poll() is not None:
+        runner.close()  # it died between jobs (killed from outside): start a new one
     if runner is None or not runner._finalizer.alive or runner.pid != os.getpid():
         runner = _runners.runner = _Runner()
     return runner
