@@ -10,6 +10,7 @@ rule keeping a private request off the worker that poses as external.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -141,3 +142,26 @@ async def test_repeated_workflow_is_served_from_the_cache(live_pool: Pool) -> No
     again = await execute(wf, task, load_pool("local-live").view(), limits)  # a new pool, same cache
     assert not first.steps[0].cached and again.steps[0].cached
     assert again.final_answer == first.final_answer and again.cost_usd == first.cost_usd
+
+
+def test_conductor_eval_on_local_live(workers: dict[str, int], tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "CONDUCTOR_SELF_PORT": str(workers["tiny-self"]),
+        "CONDUCTOR_EXTERNAL_PORT": str(workers["tiny-ext"]),
+        "CONDUCTOR_SELF_MODEL": "tiny-self",
+        "CONDUCTOR_EXTERNAL_MODEL": "tiny-ext",
+        "CONDUCTOR_CACHE": str(tmp_path / "cache.sqlite"),
+    }
+    out = tmp_path / "eval.json"
+    cmd = [sys.executable, "-m", "rl_conductor.cli", "eval", "--pool", "local-live", "--limit", "2"]
+    cmd += ["--policy", "single:smol-self", "--policy", "single:smol-external", "--json", str(out)]
+    res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    results = {r["policy"]: r for r in json.loads(out.read_text())["results"]}
+    for name in ("single:smol-self", "single:smol-external"):
+        assert (
+            results[name]["n"] == 2 and results[name]["mean_tokens"] > 0 and results[name]["mean_calls"] >= 1
+        )
+    assert results["single:smol-external"]["mean_cost_usd"] > results["single:smol-self"]["mean_cost_usd"]

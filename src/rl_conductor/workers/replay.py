@@ -89,6 +89,8 @@ class RecordingSource(Protocol):
 
     def get(self, task_id: str, model: str) -> RecordedResponse | None: ...
 
+    def __hash__(self) -> int: ...  # sources key the answer cache (identity hash)
+
 
 @dataclass(frozen=True, eq=False)
 class RouteLLMSource:

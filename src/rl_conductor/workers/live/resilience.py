@@ -233,7 +233,12 @@ def retry_policy_from(spec: Mapping[str, Any], options: Mapping[str, Any]) -> Re
         raw = {"attempts": raw}
     if not isinstance(raw, Mapping):
         raise ValueError("`retries` must be a number of attempts or a mapping")
-    return RetryPolicy(**{k: (int(v) if k == "attempts" else float(v)) for k, v in raw.items()})
+    known = {f for f in RetryPolicy.__dataclass_fields__}
+    unknown = set(raw) - known
+    if unknown:
+        raise ValueError(f"unknown retries settings {sorted(unknown)}; known: {sorted(known)}")
+    kwargs: dict[str, Any] = {k: (int(v) if k == "attempts" else float(v)) for k, v in raw.items()}
+    return RetryPolicy(**kwargs)
 
 
 def breaker_from(spec: Mapping[str, Any], options: Mapping[str, Any]) -> CircuitBreaker:

@@ -201,7 +201,7 @@ def add_openai_routes(app: Any, chat_model: ChatModel, *, prefix: str = "/openai
 
 def kserve_model(chat_model: ChatModel) -> Any:
     """A ``kserve.Model`` over ``chat_model`` (v1/v2 predict take ``instances`` of messages)."""
-    import kserve
+    import kserve  # type: ignore[import-untyped]
 
     class WorkerModel(kserve.Model):  # type: ignore[misc]
         def load(self) -> bool:
@@ -266,8 +266,8 @@ def serve(
     # kserve.model_server parses sys.argv when imported; keep our own flags away from it
     argv, sys.argv = sys.argv, sys.argv[:1]
     try:
-        import kserve
-        from kserve import model_server
+        import kserve  # type: ignore[import-untyped]
+        from kserve import model_server  # type: ignore[import-untyped]
     finally:
         sys.argv = argv
     model = kserve_model(chat_model)
