@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rl_conductor.errors import UserError
+
 __all__ = [
     "AccessDeniedError",
     "NotFoundError",
@@ -67,8 +69,8 @@ _ACCESS_CODES = frozenset(
 _MISSING_KEY_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 
 
-class StorageError(Exception):
-    """A storage operation failed; ``uri`` says on what."""
+class StorageError(UserError):
+    """A storage operation failed; ``uri`` says on what (the CLI shows it in one line, exit 1)."""
 
     def __init__(self, message: str, uri: str) -> None:
         super().__init__(message)

@@ -3,16 +3,20 @@
 Every front door (a CLI option, a KFP parameter, a JSON request field, a dataclass field) checks
 its numbers with these functions, so a rule such as "a budget is a finite number above zero" is
 written once and the error a user sees names the field, the bad value and what would be valid.
-``InvalidValue`` subclasses ``ValueError`` so callers that already catch ``ValueError`` keep working.
+``InvalidValue`` subclasses ``ValueError`` so callers that already catch ``ValueError`` keep working,
+and :class:`rl_conductor.errors.UsageError`, so the CLI shows it in one line (exit status 2).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
+from rl_conductor.errors import UsageError
 
-class InvalidValue(ValueError):
+
+class InvalidValue(UsageError, ValueError):
     """A value outside what the field accepts; the message names the field and the valid range."""
 
     def __init__(self, name: str, value: Any, expected: str) -> None:
@@ -30,6 +34,11 @@ def _real(name: str, value: Any, expected: str) -> float:
     if not math.isfinite(number):
         raise InvalidValue(name, value, expected)
     return number
+
+
+def finite(name: str, value: Any) -> float:
+    """Any finite number (parameters where a negative value means "use the default")."""
+    return _real(name, value, "a finite number")
 
 
 def positive_finite(name: str, value: Any) -> float:
@@ -64,6 +73,13 @@ def integer_at_least(name: str, value: Any, minimum: int) -> int:
     expected = f"an integer >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidValue(name, value, expected)
+    return value
+
+
+def one_of(name: str, value: Any, choices: Sequence[str]) -> str:
+    """One of a fixed set of words (sensitivity, split, …)."""
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidValue(name, value, "one of " + ", ".join(choices))
     return value
 
 

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rl_conductor.cli.app import app, pool_app
+from rl_conductor.cli.options import choice, count, positive
 
 # a fixed width when not on a terminal (CI logs, pipes), so tables keep their columns whole
 console = Console(stderr=False, width=None if Console().is_terminal else 130)
@@ -25,15 +26,24 @@ def _write_json(path: Path | None, payload: Any) -> None:
 
 
 def _limits(max_cost_usd: float | None, sensitivity: str, allowed: str | None) -> Any:
+    from rl_conductor import validation
     from rl_conductor.trace import Limits
 
-    if sensitivity not in ("public", "private"):
-        raise typer.BadParameter("--sensitivity must be public or private")
+    validation.one_of("sensitivity", sensitivity, SENSITIVITIES)
+    if max_cost_usd is not None:
+        validation.positive_finite("max_cost_usd", max_cost_usd)
     return Limits(
         max_cost_usd=max_cost_usd,
         sensitivity=sensitivity,  # type: ignore[arg-type]
         allowed_workers=frozenset(a for a in allowed.split(",") if a) if allowed else None,
     )
+
+
+SENSITIVITIES = ("public", "private")
+SPLITS = ("train", "validation", "test", "all")  # rl_conductor.tasks.datasets.SPLITS, kept import-free
+SeedOpt = Annotated[int, typer.Option(callback=count(0), help="random seed (>= 0)")]
+LimitOpt = Annotated[int | None, typer.Option(callback=count(1), help="at most N tasks")]
+SplitOpt = Annotated[str, typer.Option(callback=choice(*SPLITS), help=" | ".join(SPLITS))]
 
 
 def _dataset_for(pool: Any, dataset: str | None) -> str:
@@ -75,9 +85,9 @@ def pool_show(pool: Annotated[str, typer.Argument(help="pool name or YAML path")
 @pool_app.command("calibrate")
 def pool_calibrate(
     pool: Annotated[str, typer.Option(help="pool name or YAML path")] = "paper-sim",
-    n: Annotated[int, typer.Option(help="number of tasks to simulate")] = 2000,
+    n: Annotated[int, typer.Option(callback=count(1), help="number of tasks to simulate")] = 2000,
     dataset: Annotated[str | None, typer.Option(help="dataset (default: the pool's)")] = None,
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: SeedOpt = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the rows as JSON here")] = None,
 ) -> None:
     """Compare each simulated worker's accuracy per domain with its calibration target."""
@@ -127,14 +137,17 @@ def run_eval(
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.workers.pool import load_pool
 
+    lim = _limits(max_cost_usd, sensitivity, allowed)
     p = load_pool(pool, seed=seed)
+    for name in sorted(lim.allowed_workers or ()):
+        p.index(name)  # an unknown name would silently allow nobody: UnknownWorker lists the pool's
     ds = _dataset_for(p, dataset)
     tasks = load_tasks(ds, split=split, limit=limit, seed=seed)
-    lim = _limits(max_cost_usd, sensitivity, allowed)
     view = p.view()
+    # every spec is built before any runs, so a bad one fails before minutes of evaluation
+    built = [make_policy(spec, p, seed=seed, dataset=ds) for spec in policies]
     out = []
-    for spec in policies:
-        pol = make_policy(spec, p, seed=seed, dataset=ds)
+    for pol in built:
         res = evaluate(pol, view, tasks, lim, concurrency=concurrency, progress=progress)
         summary = res.summary()
         summary.update(dataset=ds, split=split)
@@ -153,13 +166,17 @@ def eval_cmd(
     ],
     pool: Annotated[str, typer.Option(help="pool name or YAML path")] = "paper-sim",
     dataset: Annotated[str | None, typer.Option(help="dataset (default: the pool's)")] = None,
-    split: Annotated[str, typer.Option(help="train | validation | test | all")] = "test",
-    limit: Annotated[int | None, typer.Option(help="at most N tasks")] = None,
-    seed: Annotated[int, typer.Option()] = 0,
-    max_cost_usd: Annotated[float | None, typer.Option(help="per-request budget in USD")] = None,
-    sensitivity: Annotated[str, typer.Option(help="public | private")] = "public",
+    split: SplitOpt = "test",
+    limit: LimitOpt = None,
+    seed: SeedOpt = 0,
+    max_cost_usd: Annotated[
+        float | None, typer.Option(callback=positive, help="per-request budget in USD (> 0)")
+    ] = None,
+    sensitivity: Annotated[
+        str, typer.Option(callback=choice(*SENSITIVITIES), help="public | private")
+    ] = "public",
     allowed_workers: Annotated[str | None, typer.Option(help="comma-separated worker names")] = None,
-    concurrency: Annotated[int, typer.Option()] = 32,
+    concurrency: Annotated[int, typer.Option(callback=count(1), help="tasks in flight (>= 1)")] = 32,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the summary JSON here")] = None,
 ) -> None:
     """Evaluate one or more policies on a pool and print a table."""
@@ -207,9 +224,9 @@ def baseline_specs(pool: str) -> list[str]:
 def compare_cmd(
     pool: Annotated[str, typer.Option(help="pool name or YAML path")] = "paper-sim",
     dataset: Annotated[str | None, typer.Option()] = None,
-    split: Annotated[str, typer.Option()] = "test",
-    limit: Annotated[int | None, typer.Option()] = None,
-    seed: Annotated[int, typer.Option()] = 0,
+    split: SplitOpt = "test",
+    limit: LimitOpt = None,
+    seed: SeedOpt = 0,
     extra: Annotated[list[str] | None, typer.Option("--policy", help="extra policies to include")] = None,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
     plot: Annotated[Path | None, typer.Option(help="write a cost-vs-accuracy Pareto PNG here")] = None,

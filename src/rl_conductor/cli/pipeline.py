@@ -13,6 +13,7 @@ import typer
 
 from rl_conductor.cli.app import app
 from rl_conductor.cli.core import console
+from rl_conductor.cli.options import count, pipeline_parameter
 
 if TYPE_CHECKING:
     from rl_conductor.tracking.registry import VersionRow
@@ -27,11 +28,16 @@ app.add_typer(registry_app, name="registry")
 PresetOpt = Annotated[str | None, typer.Option(help="training preset: tiny | smol | gpu | a YAML path")]
 PoolOpt = Annotated[str | None, typer.Option(help="worker pool (name or YAML path)")]
 DatasetOpt = Annotated[str | None, typer.Option(help="task set (default: the pool's)")]
-IntOpt = Annotated[int | None, typer.Option()]
-FloatOpt = Annotated[float | None, typer.Option()]
 StrOpt = Annotated[str | None, typer.Option()]
 QuickOpt = Annotated[
     bool, typer.Option("--quick", help="a handful of training steps on a small sample (smoke test)")
+]
+StepsOpt = Annotated[
+    int | None, typer.Option(callback=pipeline_parameter("grpo_steps"), help="0: the preset's")
+]
+EvalLimitOpt = Annotated[
+    int | None,
+    typer.Option(callback=pipeline_parameter("eval_limit"), help="test tasks to evaluate on (0: all)"),
 ]
 SetOpt = Annotated[
     list[str] | None, typer.Option("--set", help="any other pipeline parameter as NAME=VALUE (repeatable)")
@@ -71,12 +77,19 @@ def run_cmd(
     pool: PoolOpt = None,
     dataset: DatasetOpt = None,
     quick: QuickOpt = False,
-    grpo_steps: IntOpt = None,
-    sft_examples: IntOpt = None,
-    train_limit: IntOpt = None,
-    eval_limit: Annotated[int | None, typer.Option(help="test tasks to evaluate on (0: all)")] = None,
+    grpo_steps: StepsOpt = None,
+    sft_examples: Annotated[
+        int | None, typer.Option(callback=pipeline_parameter("sft_examples"), help="0: the preset's")
+    ] = None,
+    train_limit: Annotated[
+        int | None, typer.Option(callback=pipeline_parameter("train_limit"), help="0: every task")
+    ] = None,
+    eval_limit: EvalLimitOpt = None,
     reward_preset: StrOpt = None,
-    cost_weight: FloatOpt = None,
+    cost_weight: Annotated[
+        float | None,
+        typer.Option(callback=pipeline_parameter("cost_weight"), help="negative: the preset's"),
+    ] = None,
     mlflow_tracking_uri: StrOpt = None,
     artifact_root: Annotated[str | None, typer.Option(help="local folder or s3://bucket/prefix")] = None,
     set_values: SetOpt = None,
@@ -152,8 +165,8 @@ def submit_cmd(
     pool: PoolOpt = None,
     dataset: DatasetOpt = None,
     quick: QuickOpt = False,
-    grpo_steps: IntOpt = None,
-    eval_limit: IntOpt = None,
+    grpo_steps: StepsOpt = None,
+    eval_limit: EvalLimitOpt = None,
     run_name: StrOpt = None,
     experiment: Annotated[str, typer.Option(help="KFP experiment")] = "conductor",
     namespace: StrOpt = None,
@@ -227,7 +240,7 @@ def registry_list(
 
 @registry_app.command("promote")
 def registry_promote(
-    version: Annotated[int, typer.Option(help="the version to promote")],
+    version: Annotated[int, typer.Option(callback=count(1), help="the version to promote")],
     name: Annotated[str, typer.Option(help="registered model name")] = "conductor",
     alias: Annotated[str, typer.Option(help="alias to move")] = "champion",
     mlflow_tracking_uri: StrOpt = None,

@@ -10,6 +10,7 @@ import typer
 
 from rl_conductor.cli.app import app
 from rl_conductor.cli.core import console
+from rl_conductor.cli.options import count, non_negative, positive
 
 
 @app.command("train")
@@ -19,19 +20,24 @@ def train_cmd(
     pool: Annotated[str | None, typer.Option(help="worker pool (overrides the preset)")] = None,
     dataset: Annotated[str | None, typer.Option(help="training dataset (overrides the pool default)")] = None,
     model: Annotated[str | None, typer.Option(help="tiny | smol | folder | s3://… | HF id")] = None,
-    grpo_steps: Annotated[int | None, typer.Option(help="override the preset's GRPO steps")] = None,
-    sft_examples: Annotated[int | None, typer.Option(help="override the preset's SFT examples")] = None,
+    grpo_steps: Annotated[
+        int | None, typer.Option(callback=count(1), help="override the preset's GRPO steps")
+    ] = None,
+    sft_examples: Annotated[
+        int | None, typer.Option(callback=count(1), help="override the preset's SFT examples")
+    ] = None,
     reward_preset: Annotated[str | None, typer.Option(help="cost-aware | paper")] = None,
-    cost_weight: Annotated[float | None, typer.Option()] = None,
-    time_limit_s: Annotated[float | None, typer.Option(help="stop GRPO after this many seconds")] = None,
-    seed: Annotated[int | None, typer.Option()] = None,
+    cost_weight: Annotated[float | None, typer.Option(callback=non_negative, help=">= 0")] = None,
+    time_limit_s: Annotated[
+        float | None, typer.Option(callback=positive, help="stop GRPO after this many seconds")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(callback=count(0))] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="continue from the last checkpoint in OUT")
     ] = False,
 ) -> None:
     """Train a Conductor: bootstrap the model, SFT warm start, GRPO against the pool."""
     from rl_conductor.training.config import load_preset
-    from rl_conductor.training.train import train
 
     cfg = load_preset(
         preset,
@@ -45,6 +51,8 @@ def train_cmd(
         time_limit_s=time_limit_s,
         seed=seed,
     )
+    from rl_conductor.training.train import train  # torch and TRL: only once the config is valid
+
     res = train(cfg, out, resume=resume)
     curve = res.reward_curve
     console.print(
@@ -63,7 +71,7 @@ def plan_cmd(
     model_dir: Annotated[Path, typer.Argument(help="a trained Conductor folder")],
     question: Annotated[str, typer.Argument(help="the question to plan for")],
     pool: Annotated[str, typer.Option(help="worker pool shown to the Conductor")] = "paper-sim",
-    max_cost_usd: Annotated[float | None, typer.Option()] = None,
+    max_cost_usd: Annotated[float | None, typer.Option(callback=positive, help="budget in USD (> 0)")] = None,
     execute_plan: Annotated[
         bool, typer.Option("--execute", help="also run the workflow on the pool")
     ] = False,
@@ -78,7 +86,7 @@ def plan_cmd(
 
     p = load_pool(pool)
     view = p.view()
-    pol = ConductorPolicy(model_dir)
+    pol = ConductorPolicy(str(model_dir))
     task = Task(id="cli/question", question=question, answer="", domain="unknown", source="cli", grader="qa")
     limits = Limits(max_cost_usd=max_cost_usd)
     plan = asyncio.run(pol.plan(task, view, limits))

@@ -30,13 +30,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rl_conductor import validation
+from rl_conductor.errors import InvalidArgument, MissingFile, UnknownName, UserError
 from rl_conductor.pipeline import steps
 
 __all__ = [
+    "PARAMETER_RULES",
     "PIPELINE_MODULE",
     "QUICK_ARGUMENTS",
     "QUICK_TRAIN_OVERRIDES",
     "LocalRun",
+    "PipelineRunFailed",
+    "check_parameter",
     "compile_pipeline",
     "default_package_path",
     "load_pipeline",
@@ -120,19 +125,54 @@ def pipeline_parameters() -> dict[str, Any]:
     return {name: p.default for name, p in inspect.signature(target).parameters.items()}
 
 
+def _at_least(minimum: int) -> Callable[[str, Any], Any]:
+    return lambda name, value: validation.integer_at_least(name, value, minimum)
+
+
+#: What each numeric pipeline parameter accepts, as :mod:`rl_conductor.validation` rules: the
+#: same functions check the CLI options and the gate's fields. 0 (counts) or a negative number
+#: (cost_weight) means "the preset's value", as the pipeline's docstring says.
+PARAMETER_RULES: dict[str, Callable[[str, Any], Any]] = {
+    "grpo_steps": _at_least(0),
+    "sft_examples": _at_least(0),
+    "train_limit": _at_least(0),
+    "eval_limit": _at_least(0),
+    "seed": _at_least(0),
+    "cost_weight": validation.finite,
+    "min_accuracy_gain": validation.non_negative_finite,
+    "max_cost_ratio": validation.positive_finite,
+    "min_accuracy": validation.probability,
+}
+
+
+def check_parameter(name: str, value: Any) -> Any:
+    """``value`` if parameter ``name`` accepts it; else :class:`~rl_conductor.validation.InvalidValue`."""
+    rule = PARAMETER_RULES.get(name)
+    if rule is not None and value is not None:
+        rule(name, value)
+    return value
+
+
 def pipeline_arguments(*, quick: bool = False, **arguments: Any) -> dict[str, Any]:
     """Arguments for a run: :data:`QUICK_ARGUMENTS` if ``quick``, then ``arguments`` (None = default).
 
-    Unknown names raise ValueError listing the pipeline's parameters.
+    Unknown names raise :class:`~rl_conductor.errors.UnknownName` listing the pipeline's
+    parameters; values outside :data:`PARAMETER_RULES` raise ``InvalidValue`` before anything runs.
     """
     known = pipeline_parameters()
     given = {k: v for k, v in arguments.items() if v is not None}
     unknown = sorted(set(given) - set(known))
     if unknown:
-        raise ValueError(f"unknown pipeline parameters {unknown}; known: {sorted(known)}")
+        raise UnknownName(f"unknown pipeline parameters {unknown}; known: {', '.join(sorted(known))}")
+    for name, value in given.items():
+        check_parameter(name, value)
     if isinstance(given.get("train_overrides"), Mapping):
         given["train_overrides"] = json.dumps(given["train_overrides"], sort_keys=True)
     return {**(QUICK_ARGUMENTS if quick else {}), **given}
+
+
+class PipelineRunFailed(UserError, RuntimeError):
+    """A step of a local run failed; the message names the log holding its output (exit 1)."""
 
 
 @dataclass
@@ -199,7 +239,7 @@ def run_local(
             task = pipeline(**args)
         except Exception as exc:
             where = f"; step output in {log_path}" if log_path else ""
-            raise RuntimeError(f"local pipeline run failed: {exc}{where}") from exc
+            raise PipelineRunFailed(f"local pipeline run failed: {exc}{where}") from exc
     seconds = time.perf_counter() - t0
     out = task.outputs
     meta, summaries = steps.read_results(out["results"].path)
@@ -247,13 +287,13 @@ def submit(
     args = pipeline_arguments(quick=quick, **arguments)
     root = str(args.get("artifact_root") or "")
     if not root.startswith("s3://"):
-        raise ValueError("on a cluster, pass artifact_root=s3://bucket/prefix (pod disks are not kept)")
+        raise InvalidArgument("on a cluster, pass artifact_root=s3://bucket/prefix (pod disks are not kept)")
     tracking = str(args.get("mlflow_tracking_uri") or "")
     if not tracking.startswith(("http://", "https://")):
-        raise ValueError("on a cluster, pass mlflow_tracking_uri=http(s)://<mlflow server>")
+        raise InvalidArgument("on a cluster, pass mlflow_tracking_uri=http(s)://<mlflow server>")
     package = Path(package_path) if package_path is not None else default_package_path()
     if not package.is_file():
-        raise FileNotFoundError(f"{package} not found: run `conductor pipeline compile` first")
+        raise MissingFile(f"{package} not found: run `conductor pipeline compile` first")
     client = kfp.Client(host=host, namespace=namespace)
     result = client.create_run_from_pipeline_package(
         str(package),

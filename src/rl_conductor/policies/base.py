@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rl_conductor.errors import InvalidSpec, UnknownName, UserError
 from rl_conductor.executor import execute
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits, Trace
@@ -85,7 +86,13 @@ def make_policy(spec: str, pool: Pool, **kwargs: Any) -> Policy:
     ``random``, ``oracle``, ``knn``, ``domain-router`` or ``conductor:PATH``."""
     kind, _, arg = spec.partition(":")
     if kind not in _REGISTRY:
-        raise ValueError(f"unknown policy {spec!r}; known kinds: {policy_names()}")
+        raise UnknownName(f"unknown policy {spec!r}; known kinds: {', '.join(policy_names())}")
     module, _, cls_name = _REGISTRY[kind].partition(":")
     cls = getattr(importlib.import_module(module), cls_name)
-    return cls.from_spec(arg, pool, **kwargs)
+    try:
+        return cls.from_spec(arg, pool, **kwargs)
+    except UserError:
+        raise
+    except ValueError as exc:
+        # from_spec parses what the user wrote after the colon; its ValueErrors are about that
+        raise InvalidSpec(f"policy {spec!r}: {exc}") from exc

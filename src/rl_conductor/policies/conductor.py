@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rl_conductor.errors import InvalidSpec, model_not_found
 from rl_conductor.executor import RecursionRequest, execute
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.prompting import DEFAULT_MAX_QUESTION_CHARS, conductor_prompt, recursive_prompt
@@ -30,6 +31,34 @@ from rl_conductor.workflow import ParseError, Step, Workflow, parse, render
 
 CONFIG_FILE = "conductor.json"
 FALLBACK_INSTRUCTION = "Solve the problem step by step and give the final answer."
+
+
+def model_source(spec: str | Path) -> Path | str:
+    """Where to load a Conductor from, checked before any weights are read.
+
+    A local folder holding ``conductor.json`` (or at least a model's ``config.json``) is returned
+    as a ``Path``; ``s3://``, ``models:/`` and ``runs:/`` URIs are downloaded first (MLflow
+    registry or object store); a Hugging Face id (``owner/name``, not a local path) is returned
+    as is for ``from_pretrained``. Anything else raises :class:`~rl_conductor.errors.ModelNotFound`
+    ("no Conductor model at PATH …") instead of a hub error about repo ids.
+    """
+    text = str(spec)
+    if text.startswith(("s3://", "models:/", "runs:/")):
+        from rl_conductor.tracking.registry import load_model_dir
+
+        return Path(load_model_dir(text))
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if (path / CONFIG_FILE).is_file() or (path / "config.json").is_file():
+            return path
+        raise model_not_found(text, f"{text} holds neither {CONFIG_FILE} nor config.json")
+    if path.exists():
+        raise model_not_found(text, f"{text} is a file, not a folder")
+    from rl_conductor.training.models import looks_like_hf_id
+
+    if looks_like_hf_id(text):
+        return text
+    raise model_not_found(text, "no such folder")
 
 
 def fallback_workflow(view: PoolView, limits: Limits) -> Workflow:
@@ -58,10 +87,18 @@ class ConductorPolicy(Policy):
     ) -> None:
         from rl_conductor.training.generate import load_lm
 
-        self.model_dir = Path(model_dir)
+        source = model_source(model_dir)
+        self.model_dir = Path(source)
         cfg_path = self.model_dir / CONFIG_FILE
         self.meta: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
-        self.model, self.tokenizer = load_lm(self.model_dir, device=device)
+        try:
+            self.model, self.tokenizer = load_lm(source, device=device)
+        except OSError as exc:
+            if isinstance(source, Path):
+                raise
+            # a hub id that the hub (or the offline cache) cannot serve
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise model_not_found(source, f"as a Hugging Face id it did not load: {first}") from exc
         self.greedy = greedy
         self.retries = retries
         self.retry_temperature = retry_temperature
@@ -75,7 +112,7 @@ class ConductorPolicy(Policy):
     @classmethod
     def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> ConductorPolicy:
         if not arg:
-            raise ValueError("conductor needs a model folder: conductor:DIR")
+            raise InvalidSpec("conductor needs a model folder or URI: conductor:DIR")
         return cls(arg, seed=int(kw.get("seed", 0)))
 
     # -- generation -------------------------------------------------------------------------

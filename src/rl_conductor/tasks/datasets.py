@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable
 from importlib import resources
 from typing import Any
 
+from rl_conductor.errors import UnknownName
 from rl_conductor.tasks.base import DOMAINS, Task
 
 SPLITS = ("train", "validation", "test", "all")
@@ -57,7 +58,7 @@ Loader = Callable[[], list[Task]]
 _REGISTRY: dict[str, Loader] = {}
 
 
-class UnknownDatasetError(ValueError):
+class UnknownDatasetError(UnknownName):
     """Raised by :func:`load_tasks` for a name no loader is registered under."""
 
 
@@ -124,7 +125,7 @@ def load_tasks(name: str, split: str = "all", *, limit: int | None = None, seed:
         seed: seed of that sample; ignored without ``limit``.
     """
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+        raise UnknownName(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
     if name not in _REGISTRY:
         _import_optional()
     if name not in _REGISTRY and name.startswith("recordings:"):  # a bring-your-own recordings file

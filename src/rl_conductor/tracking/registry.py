@@ -39,6 +39,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.pyfunc.model import PythonModel
 
 from rl_conductor import storage
+from rl_conductor.errors import UserError, model_not_found
 from rl_conductor.tracking import mlflow_utils
 
 __all__ = [
@@ -315,18 +316,25 @@ def load_model_dir(uri: str, dst: str | os.PathLike[str] | None = None) -> str:
         if storage.is_s3(uri):
             return storage.download_dir(uri, dst or tempfile.mkdtemp(prefix="conductor-model-"))
         if not Path(uri).is_dir():
-            raise FileNotFoundError(f"model folder not found: {uri}")
+            raise model_not_found(uri, "model folder not found")
         return uri
     cfg = mlflow_utils.tracking_config()
-    local = mlflow.artifacts.download_artifacts(
-        artifact_uri=uri,
-        dst_path=str(dst or tempfile.mkdtemp(prefix="conductor-model-")),
-        tracking_uri=cfg.tracking_uri,
-        registry_uri=cfg.registry_uri,
-    )
-    mlmodel = yaml.safe_load((Path(local) / "MLmodel").read_text())
+    try:
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=uri,
+            dst_path=str(dst or tempfile.mkdtemp(prefix="conductor-model-")),
+            tracking_uri=cfg.tracking_uri,
+            registry_uri=cfg.registry_uri,
+        )
+    except MlflowException as exc:
+        first = str(exc.message).strip().splitlines()[0] if str(exc.message).strip() else exc.error_code
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            raise model_not_found(uri, f"{first} (registry {cfg.registry_uri})") from exc
+        raise UserError(f"could not load {uri} from MLflow at {cfg.registry_uri}: {first}") from exc
+    mlmodel_path = Path(local) / "MLmodel"
+    mlmodel = yaml.safe_load(mlmodel_path.read_text()) if mlmodel_path.is_file() else None
     try:
         rel = mlmodel["flavors"]["python_function"]["artifacts"][MODEL_DIR_ARTIFACT]["path"]
     except (KeyError, TypeError) as exc:
-        raise ValueError(f"{uri} is not a Conductor model (no {MODEL_DIR_ARTIFACT!r} artifact)") from exc
+        raise model_not_found(uri, f"the MLflow model has no {MODEL_DIR_ARTIFACT!r} artifact") from exc
     return str(Path(local) / rel)

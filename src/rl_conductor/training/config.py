@@ -11,6 +11,9 @@ from typing import Any
 
 import yaml
 
+from rl_conductor import validation
+from rl_conductor.errors import ConfigError, UnknownName, yaml_problem
+
 
 def _f(default: Any, help: str) -> Any:
     if isinstance(default, (list, dict)):
@@ -55,6 +58,23 @@ class TrainConfig:
     sft_learning_rate: float = _f(2e-3, "SFT learning rate")
     sft_batch_size: int = _f(32, "SFT batch size")
     sft_recursion_prob: float = _f(0.03, "share of synthesised steps that call the Conductor itself")
+    sft_targets: str = _f(
+        "expected-best",
+        "expected-best: each prompt's workflow with the best mean reward over its neighbourhood of "
+        "executed candidates (training/warmstart.py); random: uniformly random valid workflows "
+        "(format only, the ablation baseline)",
+    )
+    warm_items_per_domain: int = _f(
+        100, "training questions per domain on which every candidate workflow is executed"
+    )
+    warm_top_k: int = _f(3, "strongest workers per domain that composed candidates are built from")
+    warm_cheap_k: int = _f(2, "cheap workers per domain that composed candidates are built from")
+    warm_shrink: float = _f(
+        20.0, "a (domain, source) group's mean leans on its domain's mean with this many items' weight"
+    )
+    warm_cache_dir: str | None = _f(
+        None, "where the candidate table is cached (default: .conductor/cache/candidates)"
+    )
     # GRPO
     grpo_steps: int = _f(400, "GRPO optimizer steps")
     prompts_per_step: int = _f(4, "questions per GRPO step")
@@ -89,20 +109,34 @@ class TrainConfig:
     mlflow_tracking_uri: str | None = _f(None, "MLflow tracking URI (default: sqlite under .conductor/)")
 
     def __post_init__(self) -> None:
+        # the same rules as the CLI options and pipeline parameters (rl_conductor.validation)
+        validation.integer_at_least("grpo_steps", self.grpo_steps, 1)
+        validation.integer_at_least("sft_examples", self.sft_examples, 1)
+        validation.integer_at_least("seed", self.seed, 0)
+        if self.cost_weight is not None:
+            validation.non_negative_finite("cost_weight", self.cost_weight)
+        if self.time_limit_s is not None:
+            validation.positive_finite("time_limit_s", self.time_limit_s)
+        if self.train_limit is not None:
+            validation.integer_at_least("train_limit", self.train_limit, 1)
         if self.num_generations < 2:
-            raise ValueError("num_generations must be >= 2: GRPO compares completions within a group")
+            raise ConfigError("num_generations must be >= 2: GRPO compares completions within a group")
         if self.reward_preset not in ("cost-aware", "paper"):
-            raise ValueError("reward_preset must be 'cost-aware' or 'paper'")
+            raise ConfigError(f"reward_preset must be 'cost-aware' or 'paper', not {self.reward_preset!r}")
         if self.use_vllm and self.vllm_mode not in ("colocate", "server"):
-            raise ValueError("vllm_mode must be 'colocate' or 'server'")
+            raise ConfigError("vllm_mode must be 'colocate' or 'server'")
         if self.use_lora and self.model in ("tiny",):
-            raise ValueError(
+            raise ConfigError(
                 "LoRA on the tiny model makes no sense: set use_lora=false or pick a bigger model"
             )
         if not 0 <= self.budget_prob <= 1 or not 0 <= self.random_pool_prob <= 1:
-            raise ValueError("budget_prob and random_pool_prob are probabilities in [0, 1]")
+            raise ConfigError("budget_prob and random_pool_prob are probabilities in [0, 1]")
         if self.max_steps_per_workflow < 1:
-            raise ValueError("max_steps_per_workflow must be >= 1")
+            raise ConfigError("max_steps_per_workflow must be >= 1")
+        if self.sft_targets not in ("expected-best", "random"):
+            raise ConfigError(f"sft_targets must be 'expected-best' or 'random', not {self.sft_targets!r}")
+        if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
+            raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
 
     @property
     def completions_per_step(self) -> int:
@@ -116,7 +150,7 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown training config keys: {sorted(unknown)}")
+            raise ConfigError(f"unknown training config keys: {sorted(unknown)}")
         return cls(**d)
 
     @staticmethod
@@ -138,7 +172,14 @@ def load_preset(name_or_path: str, **overrides: Any) -> TrainConfig:
     if not (p.suffix in (".yaml", ".yml") and p.exists()):
         p = preset_dir() / f"{name_or_path}.yaml"
         if not p.exists():
-            raise ValueError(f"no training preset {name_or_path!r}; presets: {available_presets()}")
-    data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+            raise UnknownName(
+                f"no training preset {name_or_path!r}; presets: {available_presets()} or a YAML path"
+            )
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"training preset {str(p)!r} is not valid YAML: {yaml_problem(exc)}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"training preset {str(p)!r} must be a mapping of config keys")
     data.update({k: v for k, v in overrides.items() if v is not None})
     return TrainConfig.from_dict(data)

