@@ -238,6 +238,7 @@ def main() -> None:
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         },
         "settings": {
             "requests": args.requests,
@@ -277,6 +278,7 @@ def main() -> None:
             runs["tiny"]["p50_vs_echo"] = round(runs["tiny"]["p50_ms"] / runs["echo"]["p50_ms"], 2)
         results["runs"] = runs
         results["goal"] = {"fixed_p50_vs_echo_at_most": 3.0, "met": runs["fixed"]["p50_vs_echo"] <= 3.0}
+    results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:

@@ -375,6 +375,7 @@ def test_30_percent_failing_worker_calls_still_answer_99_percent(tmp_path: Path)
     answered = sum(bool(d["answer"]) for d in docs)
     assert answered >= 0.99 * len(docs), f"only {answered}/{len(docs)} answered"
     assert 0.2 < errors / calls < 0.4  # failures were really injected (~30 % of attempts)
+    assert any(d["worker_fallback"] for d in docs)  # some worker failed all its retries and was replaced
 
 
 # -- the micro Conductor from the MLflow registry, with traces ---------------------------------

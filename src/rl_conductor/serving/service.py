@@ -320,7 +320,10 @@ class ConductorService:
 
 def _extras(trace: Trace) -> dict[str, Any]:
     budget_stop = any(s.status == "skipped_budget" for s in trace.steps)
-    worker_fallback = any("fallback to" in s.note for s in trace.steps)
+    # a step answered (or tried) by more than one worker: a failing worker was replaced
+    worker_fallback = any(
+        len({a.worker for a in s.attempts}) > 1 or "fallback to" in s.note for s in trace.steps
+    )
     failed = [s for s in trace.steps if s.status == "failed"]
     message = ""
     if budget_stop:
