@@ -55,6 +55,7 @@ typecheck: install ## mypy over the library
 bench: install ## run the benchmarks (JSON under benchmarks/results/)
 	$(PY) benchmarks/executor_overhead.py --json benchmarks/results/executor_overhead.json
 	$(PY) benchmarks/parallel_speedup.py --json benchmarks/results/parallel_speedup.json
+	$(PY) benchmarks/grading_throughput.py --label after --json benchmarks/results/grading_throughput.json
 	$(PY) benchmarks/serving_load.py --json benchmarks/results/serving_load.json
 
 MODEL ?= models:/conductor@champion
