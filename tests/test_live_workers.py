@@ -20,7 +20,7 @@ from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.base import CallContext, estimate_tokens
 from rl_conductor.workers.cache import CachedWorker, S3CacheStore, SqliteCacheStore
-from rl_conductor.workers.live.base import LiveWorker
+from rl_conductor.workers.live.base import LiveWorker, pool_spend_guard
 from rl_conductor.workers.live.resilience import (
     CircuitBreaker,
     CircuitOpenError,
@@ -346,7 +346,8 @@ async def test_spend_guard_stops_before_the_ceiling_is_crossed() -> None:
             except SpendLimitError as exc:
                 refused += 1
                 assert "not sent" in str(exc)
-    guard = pool.options["_spend_guard"]
+    guard = pool_spend_guard(pool)
+    assert guard is not None
     assert sent == len(srv.requests) and refused == 10 - sent and 0 < sent < 10
     assert guard.spent_usd == pytest.approx(sent * (30 * 2.0 + 60 * 8.0) / 1e6)
     assert guard.spent_usd <= 0.003 and guard.refused == refused and guard.reserved_usd == 0

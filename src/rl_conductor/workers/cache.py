@@ -179,11 +179,35 @@ def open_store(cfg: Any) -> CacheStore:
     raise ValueError(f"cache must be true, a path, an s3:// URI or a mapping, not {cfg!r}")
 
 
+class SharedState:
+    """What a pool's live workers share (cache stores, the spend guard), kept in the pool options
+    under :data:`SHARED_KEY`. Its text form is constant, so code that fingerprints pool options
+    (``json.dumps(options, default=str)``) sees the same pool before and after calls."""
+
+    def __init__(self) -> None:
+        self.stores: dict[str, CacheStore] = {}
+        self.spend_guard: Any = None
+
+    def __repr__(self) -> str:
+        return "<shared live-worker state>"
+
+
+SHARED_KEY = "_live_shared"
+
+
+def shared_state(options: dict[str, Any]) -> SharedState:
+    """The :class:`SharedState` of a pool's options (made on first use)."""
+    state = options.get(SHARED_KEY)
+    if not isinstance(state, SharedState):
+        state = options[SHARED_KEY] = SharedState()
+    return state
+
+
 def store_for(cfg: Any, options: dict[str, Any]) -> CacheStore:
-    """The pool's shared store for ``cfg`` (one per distinct setting, kept in the pool options)."""
+    """The pool's shared store for ``cfg`` (one per distinct setting)."""
     from rl_conductor.workers.pool import PoolConfigError
 
-    stores: dict[str, CacheStore] = options.setdefault("_cache_stores", {})
+    stores = shared_state(options).stores
     key = json.dumps(cfg, sort_keys=True, default=str)
     if key not in stores:
         try:

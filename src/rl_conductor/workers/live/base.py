@@ -301,9 +301,12 @@ def common_settings(spec: dict[str, Any], options: dict[str, Any], *, needs_key:
 
 def spend_guard_for(options: dict[str, Any]) -> SpendGuard | None:
     """The pool's shared :class:`SpendGuard` (pool option ``max_usd``), made on first use."""
+    from rl_conductor.workers.cache import shared_state
+
     if options.get("max_usd") is None:
         return None
-    guard = options.get("_spend_guard")
+    state = shared_state(options)
+    guard = state.spend_guard
     if guard is None:
         raw = options["max_usd"]
         if isinstance(raw, str):
@@ -312,9 +315,17 @@ def spend_guard_for(options: dict[str, Any]) -> SpendGuard | None:
             guard = SpendGuard(float(raw))
         except (TypeError, ValueError) as exc:
             raise PoolConfigError(f"max_usd: {exc}") from None
-        options["_spend_guard"] = guard
+        state.spend_guard = guard
     assert isinstance(guard, SpendGuard)
     return guard
+
+
+def pool_spend_guard(pool: Any) -> SpendGuard | None:
+    """The spend guard of a built pool (None without ``max_usd``)."""
+    from rl_conductor.workers.cache import SHARED_KEY, SharedState
+
+    state = pool.options.get(SHARED_KEY)
+    return state.spend_guard if isinstance(state, SharedState) else None
 
 
 def wrap_cache(worker: Any, spec: dict[str, Any], options: dict[str, Any]) -> Any:
