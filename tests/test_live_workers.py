@@ -102,6 +102,7 @@ async def test_success_reports_the_servers_usage_and_prices_it(vendor: str) -> N
     elif vendor == "anthropic":
         assert req.path == "/v1/messages" and req.body["max_tokens"] == 77
         assert req.body["system"] == "Be brief." and req.body["messages"] == MESSAGES[1:]
+        assert KEY in req.headers.get("x-api-key", "") + req.headers.get("authorization", "")
     else:
         assert req.path == "/v1beta/models/test-model:generateContent"
         assert req.body["generationConfig"] == {"maxOutputTokens": 77, "temperature": 0.2}

@@ -107,13 +107,24 @@ def test_openai_sdk_sees_models_and_real_usage(workers: dict[str, int], tiny_dir
         client.chat.completions.create(model="tiny-self", messages=[], max_tokens=4)
 
 
-async def test_two_step_workflow_over_http_reports_tokens_and_keeps_the_budget(live_pool: Pool) -> None:
+async def test_two_step_workflow_over_http_reports_tokens_and_keeps_the_budget(
+    live_pool: Pool, tiny_dir: Path
+) -> None:
+    from rl_conductor.workers.live.server import ChatModel
+    from rl_conductor.workflow import worker_message
+
     task = load_tasks("gsm8k", "test", limit=1)[0]
     view = live_pool.view()
     wf = Workflow([Step(0, "Solve the problem.", []), Step(1, "Check the answer above.", "all")])
     limits = Limits(max_cost_usd=0.01, max_tokens=64, temperature=0.7)
     trace = await execute(wf, task, view, limits)
     assert [s.status for s in trace.steps] == ["ok", "ok"], [s.note for s in trace.steps]
+    local = ChatModel("tiny-self", tiny_dir)
+    local.load()
+    for i, step in enumerate(trace.steps):  # the trace carries the servers' own prompt token counts
+        visible = [(0, wf.steps[0].instruction, trace.steps[0].answer)] if i else []
+        sent = [{"role": "user", "content": worker_message(task.question, visible, step.instruction)}]
+        assert step.input_tokens == len(local.prompt_ids(sent))
     assert [s.worker for s in trace.steps] == ["smol-self", "smol-external"]
     for step in trace.steps:
         info = live_pool.get(step.worker).info
