@@ -21,7 +21,9 @@ app.add_typer(record_app, name="record", no_args_is_help=True)
 def worker_serve(
     model: Annotated[str, typer.Option(help="tiny | smol | a model folder")] = "smol",
     port: Annotated[int, typer.Option(help="HTTP port (binds all interfaces, as KServe does)")] = 8080,
-    name: Annotated[str | None, typer.Option(help="served model name (default: tiny / smol / folder)")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="served model name (default: tiny / smol / folder)")
+    ] = None,
     model_dir: Annotated[
         Path | None, typer.Option(help="where tiny / smol are built (default .conductor/models)")
     ] = None,
@@ -61,6 +63,8 @@ def record_export(
     from rl_conductor.workers.cache import open_store
     from rl_conductor.workers.recordings import export_cache, replay_pool_yaml
 
+    if not cache.startswith("s3://") and not Path(cache).is_file():
+        raise typer.BadParameter(f"no cache at {cache} (a sqlite file written by a pool with `cache:`)")
     store = open_store(cache)
     stats = export_cache(store, out, workers=worker)
     console.print(
