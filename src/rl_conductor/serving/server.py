@@ -35,7 +35,7 @@ import kserve
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from kserve.errors import InvalidInput
+from kserve.errors import InvalidInput, ModelNotReady
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from rl_conductor.serving import metrics as m
@@ -96,11 +96,16 @@ class ConductorModel(kserve.Model):
 
     def _service(self) -> ConductorService:
         if self.service is None:
-            raise kserve.errors.ModelNotReady(self.name)
+            raise ModelNotReady(self.name)
         return self.service
 
     async def answer_all(self, requests: list[ConductorRequest], endpoint: str) -> list[dict[str, Any]]:
         service = self._service()
+        for i, r in enumerate(requests):  # reject the whole request before any worker is called
+            try:
+                service.check(r)
+            except RequestError as exc:
+                raise InvalidInput(f"{'instances' if endpoint == 'v1' else 'question'}.{i}: {exc}") from None
         try:
             return list(await asyncio.gather(*(service.answer(r, endpoint=endpoint) for r in requests)))
         except RequestError as exc:
