@@ -494,3 +494,26 @@ def test_local_live_pool_end_to_end_keeps_private_requests_home(tmp_path: Path) 
         steps = [s for d in private.json()["predictions"] for s in d["steps"]]
         assert steps and all(s["worker"] == "smol-self" for s in steps)
         assert ext_log.read_text().count(chat) == external_calls
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--pool", "paper-sim", "--model", "/nonexistent/conductor"], "cannot load"),
+        (["--pool", "no-such-pool", "--policy", "fixed:0"], "no pool named"),
+        (["--pool", "paper-sim", "--policy", "fixed:0", "--step_timeout_s", "-1"], "step_timeout_s"),
+        (["--pool", "paper-sim", "--policy", "fixed:0", "--model", "x"], "either"),
+    ],
+)
+def test_conductor_serve_refuses_bad_flags_with_a_message(args: list[str], says: str, tmp_path: Path) -> None:
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "rl_conductor.cli", "serve", *args, "--enable_grpc", "false"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert says in proc.stderr and "Traceback" not in proc.stderr
