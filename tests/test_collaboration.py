@@ -193,7 +193,8 @@ def test_a_plan_pays_in_math_but_not_for_knowledge_questions() -> None:
 
 
 def test_a_verifier_catches_another_workers_errors_and_repeats_saturate() -> None:
-    p, off = pool(), pool("off")
+    # a strong check (the fitted reasoning strength is small): the mechanism, not the numbers
+    p, off = pool({"verify": {"reasoning": 0.8}}), pool("off")
     tasks = REASONING
     s, v = "qwen3-32b", "gemini-2.5-pro"
     checked = acc(tasks, run(p, [(s, SOLVE, ()), (v, VERIFY, "all")], tasks))

@@ -30,7 +30,7 @@ from rl_conductor.tasks.base import DOMAINS, Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.base import CallContext, Completion, Worker
 from rl_conductor.workers.pool import Pool
-from rl_conductor.workers.simulated import calibration_subset, grade_cached, paper_rows, paper_targets
+from rl_conductor.workers.simulated import calibration_subset, grade_cached, paper_rows, paper_targets, unit
 from rl_conductor.workers.simulated.collaboration import ROLE_INSTRUCTIONS, Role
 from rl_conductor.workflow import Step, Workflow, worker_message
 
@@ -219,10 +219,25 @@ def candidate_workflows(workers: Sequence[str], ranked: Sequence[str], top_k: in
     return out
 
 
+@dataclass(frozen=True)
+class CandidateResult:
+    """One candidate's figures over a task list (``oks``: per task, in order)."""
+
+    oks: tuple[bool, ...]
+    cost_usd: float
+    tokens: float
+    output_tokens: float
+    steps: float
+
+    @property
+    def accuracy(self) -> float:
+        return 100 * sum(self.oks) / len(self.oks)
+
+
 async def _run_candidate(
     pool: Pool, cand: Candidate, tasks: Sequence[Task], limits: Limits
-) -> tuple[float, float, float, float]:
-    """(accuracy %, mean $, mean tokens, mean steps) of one candidate over ``tasks``."""
+) -> CandidateResult:
+    """Execute one candidate on every task through the real executor; grade the final answers."""
     from rl_conductor.executor import execute
 
     view = pool.view()
@@ -230,16 +245,34 @@ async def _run_candidate(
     traces = []
     for i in range(0, len(tasks), CHUNK):
         traces += await asyncio.gather(*(execute(wf, t, view, limits) for t in tasks[i : i + CHUNK]))
-    oks = [
-        bool(tr.final_answer) and grade_cached(t, tr.final_answer)
-        for t, tr in zip(tasks, traces, strict=True)
-    ]
-    return (
-        100 * sum(oks) / len(oks),
-        statistics.fmean(tr.cost_usd for tr in traces),
-        statistics.fmean(tr.tokens for tr in traces),
-        statistics.fmean(len(tr.steps) for tr in traces),
+    return CandidateResult(
+        oks=tuple(
+            bool(tr.final_answer) and grade_cached(t, tr.final_answer)
+            for t, tr in zip(tasks, traces, strict=True)
+        ),
+        cost_usd=statistics.fmean(tr.cost_usd for tr in traces),
+        tokens=statistics.fmean(tr.tokens for tr in traces),
+        output_tokens=statistics.fmean(tr.output_tokens for tr in traces),
+        steps=statistics.fmean(len(tr.steps) for tr in traces),
     )
+
+
+def held_out_accuracy(tasks: Sequence[Task], results: Sequence[CandidateResult]) -> float:
+    """Two-fold cross-fitted accuracy of "the best candidate": chosen on one half of the items (a
+    salted hash of the id), measured on the other, both ways, pooled. The in-sample best is the
+    maximum of many noisy estimates and overstates what choosing a workflow is worth; this
+    does not."""
+    fold = [unit("collaboration-fold", t.id) < 0.5 for t in tasks]
+    right = total = 0
+    for side in (True, False):
+        pick = [i for i, f in enumerate(fold) if f == side]
+        other = [i for i, f in enumerate(fold) if f != side]
+        if not pick or not other:
+            continue
+        best = max(results, key=lambda r: (sum(r.oks[i] for i in pick), -r.cost_usd))
+        right += sum(best.oks[i] for i in other)
+        total += len(other)
+    return 100 * right / total if total else float("nan")
 
 
 async def collaboration_table_async(
@@ -255,8 +288,10 @@ async def collaboration_table_async(
     ``singles`` (rows of :func:`calibrate`) rank the workers per domain; measured when absent.
     Returns one row per domain: ``domain``, ``paper`` (the paper's Conductor row, percent),
     ``best_single`` (worker and accuracy), the best candidate's ``workflow``, ``accuracy``,
-    ``cost_usd``, ``tokens``, ``steps``, ``n`` and ``candidates`` (how many were tried). The best
-    is the most accurate; ties go to the cheaper.
+    ``cost_usd``, ``tokens`` (input + output), ``output_tokens``, ``steps``, ``n`` and
+    ``candidates`` (how many were tried). The best is the most accurate; ties go to the cheaper.
+    ``held_out`` is :func:`held_out_accuracy`: what choosing the best is worth without selection
+    bias.
     """
     chosen = calibration_subset(tasks, n)
     if singles is None:
@@ -271,8 +306,9 @@ async def collaboration_table_async(
         mine = [r for r in singles if r["domain"] == d]
         ranked = [r["worker"] for r in sorted(mine, key=lambda r: -r["simulated"])]
         cands = candidate_workflows(pool.names(), ranked, top_k)
-        results = [(c, await _run_candidate(pool, c, by_domain[d], limits)) for c in cands]
-        best, (acc, cost, tokens, steps) = max(results, key=lambda cr: (cr[1][0], -cr[1][1]))
+        results = [await _run_candidate(pool, c, by_domain[d], limits) for c in cands]
+        i_best = max(range(len(cands)), key=lambda i: (results[i].accuracy, -results[i].cost_usd))
+        best, res = cands[i_best], results[i_best]
         rows.append(
             {
                 "domain": d,
@@ -280,10 +316,12 @@ async def collaboration_table_async(
                 "best_single": ranked[0],
                 "best_single_accuracy": max(r["simulated"] for r in mine),
                 "workflow": best.label,
-                "accuracy": round(acc, 2),
-                "cost_usd": cost,
-                "tokens": tokens,
-                "steps": steps,
+                "accuracy": round(res.accuracy, 2),
+                "held_out": round(held_out_accuracy(by_domain[d], results), 2),
+                "cost_usd": res.cost_usd,
+                "tokens": res.tokens,
+                "output_tokens": res.output_tokens,
+                "steps": res.steps,
                 "n": len(by_domain[d]),
                 "candidates": len(cands),
             }
@@ -315,8 +353,9 @@ def format_collaboration(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         paper = "-" if r["paper"] is None else f"{r['paper']:.2f}"
         lines.append(
-            f"{r['domain']:10}{paper:>8}{r['best_single_accuracy']:8.2f}{r['accuracy']:8.2f}"
-            f"{r['cost_usd']:9.4f}{r['tokens']:8.0f}{r['steps']:6.2f}  {r['workflow']}"
+            f"{r['domain']:10}{paper:>8}{r['best_single_accuracy']:8.2f}{r['accuracy']:8.2f}{r['held_out']:8.2f}"
+            f"{r['cost_usd']:9.4f}{r['tokens']:8.0f}{r['output_tokens']:7.0f}{r['steps']:6.2f}"
+            f"  {r['workflow']}"
         )
     return "\n".join(lines)
 
@@ -372,7 +411,7 @@ async def fit_collaboration_async(
 
         async def best(alpha: float, among: Sequence[Candidate], d: str = d, items: list[Task] = items):
             p = load_pool(pool, seed=seed, collaboration=_scaled(d, alpha))
-            res = [(c, (await _run_candidate(p, c, items, limits))[0]) for c in among]
+            res = [(c, (await _run_candidate(p, c, items, limits)).accuracy) for c in among]
             return sorted(res, key=lambda cr: -cr[1])
 
         alpha, lo, hi = 1.0, 0.0, 2.0

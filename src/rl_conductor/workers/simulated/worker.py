@@ -327,6 +327,13 @@ def build_simulated(spec: dict[str, Any], options: dict[str, Any]) -> SimulatedW
     info = info_from_spec(spec)
     if "typical_output_tokens" not in spec:
         info = replace(info, typical_output_tokens=profile.mean_output_tokens())
+    # the executor plans deadlines with the profile's medians (draws scatter around them)
+    info = replace(
+        info,
+        ttft_s=profile.ttft_s,
+        tokens_per_s=profile.tokens_per_s,
+        prefill_tokens_per_s=profile.prefill_tokens_per_s,
+    )
     return SimulatedWorker(
         info=info,
         profile=profile,
