@@ -251,30 +251,28 @@ class Outcome:
     seconds: float
 
 
-def run_mutant(module: str, source: str, site: Site, tests: list[str], timeout: float) -> Outcome:
+def run_mutant(
+    module: str, source: str, site: Site, tests: list[str], timeout: float, fast_k: str | None = None
+) -> Outcome:
+    """Run the tests on one mutant: the fast tests first (``-k fast_k``), then all of them."""
     t0 = time.perf_counter()
+    stages = [[*tests, "-k", fast_k], tests] if fast_k else [tests]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{module.rsplit('.', 1)[-1]}.py"
         path.write_text(mutant_source(source, site.index))
-        cmd = [
-            sys.executable,
-            "-c",
-            _BOOTSTRAP,
-            module,
-            str(path),
-            "-x",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            *tests,
-        ]
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-        except subprocess.TimeoutExpired:
-            return Outcome(**_site(site), killed=True, how="timeout", seconds=time.perf_counter() - t0)
-    how = "survived" if proc.returncode == 0 else _failure(proc.stdout)
-    return Outcome(**_site(site), killed=proc.returncode != 0, how=how, seconds=time.perf_counter() - t0)
+        for args in stages:
+            cmd = [sys.executable, "-c", _BOOTSTRAP, module, str(path), "-x", "-q", "-p", "no:cacheprovider"]
+            try:
+                proc = subprocess.run(
+                    [*cmd, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+                )
+            except subprocess.TimeoutExpired:
+                return Outcome(**_site(site), killed=True, how="timeout", seconds=time.perf_counter() - t0)
+            if proc.returncode != 0:
+                how = _failure(proc.stdout)
+                return Outcome(**_site(site), killed=True, how=how, seconds=time.perf_counter() - t0)
+    return Outcome(**_site(site), killed=False, how="survived", seconds=time.perf_counter() - t0)
 
 
 def _site(site: Site) -> dict[str, object]:
@@ -292,8 +290,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--module", required=True, help="module under rl_conductor, e.g. executor")
     ap.add_argument("--tests", nargs="+", required=True, help="pytest arguments (test files / -k)")
+    ap.add_argument("--fast-k", help="pytest -k expression of the quick tests, run first on each mutant")
     ap.add_argument("--sample", type=int, default=0, help="mutants drawn at random (0 = all)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--source", type=Path, help="mutate this copy of the module (e.g. a committed version)")
+    ap.add_argument("--only", type=int, nargs="+", help="run just these site indices (re-checks)")
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds per mutant (then: killed)")
     ap.add_argument("--verdicts", type=Path, help="JSON of human verdicts on survivors")
     ap.add_argument(
@@ -303,42 +304,58 @@ def main() -> None:
 
     module = f"rl_conductor.{args.module}"
     path = ROOT / "src" / "rl_conductor" / f"{args.module.replace('.', '/')}.py"
-    source = path.read_text()
+    source = (args.source or path).read_text()
     all_sites = sites(source)
     chosen = all_sites
     if args.sample and args.sample < len(all_sites):
         chosen = sorted(random.Random(args.seed).sample(all_sites, args.sample), key=lambda s: s.index)
+    if args.only:
+        chosen = [s for s in all_sites if s.index in set(args.only)]
     verdicts: dict[str, str] = json.loads(args.verdicts.read_text()) if args.verdicts else {}
-    outcomes = []
+    out_path = args.out or ROOT / "benchmarks" / "results" / f"mutation_{args.module}.json"
+    outcomes: list[Outcome] = []
     for n, site in enumerate(chosen, 1):
-        out = run_mutant(module, source, site, args.tests, args.timeout)
+        out = run_mutant(module, source, site, args.tests, args.timeout, args.fast_k)
         outcomes.append(out)
         where = f"#{site.index} line {site.line} {site.description}"
         print(f"[{n}/{len(chosen)}] {where}: {out.how} ({out.seconds:.1f}s)", flush=True)
+        # written after every mutant, so a run that is stopped early still leaves its results
+        result = summarize(args, module, len(all_sites), len(chosen), outcomes, verdicts)
+        out_path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k not in ("outcomes", "survivors")}, indent=2))
+
+
+def summarize(
+    args: argparse.Namespace,
+    module: str,
+    n_sites: int,
+    n_chosen: int,
+    outcomes: list[Outcome],
+    verdicts: dict[str, str],
+) -> dict[str, object]:
     survivors = [o for o in outcomes if not o.killed]
     equivalent = [
         o for o in survivors if verdicts.get(f"{args.module}:{o.index}", "").startswith("equivalent")
     ]
     live = len(outcomes) - len(equivalent)
-    result = {
+    killed = len(outcomes) - len(survivors)
+    return {
         "module": module,
         "tests": args.tests,
-        "sites": len(all_sites),
+        "sites": n_sites,
+        "planned": n_chosen,
         "mutants": len(outcomes),
-        "killed": len(outcomes) - len(survivors),
+        "killed": killed,
         "survived": len(survivors),
         "equivalent": len(equivalent),
-        "score_all": (len(outcomes) - len(survivors)) / len(outcomes) if outcomes else 1.0,
-        "score_non_equivalent": (len(outcomes) - len(survivors)) / live if live else 1.0,
+        "score_all": killed / len(outcomes) if outcomes else 1.0,
+        "score_non_equivalent": killed / live if live else 1.0,
         "seed": args.seed,
         "survivors": [
             {**asdict(o), "verdict": verdicts.get(f"{args.module}:{o.index}", "")} for o in survivors
         ],
         "outcomes": [asdict(o) for o in outcomes],
     }
-    out_path = args.out or ROOT / "benchmarks" / "results" / f"mutation_{args.module}.json"
-    out_path.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k not in ("outcomes", "survivors")}, indent=2))
 
 
 if __name__ == "__main__":

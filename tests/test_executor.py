@@ -18,14 +18,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rl_conductor.executor import RecursionRequest, execute
+from rl_conductor.executor import RecursionRequest, execute, reserve_input_tokens
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import MIN_OUTPUT_TOKENS, STEP_STATUSES, Limits, StepRecord, Trace
 from rl_conductor.validation import InvalidValue
 from rl_conductor.workers.base import CallContext, Hosting, Message
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool, PoolView, info_from_spec
-from rl_conductor.workflow import Step, Workflow
+from rl_conductor.workflow import Step, Workflow, worker_message
 
 TASK = Task(id="t/1", question="What is 6 * 7?", answer="42", domain="math", source="test", grader="math")
 
@@ -300,6 +300,9 @@ async def test_budget_skips_unaffordable_step_and_its_dependents() -> None:
     wf = Workflow(steps=(Step(0, "draft", ()), Step(1, "improve", "all"), Step(0, "polish", (1,))))
     trace = await execute(wf, TASK, _view(free, dear), Limits(max_cost_usd=0.01))
     assert [s.status for s in trace.steps] == ["ok", "skipped_budget", "skipped_budget"]
+    assert [s.note for s in trace.steps[1:]] == ["budget exhausted", "a step it depends on was skipped"]
+    assert [s.worker for s in trace.steps[1:]] == ["", ""]  # nobody saw the request for them
+    assert [s.requested_worker for s in trace.steps[1:]] == ["dear", "free"]
     assert dear.calls == []
     assert len(free.calls) == 1
     assert trace.final_answer == "answer from free"
@@ -747,3 +750,37 @@ async def test_step_that_affords_exactly_the_minimum_runs() -> None:
         Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(w), Limits(max_cost_usd=below)
     )
     assert skipped.steps[0].status == "skipped_budget" and len(w.calls) == 1
+
+
+async def test_a_waiting_sibling_starts_when_a_settled_call_frees_budget() -> None:
+    """A settled reservation is released at once: a step waiting for budget starts while a hung
+    sibling is still in flight, not only once every sibling has settled (here: timed out)."""
+    quick = _worker("quick", price_in=0.0, price_out=10.0, output_tokens=1, latency_s=0.01)
+    hung = _worker("hung", price_in=0.0, price_out=10.0, hang=True, hosting="self")  # no fallback
+    waiting = _worker("waiting", price_in=0.0, price_out=10.0, output_tokens=1)
+    wf = Workflow(steps=(Step(0, "a", ()), Step(1, "b", ()), Step(2, "c", ())))
+    # room for two 100-token reservations, not three; quick's call costs 1 token and frees 99
+    limits = Limits(max_cost_usd=2 * 100 * 10 / 1e6 * 1.01, max_tokens=100, step_timeout_s=2.0)
+    trace = await execute(wf, TASK, _view(quick, hung, waiting), limits)
+    assert [s.status for s in trace.steps] == ["ok", "failed", "ok"]
+    # the waiting call began before the hung call's timeout settled it (2 s after it began)
+    assert float(waiting.calls[0]["t"]) < float(hung.calls[0]["t"]) + 2.0  # type: ignore[arg-type]
+
+
+async def test_free_output_worker_runs_when_the_budget_equals_its_input_reservation() -> None:
+    """Boundary of `avail < in_cost` for a worker with free output: equal is affordable."""
+    messages = [{"role": "user", "content": worker_message(TASK.question, [], "solve")}]
+    in_tok = reserve_input_tokens(messages)
+    limit = 1e-3
+    avail = limit * (1 - 1e-9)  # the executor keeps 1e-9 of the budget as slack
+    price = avail * 1e6 / in_tok
+    for _ in range(10_000):  # the float price whose input reservation is exactly what is left
+        cost = in_tok * price / 1e6
+        if cost == avail:
+            break
+        price = math.nextafter(price, math.inf if cost < avail else -math.inf)
+    assert in_tok * price / 1e6 == avail
+    w = _worker("w", price_in=price, price_out=0.0)
+    trace = await execute(Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(w), Limits(max_cost_usd=limit))
+    assert trace.steps[0].status == "ok"
+    assert trace.cost_usd <= limit

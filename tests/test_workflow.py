@@ -383,6 +383,9 @@ def test_triple_quoted_instructions_parse() -> None:
     assert [s.instruction for s in wf.steps] == ["Solve ] this", "Check [it]"]
     with pytest.raises(ParseError, match="unterminated"):
         parse("model_id = [0]\nsubtasks = ['''never closed ]\naccess_list = [[]]", pool_size=1)
+    # a quote character inside a triple-quoted string does not end it
+    quoted = "model_id = [0]\nsubtasks = ['''it's ] done''']\naccess_list = [[]]"
+    assert parse(quoted, pool_size=1).steps[0].instruction == "it's ] done"
 
 
 def test_list_followed_directly_by_semicolon() -> None:
