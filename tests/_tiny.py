@@ -39,6 +39,9 @@ MICRO: dict[str, Any] = {
     "max_question_chars": 120,
     "max_steps_per_workflow": 2,
     "sft_examples": 256,
+    # random-workflow SFT: varied plans keep GRPO's group rewards apart (see module docstring);
+    # the expected-best warm start is tested in test_warmstart.py
+    "sft_targets": "random",
     "sft_epochs": 2.0,
     "sft_learning_rate": 0.01,
     "sft_batch_size": 16,

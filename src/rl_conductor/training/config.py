@@ -58,6 +58,23 @@ class TrainConfig:
     sft_learning_rate: float = _f(2e-3, "SFT learning rate")
     sft_batch_size: int = _f(32, "SFT batch size")
     sft_recursion_prob: float = _f(0.03, "share of synthesised steps that call the Conductor itself")
+    sft_targets: str = _f(
+        "expected-best",
+        "expected-best: each prompt's workflow with the best mean reward over its neighbourhood of "
+        "executed candidates (training/warmstart.py); random: uniformly random valid workflows "
+        "(format only, the ablation baseline)",
+    )
+    warm_items_per_domain: int = _f(
+        100, "training questions per domain on which every candidate workflow is executed"
+    )
+    warm_top_k: int = _f(3, "strongest workers per domain that composed candidates are built from")
+    warm_cheap_k: int = _f(2, "cheap workers per domain that composed candidates are built from")
+    warm_shrink: float = _f(
+        20.0, "a (domain, source) group's mean leans on its domain's mean with this many items' weight"
+    )
+    warm_cache_dir: str | None = _f(
+        None, "where the candidate table is cached (default: .conductor/cache/candidates)"
+    )
     # GRPO
     grpo_steps: int = _f(400, "GRPO optimizer steps")
     prompts_per_step: int = _f(4, "questions per GRPO step")
@@ -116,6 +133,10 @@ class TrainConfig:
             raise ConfigError("budget_prob and random_pool_prob are probabilities in [0, 1]")
         if self.max_steps_per_workflow < 1:
             raise ConfigError("max_steps_per_workflow must be >= 1")
+        if self.sft_targets not in ("expected-best", "random"):
+            raise ConfigError(f"sft_targets must be 'expected-best' or 'random', not {self.sft_targets!r}")
+        if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
+            raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
 
     @property
     def completions_per_step(self) -> int:

@@ -1,9 +1,11 @@
 """Training prompts: which question, which workers are shown (randomised pools), which budget.
 
-One :class:`Episode` spec feeds both stages: SFT pairs it with a synthesised valid workflow (to
-teach the output format, not the routing — workers, lengths and access lists are drawn uniformly
-so GRPO starts unbiased), GRPO turns it into a prompt whose columns (``task_id``, ``view``,
-``budget``) reach the reward function, which executes the completion on exactly that view.
+One :class:`PromptSpec` feeds both stages. SFT pairs it either with the prompt's expected-best
+workflow (:func:`warm_sft_records`, the default: routing and composition that pay for questions
+like this one, see :mod:`rl_conductor.training.warmstart`) or with a synthesised random valid
+workflow (:func:`sft_records`: the format only, the ablation baseline). GRPO turns it into a
+prompt whose columns (``task_id``, ``view``, ``budget``) reach the reward function, which
+executes the completion on exactly that view.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from rl_conductor.prompting import conductor_prompt
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
+from rl_conductor.training.warmstart import ExpectedRewards
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
@@ -123,6 +126,31 @@ def sft_records(
         # "yourself" steps only where the limits allow recursion (never in the default training)
         rprob = recursion_prob if lim.allows_recursion() else 0.0
         wf = synth_workflow(rng, len(view), max_steps=lim.max_steps, recursion_prob=rprob)
+        out.append(
+            {
+                "prompt": chat(conductor_prompt(s.task, view, lim, max_question_chars=max_question_chars)),
+                "completion": [{"role": "assistant", "content": render(wf)}],
+            }
+        )
+    return out
+
+
+def warm_sft_records(
+    specs: Sequence[PromptSpec],
+    pool: Pool,
+    base: Limits,
+    targets: ExpectedRewards,
+    *,
+    max_question_chars: int,
+) -> list[dict[str, Any]]:
+    """Prompt/completion pairs whose completion is the prompt's expected-best workflow
+    (:mod:`rl_conductor.training.warmstart`): only the shown workers, affordable under the
+    prompt's budget, ids as the prompt shows them."""
+    out = []
+    for s in specs:
+        view = s.pool_view(pool)
+        lim = s.limits(base)
+        wf = targets.target(s.task, view.names(), s.budget)
         out.append(
             {
                 "prompt": chat(conductor_prompt(s.task, view, lim, max_question_chars=max_question_chars)),

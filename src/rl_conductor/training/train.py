@@ -140,7 +140,7 @@ def train(
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.trace import Limits
     from rl_conductor.tracking import mlflow_utils
-    from rl_conductor.training.data import grpo_records, make_specs, sft_records
+    from rl_conductor.training.data import grpo_records, make_specs, sft_records, warm_sft_records
     from rl_conductor.training.rewards import ConductorReward
     from rl_conductor.workers.pool import load_pool
 
@@ -166,14 +166,22 @@ def train(
         min_pool_size=cfg.min_pool_size,
     )
     sft_specs = make_specs(tasks, pool, cfg.sft_examples, **spec_kw)
-    sft = sft_records(
-        sft_specs,
-        pool,
-        base_limits,
-        rng=rng,
-        recursion_prob=cfg.sft_recursion_prob,
-        max_question_chars=cfg.max_question_chars,
-    )
+    t0 = time.perf_counter()
+    if cfg.sft_targets == "expected-best":
+        targets = warm_start_targets(cfg, tasks, pool, progress=progress)
+        sft = warm_sft_records(
+            sft_specs, pool, base_limits, targets, max_question_chars=cfg.max_question_chars
+        )
+        result.seconds["candidates"] = time.perf_counter() - t0
+    else:
+        sft = sft_records(
+            sft_specs,
+            pool,
+            base_limits,
+            rng=rng,
+            recursion_prob=cfg.sft_recursion_prob,
+            max_question_chars=cfg.max_question_chars,
+        )
     # an optimizer step consumes prompts_per_step prompts per accumulated micro-batch (TRL's
     # generation batch is per_device_train_batch_size x gradient_accumulation_steps completions)
     n_grpo = cfg.grpo_steps * cfg.prompts_per_step * cfg.gradient_accumulation_steps
@@ -252,6 +260,29 @@ def _time_limit_fired(trainer: Any) -> int | None:
         if isinstance(cb, TimeLimit) and cb.fired_at_step is not None:
             return cb.fired_at_step
     return None
+
+
+def warm_start_targets(cfg: TrainConfig, tasks: list[Any], pool: Any, *, progress: bool = False) -> Any:
+    """The expected-best targets of the warm start: the candidate table (built or read from the
+    cache) on ``warm_items_per_domain`` training questions per domain, averaged per
+    neighbourhood under the training reward (see ``training/candidates.py`` and
+    ``training/warmstart.py``)."""
+    from rl_conductor.tracking.mlflow_utils import conductor_home
+    from rl_conductor.training.candidates import cached_table, select_items
+    from rl_conductor.training.warmstart import ExpectedRewards
+
+    default = conductor_home() / ".conductor" / "cache" / "candidates"
+    table = cached_table(
+        select_items(tasks, cfg.warm_items_per_domain),
+        pool,
+        Path(cfg.warm_cache_dir) if cfg.warm_cache_dir else default,
+        budgets=cfg.budgets_usd,
+        top_k=cfg.warm_top_k,
+        cheap_k=cfg.warm_cheap_k,
+        max_steps=cfg.max_steps_per_workflow,
+        progress=progress,
+    )
+    return ExpectedRewards.fit(table, _reward_config(cfg), shrink=cfg.warm_shrink)
 
 
 def _save_policy(trainer: Any, path: Path, *, merge_lora: bool) -> None:

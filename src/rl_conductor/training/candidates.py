@@ -1,0 +1,451 @@
+"""Candidate workflows and the table of what each one scores when really executed.
+
+Why it exists: the warm start needs targets that carry *skill*, not luck. Fine-tuning on each
+training item's own best workflow teaches cheapness (the cheapest worker is right on the easy
+items, every worker is wrong on the hard ones). Instead, a documented set of candidate workflows
+is executed through the real executor on many training questions, and the warm start
+(:mod:`rl_conductor.training.warmstart`) picks, for a prompt, the candidate with the best *mean*
+reward over questions like it. Nothing here knows how a pool produces its answers: candidates
+are plain workflows, outcomes come from :func:`rl_conductor.executor.execute` and the task's
+grader.
+
+The candidate set (all chains: every step after the first sees all earlier steps, ``"all"``):
+
+* ``S``     solve(a) — every worker of the pool;
+* ``SV``    solve(a) → verify(b) and ``PS`` plan(a) → solve(b), for a, b in ``T ∪ C``;
+* ``PSV``   plan(a) → solve(b) → verify(c), for a, b, c all in ``T`` or all in ``C``;
+* ``PPSV``  plan(a) → plan(b) → solve(T₀) → verify(d), a ≠ b in ``T``, d in ``T`` \\ {T₀};
+* ``PSVV``  plan(a) → solve(T₀) → verify(c) → verify(d), a in ``T``, c ≠ d in ``T`` \\ {T₀};
+* ``PPSVV`` plan(a) → plan(b) → solve(T₀) → verify(c) → verify(d) (5 steps, the paper's cap),
+
+where ``T`` are the ``top_k`` workers with the best single-call accuracy in the domain (``T₀``
+the best) and ``C`` the ``cheap_k`` most accurate of the cheaper half of the pool (by output
+price) — so small random subsets and small budgets still find composed plans of cheap workers.
+The sets are chosen per domain from the single-worker rows of the table itself.
+
+Budgets: each candidate is also scored under every training budget ``B``. A candidate whose
+mean unbudgeted cost in the domain exceeds ``B`` is marked unaffordable (not executed). For the
+others, an item whose unbudgeted run cost at most ``B/2`` reuses that run (a chain's budget
+reservations never bind then: the executor's conservative input estimate is well under 2x);
+every other item is executed again under ``B`` for real.
+
+Grading: a final answer is graded once per (task, the grader's normalised answer key — the key
+self-consistency votes with), so a code answer runs in the sandbox once, not once per rollout.
+
+The table is deterministic for a pool, seed and task list; it is cached on disk (``.npz``) under
+a key that includes a probe of the pool's actual answers, so a changed pool never reuses a
+stale table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl_conductor.executor import execute
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits, Trace
+from rl_conductor.workers.pool import Pool, PoolView
+from rl_conductor.workflow import Step, Workflow
+
+log = logging.getLogger(__name__)
+
+#: Short role instructions (short: the tiny Conductor writes them token by token). Each names
+#: its role with the usual word (plan / solve / verify) so that workers that read roles can.
+ROLE_TEXT: dict[str, str] = {
+    "plan": "Plan the approach; do not solve.",
+    "solve": "Solve it; give the final answer.",
+    "verify": "Verify the answer above; fix errors.",
+}
+
+#: Bump when the candidate set or the table's meaning changes (part of the cache key).
+TABLE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A chain workflow over worker *names*: ``steps`` = ((worker, role), ...)."""
+
+    steps: tuple[tuple[str, str], ...]
+
+    @property
+    def name(self) -> str:
+        return ">".join(f"{role}:{w}" for w, role in self.steps)
+
+    @property
+    def workers(self) -> frozenset[str]:
+        return frozenset(w for w, _ in self.steps)
+
+    @property
+    def shape(self) -> str:
+        return "".join(role[0].upper() for _, role in self.steps)
+
+    def workflow(self, names: Sequence[str]) -> Workflow:
+        """The workflow for a view whose ordinal ids name ``names`` (ids remapped)."""
+        try:
+            ids = [list(names).index(w) for w, _ in self.steps]
+        except ValueError:
+            raise ValueError(f"candidate {self.name} uses a worker outside the view {list(names)}") from None
+        return Workflow(
+            steps=tuple(
+                Step(worker=j, instruction=ROLE_TEXT[role], access=() if i == 0 else "all")
+                for i, (j, (_, role)) in enumerate(zip(ids, self.steps, strict=True))
+            )
+        )
+
+    @classmethod
+    def parse_name(cls, name: str) -> Candidate:
+        steps = []
+        for part in name.split(">"):
+            role, _, w = part.partition(":")
+            if role not in ROLE_TEXT or not w:
+                raise ValueError(f"bad candidate name {name!r}")
+            steps.append((w, role))
+        return cls(tuple(steps))
+
+
+def single(worker: str) -> Candidate:
+    return Candidate(((worker, "solve"),))
+
+
+def composed_candidates(top: Sequence[str], cheap: Sequence[str]) -> list[Candidate]:
+    """The multi-step candidates over a domain's strong workers ``top`` (best first) and its
+    cheap workers ``cheap`` (see module docstring)."""
+    out: list[Candidate] = []
+    both = list(dict.fromkeys([*top, *cheap]))
+    for a, b in itertools.product(both, repeat=2):
+        out.append(Candidate(((a, "solve"), (b, "verify"))))
+        out.append(Candidate(((a, "plan"), (b, "solve"))))
+    for group in (top, cheap):
+        for a, b, c in itertools.product(group, repeat=3):
+            out.append(Candidate(((a, "plan"), (b, "solve"), (c, "verify"))))
+    if top:
+        t0, rest = top[0], list(top[1:])
+        for a, b in itertools.permutations(top, 2):
+            for d in rest:
+                out.append(Candidate(((a, "plan"), (b, "plan"), (t0, "solve"), (d, "verify"))))
+            for c, d in itertools.permutations(rest, 2):
+                out.append(Candidate(((a, "plan"), (b, "plan"), (t0, "solve"), (c, "verify"), (d, "verify"))))
+        for a in top:
+            for c, d in itertools.permutations(rest, 2):
+                out.append(Candidate(((a, "plan"), (t0, "solve"), (c, "verify"), (d, "verify"))))
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class CandidateTable:
+    """Outcomes of candidates on items: arrays of shape ``[items, candidates, budgets]``.
+
+    ``budgets[0]`` is ``None`` (no budget). ``done`` is False where a candidate was not run (not
+    in the item's domain set, or unaffordable under that budget)."""
+
+    task_ids: list[str]
+    domains: list[str]
+    groups: list[str]
+    candidates: list[Candidate]
+    budgets: list[float | None]
+    correct: np.ndarray
+    cost: np.ndarray
+    stopped: np.ndarray
+    tokens: np.ndarray
+    done: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def index(self, name: str) -> int:
+        return [c.name for c in self.candidates].index(name)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez_compressed(
+            tmp,
+            correct=self.correct,
+            cost=self.cost,
+            stopped=self.stopped,
+            tokens=self.tokens,
+            done=self.done,
+            header=np.array(
+                json.dumps(
+                    {
+                        "task_ids": self.task_ids,
+                        "domains": self.domains,
+                        "groups": self.groups,
+                        "candidates": [c.name for c in self.candidates],
+                        "budgets": self.budgets,
+                        "meta": self.meta,
+                    }
+                )
+            ),
+        )
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> CandidateTable:
+        with np.load(path) as z:
+            h = json.loads(str(z["header"]))
+            return cls(
+                task_ids=h["task_ids"],
+                domains=h["domains"],
+                groups=h["groups"],
+                candidates=[Candidate.parse_name(n) for n in h["candidates"]],
+                budgets=h["budgets"],
+                correct=z["correct"],
+                cost=z["cost"],
+                stopped=z["stopped"],
+                tokens=z["tokens"],
+                done=z["done"],
+                meta=h["meta"],
+            )
+
+
+def select_items(tasks: Sequence[Task], per_domain: int) -> list[Task]:
+    """At most ``per_domain`` tasks of each domain, chosen by a hash of the id (stable, spread
+    over sources)."""
+    by: dict[str, list[Task]] = defaultdict(list)
+    for t in tasks:
+        by[t.domain].append(t)
+    out: list[Task] = []
+    for d in sorted(by):
+        ranked = sorted(by[d], key=lambda t: hashlib.sha256(f"cand/{t.id}".encode()).hexdigest())
+        out += ranked[:per_domain]
+    return out
+
+
+class _Grader:
+    """Grades final answers once per (task, normalised answer key)."""
+
+    def __init__(self) -> None:
+        self.memo: dict[tuple[str, str], bool] = {}
+
+    def __call__(self, task: Task, trace: Trace) -> bool:
+        from rl_conductor.reward import grade_trace
+        from rl_conductor.tasks.graders import extract_answer
+
+        text = trace.final_answer
+        if not text:
+            return False
+        key = extract_answer(task, text)
+        if key is None:
+            return grade_trace(task, trace)
+        k = (task.id, key)
+        if k not in self.memo:
+            self.memo[k] = grade_trace(task, trace)
+        return self.memo[k]
+
+
+async def _run_all(
+    jobs: list[tuple[Task, Workflow, Limits]], view: PoolView, concurrency: int
+) -> list[Trace]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(task: Task, wf: Workflow, lim: Limits) -> Trace:
+        async with sem:
+            return await execute(wf, task, view, lim)
+
+    return list(await asyncio.gather(*(one(*j) for j in jobs)))
+
+
+def _execute(
+    jobs: list[tuple[Task, Workflow, Limits]], view: PoolView, concurrency: int = 256
+) -> list[Trace]:
+    return asyncio.run(_run_all(jobs, view, concurrency)) if jobs else []
+
+
+def pool_probe(pool: Pool, tasks: Sequence[Task], n: int = 12) -> str:
+    """A digest of the pool's actual answers (single calls and a chain) on a few tasks: part of
+    the cache key, so a changed pool (new calibration, new collaboration model) is re-run."""
+    view = pool.view()
+    names = view.names()
+    probe = list(tasks[:: max(1, len(tasks) // n)])[:n]
+    cands = [single(w) for w in names] + [
+        Candidate(((names[0], "plan"), (names[-1], "solve"), (names[0], "verify")))
+    ]
+    jobs = [(t, c.workflow(names), Limits(recursion_depth=0)) for t in probe for c in cands]
+    h = hashlib.sha256()
+    for tr in _execute(jobs, view):
+        h.update(tr.final_answer.encode())
+        h.update(f"{tr.cost_usd:.9f}".encode())
+    return h.hexdigest()[:16]
+
+
+def group_of(task: Task) -> str:
+    """The neighbourhood a question belongs to: its domain and source."""
+    return f"{task.domain}/{task.source}"
+
+
+def build_table(
+    tasks: Sequence[Task],
+    pool: Pool,
+    *,
+    budgets: Iterable[float] = (),
+    top_k: int = 3,
+    cheap_k: int = 2,
+    max_steps: int = 5,
+    limits: Limits | None = None,
+    progress: bool = False,
+) -> CandidateTable:
+    """Execute the candidate set (candidates of at most ``max_steps`` steps) on ``tasks`` (see
+    module docstring) and return the table."""
+    base = limits or Limits(recursion_depth=0, max_steps=max_steps)
+    view = pool.view()
+    names = view.names()
+    budget_list: list[float | None] = [None, *sorted({float(b) for b in budgets})]
+    grader = _Grader()
+
+    # 1. every worker alone, on every item: picks each domain's strong and cheap workers
+    singles = [single(w) for w in names]
+    traces = _execute([(t, c.workflow(names), base) for t in tasks for c in singles], view)
+    acc: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    single_rows: dict[tuple[str, str], Trace] = {}
+    k = 0
+    for t in tasks:
+        for c in singles:
+            tr = traces[k]
+            k += 1
+            single_rows[(t.id, c.name)] = tr
+            acc[t.domain][c.steps[0][0]].append(float(grader(t, tr)))
+    price = {i.name: i.price_out for i in view.infos()}
+    median = float(np.median(list(price.values())))
+    domain_sets: dict[str, list[Candidate]] = {}
+    for d, per in acc.items():
+        ranked = sorted(per, key=lambda w: (-float(np.mean(per[w])), price[w], w))
+        top = ranked[:top_k]
+        cheap = [w for w in ranked if price[w] <= median and w not in top][:cheap_k]
+        domain_sets[d] = [c for c in composed_candidates(top, cheap) if len(c.steps) <= max_steps]
+        log.info("candidates %s: top %s, cheap %s, %d composed", d, top, cheap, len(domain_sets[d]))
+    cands = list(dict.fromkeys([*singles, *itertools.chain.from_iterable(domain_sets.values())]))
+    col = {c: j for j, c in enumerate(cands)}
+    n_i, n_c, n_b = len(tasks), len(cands), len(budget_list)
+    correct = np.zeros((n_i, n_c, n_b), dtype=bool)
+    cost = np.zeros((n_i, n_c, n_b), dtype=np.float64)
+    stopped = np.zeros((n_i, n_c, n_b), dtype=bool)
+    tokens = np.zeros((n_i, n_c, n_b), dtype=np.int32)
+    done = np.zeros((n_i, n_c, n_b), dtype=bool)
+
+    def put(i: int, j: int, b: int, tr: Trace) -> None:
+        from rl_conductor.reward import budget_stopped
+
+        correct[i, j, b] = grader(tasks[i], tr)
+        cost[i, j, b] = tr.cost_usd
+        stopped[i, j, b] = budget_stopped(tr)
+        tokens[i, j, b] = tr.tokens
+        done[i, j, b] = True
+
+    # 2. unbudgeted: singles everywhere, composed candidates on their domain's items
+    jobs: list[tuple[Task, Workflow, Limits]] = []
+    where: list[tuple[int, int]] = []
+    for i, t in enumerate(tasks):
+        for c in singles:
+            put(i, col[c], 0, single_rows[(t.id, c.name)])
+        for c in domain_sets.get(t.domain, []):
+            jobs.append((t, c.workflow(names), base))
+            where.append((i, col[c]))
+    if progress:
+        log.info("candidate table: %d items x %d candidates, %d executions", n_i, n_c, len(jobs))
+    for (i, j), tr in zip(where, _execute(jobs, view), strict=True):
+        put(i, j, 0, tr)
+
+    # 3. budgets: affordable candidates only; cheap runs reused, the rest executed under B
+    domains = [t.domain for t in tasks]
+    dom_idx: dict[str, list[int]] = defaultdict(list)
+    for i, d in enumerate(domains):
+        dom_idx[d].append(i)
+    for b, B in enumerate(budget_list[1:], start=1):
+        assert B is not None
+        lim = Limits(**{**base.__dict__, "max_cost_usd": B})
+        jobs, where = [], []
+        for idx in dom_idx.values():
+            rows = np.array(idx)
+            for j in range(n_c):
+                if not done[rows, j, 0].all() or cost[rows, j, 0].mean() > B:
+                    continue
+                for i in idx:
+                    if cost[i, j, 0] <= B / 2:
+                        correct[i, j, b], cost[i, j, b] = correct[i, j, 0], cost[i, j, 0]
+                        stopped[i, j, b], tokens[i, j, b] = stopped[i, j, 0], tokens[i, j, 0]
+                        done[i, j, b] = True
+                    else:
+                        jobs.append((tasks[i], cands[j].workflow(names), lim))
+                        where.append((i, j))
+        for (i, j), tr in zip(where, _execute(jobs, view), strict=True):
+            put(i, j, b, tr)
+
+    return CandidateTable(
+        task_ids=[t.id for t in tasks],
+        domains=domains,
+        groups=[group_of(t) for t in tasks],
+        candidates=cands,
+        budgets=budget_list,
+        correct=correct,
+        cost=cost,
+        stopped=stopped,
+        tokens=tokens,
+        done=done,
+        meta={
+            "pool": pool.name,
+            "top_k": top_k,
+            "cheap_k": cheap_k,
+            "max_steps": max_steps,
+            "version": TABLE_VERSION,
+        },
+    )
+
+
+def cached_table(
+    tasks: Sequence[Task],
+    pool: Pool,
+    cache_dir: Path | None,
+    *,
+    budgets: Iterable[float] = (),
+    top_k: int = 3,
+    cheap_k: int = 2,
+    max_steps: int = 5,
+    progress: bool = False,
+) -> CandidateTable:
+    """:func:`build_table`, read from / written to ``cache_dir`` when given (see module docstring)."""
+    budgets = sorted({float(b) for b in budgets})
+    kw: dict[str, Any] = {
+        "budgets": budgets,
+        "top_k": top_k,
+        "cheap_k": cheap_k,
+        "max_steps": max_steps,
+        "progress": progress,
+    }
+    if cache_dir is None:
+        return build_table(tasks, pool, **kw)
+    key_src = json.dumps(
+        {
+            "version": TABLE_VERSION,
+            "pool": pool.name,
+            "options": {k: str(v) for k, v in sorted(pool.options.items())},
+            "workers": [[i.name, i.price_in, i.price_out, i.hosting] for i in pool.view().infos()],
+            "tasks": [t.id for t in tasks],
+            "budgets": budgets,
+            "top_k": top_k,
+            "cheap_k": cheap_k,
+            "max_steps": max_steps,
+            "roles": ROLE_TEXT,
+            "probe": pool_probe(pool, tasks),
+        },
+        sort_keys=True,
+    )
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
+    path = Path(cache_dir) / f"candidates-{pool.name}-{key}.npz"
+    if path.exists():
+        try:
+            return CandidateTable.load(path)
+        except Exception as exc:  # a torn or foreign file: rebuild it
+            log.warning("candidate table %s unreadable (%s): rebuilding", path, exc)
+    table = build_table(tasks, pool, **kw)
+    table.save(path)
+    return table

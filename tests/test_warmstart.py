@@ -1,0 +1,273 @@
+"""Warm-start targets: the candidate table (executed through the real executor on fake workers),
+neighbourhood averaging that picks the expected-best workflow rather than each item's own best,
+and targets that respect the prompt's budget and worker subset (ids remapped as shown)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rl_conductor.reward import REWARD_PRESETS
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits
+from rl_conductor.training.candidates import (
+    Candidate,
+    CandidateTable,
+    build_table,
+    cached_table,
+    composed_candidates,
+    select_items,
+    single,
+)
+from rl_conductor.training.data import PromptSpec, warm_sft_records
+from rl_conductor.training.warmstart import ExpectedRewards, reward_array
+from rl_conductor.workers.base import CallContext, Message
+from rl_conductor.workers.fake import FakeWorker, fake_info
+from rl_conductor.workers.pool import Pool
+from rl_conductor.workflow import parse, render
+
+COST_AWARE = REWARD_PRESETS["cost-aware"]
+
+
+def _task(i: int, domain: str = "math", source: str = "t") -> Task:
+    return Task(
+        id=f"{source}/{i}",
+        question=f"What is {i} + {i}?",
+        answer=str(2 * i),
+        domain=domain,
+        source=source,
+        grader="math",
+    )
+
+
+def _table(
+    rows: dict[str, list[bool]],
+    costs: dict[str, float],
+    *,
+    budgets: list[float | None] | None = None,
+    unaffordable: dict[str, list[int]] | None = None,
+) -> CandidateTable:
+    """A hand-built table: candidate name -> correct per item (one group), a cost per candidate,
+    and per candidate the budget columns where it was not affordable."""
+    budgets = budgets or [None]
+    cands = [Candidate.parse_name(n) for n in rows]
+    n = len(next(iter(rows.values())))
+    shape = (n, len(cands), len(budgets))
+    correct = np.zeros(shape, dtype=bool)
+    cost = np.zeros(shape)
+    done = np.ones(shape, dtype=bool)
+    for j, name in enumerate(rows):
+        correct[:, j, :] = np.array(rows[name])[:, None]
+        cost[:, j, :] = costs[name]
+        for b in (unaffordable or {}).get(name, []):
+            done[:, j, b] = False
+    return CandidateTable(
+        task_ids=[f"t/{i}" for i in range(n)],
+        domains=["math"] * n,
+        groups=["math/t"] * n,
+        candidates=cands,
+        budgets=budgets,
+        correct=correct,
+        cost=cost,
+        stopped=np.zeros(shape, dtype=bool),
+        tokens=np.zeros(shape, dtype=np.int32),
+        done=done,
+    )
+
+
+# cheap is right on the 5 easy items, strong on 8 of 10; both wrong on the 2 hardest
+EASY_HARD = {
+    "solve:cheap": [True] * 5 + [False] * 5,
+    "solve:strong": [True] * 8 + [False] * 2,
+}
+PRICES = {"solve:cheap": 0.0001, "solve:strong": 0.005}
+
+
+def test_neighbourhood_mean_picks_the_expected_best_not_each_items_best() -> None:
+    table = _table(EASY_HARD, PRICES)
+    r = reward_array(table, COST_AWARE)[:, :, 0]
+    per_item = Counter(table.candidates[int(np.argmax(row))].name for row in r)
+    # per-item labels reward cheapness: the cheap worker wins most items (easy and hopeless ones)
+    assert per_item.most_common(1)[0][0] == "solve:cheap"
+    best = ExpectedRewards.fit(table, COST_AWARE).best(_task(0, source="t"), ["cheap", "strong"], None)
+    assert best.name == "solve:strong"
+
+
+def test_group_mean_is_shrunk_towards_the_domain() -> None:
+    table = _table(EASY_HARD, PRICES)
+    # items 0..4 form their own small source group "math/u"; the domain includes all ten
+    table.groups = ["math/u"] * 5 + ["math/t"] * 5
+    unshrunk = ExpectedRewards.fit(table, COST_AWARE, shrink=0.0)
+    shrunk = ExpectedRewards.fit(table, COST_AWARE, shrink=1000.0)
+    u = _task(1, source="u")
+    # alone, the easy group prefers the cheap worker (both always right there)...
+    assert unshrunk.best(u, ["cheap", "strong"], None).name == "solve:cheap"
+    # ...leaning on its domain, it takes the worker that is better on questions like it
+    assert shrunk.best(u, ["cheap", "strong"], None).name == "solve:strong"
+
+
+def test_targets_respect_budgets() -> None:
+    table = _table(EASY_HARD, PRICES, budgets=[None, 0.002, 0.01], unaffordable={"solve:strong": [1]})
+    er = ExpectedRewards.fit(table, COST_AWARE)
+    t = _task(0)
+    assert er.best(t, ["cheap", "strong"], None).name == "solve:strong"
+    assert er.best(t, ["cheap", "strong"], 0.002).name == "solve:cheap"
+    # a budget between table budgets uses the largest one not above it
+    assert er.best(t, ["cheap", "strong"], 0.005).name == "solve:cheap"
+    assert er.best(t, ["cheap", "strong"], 0.05).name == "solve:strong"
+    # below every table budget: the smallest budget's column, never the unbudgeted one
+    assert er.best(t, ["cheap", "strong"], 0.0005).name == "solve:cheap"
+
+
+def test_targets_use_only_the_shown_workers_with_their_shown_ids() -> None:
+    rows = {**EASY_HARD, "solve:cheap>verify:strong": [True] * 9 + [False]}
+    table = _table(rows, {**PRICES, "solve:cheap>verify:strong": 0.0052})
+    er = ExpectedRewards.fit(table, COST_AWARE)
+    t = _task(3)
+    wf = er.target(t, ["other", "strong", "cheap"], None)
+    assert [s.worker for s in wf.steps] == [2, 1]
+    assert wf.steps[1].access == "all" and wf.steps[0].access == ()
+    wf = er.target(t, ["cheap", "other"], None)
+    assert [s.worker for s in wf.steps] == [0]
+    with pytest.raises(ValueError, match="no candidate"):
+        er.best(t, ["other"], None)
+
+
+def test_ties_go_to_fewer_steps_then_cheaper() -> None:
+    rows = {"solve:a": [True, False], "solve:b": [True, False], "solve:a>verify:b": [True, False]}
+    table = _table(rows, {"solve:a": 0.0, "solve:b": 0.0, "solve:a>verify:b": 0.0})
+    assert ExpectedRewards.fit(table, COST_AWARE).best(_task(0), ["a", "b"], None).name == "solve:a"
+
+
+def test_composed_candidates_are_chains_of_at_most_five_steps() -> None:
+    cands = composed_candidates(["t0", "t1", "t2"], ["c0", "c1"])
+    assert len(cands) == len(set(cands))
+    shapes = Counter(c.shape for c in cands)
+    assert set(shapes) == {"SV", "PS", "PSV", "PPSV", "PSVV", "PPSVV"}
+    for c in cands:
+        assert 2 <= len(c.steps) <= 5
+        wf = c.workflow(["t0", "t1", "t2", "c0", "c1"])
+        assert all(s.access == "all" for s in wf.steps[1:])
+        assert c.steps[-1][1] != "plan"  # a plan never gives the final answer
+        assert Candidate.parse_name(c.name) == c
+    with pytest.raises(ValueError, match="outside the view"):
+        next(c for c in cands if "c0" in c.workers).workflow(["t0", "t1"])
+
+
+# --------------------------------------------------------------------------- real execution
+
+
+def _fake_pool() -> Pool:
+    """cheap: right on even items only; dear: always right, 1000x the price; wrong: never right."""
+
+    def responder(kind: str) -> Any:
+        def answer(messages: list[Message] | Any, context: CallContext | None) -> str:
+            assert context is not None
+            i = int(context.task.id.split("/")[1])
+            ok = kind == "dear" or (kind == "cheap" and i % 2 == 0)
+            return f"\\boxed{{{context.task.answer if ok else 'wrong'}}}"
+
+        return answer
+
+    specs = [("cheap", 0.5), ("dear", 500.0), ("wrong", 0.5)]
+    return Pool(
+        name="fake-warm",
+        workers=[
+            FakeWorker(info=fake_info(n, price_in=p, price_out=p), responder=responder(n), output_tokens=40)
+            for n, p in specs
+        ],
+    )
+
+
+def test_build_table_executes_candidates_and_respects_budgets(tmp_path: Path) -> None:
+    pool = _fake_pool()
+    tasks = [_task(i) for i in range(8)] + [_task(i, domain="code", source="c") for i in range(8)]
+    table = build_table(tasks, pool, budgets=[0.01], top_k=1, cheap_k=1)
+    names = [c.name for c in table.candidates]
+    assert {"solve:cheap", "solve:dear", "solve:wrong"} <= set(names)
+    assert "solve:cheap>verify:dear" in names  # composed over the domain's strong and cheap workers
+    dear, cheap = table.index("solve:dear"), table.index("solve:cheap")
+    assert table.correct[:, dear, 0].all() and table.done[:, dear, 0].all()
+    assert table.correct[:, cheap, 0].tolist() == [i % 2 == 0 for i in range(8)] * 2
+    # dear costs ~0.02 a call: unaffordable under the $0.01 budget, never run there
+    assert table.cost[:, dear, 0].min() > 0.01
+    assert not table.done[:, dear, 1].any()
+    assert table.done[:, cheap, 1].all()
+    er = ExpectedRewards.fit(table, COST_AWARE)
+    assert er.best(tasks[0], pool.names(), None).name == "solve:dear"
+    assert "dear" not in er.best(tasks[0], pool.names(), 0.01).workers
+    # the cache returns the same table without executing again
+    first = cached_table(tasks, pool, tmp_path, budgets=[0.01], top_k=1, cheap_k=1)
+    (path,) = tmp_path.glob("candidates-*.npz")
+    again = cached_table(tasks, pool, tmp_path, budgets=[0.01], top_k=1, cheap_k=1)
+    assert [c.name for c in again.candidates] == [c.name for c in first.candidates]
+    assert np.array_equal(again.correct, first.correct) and np.array_equal(again.done, first.done)
+    assert list(tmp_path.glob("candidates-*.npz")) == [path]
+
+
+def test_warm_sft_records_follow_budget_and_subset() -> None:
+    pool = _fake_pool()
+    tasks = [_task(i) for i in range(8)]
+    er = ExpectedRewards.fit(build_table(tasks, pool, budgets=[0.01], top_k=1, cheap_k=1), COST_AWARE)
+    specs = [
+        PromptSpec(task=tasks[0], view=(0, 1, 2), budget=None),
+        PromptSpec(task=tasks[1], view=(2, 1), budget=None),
+        PromptSpec(task=tasks[2], view=(1, 0), budget=0.01),
+        PromptSpec(task=tasks[3], view=(2, 0), budget=None),
+    ]
+    recs = warm_sft_records(specs, pool, Limits(recursion_depth=0), er, max_question_chars=100)
+    plans = [
+        parse(r["completion"][0]["content"], pool_size=len(s.view)) for r, s in zip(recs, specs, strict=True)
+    ]
+    shown = [[pool.names()[i] for i in s.view] for s in specs]
+    used = [{shown[k][st.worker] for st in p.steps} for k, p in enumerate(plans)]
+    assert used[0] == {"dear"} and used[1] == {"dear"}
+    assert "dear" not in used[2]  # the $0.01 budget cannot afford it
+    assert used[3] == {"cheap"}  # dear is not shown
+    assert "Budget: $0.010" in recs[2]["prompt"][0]["content"]
+
+
+def test_select_items_caps_each_domain_stably() -> None:
+    tasks = [_task(i) for i in range(30)] + [_task(i, domain="code", source="c") for i in range(5)]
+    picked = select_items(tasks, 10)
+    assert Counter(t.domain for t in picked) == {"math": 10, "code": 5}
+    random.Random(0).shuffle(tasks)
+    assert {t.id for t in select_items(tasks, 10)} == {t.id for t in picked}
+
+
+def test_single_is_a_one_step_solve() -> None:
+    assert single("x").steps == (("x", "solve"),)
+
+
+def test_warm_start_targets_on_the_simulated_pool(tmp_path: Path) -> None:
+    """The training entry point on the real simulated pool, at tiny sizes: a cached table, and
+    targets that are valid plans within the step limit for every kind of question."""
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.training.config import TrainConfig
+    from rl_conductor.training.train import warm_start_targets
+    from rl_conductor.workers.pool import load_pool
+
+    cfg = TrainConfig(
+        warm_items_per_domain=3,
+        warm_top_k=1,
+        warm_cheap_k=1,
+        max_steps_per_workflow=3,
+        budgets_usd=[0.002],
+        warm_cache_dir=str(tmp_path),
+    )
+    pool = load_pool("paper-sim", seed=0)
+    tasks = load_tasks("paper-mix", split="train")
+    er = warm_start_targets(cfg, tasks, pool)
+    assert len(list(tmp_path.glob("candidates-paper-sim-*.npz"))) == 1
+    names = pool.names()
+    for domain in ("math", "knowledge", "reasoning", "code"):
+        task = next(t for t in tasks if t.domain == domain)
+        for budget in (None, 0.002):
+            wf = er.target(task, names, budget)
+            assert 1 <= len(wf.steps) <= 3
+            parse(render(wf), pool_size=len(names), max_steps=3)
