@@ -101,6 +101,7 @@ OPTION_ROWS = [
     (["eval", "--policy", "random", "--seed", "-1"], "'--seed': -1", ">= 0"),
     (["eval", "--policy", "random", "--max-cost-usd", "0"], "'--max-cost-usd': 0.0", "> 0"),
     (["eval", "--policy", "random", "--max-cost-usd", "inf"], "'--max-cost-usd': inf", "finite"),
+    (["eval", "--policy", "random", "--max-latency-s", "0"], "'--max-latency-s': 0.0", "> 0"),
     (["eval", "--policy", "random", "--sensitivity", "secret"], "'secret'", "public, private"),
     (["eval", "--policy", "random", "--split", "dev"], "'dev'", "train, validation, test, all"),
     (["compare", "--limit", "0"], "'--limit': 0", ">= 1"),

@@ -30,6 +30,17 @@ Whatever the policy wrote, it enforces:
   wait for it) and its records are kept even when the hook raises; an exception from the hook
   makes the step ``failed`` instead of escaping ``execute``.
 
+* **deadline** — with ``limits.max_latency_s`` each step's time left is the deadline minus its
+  start on the critical path. Before a call the worker's latency model (``WorkerInfo.ttft_s``,
+  ``tokens_per_s``, ``prefill_tokens_per_s``: the simulated profile's medians, the replay pool's
+  nominal model, or numbers a pool file states for a live worker) caps ``max_tokens`` to what
+  ``DEADLINE_MARGIN`` of the time left affords; a step that cannot afford ``MIN_OUTPUT_TOKENS``
+  is ``skipped_deadline``, its dependents too, and the best answer so far stands. The time left
+  is also the call's timeout, and an answer reported later than the time left is dropped (the
+  attempt is a ``timeout`` lasting exactly the time left, charged its cost), so a trace's
+  critical-path latency never exceeds the deadline. Independent steps still run in parallel.
+  A recursion step passes its time left to the inner run as that run's deadline.
+
 Latency is reported two ways: ``Trace.wall_s`` (measured) and ``Trace.latency_s`` (critical path
 of the workers' reported latencies, which is what simulated pools model).
 """
@@ -44,12 +55,22 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import ANSWERED, MIN_OUTPUT_TOKENS, Attempt, Limits, StepRecord, Trace
+from rl_conductor.trace import ANSWERED, MIN_OUTPUT_TOKENS, Attempt, Limits, StepRecord, StepStatus, Trace
 from rl_conductor.workers.base import CallContext, Completion, Worker, WorkerInfo
 from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Step, Workflow, worker_message
 
-__all__ = ["MIN_OUTPUT_TOKENS", "RecursionHook", "RecursionRequest", "execute", "reserve_input_tokens"]
+__all__ = [
+    "DEADLINE_MARGIN",
+    "MIN_OUTPUT_TOKENS",
+    "RecursionHook",
+    "RecursionRequest",
+    "execute",
+    "reserve_input_tokens",
+]
+#: Share of a step's time left that its output cap is planned for: the latency model gives
+#: medians, so the slack absorbs most of the scatter (an overrun is still cut at the deadline).
+DEADLINE_MARGIN = 0.8
 #: Conservative characters-per-token used to reserve input cost (real tokenizers average ~4).
 _RESERVE_CHARS_PER_TOKEN = 2.5
 _MESSAGE_OVERHEAD_TOKENS = 16
@@ -154,10 +175,14 @@ def _substitute(view: PoolView, limits: Limits, ordinal: int, *, exclude: set[in
     return None if best is None else best[1]
 
 
-async def _affordable_cap(run: _Run, info: WorkerInfo, in_cost: float) -> int | None:
+async def _affordable_cap(
+    run: _Run, info: WorkerInfo, in_cost: float, time_cap: int | None = None
+) -> int | None:
     """Output tokens a call may use, waiting for siblings' reservations; None = unaffordable."""
     while True:
         cap = min(run.limits.max_tokens, info.max_output_tokens)
+        if time_cap is not None:
+            cap = min(cap, time_cap)  # checked >= MIN_OUTPUT_TOKENS by the caller
         avail = run.budget.available()
         if math.isfinite(avail):
             if info.price_out > 0:
@@ -174,26 +199,36 @@ async def _affordable_cap(run: _Run, info: WorkerInfo, in_cost: float) -> int | 
 
 
 async def _call(
-    run: _Run, worker: Worker, messages: list[dict[str, str]], ctx: CallContext
+    run: _Run,
+    worker: Worker,
+    messages: list[dict[str, str]],
+    ctx: CallContext,
+    *,
+    time_cap: int | None = None,
+    time_left: float | None = None,
 ) -> tuple[Completion | None, Attempt | None]:
-    """One budgeted call: (completion or None, its attempt); attempt None = unaffordable, not called."""
+    """One budgeted call: (completion or None, its attempt); attempt None = unaffordable, not called.
+
+    ``time_left`` (a deadline) bounds the call: it is the timeout when shorter than
+    ``step_timeout_s``, and a completion reporting a longer latency is dropped as a timeout."""
     info = worker.info
     in_cost = reserve_input_tokens(messages) * info.price_in / 1e6
-    cap = await _affordable_cap(run, info, in_cost)
+    cap = await _affordable_cap(run, info, in_cost, time_cap)
     if cap is None:
         return None, None
     reservation = in_cost + cap * info.price_out / 1e6
     run.budget.reserve(reservation)
+    timeout = run.limits.step_timeout_s if time_left is None else min(run.limits.step_timeout_s, time_left)
     try:
         comp = await asyncio.wait_for(
             worker.complete(messages, max_tokens=cap, temperature=run.limits.temperature, context=ctx),
-            timeout=run.limits.step_timeout_s,
+            timeout=timeout,
         )
     except TimeoutError:
         # a timed-out call may still be billed: keep its reservation counted as spent
         run.budget.release(reservation, reservation)
-        timeout = run.limits.step_timeout_s
-        err = f"{info.name}: timed out after {timeout:g}s"
+        why = "deadline: no answer in the time left" if timeout < run.limits.step_timeout_s else "timed out"
+        err = f"{info.name}: {why} ({timeout:g}s)"
         return None, Attempt(info.name, "timeout", cost_usd=reservation, latency_s=timeout, error=err)
     except asyncio.CancelledError:
         run.budget.release(reservation, reservation)  # cancelled mid-call: it may still be billed
@@ -206,6 +241,19 @@ async def _call(
     if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) or cost < 0:
         cost = reservation  # a worker that reports no usable cost is charged its worst case
     run.budget.release(reservation, cost)
+    if time_left is not None and not comp.latency_s <= time_left:
+        # the answer came after the deadline: the request stopped waiting when the time ran out
+        err = f"{info.name}: deadline: answered after {comp.latency_s:.3g}s, {time_left:.3g}s were left"
+        attempt = Attempt(
+            info.name,
+            "timeout",
+            input_tokens=comp.input_tokens,
+            output_tokens=comp.output_tokens,
+            cost_usd=cost,
+            latency_s=time_left,
+            error=err,
+        )
+        return None, attempt
     answered = isinstance(comp.text, str) and bool(comp.text.strip())
     attempt = Attempt(
         info.name,
@@ -269,10 +317,25 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
         nonce=index + 100 * run.depth,
     )
     tried: set[int] = set()
+    deadline = run.limits.max_latency_s
     while ordinal is not None:
         tried.add(ordinal)
         worker = run.view.worker(ordinal)
-        comp, attempt = await _call(run, worker, messages, ctx)
+        time_left: float | None = None
+        time_cap: int | None = None
+        if deadline is not None:
+            time_left = deadline - start - sum(a.latency_s for a in rec.attempts)
+            fits = worker.info.tokens_within(time_left * DEADLINE_MARGIN, reserve_input_tokens(messages))
+            if time_left <= 0 or (fits is not None and fits < MIN_OUTPUT_TOKENS):
+                rec.status = "skipped_deadline"
+                notes.append(
+                    f"deadline: {max(time_left, 0.0):.3g}s left is too little for {worker.info.name}"
+                )
+                break
+            time_cap = fits
+            if fits is not None and fits < min(run.limits.max_tokens, worker.info.max_output_tokens):
+                notes.append(f"deadline: output capped at {fits} tokens ({time_left:.3g}s left)")
+        comp, attempt = await _call(run, worker, messages, ctx, time_cap=time_cap, time_left=time_left)
         if attempt is None:
             rec.status = "skipped_budget"
             notes.append("budget exhausted")
@@ -287,7 +350,9 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
             rec.status = "ok"
             break
         notes.append(attempt.error)
-        rec.status = "failed"
+        rec.status = (
+            "skipped_deadline" if attempt.error.startswith(f"{attempt.worker}: deadline") else "failed"
+        )
         # a fallback of the same hosting class, never one the request forbids
         ordinal = _fallback(run, worker.info, tried)
         if ordinal is not None:
@@ -325,8 +390,16 @@ async def _run_recursion(
     if math.isfinite(avail) and avail <= 0:
         rec.status, rec.worker, rec.note = "skipped_budget", "", "budget exhausted before the recursion"
         return rec
+    deadline = run.limits.max_latency_s
+    if deadline is not None and deadline - start <= 0:
+        rec.status, rec.worker, rec.note = "skipped_deadline", "", "deadline reached before the recursion"
+        return rec
     hold = avail if math.isfinite(avail) else 0.0
-    sub_limits = replace(run.limits, max_cost_usd=hold if math.isfinite(avail) else None)
+    sub_limits = replace(
+        run.limits,
+        max_cost_usd=hold if math.isfinite(avail) else None,
+        max_latency_s=None if deadline is None else deadline - start,  # the inner run's deadline
+    )
     shared = _Inner(depth=run.depth + 1, budget=_Budget(sub_limits.max_cost_usd))
     run.budget.reserve(hold)
     token = _INNER.set(shared)
@@ -426,7 +499,8 @@ async def execute(
             for i in sorted(pending):
                 deps = steps[i].visible(i)
                 if all(d in done for d in deps):
-                    if any(done[d].status == "skipped_budget" for d in deps):
+                    skipped = [done[d].status for d in deps if done[d].status in _SKIPS_DEPENDENTS]
+                    if skipped:
                         settle(
                             i,
                             StepRecord(
@@ -434,7 +508,7 @@ async def execute(
                                 worker="",
                                 instruction=steps[i].instruction,
                                 visible=[],
-                                status="skipped_budget",
+                                status=skipped[0],
                                 note="a step it depends on was skipped",
                                 requested_worker=_name(view, steps[i].worker),
                             ),
@@ -464,6 +538,11 @@ async def execute(
     trace.charged_usd = run.budget.spent
     trace.wall_s = time.perf_counter() - run.t0
     return trace
+
+
+#: A step depending on one skipped for these reasons is skipped the same way (its input is missing
+#: because the request ran out of money or time, not because a worker failed).
+_SKIPS_DEPENDENTS: tuple[StepStatus, ...] = ("skipped_budget", "skipped_deadline")
 
 
 def _name(view: PoolView, ordinal: int) -> str:

@@ -22,7 +22,7 @@ Sensitivity = Literal["public", "private"]
 MIN_OUTPUT_TOKENS = 64
 
 #: What became of a step.
-StepStatus = Literal["ok", "skipped_budget", "skipped_forbidden", "failed", "recursed"]
+StepStatus = Literal["ok", "skipped_budget", "skipped_deadline", "skipped_forbidden", "failed", "recursed"]
 STEP_STATUSES: tuple[str, ...] = get_args(StepStatus)
 #: Statuses whose step produced an answer later steps can see.
 ANSWERED: tuple[StepStatus, ...] = ("ok", "recursed")
@@ -38,6 +38,9 @@ class Limits:
 
     Attributes:
         max_cost_usd: hard budget for all worker calls of the request (None = unlimited).
+        max_latency_s: deadline for the request's critical path, in seconds (None = none): a
+            step that cannot answer in the time left is skipped, its output is capped to what
+            the time left affords, and an answer arriving after the deadline is dropped.
         allowed_workers: worker names that may be called (None = all).
         sensitivity: ``"private"`` keeps the request on ``hosting: self`` workers only.
         max_steps: most steps a workflow may run.
@@ -61,10 +64,13 @@ class Limits:
     max_tokens: int = 4096
     temperature: float = 0.2
     recursion_depth: int = 0
+    max_latency_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_cost_usd is not None:
             validation.positive_finite("max_cost_usd", self.max_cost_usd)
+        if self.max_latency_s is not None:
+            validation.positive_finite("max_latency_s", self.max_latency_s)
         if self.allowed_workers is not None and not (
             isinstance(self.allowed_workers, frozenset)
             and all(isinstance(n, str) for n in self.allowed_workers)

@@ -25,7 +25,9 @@ def _write_json(path: Path | None, payload: Any) -> None:
     console.print(f"[dim]wrote {path}[/dim]")
 
 
-def _limits(max_cost_usd: float | None, sensitivity: str, allowed: str | None) -> Any:
+def _limits(
+    max_cost_usd: float | None, sensitivity: str, allowed: str | None, max_latency_s: float | None = None
+) -> Any:
     from rl_conductor import validation
     from rl_conductor.trace import Limits
 
@@ -34,6 +36,7 @@ def _limits(max_cost_usd: float | None, sensitivity: str, allowed: str | None) -
         validation.positive_finite("max_cost_usd", max_cost_usd)
     return Limits(
         max_cost_usd=max_cost_usd,
+        max_latency_s=max_latency_s,
         sensitivity=sensitivity,  # type: ignore[arg-type]
         allowed_workers=frozenset(a for a in allowed.split(",") if a) if allowed else None,
     )
@@ -125,6 +128,7 @@ def run_eval(
     limit: int | None,
     seed: int,
     max_cost_usd: float | None = None,
+    max_latency_s: float | None = None,
     sensitivity: str = "public",
     allowed: str | None = None,
     concurrency: int = 32,
@@ -137,7 +141,7 @@ def run_eval(
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.workers.pool import load_pool
 
-    lim = _limits(max_cost_usd, sensitivity, allowed)
+    lim = _limits(max_cost_usd, sensitivity, allowed, max_latency_s)
     p = load_pool(pool, seed=seed)
     for name in sorted(lim.allowed_workers or ()):
         p.index(name)  # an unknown name would silently allow nobody: UnknownWorker lists the pool's
@@ -172,6 +176,10 @@ def eval_cmd(
     max_cost_usd: Annotated[
         float | None, typer.Option(callback=positive, help="per-request budget in USD (> 0)")
     ] = None,
+    max_latency_s: Annotated[
+        float | None,
+        typer.Option(callback=positive, help="per-request deadline in seconds (critical path, > 0)"),
+    ] = None,
     sensitivity: Annotated[
         str, typer.Option(callback=choice(*SENSITIVITIES), help="public | private")
     ] = "public",
@@ -190,6 +198,7 @@ def eval_cmd(
         limit=limit,
         seed=seed,
         max_cost_usd=max_cost_usd,
+        max_latency_s=max_latency_s,
         sensitivity=sensitivity,
         allowed=allowed_workers,
         concurrency=concurrency,

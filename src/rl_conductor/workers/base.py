@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from rl_conductor.trace import MIN_OUTPUT_TOKENS
-from rl_conductor.validation import integer_at_least, non_negative_finite
+from rl_conductor.validation import integer_at_least, non_negative_finite, positive_finite
 
 if TYPE_CHECKING:
     from rl_conductor.tasks.base import Task
@@ -73,12 +73,36 @@ class WorkerInfo:
     #: typical output length, used for pre-flight cost estimates
     typical_output_tokens: int = 512
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+    #: latency model (median time to first token, decode and prefill speed); None = unknown.
+    #: The executor plans a request's ``max_latency_s`` with it (see :meth:`tokens_within`).
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
+    prefill_tokens_per_s: float | None = None
 
     def __post_init__(self) -> None:
         # the executor never starts a call with fewer output tokens: such a worker could never answer
         integer_at_least(f"worker {self.name!r} max_output_tokens", self.max_output_tokens, MIN_OUTPUT_TOKENS)
         for name in ("price_in", "price_out"):
             non_negative_finite(f"worker {self.name!r} {name}", getattr(self, name))
+        if self.ttft_s is not None:
+            non_negative_finite(f"worker {self.name!r} ttft_s", self.ttft_s)
+        for name in ("tokens_per_s", "prefill_tokens_per_s"):
+            if getattr(self, name) is not None:
+                positive_finite(f"worker {self.name!r} {name}", getattr(self, name))
+
+    def estimate_latency_s(self, input_tokens: int, output_tokens: int) -> float | None:
+        """Median seconds for a call of this size, from the latency model; None when unknown."""
+        if self.ttft_s is None or self.tokens_per_s is None:
+            return None
+        prefill = input_tokens / self.prefill_tokens_per_s if self.prefill_tokens_per_s else 0.0
+        return self.ttft_s + prefill + output_tokens / self.tokens_per_s
+
+    def tokens_within(self, seconds: float, input_tokens: int) -> int | None:
+        """Output tokens a call can decode in ``seconds`` (median model); None when unknown."""
+        fixed = self.estimate_latency_s(input_tokens, 0)
+        if fixed is None or self.tokens_per_s is None:
+            return None
+        return max(0, int((seconds - fixed) * self.tokens_per_s))
 
     def cost(self, input_tokens: int, output_tokens: int) -> float:
         return (input_tokens * self.price_in + output_tokens * self.price_out) / 1_000_000

@@ -75,11 +75,14 @@ def info_from_spec(spec: dict[str, Any]) -> WorkerInfo:
             max_output_tokens=int(spec.get("max_output_tokens", 4096)),
             typical_output_tokens=int(spec.get("typical_output_tokens", 512)),
             extra={k: v for k, v in spec.items() if k not in _INFO_KEYS},
+            # a pool file may state a worker's latency model (live workers: measured by hand)
+            **{k: float(spec[k]) for k in _LATENCY_KEYS if spec.get(k) is not None},
         )
     except KeyError as exc:
         raise PoolConfigError(f"worker entry is missing {exc.args[0]!r}: {spec}") from None
 
 
+_LATENCY_KEYS = ("ttft_s", "tokens_per_s", "prefill_tokens_per_s")
 _INFO_KEYS = {
     "name",
     "price_in",

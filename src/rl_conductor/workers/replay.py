@@ -54,7 +54,7 @@ import asyncio
 import functools
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from rl_conductor.tasks.base import Task
@@ -320,13 +320,14 @@ def build_replay(spec: dict[str, Any], options: dict[str, Any]) -> ReplayWorker:
     normalise = spec.get("normalise", options.get("normalise", True))
     if not isinstance(normalise, bool):
         raise PoolConfigError(f"replay worker {spec['name']!r}: normalise must be true or false")
+    ttft_s, tokens_per_s = _positive(spec, "ttft_s", 0.5), _positive(spec, "tokens_per_s", 50.0)
     return ReplayWorker(
-        info=info_from_spec(spec),
+        info=replace(info_from_spec(spec), ttft_s=ttft_s, tokens_per_s=tokens_per_s),
         model=model,
         normalise=normalise,
         mmlu_output_tokens=mmlu_tokens,
-        ttft_s=_positive(spec, "ttft_s", 0.5),
-        tokens_per_s=_positive(spec, "tokens_per_s", 50.0),
+        ttft_s=ttft_s,
+        tokens_per_s=tokens_per_s,
         latency_scale=scale,
         source=source,
     )
