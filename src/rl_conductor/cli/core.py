@@ -92,10 +92,31 @@ def pool_calibrate(
     dataset: Annotated[str | None, typer.Option(help="dataset (default: the pool's)")] = None,
     seed: SeedOpt = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the rows as JSON here")] = None,
+    collaboration: Annotated[
+        bool,
+        typer.Option(
+            help="also search the candidate workflows per domain and compare the best with the "
+            "paper's Conductor row (minutes on the full set)"
+        ),
+    ] = True,
+    check: Annotated[
+        bool,
+        typer.Option(
+            help="exit 1 if a worker is > 2.5 points from its target or a best workflow > 1.5 from the paper"
+        ),
+    ] = False,
 ) -> None:
-    """Compare each simulated worker's accuracy per domain with its calibration target."""
+    """Compare each simulated worker's accuracy per domain with its calibration target, and the
+    best fixed workflow per domain with the paper's Conductor."""
     from rl_conductor.tasks.datasets import load_tasks
-    from rl_conductor.workers.calibrate import calibrate
+    from rl_conductor.workers.calibrate import (
+        COLLABORATION_TOLERANCE,
+        SINGLE_TOLERANCE,
+        calibrate,
+        collaboration_gap,
+        collaboration_table,
+        max_gap,
+    )
     from rl_conductor.workers.pool import load_pool
 
     p = load_pool(pool, seed=seed)
@@ -116,7 +137,36 @@ def pool_calibrate(
             str(r["n"]),
         )
     console.print(t)
-    _write_json(json_out, {"pool": p.name, "n": n, "rows": rows})
+    collab: list[dict[str, Any]] = []
+    if collaboration:
+        collab = collaboration_table(p, tasks, n=n, singles=rows)
+        ct = Table(title=f"collaboration: best workflow per domain vs the paper's Conductor (n={n})")
+        cols = ("domain", "paper %", "single %", "best %", "diff", "held-out %", "$/q", "tokens", "out")
+        for col in (*cols, "steps"):
+            ct.add_column(col, justify="right")
+        ct.add_column("workflow")
+        for r in collab:
+            diff = "" if r["paper"] is None else f"{r['accuracy'] - r['paper']:+.2f}"
+            ct.add_row(
+                r["domain"],
+                "-" if r["paper"] is None else f"{r['paper']:.2f}",
+                f"{r['best_single_accuracy']:.2f}",
+                f"{r['accuracy']:.2f}",
+                diff,
+                f"{r['held_out']:.2f}",
+                f"{r['cost_usd']:.4f}",
+                f"{r['tokens']:.0f}",
+                f"{r['output_tokens']:.0f}",
+                f"{r['steps']:.2f}",
+                r["workflow"],
+            )
+        console.print(ct)
+    _write_json(json_out, {"pool": p.name, "n": n, "rows": rows, "collaboration": collab})
+    if check:
+        single, joint = max_gap(rows), collaboration_gap(collab)
+        console.print(f"largest gap: single workers {single:.2f} points, best workflows {joint:.2f} points")
+        if single > SINGLE_TOLERANCE or joint > COLLABORATION_TOLERANCE:
+            raise typer.Exit(1)
 
 
 def run_eval(
