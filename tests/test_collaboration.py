@@ -309,3 +309,23 @@ def test_moa_and_self_consistency_are_untouched() -> None:
 
     for spec in ("moa", "self-consistency:gpt-5"):
         assert finals("paper", spec) == finals("off", spec)
+
+
+def test_cli_prints_and_checks_the_collaboration_table(tmp_path: object) -> None:
+    """``conductor pool calibrate`` prints both tables, writes both to JSON, and ``--check`` fails
+    on a sample too small to match the paper."""
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from rl_conductor.cli import app
+
+    out = Path(str(tmp_path)) / "calib.json"
+    res = CliRunner().invoke(app, ["pool", "calibrate", "--n", "24", "--check", "--json", str(out)])
+    assert res.exit_code == 1, res.output
+    assert "best workflow per domain" in res.output and "largest gap" in res.output
+    data = json.loads(out.read_text())
+    assert len(data["rows"]) == 28
+    assert [r["domain"] for r in data["collaboration"]] == ["math", "knowledge", "reasoning", "code"]
+    assert all(r["candidates"] == 128 and r["n"] == 6 for r in data["collaboration"])
