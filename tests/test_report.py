@@ -42,6 +42,7 @@ def test_workflow_shape_names_workers_and_what_each_step_saw() -> None:
     assert workflow_shape(partial) == "a→b→c(1)"
     assert workflow_shape([_step(i, "a", []) for i in range(5)]) == "5×a"
     assert workflow_shape([]) == "(none)"
+    assert workflow_shape([_step(0, "", [])]) == "(skipped)"  # never reached a worker
 
 
 def _pool() -> Pool:

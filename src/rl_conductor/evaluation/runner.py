@@ -54,12 +54,17 @@ class Record:
     sees_earlier: bool = False
 
 
+#: How a step that never reached a worker (skipped before any call) is named in the views.
+NO_WORKER = "(skipped)"
+
+
 def _step_label(step: StepRecord) -> str:
+    name = step.worker or NO_WORKER
     if not step.visible:
-        return step.worker
+        return name
     if step.visible == list(range(step.index)):
-        return f"{step.worker}(all)"
-    return f"{step.worker}({','.join(map(str, step.visible))})"
+        return f"{name}(all)"
+    return f"{name}({','.join(map(str, step.visible))})"
 
 
 def workflow_shape(steps: Sequence[StepRecord]) -> str:
@@ -75,7 +80,7 @@ def workflow_shape(steps: Sequence[StepRecord]) -> str:
 
 
 def _behaviour(records: Sequence[Record]) -> dict[str, Any]:
-    calls: Counter[str] = Counter(w for r in records for w in r.workers)
+    calls: Counter[str] = Counter(w or NO_WORKER for r in records for w in r.workers)
     total = sum(calls.values())
     shapes = Counter(r.shape for r in records).most_common()
     kept = dict(shapes[:SHAPES_KEPT])
