@@ -176,3 +176,20 @@ def test_conductor_eval_on_local_live(workers: dict[str, int], tmp_path: Path) -
             results[name]["n"] == 2 and results[name]["mean_tokens"] > 0 and results[name]["mean_calls"] >= 1
         )
     assert results["single:smol-external"]["mean_cost_usd"] > results["single:smol-self"]["mean_cost_usd"]
+
+
+def test_kserve_v1_predict_and_readiness(workers: dict[str, int]) -> None:
+    import urllib.request
+
+    root = f"http://127.0.0.1:{workers['tiny-ext']}"
+    with urllib.request.urlopen(f"{root}/v1/models/tiny-ext", timeout=30) as resp:
+        assert json.loads(resp.read())["ready"] is True
+    body = {"instances": [{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}]}
+    req = urllib.request.Request(
+        f"{root}/v1/models/tiny-ext:predict",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        (pred,) = json.loads(resp.read())["predictions"]
+    assert pred["object"] == "chat.completion" and 1 <= pred["usage"]["completion_tokens"] <= 3
