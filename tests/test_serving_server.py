@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -456,6 +457,15 @@ def test_local_live_pool_end_to_end_keeps_private_requests_home(tmp_path: Path) 
         "CONDUCTOR_EXTERNAL_MODEL": "tiny",
         "CONDUCTOR_CACHE": str(tmp_path / "cache.sqlite"),
     }
+    # the local-live pool as shipped, with 64 output tokens a call: the tiny model generates a
+    # few tokens a second on a busy two-core machine, and what this test checks is the routing
+    from rl_conductor.workers.pool import builtin_pool_dir
+
+    cfg = yaml.safe_load((builtin_pool_dir() / "local-live.yaml").read_text())
+    for spec in cfg["workers"]:
+        spec["max_output_tokens"] = 64  # the least a pool accepts
+    pool = tmp_path / "local-live.yaml"
+    pool.write_text(yaml.safe_dump(cfg))
     worker = [sys.executable, "-m", "rl_conductor.cli", "worker", "serve", "--model", "tiny"]
     worker += ["--model-dir", str(tmp_path / "models"), "--default-max-tokens", "32"]
     chat = "POST /openai/v1/chat/completions"
@@ -472,7 +482,7 @@ def test_local_live_pool_end_to_end_keeps_private_requests_home(tmp_path: Path) 
             f"http://127.0.0.1:{ext_port}/openai/v1/models",
             env=env,
         ) as ext_log,
-        predictor(["--policy", "fixed:1,0", "--pool", "local-live"], tmp_path, env=env) as srv,
+        predictor(["--policy", "fixed:1,0", "--pool", str(pool)], tmp_path, env=env) as srv,
         httpx.Client(base_url=srv.url, timeout=300) as client,
     ):
         public = v1(client, {"question": "What is 2 + 3?", "max_cost_usd": 0.01})
@@ -487,7 +497,7 @@ def test_local_live_pool_end_to_end_keeps_private_requests_home(tmp_path: Path) 
             client,
             *(
                 {"question": f"My salary is {i}00 EUR; what is 10 %?", "sensitivity": "private"}
-                for i in range(3)
+                for i in range(2)
             ),
         )
         assert private.status_code == 200, private.text
