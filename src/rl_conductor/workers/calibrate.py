@@ -1,10 +1,13 @@
-"""Measure a pool's single-worker accuracy per domain and compare it with the paper's table.
+"""Measure a pool's single-worker accuracy per domain and compare it with the paper's table; search
+fixed workflows per domain and compare the best with the paper's Conductor row.
 
 Why it exists: the simulated pool claims to reproduce Table 7 of the paper; this module checks the
 claim end to end, the way an evaluation would see it — each worker's real ``complete()`` on each
 task (one step, no context, the paper's worker preamble), the text graded by the task's real
 grader. It works for any pool whose workers are named like the paper's (a replay or live pool
-too: their target is looked up by name).
+too: their target is looked up by name). The collaboration table (:func:`collaboration_table`)
+runs a documented candidate set of workflows (:func:`candidate_workflows`) through the real
+executor; :func:`fit_collaboration_async` fits the simulated pool's collaboration strengths to it.
 
 Deliberate simplifications: tasks are chosen with
 :func:`rl_conductor.workers.simulated.calibration_subset` (≤ ``ceil(n / domains)`` per domain, by a
@@ -348,7 +351,10 @@ def collaboration_gap(rows: Sequence[dict[str, Any]]) -> float:
 
 def format_collaboration(rows: Sequence[dict[str, Any]]) -> str:
     """One line per domain: paper Conductor row, best single, best workflow and its figures."""
-    head = f"{'domain':10}{'paper':>8}{'single':>8}{'best':>8}{'$/q':>9}{'tokens':>8}{'steps':>6}  workflow"
+    head = (
+        f"{'domain':10}{'paper':>8}{'single':>8}{'best':>8}{'held':>8}{'$/q':>9}{'tokens':>8}{'out':>7}"
+        f"{'steps':>6}  workflow"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         paper = "-" if r["paper"] is None else f"{r['paper']:.2f}"
@@ -429,6 +435,9 @@ async def fit_collaboration_async(
                     break
                 lo, hi = (alpha, hi) if acc < target else (lo, alpha)
             lo, hi = max(0.0, alpha - 0.25), min(2.0, alpha + 0.25)
+        else:  # both rounds used: report where the full candidate set lands at the final scale
+            final = await best(alpha, cands)
+            log(f"{d}: scale {alpha:.3f}: best {final[0][1]:.2f} (paper {target:.2f}) {final[0][0].label}")
         scaled = _scaled(d, alpha)
         fitted["plan_gain"].update(scaled["plan_gain"])
         fitted["verify"].update(scaled["verify"])
