@@ -22,7 +22,7 @@ from rl_conductor.executor import RecursionRequest, execute, reserve_input_token
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import MIN_OUTPUT_TOKENS, STEP_STATUSES, Limits, StepRecord, Trace
 from rl_conductor.validation import InvalidValue
-from rl_conductor.workers.base import CallContext, Hosting, Message
+from rl_conductor.workers.base import CallContext, Completion, Hosting, Message
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool, PoolView, info_from_spec
 from rl_conductor.workflow import Step, Workflow, worker_message
@@ -769,18 +769,105 @@ async def test_a_waiting_sibling_starts_when_a_settled_call_frees_budget() -> No
 
 async def test_free_output_worker_runs_when_the_budget_equals_its_input_reservation() -> None:
     """Boundary of `avail < in_cost` for a worker with free output: equal is affordable."""
-    messages = [{"role": "user", "content": worker_message(TASK.question, [], "solve")}]
-    in_tok = reserve_input_tokens(messages)
     limit = 1e-3
-    avail = limit * (1 - 1e-9)  # the executor keeps 1e-9 of the budget as slack
-    price = avail * 1e6 / in_tok
-    for _ in range(10_000):  # the float price whose input reservation is exactly what is left
-        cost = in_tok * price / 1e6
-        if cost == avail:
-            break
-        price = math.nextafter(price, math.inf if cost < avail else -math.inf)
-    assert in_tok * price / 1e6 == avail
-    w = _worker("w", price_in=price, price_out=0.0)
+    w = _worker("w", price_in=_price_reserving_everything(limit, "solve"), price_out=0.0)
     trace = await execute(Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(w), Limits(max_cost_usd=limit))
     assert trace.steps[0].status == "ok"
     assert trace.cost_usd <= limit
+
+
+def _price_reserving_everything(limit: float, instruction: str) -> float:
+    """The input price at which a first step's input reservation is exactly ``limit``'s budget."""
+    in_tok = reserve_input_tokens(
+        [{"role": "user", "content": worker_message(TASK.question, [], instruction)}]
+    )
+    avail = limit * (1 - 1e-9)  # the executor keeps 1e-9 of the budget as slack
+    price = avail * 1e6 / in_tok
+    for _ in range(10_000):  # the float price whose reservation is exactly what is left
+        cost = in_tok * price / 1e6
+        if cost == avail:
+            return price
+        price = math.nextafter(price, math.inf if cost < avail else -math.inf)
+    raise AssertionError("no float price reserves exactly the budget")
+
+
+async def test_recursion_waits_for_a_sibling_that_holds_the_whole_budget() -> None:
+    """A recursion step that finds nothing left while a sibling holds a reservation waits for it
+    to settle (its real cost is below the reservation) instead of being skipped."""
+    limit = 1e-3
+    w = _worker("w", price_in=_price_reserving_everything(limit, "a"), price_out=0.0, latency_s=0.01)
+    view = _view(w)
+    seen: list[float | None] = []
+
+    async def hook(req: RecursionRequest) -> Trace:
+        seen.append(req.limits.max_cost_usd)
+        return Trace(task_id=req.task.id)
+
+    wf = Workflow(steps=(Step(0, "a", ()), Step(len(view), "r", ())))
+    trace = await execute(wf, TASK, view, Limits(max_cost_usd=limit, recursion_depth=1), recursion=hook)
+    assert [s.status for s in trace.steps] == ["ok", "recursed"]
+    assert seen and seen[0] is not None and seen[0] > 0
+
+
+class _LengthWorker:
+    """Reports a truncated answer with estimated token counts (as a live worker may)."""
+
+    def __init__(self) -> None:
+        self.info = fake_info("cut", price_in=1.0, price_out=2.0)
+
+    async def complete(
+        self, messages: object, *, max_tokens: int, temperature: float, context: object = None
+    ) -> Completion:
+        return Completion(
+            text="partial",
+            input_tokens=10,
+            output_tokens=max_tokens,
+            cost_usd=self.info.cost(10, max_tokens),
+            latency_s=0.0,
+            worker="cut",
+            finish_reason="length",
+            tokens_estimated=True,
+        )
+
+
+async def test_truncation_and_estimated_tokens_are_recorded() -> None:
+    view = Pool(name="p", workers=[_LengthWorker()]).view()  # type: ignore[list-item]
+    trace = await execute(Workflow(steps=(Step(0, "solve", ()),)), TASK, view, Limits(max_tokens=100))
+    rec = trace.steps[0]
+    assert rec.finish_reason == "length" and rec.tokens_estimated
+    assert "output truncated at max_tokens" in rec.note
+
+
+async def test_recursion_record_order_visibility_and_timing() -> None:
+    slow = _worker("slow", latency_s=0.05, responder=_step_answer)
+    fast = _worker("fast", latency_s=0.01, responder=_step_answer)
+    view = _view(slow, fast)
+
+    async def hook(req: RecursionRequest) -> Trace:
+        inner = Workflow(steps=(Step(0, "x", ()), Step(1, "y", ())))  # step 1 settles first
+        return await execute(inner, req.task, view, req.limits, depth=req.depth)
+
+    wf = Workflow(steps=(Step(1, "solve", ()), Step(len(view), "reconsider", "all"), Step(1, "after", (1,))))
+    trace = await execute(wf, TASK, view, Limits(recursion_depth=1), recursion=hook)
+    rec = trace.steps[1]
+    assert rec.visible == [0]
+    assert [s.index for s in rec.substeps] == [0, 1]  # index order, not completion order
+    assert rec.latency_s == pytest.approx(0.05)
+    assert trace.steps[2].started_s == pytest.approx(rec.started_s + rec.latency_s)
+
+
+async def test_inner_calls_are_charged_even_if_the_hook_returns_another_trace() -> None:
+    """A hook that runs an inner workflow but returns a different trace cannot hide its spending."""
+    w = _worker("w", price_in=1.0, price_out=2.0)
+    view = _view(w)
+
+    async def hook(req: RecursionRequest) -> Trace:
+        await execute(Workflow(steps=(Step(0, "inner", ()),)), req.task, view, req.limits, depth=req.depth)
+        return Trace(task_id=req.task.id)  # "keep the answer", after having spent money
+
+    wf = Workflow(steps=(Step(0, "solve", ()), Step(len(view), "reconsider", "all")))
+    trace = await execute(wf, TASK, view, Limits(max_cost_usd=1.0, recursion_depth=1), recursion=hook)
+    assert trace.workers_called == ["w", "w"] and len(w.calls) == 2
+    assert trace.cost_usd == pytest.approx(trace.charged_usd)
+    assert trace.cost_usd == pytest.approx(sum(a.cost_usd for a in trace.attempts))
+    assert trace.cost_usd > trace.steps[0].cost_usd

@@ -391,3 +391,18 @@ def test_triple_quoted_instructions_parse() -> None:
 def test_list_followed_directly_by_semicolon() -> None:
     wf = parse("model_id = [1];subtasks = ['a'];access_list = [[]];", pool_size=2)
     assert wf.workers() == [1] and wf.steps[0].instruction == "a"
+
+
+def test_error_messages_shorten_long_values_to_80_characters() -> None:
+    from rl_conductor.workflow import _show
+
+    exact = "x" * 78  # repr adds the quotes: 80 characters, kept whole
+    assert _show(exact) == repr(exact)
+    long = _show("y" * 200)
+    assert len(long) == 80 and long.endswith("...") and long.startswith("'yyy")
+
+
+def test_blank_reasoning_renders_no_leading_line() -> None:
+    wf = Workflow(steps=(Step(0, "a", ()),))
+    assert render(wf, reasoning="   ") == render(wf) == render(wf, reasoning="")
+    assert render(wf).startswith("model_id = [0]")
