@@ -871,3 +871,11 @@ async def test_inner_calls_are_charged_even_if_the_hook_returns_another_trace() 
     assert trace.cost_usd == pytest.approx(trace.charged_usd)
     assert trace.cost_usd == pytest.approx(sum(a.cost_usd for a in trace.attempts))
     assert trace.cost_usd > trace.steps[0].cost_usd
+
+
+async def test_a_run_that_completes_has_no_stopped_reason() -> None:
+    w = _worker("w")
+    trace = await execute(Workflow(steps=(Step(0, "a", ()), Step(0, "b", "all"))), TASK, _view(w))
+    assert trace.stopped_reason == "" and trace.final_answer == "answer from w"
+    empty = await execute(Workflow(steps=()), TASK, _view(w))
+    assert empty.stopped_reason == "" and empty.final_answer == "" and w.calls[2:] == []
