@@ -50,6 +50,14 @@ def _acting(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [s for s in summaries if not str(s.get("policy", "")).startswith("single:")]
 
 
+def _budgeted(
+    summaries: Sequence[dict[str, Any]], budget_summaries: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The unbudgeted rows of the policies that also ran under a budget, then the budgeted rows."""
+    names = {s["policy"] for s in budget_summaries}
+    return [*(s for s in summaries if s["policy"] in names), *budget_summaries]
+
+
 BEHAVIOUR_INTRO = (
     "Per domain: the share of steps each worker gets, mean steps, how often a step sees earlier "
     "answers (verifies or aggregates), and the share of questions per workflow shape."
@@ -94,7 +102,7 @@ def markdown_report(
             "",
             BUDGET_INTRO,
             "",
-            budget_markdown([*summaries, *budget_summaries]),
+            budget_markdown(_budgeted(summaries, budget_summaries)),
             "",
         ]
     lines += [f"_{NOTE}_", ""]
@@ -129,7 +137,7 @@ def html_report(
     )
     extra = f"<h2>What each policy does</h2><p>{html.escape(BEHAVIOUR_INTRO)}</p>{behaviour}"
     if budget_summaries:
-        heads, brows = budget_rows([*summaries, *budget_summaries])
+        heads, brows = budget_rows(_budgeted(summaries, budget_summaries))
         extra += f"<h2>Under a budget</h2><p>{html.escape(BUDGET_INTRO)}</p>{_html_table(heads, brows)}"
     return (
         "<!doctype html>\n<html><head><meta charset='utf-8'>"
