@@ -2,7 +2,11 @@
 
 It shows the question, the workers by ordinal id only (names hidden, as in the paper) with a
 one-line description, a price tier and where they run, the budget when there is one, and the
-output format. The "yourself" line (the Conductor's own id) appears only where the limits allow
+output format. A request's deadline (``Limits.max_latency_s``) is carried the same way: a
+``Deadline:`` line after the budget, and each worker's typical answer time (from its latency
+model) in its line, so the Conductor can plan fewer sequential steps or faster workers when time
+is short. Without a deadline the prompt is byte-identical to the one trained models were trained
+on. The "yourself" line (the Conductor's own id) appears only where the limits allow
 recursion at that depth, so the prompt never offers an id that parsing would reject.
 Questions are cut to ``max_question_chars`` so the prompt fits the tiny model's
 context; the cut is marked.
@@ -15,6 +19,7 @@ from importlib import resources
 
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
+from rl_conductor.workers.base import WorkerInfo
 from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Workflow, render
 
@@ -26,22 +31,40 @@ def template(name: str = "conductor.txt") -> str:
     return resources.files("rl_conductor.prompts").joinpath(name).read_text(encoding="utf-8")
 
 
-def worker_lines(view: PoolView, *, recursion: bool) -> str:
-    """``i: description (price tier, self-hosted|external)`` per worker, then, when ``recursion``
-    is allowed, the Conductor itself."""
+#: Input tokens assumed for the typical answer time shown under a deadline (a question plus a
+#: short instruction; what the prompt can state without knowing the step).
+TYPICAL_INPUT_TOKENS = 300
+
+
+def typical_seconds(info: WorkerInfo) -> float | None:
+    """Median seconds of a typical answer of this worker (None when its latency is unknown)."""
+    return info.estimate_latency_s(TYPICAL_INPUT_TOKENS, info.typical_output_tokens)
+
+
+def worker_lines(view: PoolView, *, recursion: bool, deadline: bool = False) -> str:
+    """``i: description (price tier, self-hosted|external)`` per worker (with ``, ~N s`` — its
+    typical answer time — when ``deadline``), then, when ``recursion`` is allowed, the Conductor."""
     lines = []
     for i, info in enumerate(view.infos()):
         where = "self-hosted" if info.hosting == "self" else "external"
-        lines.append(f"{i}: {info.description or 'general assistant'} ({info.price_tier()}, {where})")
+        secs = typical_seconds(info) if deadline else None
+        speed = "" if secs is None else f", ~{secs:.0f} s" if secs >= 1 else f", ~{secs:.1f} s"
+        lines.append(f"{i}: {info.description or 'general assistant'} ({info.price_tier()}, {where}{speed})")
     if recursion:
         lines.append(f"{len(view)}: yourself (review the workflow)")
     return "\n".join(lines)
 
 
 def budget_line(limits: Limits) -> str:
-    if limits.max_cost_usd is None:
+    """The limits' lines of the prompt: the budget, then the deadline (each only when set)."""
+    out = "" if limits.max_cost_usd is None else f"Budget: ${limits.max_cost_usd:.3f} for all calls.\n"
+    return out + deadline_line(limits)
+
+
+def deadline_line(limits: Limits) -> str:
+    if limits.max_latency_s is None:
         return ""
-    return f"Budget: ${limits.max_cost_usd:.3f} for all calls.\n"
+    return f"Deadline: {limits.max_latency_s:.3g} s for the whole workflow (chained steps add up).\n"
 
 
 def cut(question: str, max_chars: int) -> str:
@@ -55,7 +78,9 @@ def conductor_prompt(
     """The user message the Conductor answers with a workflow."""
     return template().format(
         max_steps=limits.max_steps,
-        workers=worker_lines(view, recursion=limits.allows_recursion()),
+        workers=worker_lines(
+            view, recursion=limits.allows_recursion(), deadline=limits.max_latency_s is not None
+        ),
         budget=budget_line(limits),
         question=cut(task.question, max_question_chars),
     )
@@ -75,7 +100,9 @@ def recursive_prompt(
     parent workflow and the answer so far."""
     return template("conductor_recursive.txt").format(
         max_steps=limits.max_steps,
-        workers=worker_lines(view, recursion=limits.allows_recursion(depth)),
+        workers=worker_lines(
+            view, recursion=limits.allows_recursion(depth), deadline=limits.max_latency_s is not None
+        ),
         budget=budget_line(limits),
         question=cut(task.question, max_question_chars),
         parent=render(parent, reasoning=""),

@@ -1,12 +1,17 @@
 """Grade a trace and turn it into a reward.
 
-``reward = format_bonus·called + correct_weight·correct − cost_weight·cost/cost_scale − budget_penalty``
-(0 for an unparseable plan). The format bonus is paid only when at least one worker call ran
-(``called``): a plan that calls nobody — every step skipped or forbidden — must not out-earn a
-real plan whose answer was wrong, or a GRPO group where every answer is wrong learns to do nothing.
+``reward = format_bonus·called + correct_weight·correct − cost_weight·cost/cost_scale − budget_penalty
+− deadline_penalty`` (0 for an unparseable plan; each penalty only when that limit cut the workflow).
+The format bonus is paid only when at least one worker call ran (``called``): a plan that calls
+nobody — every step skipped or forbidden — must not out-earn a real plan whose answer was wrong,
+or a GRPO group where every answer is wrong learns to do nothing.
 The paper's reward (0 / 0.5 / 1, no cost term) is the ``paper``
 preset; the default preset adds a cost term so that, between two equally correct workflows, the
-cheaper one wins, and a penalty when a stated budget stopped the workflow early.
+cheaper one wins, and a penalty when a stated budget stopped the workflow early. A stated
+deadline (``Limits.max_latency_s``) that skipped a step (``skipped_deadline``) costs
+``deadline_penalty`` in the same way — by default as much as the budget penalty, so the Conductor
+learns to plan fewer sequential steps or faster workers when time is short rather than to plan
+as if there were no deadline and lose steps to it.
 
 ``rl_conductor.training.rewards.ConductorReward`` adapts this to TRL's reward-function contract
 ``(prompts, completions, **kwargs) -> list[float | None]``; training, evaluation and serving
@@ -35,6 +40,8 @@ class RewardConfig:
     cost_weight: float = 0.03
     cost_scale: float = 0.01  # USD: a cost of `cost_scale` costs `cost_weight` reward
     budget_penalty: float = 0.25
+    #: charged when the request's deadline skipped a step (``skipped_deadline``); like the budget's
+    deadline_penalty: float = 0.25
     max_cost_penalty: float = (
         0.45  # capped below correct_weight: a correct answer stays worth more than a wrong one
     )
@@ -53,7 +60,7 @@ class RewardConfig:
 
 
 REWARD_PRESETS: dict[str, RewardConfig] = {
-    "paper": RewardConfig(cost_weight=0.0, budget_penalty=0.0),
+    "paper": RewardConfig(cost_weight=0.0, budget_penalty=0.0, deadline_penalty=0.0),
     "cost-aware": RewardConfig(),
 }
 
@@ -105,15 +112,19 @@ def compute_reward(
     budget_exceeded: bool,
     config: RewardConfig,
     worker_calls: int,
+    deadline_exceeded: bool = False,
 ) -> float:
     """The reward of one plan (see module docstring); ``worker_calls`` counts the calls made to
-    workers (``len(trace.attempts)``), failed ones included."""
+    workers (``len(trace.attempts)``), failed ones included; ``deadline_exceeded`` is
+    :func:`deadline_stopped` of the trace."""
     if not parsed:
         return 0.0
     r = (config.format_bonus if worker_calls > 0 else 0.0) + (config.correct_weight if correct else 0.0)
     r -= min(config.max_cost_penalty, config.cost_weight * cost_usd / config.cost_scale)
     if budget_exceeded:
         r -= config.budget_penalty
+    if deadline_exceeded:
+        r -= config.deadline_penalty
     return r
 
 
@@ -122,3 +133,10 @@ def budget_stopped(trace: Trace) -> bool:
     from rl_conductor.trace import _flatten
 
     return any(s.status == "skipped_budget" for s in _flatten(trace.steps))
+
+
+def deadline_stopped(trace: Trace) -> bool:
+    """True when a stated deadline skipped a step (``skipped_deadline``), nested ones included."""
+    from rl_conductor.trace import _flatten
+
+    return any(s.status == "skipped_deadline" for s in _flatten(trace.steps))

@@ -3,9 +3,12 @@
 The one serving path, shared by the MLflow pyfunc model (``tracking.registry.ConductorPyfunc``)
 and the KServe predictor: a request names a question and optional limits; the response carries
 the answer, the workflow, per-step usage (every attempt, recursion sub-steps included) and the
-total cost. Validation errors raise :class:`RequestError` (the HTTP adapters turn it into a 4xx
-that says what is wrong): a budget must be a finite number above zero (JSON ``NaN``, ``"inf"``
-and ``true`` are errors, not "no budget" or $1), a question must hold text. The worker pool is
+total cost. A request may state a deadline (``max_latency_s``, seconds): the executor skips or
+shortens steps that cannot answer in time, and the response's ``deadline_cut`` says whether it
+did (the steps' ``skipped_deadline`` statuses say which). Validation errors raise
+:class:`RequestError` (the HTTP adapters turn it into a 4xx that says what is wrong): a budget
+or deadline must be a finite number above zero (JSON ``NaN``, ``"inf"`` and ``true`` are errors,
+not "no budget" or $1), a question must hold text. The worker pool is
 the operator's choice (``answer_batch(..., pool=...)`` or the model's own pool), never a field
 of the request: a client must not point a served Conductor at a pool nobody evaluated.
 """
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from rl_conductor.reward import deadline_stopped
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits, StepRecord
 from rl_conductor.validation import InvalidValue, positive_finite
@@ -48,6 +52,7 @@ class ConductorRequest(BaseModel):
 
     question: str = Field(min_length=1, max_length=100_000)
     max_cost_usd: float | None = Field(default=None, gt=0)
+    max_latency_s: float | None = Field(default=None, gt=0)
     sensitivity: str = "public"
     allowed_workers: list[str] | None = None
     max_steps: int = Field(default=5, ge=1, le=10)
@@ -69,6 +74,16 @@ class ConductorRequest(BaseModel):
             return positive_finite("max_cost_usd", v)
         except InvalidValue:
             raise ValueError(f"must be a finite number of USD > 0, got {v!r}") from None
+
+    @field_validator("max_latency_s", mode="before")
+    @classmethod
+    def _deadline(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        try:
+            return positive_finite("max_latency_s", v)
+        except InvalidValue:
+            raise ValueError(f"must be a finite number of seconds > 0, got {v!r}") from None
 
     @field_validator("sensitivity")
     @classmethod
@@ -116,6 +131,7 @@ def request_limits(request: ConductorRequest) -> Limits:
     """The executor's :class:`Limits` for a validated request."""
     return Limits(
         max_cost_usd=request.max_cost_usd,
+        max_latency_s=request.max_latency_s,
         sensitivity=request.sensitivity,  # type: ignore[arg-type]
         allowed_workers=frozenset(request.allowed_workers) if request.allowed_workers is not None else None,
         max_steps=request.max_steps,
@@ -196,6 +212,7 @@ def response_document(view: PoolView, episode: Episode) -> dict[str, Any]:
         "cost_usd": trace.cost_usd,
         "tokens": trace.tokens,
         "fallback_plan": episode.plan.fallback,
+        "deadline_cut": deadline_stopped(trace),
         "stopped_reason": trace.stopped_reason,
         "raw_plan": episode.plan.text,
     }

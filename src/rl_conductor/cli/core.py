@@ -296,6 +296,14 @@ def compare_cmd(
             "(side-by-side table; the JSON keeps every run; --plot draws them)"
         ),
     ] = None,
+    deadlines: Annotated[
+        str | None,
+        typer.Option(
+            help="also run the same questions under these per-request deadlines in seconds, e.g. "
+            "none,60,15,5 (latency-vs-accuracy table; the JSON keeps every run; --plot also writes "
+            "PLOT-latency.png next to the Pareto chart)"
+        ),
+    ] = None,
     behaviour: Annotated[
         bool, typer.Option(help="print per domain which workers each policy calls and its workflow shapes")
     ] = True,
@@ -306,8 +314,12 @@ def compare_cmd(
         budget_label,
         budget_plot,
         budget_table,
+        deadline_label,
+        deadline_plot,
+        deadline_table,
         pareto_plot,
         parse_budgets,
+        parse_deadlines,
         print_table,
     )
 
@@ -315,26 +327,52 @@ def compare_cmd(
         amounts = parse_budgets(budgets) if budgets else [None]
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--budgets") from exc
+    try:
+        times = parse_deadlines(deadlines) if deadlines else [None]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--deadlines") from exc
     specs = baseline_specs(pool) + list(extra or [])
     summaries: list[dict[str, Any]] = []
     for amount in amounts:
-        runs = run_eval(
-            specs, pool=pool, dataset=dataset, split=split, limit=limit, seed=seed, max_cost_usd=amount
-        )
-        for s in runs:
-            s["budget"] = budget_label(amount)
-        label = "" if amount is None else f" / budget ${amount:g}"
-        print_table(runs, title=f"{pool} / {runs[0]['dataset']} / {split}{label}")
-        if behaviour:
-            console.print(behaviour_table([s for s in runs if not s["policy"].startswith("single:")]))
-        summaries += runs
+        for deadline in times:
+            runs = run_eval(
+                specs,
+                pool=pool,
+                dataset=dataset,
+                split=split,
+                limit=limit,
+                seed=seed,
+                max_cost_usd=amount,
+                max_latency_s=deadline,
+            )
+            for s in runs:
+                s["budget"] = budget_label(amount)
+                if deadlines:
+                    s["deadline"] = deadline_label(deadline)
+            label = "" if amount is None else f" / budget ${amount:g}"
+            label += "" if deadline is None else f" / deadline {deadline:g} s"
+            print_table(runs, title=f"{pool} / {runs[0]['dataset']} / {split}{label}")
+            if behaviour:
+                console.print(behaviour_table([s for s in runs if not s["policy"].startswith("single:")]))
+            summaries += runs
+    # Side-by-side views vary one limit at a time, the other held at its first value.
+    by_budget = [s for s in summaries if s.get("deadline", "none") == deadline_label(times[0])]
+    by_deadline = [s for s in summaries if s["budget"] == budget_label(amounts[0])]
     if len(amounts) > 1:
-        console.print(budget_table(summaries))
+        console.print(budget_table(by_budget))
+    if len(times) > 1:
+        console.print(deadline_table(by_deadline))
     _write_json(json_out, {"results": summaries})
     if plot:
         n = summaries[0]["n"]
         if len(amounts) > 1:
-            budget_plot(summaries, plot, title=f"{pool}: accuracy under budgets ({split}, n={n})")
+            budget_plot(by_budget, plot, title=f"{pool}: accuracy under budgets ({split}, n={n})")
         else:
-            pareto_plot(summaries, plot, title=f"{pool}: cost vs accuracy ({split}, n={n})")
+            pareto_plot(by_budget, plot, title=f"{pool}: cost vs accuracy ({split}, n={n})")
         console.print(f"[dim]wrote {plot}[/dim]")
+        if len(times) > 1:
+            latency_png = plot.with_name(f"{plot.stem}-latency{plot.suffix or '.png'}")
+            deadline_plot(
+                by_deadline, latency_png, title=f"{pool}: accuracy under deadlines ({split}, n={n})"
+            )
+            console.print(f"[dim]wrote {latency_png}[/dim]")

@@ -285,3 +285,118 @@ def budget_plot(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+# --------------------------------------------------------------------------- deadlines
+
+
+def deadline_label(value: float | None) -> str:
+    """``none`` for no deadline, else the seconds as written (``15``)."""
+    return "none" if value is None else f"{value:g}"
+
+
+def parse_deadlines(text: str) -> list[float | None]:
+    """``none,60,15,5`` → ``[None, 60.0, 15.0, 5.0]``; each deadline a finite number of seconds > 0."""
+    from rl_conductor.validation import positive_finite
+
+    out: list[float | None] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if part.lower() == "none":
+            out.append(None)
+            continue
+        try:
+            value = float(part.removesuffix("s"))
+        except ValueError:
+            value = part  # type: ignore[assignment]  # positive_finite names the bad value
+        out.append(positive_finite("deadline", value))
+    if not out:
+        raise ValueError(f"no deadlines in {text!r}: write e.g. none,60,15,5")
+    return list(dict.fromkeys(out))
+
+
+def deadline_rows(summaries: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Per policy, accuracy / p95 critical-path latency / share of questions the deadline cut,
+    under each deadline, side by side."""
+    deadlines = list(dict.fromkeys(str(s.get("deadline", "none")) for s in summaries))
+    by_policy: dict[str, dict[str, dict[str, Any]]] = {}
+    for s in summaries:
+        by_policy.setdefault(s["policy"], {})[str(s.get("deadline", "none"))] = s
+    heads = ["policy"]
+    for d in deadlines:
+        heads += [f"acc % @{d}", f"p95 s @{d}", f"cut % @{d}"]
+    rows = []
+    for policy, per in by_policy.items():
+        row = [policy]
+        for d in deadlines:
+            s = per.get(d, {})
+            row += [
+                _fmt("{:.1%}", s.get("accuracy")),
+                _fmt("{:.1f}", s.get("p95_latency_s")),
+                _fmt("{:.0f}", None if s.get("deadline_cut_rate") is None else 100 * s["deadline_cut_rate"]),
+            ]
+        rows.append(row)
+    return heads, rows
+
+
+def deadline_table(
+    summaries: Sequence[dict[str, Any]], title: str = "the same questions under each deadline (s)"
+) -> Table:
+    heads, rows = deadline_rows(summaries)
+    table = Table(title=title)
+    for h in heads:
+        table.add_column(h, no_wrap=h == "policy", justify="left" if h == "policy" else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def deadline_markdown(summaries: Sequence[dict[str, Any]]) -> str:
+    heads, rows = deadline_rows(summaries)
+    sep = "|" + "|".join("---" if h == "policy" else "---:" for h in heads) + "|"
+    return "\n".join(["| " + " | ".join(heads) + " |", sep, *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def deadline_plot(
+    summaries: Sequence[dict[str, Any]], path: str | Path, title: str = "Accuracy under deadlines"
+) -> Path:
+    """Latency-vs-accuracy view: deadline (log x; no deadline drawn at the right edge, labelled
+    ``none``) vs accuracy, one line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    labels = list(dict.fromkeys(str(s.get("deadline", "none")) for s in summaries))
+    finite = sorted(float(d) for d in labels if d != "none")
+    none_x = (finite[-1] * 2.5) if finite else 1.0
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
+    by_policy: dict[str, list[dict[str, Any]]] = {}
+    for s in summaries:
+        by_policy.setdefault(s["policy"], []).append(s)
+    for i, (policy, points) in enumerate(by_policy.items()):
+        xy = sorted(
+            (
+                none_x if str(p.get("deadline", "none")) == "none" else float(p["deadline"]),
+                100 * p["accuracy"],
+            )
+            for p in points
+        )
+        ax.plot([x for x, _ in xy], [y for _, y in xy], "o-", color=f"C{i % 10}", lw=1, ms=4, label=policy)
+    ticks = [*finite, none_x] if finite else [none_x]
+    ax.set_xscale("log")
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([*(f"{t:g}" for t in finite), "none"])
+    ax.minorticks_off()
+    ax.set_xlabel("deadline per request (s, log scale)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title)
+    ax.legend(loc="lower right", fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -4,6 +4,7 @@
 
     {"policy", "pool", "n", "accuracy", "mean_tokens", "mean_cost_usd", "mean_calls",
      "mean_steps", "p50_latency_s", "p95_latency_s", "parse_rate", "fallback_rate",
+     "deadline_cut_rate",
      "by_domain": {domain: {...same metrics}}}
 
 Accuracy is in [0, 1]; latency is the critical path of the workers' reported latencies (what the
@@ -27,7 +28,13 @@ from typing import Any
 import numpy as np
 
 from rl_conductor.policies.base import Episode, Policy
-from rl_conductor.reward import RewardConfig, budget_stopped, compute_reward, grade_trace
+from rl_conductor.reward import (
+    RewardConfig,
+    budget_stopped,
+    compute_reward,
+    deadline_stopped,
+    grade_trace,
+)
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits, StepRecord
 from rl_conductor.workers.pool import PoolView
@@ -52,6 +59,7 @@ class Record:
     workers: list[str] = field(default_factory=list)
     shape: str = ""
     sees_earlier: bool = False
+    deadline_cut: bool = False
 
 
 #: How a step that never reached a worker (skipped before any call) is named in the views.
@@ -110,6 +118,7 @@ def summarize(records: Sequence[Record]) -> dict[str, Any]:
         "p95_latency_s": float(np.percentile(lat, 95)),
         "parse_rate": float(np.mean([r.parsed for r in records])),
         "fallback_rate": float(np.mean([r.fallback for r in records])),
+        "deadline_cut_rate": float(np.mean([r.deadline_cut for r in records])),
         "mean_reward": float(np.mean([r.reward for r in records])),
         **_behaviour(records),
     }
@@ -144,6 +153,7 @@ def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
             budget_exceeded=budget_stopped(t),
             config=reward_config,
             worker_calls=len(t.attempts),
+            deadline_exceeded=deadline_stopped(t),
         ),
         tokens=t.tokens,
         cost_usd=t.cost_usd,
@@ -155,6 +165,7 @@ def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
         workers=[s.worker for s in t.steps],
         shape=workflow_shape(t.steps),
         sees_earlier=any(s.visible for s in t.steps),
+        deadline_cut=deadline_stopped(t),
     )
 
 

@@ -48,6 +48,6 @@ WORKER_LATENCY = Histogram(
 ERRORS = Counter("conductor_errors_total", "Errors, by kind (bad_request, worker, internal)", ["kind"])
 STOPS = Counter(
     "conductor_request_flags_total",
-    "Requests with a fallback plan, a worker fallback or a budget stop",
+    "Requests with a fallback plan, a worker fallback, a budget stop or a deadline cut",
     ["flag"],
 )

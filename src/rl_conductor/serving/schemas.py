@@ -40,6 +40,8 @@ MAX_BODY_BYTES = 1_000_000
 MAX_INSTANCES = 64
 #: Largest budget one request may state (USD): anything above is a client bug, not a budget.
 MAX_BUDGET_USD = 10_000.0
+#: Longest deadline one request may state (seconds): a day is a client bug, not a deadline.
+MAX_LATENCY_S = 3_600.0
 
 
 class WireError(ValueError):
@@ -71,6 +73,11 @@ class WireLimits(BaseModel):
     max_cost_usd: StrictFloat | StrictInt | None = Field(
         default=None, description="hard budget in USD for all worker calls of the request"
     )
+    max_latency_s: StrictFloat | StrictInt | None = Field(
+        default=None,
+        description="deadline in seconds for the whole request; steps that cannot answer in time "
+        "are skipped or shortened and the response says so (deadline_cut)",
+    )
     sensitivity: Literal["public", "private"] = Field(
         default="public", description="'private' keeps the request on self-hosted workers"
     )
@@ -86,6 +93,15 @@ class WireLimits(BaseModel):
             raise ValueError("must be a finite number")
         if v is not None and v > MAX_BUDGET_USD:
             raise ValueError(f"at most {MAX_BUDGET_USD:g} USD per request, got {v:g}")
+        return v
+
+    @field_validator("max_latency_s")
+    @classmethod
+    def _deadline_cap(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        if v is not None and v > MAX_LATENCY_S:
+            raise ValueError(f"at most {MAX_LATENCY_S:g} seconds per request, got {v:g}")
         return v
 
 

@@ -41,6 +41,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from rl_conductor.executor import MIN_OUTPUT_TOKENS, execute, reserve_input_tokens
 from rl_conductor.policies.base import Episode, Plan, Policy
+from rl_conductor.reward import deadline_stopped
 from rl_conductor.serving import metrics as m
 from rl_conductor.serving_core import (
     ConductorRequest,
@@ -234,8 +235,10 @@ class ConductorService:
         request_id: str | None = None,
     ) -> dict[str, Any]:
         """Plan and execute one request; the response document (see ``serving_core``) plus
-        ``request_id``, token totals, ``calls``, ``wall_s``, ``worker_fallback``, ``budget_stop``
-        and a human ``message`` when the budget or a failure shaped the answer.
+        ``request_id``, token totals, ``calls``, ``wall_s``, ``worker_fallback``, ``budget_stop``,
+        ``deadline_cut`` and a human ``message`` when the budget, the deadline or a failure shaped
+        the answer. A deadline (``max_latency_s``) covers the whole request: the time the plan
+        took is taken off what the workflow's steps may use.
 
         Raises :class:`RequestError` when the request names unknown workers or permits none."""
         rid = request_id or uuid.uuid4().hex
@@ -263,7 +266,12 @@ class ConductorService:
                 return await self.policy.run(task, view, limits)
             t = time.perf_counter()
             plan = await self._planner.plan(task, view, limits)
-            m.PLAN_LATENCY.observe(time.perf_counter() - t)
+            planned_s = time.perf_counter() - t
+            m.PLAN_LATENCY.observe(planned_s)
+            if limits.max_latency_s is not None:
+                # the deadline is the request's: planning already used part of it
+                left = limits.max_latency_s - planned_s
+                limits = replace(limits, max_latency_s=max(left, 1e-6))
             trace = await execute(
                 plan.workflow, task, view, limits, recursion=self.policy.recursion_hook(view)
             )
@@ -282,7 +290,7 @@ class ConductorService:
     ) -> None:
         m.REQUEST_LATENCY.labels(endpoint).observe(doc["wall_s"])
         m.REQUEST_COST.observe(doc["cost_usd"])
-        for flag in ("fallback_plan", "worker_fallback", "budget_stop"):
+        for flag in ("fallback_plan", "worker_fallback", "budget_stop", "deadline_cut"):
             if doc.get(flag):
                 m.STOPS.labels(flag).inc()
         record: dict[str, Any] = {
@@ -293,6 +301,7 @@ class ConductorService:
             "question_sha256": hashlib.sha256(request.question.encode()).hexdigest()[:16],
             "question_chars": len(request.question),
             "max_cost_usd": request.max_cost_usd,
+            "max_latency_s": request.max_latency_s,
             "workers": [s["worker"] for s in doc["steps"]],
             "statuses": [s["status"] for s in doc["steps"]],
             "cost_usd": doc["cost_usd"],
@@ -301,6 +310,7 @@ class ConductorService:
             "fallback_plan": doc["fallback_plan"],
             "worker_fallback": doc["worker_fallback"],
             "budget_stop": doc["budget_stop"],
+            "deadline_cut": doc["deadline_cut"],
         }
         if request.sensitivity == "public":
             record["question_preview"] = request.question[:80]
@@ -326,8 +336,11 @@ def _extras(trace: Trace) -> dict[str, Any]:
     )
     failed = [s for s in trace.steps if s.status == "failed"]
     message = ""
+    deadline_cut = deadline_stopped(trace)
     if budget_stop:
         message = "the budget stopped the workflow early; the answer is the best one so far"
+    elif deadline_cut:
+        message = "the deadline shortened the workflow; the answer is the best one so far"
     elif failed and not trace.final_answer:
         message = "every worker tried for this request failed; no answer"
     return {
@@ -337,6 +350,7 @@ def _extras(trace: Trace) -> dict[str, Any]:
         "latency_s": trace.latency_s,
         "worker_fallback": worker_fallback,
         "budget_stop": budget_stop,
+        "deadline_cut": deadline_cut,
         "message": message,
     }
 
@@ -357,6 +371,7 @@ def _unaffordable(budget: float, floor: float, worker: str) -> dict[str, Any]:
         "latency_s": 0.0,
         "worker_fallback": False,
         "budget_stop": True,
+        "deadline_cut": False,
         "message": (
             f"max_cost_usd={budget:g} cannot buy one worker call: the cheapest permitted worker "
             f"({worker}) needs at least ${floor:.6g} for this question"

@@ -47,6 +47,12 @@ class TrainConfig:
     budgets_usd: list[float] = _f(
         [0.002, 0.005, 0.01, 0.02, 0.05], "budgets drawn for budget-conditioned prompts"
     )
+    deadline_fraction: float = _f(
+        0.0, "share of training prompts that carry a random deadline (0 = the recipe without deadlines)"
+    )
+    deadline_range_s: list[float] = _f(
+        [5.0, 60.0], "[shortest, longest] deadline in seconds, drawn log-uniformly (training.deadlines)"
+    )
     random_pool_prob: float = _f(
         0.3, "share of prompts that show a random subset of the workers (ids remapped)"
     )
@@ -131,6 +137,11 @@ class TrainConfig:
             )
         if not 0 <= self.budget_prob <= 1 or not 0 <= self.random_pool_prob <= 1:
             raise ConfigError("budget_prob and random_pool_prob are probabilities in [0, 1]")
+        if not 0 <= self.deadline_fraction <= 1:
+            raise ConfigError("deadline_fraction is a probability in [0, 1]")
+        from rl_conductor.training.deadlines import check_range
+
+        check_range(self.deadline_range_s)
         if self.max_steps_per_workflow < 1:
             raise ConfigError("max_steps_per_workflow must be >= 1")
         if self.sft_targets not in ("expected-best", "random"):

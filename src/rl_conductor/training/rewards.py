@@ -16,7 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rl_conductor.executor import execute
-from rl_conductor.reward import RewardConfig, budget_stopped, compute_reward, grade_trace
+from rl_conductor.reward import (
+    RewardConfig,
+    budget_stopped,
+    compute_reward,
+    deadline_stopped,
+    grade_trace,
+)
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool
@@ -90,6 +96,7 @@ class ConductorReward:
             budget_exceeded=stopped,
             config=self.config,
             worker_calls=len(trace.attempts),
+            deadline_exceeded=deadline_stopped(trace),
         )
         return {
             "reward": r,

@@ -1,0 +1,193 @@
+"""The deadline beyond the executor: the Conductor's prompt carries it (and nothing changes without
+one), training can draw deadlines, the reward penalises a workflow the deadline cut short, and
+``conductor compare --deadlines`` shows accuracy under each deadline (table, JSON, PNG)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rl_conductor.cli import app
+from rl_conductor.errors import ConfigError
+from rl_conductor.evaluation.report import (
+    deadline_markdown,
+    deadline_plot,
+    deadline_rows,
+    parse_deadlines,
+)
+from rl_conductor.evaluation.runner import evaluate
+from rl_conductor.executor import execute
+from rl_conductor.policies.baselines import SingleWorker
+from rl_conductor.prompting import conductor_prompt, recursive_prompt, template
+from rl_conductor.reward import REWARD_PRESETS, RewardConfig, compute_reward, deadline_stopped
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits
+from rl_conductor.training.config import TrainConfig
+from rl_conductor.training.deadlines import draw_deadline
+from rl_conductor.workers.base import WorkerInfo
+from rl_conductor.workers.fake import FakeWorker
+from rl_conductor.workers.pool import Pool, load_pool
+from rl_conductor.workflow import Step, Workflow
+
+TASK = Task(id="t1", question="What is 6*7?", answer="42", domain="math", source="x", grader="math")
+
+
+def _slow_pool() -> Pool:
+    """Two fake workers taking 0.1 s and 0.4 s, each stating that latency model."""
+
+    def worker(name: str, secs: float) -> FakeWorker:
+        info = WorkerInfo(
+            name=name, price_in=1, price_out=2, kind="fake", hosting="external", ttft_s=secs, tokens_per_s=1e6
+        )
+        return FakeWorker(info=info, answer="42", latency_s=secs)
+
+    return Pool(name="slow", workers=[worker("fast", 0.1), worker("slow", 0.4)])
+
+
+# -- prompt -------------------------------------------------------------------------------------
+
+
+def _old_prompt(view_pool: Pool, limits: Limits) -> str:
+    """The prompt as it was before deadlines existed (what trained models saw)."""
+    lines = []
+    for i, info in enumerate(view_pool.view().infos()):
+        where = "self-hosted" if info.hosting == "self" else "external"
+        lines.append(f"{i}: {info.description or 'general assistant'} ({info.price_tier()}, {where})")
+    if limits.allows_recursion():
+        lines.append(f"{len(lines)}: yourself (review the workflow)")
+    budget = "" if limits.max_cost_usd is None else f"Budget: ${limits.max_cost_usd:.3f} for all calls.\n"
+    return template().format(
+        max_steps=limits.max_steps, workers="\n".join(lines), budget=budget, question=TASK.question
+    )
+
+
+@pytest.mark.parametrize("limits", [Limits(), Limits(max_cost_usd=0.01), Limits(recursion_depth=1)])
+def test_prompt_without_a_deadline_is_byte_identical_to_before(limits: Limits) -> None:
+    pool = load_pool("paper-sim")
+    assert conductor_prompt(TASK, pool.view(), limits) == _old_prompt(pool, limits)
+
+
+def test_prompt_carries_the_deadline_and_each_workers_typical_time() -> None:
+    pool = load_pool("paper-sim")
+    without = conductor_prompt(TASK, pool.view(), Limits(max_cost_usd=0.01))
+    with_deadline = conductor_prompt(TASK, pool.view(), Limits(max_cost_usd=0.01, max_latency_s=15))
+    assert "Deadline" not in without and "Deadline: 15 s for the whole workflow" in with_deadline
+    assert (
+        with_deadline.index("Budget:") < with_deadline.index("Deadline:") < with_deadline.index("Question:")
+    )
+    worker_lines = [ln for ln in with_deadline.splitlines() if ln[:1].isdigit() and ": " in ln]
+    assert len(worker_lines) == len(pool.workers) and all(", ~" in ln and " s)" in ln for ln in worker_lines)
+    wf = Workflow(steps=[Step(worker=0, instruction="solve", access=())])
+    inner = recursive_prompt(TASK, pool.view(), Limits(max_latency_s=5.5), wf, "42")
+    assert "Deadline: 5.5 s" in inner
+
+
+# -- training draws ------------------------------------------------------------------------------
+
+
+def test_draw_deadline_zero_fraction_draws_nothing_and_ranges_hold() -> None:
+    rng = random.Random(1)
+    state = rng.getstate()
+    assert all(draw_deadline(rng, 0.0, [5, 60]) is None for _ in range(50))
+    assert rng.getstate() == state  # the recipe without deadlines draws the same prompts as before
+    draws = [draw_deadline(random.Random(i), 1.0, [5, 60]) for i in range(400)]
+    assert all(d is not None and 5 <= d <= 60 for d in draws)
+    short = sum(d is not None and d < 5 * (60 / 5) ** 0.5 for d in draws)
+    assert 120 < short < 280  # log-uniform: half the draws below the geometric midpoint
+    share = sum(draw_deadline(random.Random(i), 0.3, [5, 60]) is not None for i in range(1000))
+    assert 220 < share < 380
+    for bad in ([5], [60, 5], [0, 5], [5, float("inf")], ["a", 5]):
+        with pytest.raises(ConfigError, match="deadline_range_s"):
+            draw_deadline(random.Random(0), 0.5, bad)
+
+
+def test_train_config_deadline_fields_default_off_and_are_checked() -> None:
+    cfg = TrainConfig()
+    assert cfg.deadline_fraction == 0.0 and cfg.deadline_range_s == [5.0, 60.0]
+    with pytest.raises(ConfigError, match="deadline_fraction"):
+        TrainConfig(deadline_fraction=1.5)
+    with pytest.raises(ConfigError, match="deadline_range_s"):
+        TrainConfig(deadline_range_s=[10.0, 1.0])
+
+
+# -- reward --------------------------------------------------------------------------------------
+
+
+def test_reward_penalises_a_workflow_the_deadline_cut() -> None:
+    wf = Workflow(steps=[Step(1, "solve", ()), Step(0, "check", "all")])
+    view = _slow_pool().view()
+    cut = asyncio.run(execute(wf, TASK, view, Limits(max_latency_s=0.51)))
+    whole = asyncio.run(execute(wf, TASK, view, Limits(max_latency_s=10)))
+    assert [s.status for s in cut.steps] == ["ok", "skipped_deadline"] and deadline_stopped(cut)
+    assert [s.status for s in whole.steps] == ["ok", "ok"] and not deadline_stopped(whole)
+    cfg = RewardConfig()
+    assert cfg.deadline_penalty == cfg.budget_penalty  # documented default
+    kw = dict(parsed=True, correct=True, cost_usd=0.0, budget_exceeded=False, config=cfg, worker_calls=1)
+    assert compute_reward(**kw, deadline_exceeded=True) == pytest.approx(
+        compute_reward(**kw) - cfg.deadline_penalty
+    )
+    paper = dict(kw, config=REWARD_PRESETS["paper"])
+    assert compute_reward(**paper, deadline_exceeded=True) == compute_reward(**paper)
+
+
+# -- evaluation views ----------------------------------------------------------------------------
+
+
+def test_parse_deadlines() -> None:
+    assert parse_deadlines("none,60,15s,5") == [None, 60.0, 15.0, 5.0]
+    for bad in ("nan", "-1", "0", "inf", "soon", ","):
+        with pytest.raises(ValueError):
+            parse_deadlines(bad)
+
+
+def test_deadline_views_side_by_side(tmp_path: Path) -> None:
+    view = _slow_pool().view()
+    tasks = [TASK]
+    summaries = []
+    for label, limits in (("none", Limits()), ("0.2", Limits(max_latency_s=0.2))):
+        s = evaluate(SingleWorker("slow"), view, tasks, limits, progress=False).summary()
+        s["deadline"] = label
+        summaries.append(s)
+    heads, rows = deadline_rows(summaries)
+    assert heads == [
+        "policy",
+        "acc % @none",
+        "p95 s @none",
+        "cut % @none",
+        "acc % @0.2",
+        "p95 s @0.2",
+        "cut % @0.2",
+    ]
+    (row,) = rows
+    assert row[1:4] == ["100.0", "0.4", "0"] and row[4:] == ["0.0", "0.0", "100"]
+    assert "| single:slow |" in deadline_markdown(summaries)
+    assert deadline_plot(summaries, tmp_path / "l.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compare_runs_the_same_questions_under_each_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("rl_conductor.cli.core.baseline_specs", lambda pool: ["single:gpt-5", "moa"])
+    out = tmp_path / "cmp.json"
+    args = ["compare", "--pool", "paper-sim", "--limit", "6", "--deadlines", "none,5", "--json", str(out)]
+    result = CliRunner().invoke(app, [*args, "--plot", str(tmp_path / "p.png"), "--no-behaviour"])
+    assert result.exit_code == 0, result.output
+    assert "the same questions under each deadline" in result.output
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["policy"], r["deadline"]) for r in rows] == [
+        ("single:gpt-5", "none"),
+        ("moa", "none"),
+        ("single:gpt-5", "5"),
+        ("moa", "5"),
+    ]
+    assert all(r["p95_latency_s"] <= 5 for r in rows if r["deadline"] == "5")
+    assert any(r["p95_latency_s"] > 5 for r in rows if r["deadline"] == "none")  # 5 s binds
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "p-latency.png").read_bytes()[:4] == b"\x89PNG"
+    bad = CliRunner().invoke(app, ["compare", "--limit", "2", "--deadlines", "none,-3"])
+    assert bad.exit_code != 0 and "deadline" in bad.output
