@@ -271,3 +271,13 @@ def test_warm_start_targets_on_the_simulated_pool(tmp_path: Path) -> None:
             wf = er.target(task, names, budget)
             assert 1 <= len(wf.steps) <= 3
             parse(render(wf), pool_size=len(names), max_steps=3)
+
+
+def test_reward_array_pays_the_format_bonus_only_when_a_worker_was_called() -> None:
+    table = _table(EASY_HARD, {"solve:cheap": 0.0, "solve:strong": 0.0}, budgets=[None, 0.001])
+    table.calls = np.ones_like(table.correct, dtype=np.int32)
+    table.calls[:, table.index("solve:strong"), 1] = 0  # the budget stopped it before any call
+    table.correct[:, table.index("solve:strong"), 1] = False
+    r = reward_array(table, COST_AWARE)
+    assert r[0, table.index("solve:strong"), 1] == pytest.approx(0.0)
+    assert r[0, table.index("solve:cheap"), 1] == pytest.approx(1.0)

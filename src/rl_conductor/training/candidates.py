@@ -69,7 +69,7 @@ ROLE_TEXT: dict[str, str] = {
 }
 
 #: Bump when the candidate set or the table's meaning changes (part of the cache key).
-TABLE_VERSION = 1
+TABLE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,7 @@ class CandidateTable:
     stopped: np.ndarray
     tokens: np.ndarray
     done: np.ndarray
+    calls: np.ndarray | None = None  # worker calls made (None: every executed cell made some)
     meta: dict[str, Any] = field(default_factory=dict)
 
     def index(self, name: str) -> int:
@@ -174,6 +175,7 @@ class CandidateTable:
             stopped=self.stopped,
             tokens=self.tokens,
             done=self.done,
+            calls=self.calls if self.calls is not None else self.done.astype(np.int32),
             header=np.array(
                 json.dumps(
                     {
@@ -204,6 +206,7 @@ class CandidateTable:
                 stopped=z["stopped"],
                 tokens=z["tokens"],
                 done=z["done"],
+                calls=z["calls"] if "calls" in z.files else None,
                 meta=h["meta"],
             )
 
@@ -278,6 +281,12 @@ def pool_probe(pool: Pool, tasks: Sequence[Task], n: int = 12) -> str:
     return h.hexdigest()[:16]
 
 
+def _worker_calls(trace: Trace) -> int:
+    """Worker calls the trace made (the reward pays its format bonus only when there was one)."""
+    attempts = getattr(trace, "attempts", None)
+    return len(attempts) if attempts is not None else trace.calls
+
+
 def group_of(task: Task) -> str:
     """The neighbourhood a question belongs to: its domain and source."""
     return f"{task.domain}/{task.source}"
@@ -331,6 +340,7 @@ def build_table(
     stopped = np.zeros((n_i, n_c, n_b), dtype=bool)
     tokens = np.zeros((n_i, n_c, n_b), dtype=np.int32)
     done = np.zeros((n_i, n_c, n_b), dtype=bool)
+    calls = np.zeros((n_i, n_c, n_b), dtype=np.int32)
 
     def put(i: int, j: int, b: int, tr: Trace) -> None:
         from rl_conductor.reward import budget_stopped
@@ -339,6 +349,7 @@ def build_table(
         cost[i, j, b] = tr.cost_usd
         stopped[i, j, b] = budget_stopped(tr)
         tokens[i, j, b] = tr.tokens
+        calls[i, j, b] = _worker_calls(tr)
         done[i, j, b] = True
 
     # 2. unbudgeted: singles everywhere, composed candidates on their domain's items
@@ -373,6 +384,7 @@ def build_table(
                     if cost[i, j, 0] <= B / 2:
                         correct[i, j, b], cost[i, j, b] = correct[i, j, 0], cost[i, j, 0]
                         stopped[i, j, b], tokens[i, j, b] = stopped[i, j, 0], tokens[i, j, 0]
+                        calls[i, j, b] = calls[i, j, 0]
                         done[i, j, b] = True
                     else:
                         jobs.append((tasks[i], cands[j].workflow(names), lim))
@@ -391,6 +403,7 @@ def build_table(
         stopped=stopped,
         tokens=tokens,
         done=done,
+        calls=calls,
         meta={
             "pool": pool.name,
             "top_k": top_k,

@@ -34,9 +34,11 @@ from rl_conductor.workflow import Workflow
 
 
 def reward_array(table: CandidateTable, config: RewardConfig) -> np.ndarray:
-    """The reward of every executed cell (``compute_reward`` vectorised; NaN where not run)."""
+    """The reward of every executed cell (``compute_reward`` vectorised; NaN where not run): the
+    format bonus only where a worker was called."""
+    called = table.done if table.calls is None else table.calls > 0
     r = (
-        config.format_bonus
+        config.format_bonus * called
         + config.correct_weight * table.correct
         - np.minimum(config.max_cost_penalty, config.cost_weight * table.cost / config.cost_scale)
         - config.budget_penalty * table.stopped
