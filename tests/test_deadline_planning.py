@@ -24,7 +24,13 @@ from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.executor import execute
 from rl_conductor.policies.baselines import SingleWorker
 from rl_conductor.prompting import conductor_prompt, recursive_prompt, template
-from rl_conductor.reward import REWARD_PRESETS, RewardConfig, compute_reward, deadline_stopped
+from rl_conductor.reward import (
+    REWARD_PRESETS,
+    RewardConfig,
+    compute_reward,
+    deadline_shortened,
+    deadline_stopped,
+)
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.training.config import TrainConfig
@@ -133,6 +139,19 @@ def test_reward_penalises_a_workflow_the_deadline_cut() -> None:
     )
     paper = dict(kw, config=REWARD_PRESETS["paper"])
     assert compute_reward(**paper, deadline_exceeded=True) == compute_reward(**paper)
+
+
+def test_a_capped_answer_counts_as_shortened_but_is_not_penalised_as_skipped() -> None:
+    info = WorkerInfo(
+        name="steady", price_in=1, price_out=2, hosting="external", kind="fake", ttft_s=0.1, tokens_per_s=1000
+    )
+    view = Pool(name="one", workers=[FakeWorker(info=info, answer="42", latency_s=0.1)]).view()
+    wf = Workflow(steps=[Step(0, "solve", ())])
+    capped = asyncio.run(execute(wf, TASK, view, Limits(max_latency_s=1.0)))  # 0.7 s -> 700 tokens
+    assert capped.steps[0].status == "ok" and "deadline: output capped at 700 tokens" in capped.steps[0].note
+    assert deadline_shortened(capped) and not deadline_stopped(capped)
+    free = asyncio.run(execute(wf, TASK, view, Limits()))
+    assert not deadline_shortened(free)
 
 
 # -- evaluation views ----------------------------------------------------------------------------

@@ -140,3 +140,17 @@ def deadline_stopped(trace: Trace) -> bool:
     from rl_conductor.trace import _flatten
 
     return any(s.status == "skipped_deadline" for s in _flatten(trace.steps))
+
+
+#: How the executor notes a step whose output it capped to fit the time left.
+_DEADLINE_CAP_NOTE = "deadline: output capped"
+
+
+def deadline_shortened(trace: Trace) -> bool:
+    """True when a stated deadline skipped a step or capped a step's output to the time left:
+    what a response's ``deadline_cut`` and a summary's ``deadline_cut_rate`` report (the reward
+    penalises only skipped steps, :func:`deadline_stopped`: a capped answer that is worse already
+    earns less)."""
+    from rl_conductor.trace import _flatten
+
+    return deadline_stopped(trace) or any(_DEADLINE_CAP_NOTE in s.note for s in _flatten(trace.steps))

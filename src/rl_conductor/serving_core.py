@@ -5,8 +5,9 @@ and the KServe predictor: a request names a question and optional limits; the re
 the answer, the workflow, per-step usage (every attempt, recursion sub-steps included) and the
 total cost. A request may state a deadline (``max_latency_s``, seconds): the executor skips or
 shortens steps that cannot answer in time, and the response's ``deadline_cut`` says whether it
-did (the steps' ``skipped_deadline`` statuses say which). Validation errors raise
-:class:`RequestError` (the HTTP adapters turn it into a 4xx that says what is wrong): a budget
+did (the steps' ``skipped_deadline`` statuses and ``deadline:`` notes say which and how).
+Validation errors raise :class:`RequestError` (the HTTP adapters turn it into a 4xx that says
+what is wrong): a budget
 or deadline must be a finite number above zero (JSON ``NaN``, ``"inf"`` and ``true`` are errors,
 not "no budget" or $1), a question must hold text. The worker pool is
 the operator's choice (``answer_batch(..., pool=...)`` or the model's own pool), never a field
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from rl_conductor.reward import deadline_stopped
+from rl_conductor.reward import deadline_shortened
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits, StepRecord
 from rl_conductor.validation import InvalidValue, positive_finite
@@ -212,7 +213,7 @@ def response_document(view: PoolView, episode: Episode) -> dict[str, Any]:
         "cost_usd": trace.cost_usd,
         "tokens": trace.tokens,
         "fallback_plan": episode.plan.fallback,
-        "deadline_cut": deadline_stopped(trace),
+        "deadline_cut": deadline_shortened(trace),
         "stopped_reason": trace.stopped_reason,
         "raw_plan": episode.plan.text,
     }

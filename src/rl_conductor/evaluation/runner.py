@@ -4,7 +4,7 @@
 
     {"policy", "pool", "n", "accuracy", "mean_tokens", "mean_cost_usd", "mean_calls",
      "mean_steps", "p50_latency_s", "p95_latency_s", "parse_rate", "fallback_rate",
-     "deadline_cut_rate",
+     "deadline_cut_rate" (share of questions where the deadline skipped a step or capped an answer),
      "by_domain": {domain: {...same metrics}}}
 
 Accuracy is in [0, 1]; latency is the critical path of the workers' reported latencies (what the
@@ -32,6 +32,7 @@ from rl_conductor.reward import (
     RewardConfig,
     budget_stopped,
     compute_reward,
+    deadline_shortened,
     deadline_stopped,
     grade_trace,
 )
@@ -165,7 +166,7 @@ def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
         workers=[s.worker for s in t.steps],
         shape=workflow_shape(t.steps),
         sees_earlier=any(s.visible for s in t.steps),
-        deadline_cut=deadline_stopped(t),
+        deadline_cut=deadline_shortened(t),
     )
 
 

@@ -41,7 +41,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from rl_conductor.executor import MIN_OUTPUT_TOKENS, execute, reserve_input_tokens
 from rl_conductor.policies.base import Episode, Plan, Policy
-from rl_conductor.reward import deadline_stopped
+from rl_conductor.reward import deadline_shortened
 from rl_conductor.serving import metrics as m
 from rl_conductor.serving_core import (
     ConductorRequest,
@@ -336,7 +336,7 @@ def _extras(trace: Trace) -> dict[str, Any]:
     )
     failed = [s for s in trace.steps if s.status == "failed"]
     message = ""
-    deadline_cut = deadline_stopped(trace)
+    deadline_cut = deadline_shortened(trace)
     if budget_stop:
         message = "the budget stopped the workflow early; the answer is the best one so far"
     elif deadline_cut:
