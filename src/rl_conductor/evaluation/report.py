@@ -385,7 +385,17 @@ def deadline_plot(
             )
             for p in points
         )
-        ax.plot([x for x, _ in xy], [y for _, y in xy], "o-", color=f"C{i % 10}", lw=1, ms=4, label=policy)
+        style = ("-", "--", ":")[i // 10 % 3]  # ten colours, then the same colours dashed
+        ax.plot(
+            [x for x, _ in xy],
+            [y for _, y in xy],
+            marker="o",
+            ls=style,
+            color=f"C{i % 10}",
+            lw=1,
+            ms=4,
+            label=policy,
+        )
     ticks = [*finite, none_x] if finite else [none_x]
     ax.set_xscale("log")
     ax.set_xticks(ticks)
