@@ -15,12 +15,14 @@ never writes a parseable plan learns nothing (every completion scores 0, advanta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import random
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -203,16 +205,17 @@ def train(
             if cfg.model == "tiny":
                 from rl_conductor.training.models import build_tiny
 
-                if not (base / "config.json").exists():
-                    build_tiny(
-                        _corpus(tasks, sft),
-                        base,
-                        vocab_size=cfg.tiny_vocab_size,
-                        seed=cfg.seed,
-                        hidden_size=cfg.tiny_hidden_size,
-                        num_hidden_layers=cfg.tiny_layers,
-                        intermediate_size=cfg.tiny_intermediate_size,
-                    )
+                with main_process_writes() as writer:
+                    if writer and not (base / "config.json").exists():
+                        build_tiny(
+                            _corpus(tasks, sft),
+                            base,
+                            vocab_size=cfg.tiny_vocab_size,
+                            seed=cfg.seed,
+                            hidden_size=cfg.tiny_hidden_size,
+                            num_hidden_layers=cfg.tiny_layers,
+                            intermediate_size=cfg.tiny_intermediate_size,
+                        )
                 model_src: Path | str = base
             else:
                 from rl_conductor.training.models import resolve_model
@@ -223,7 +226,10 @@ def train(
             t0 = time.perf_counter()
             _sft(cfg, model_src, sft, sft_dir, progress=progress)
             # the SFT-only model is a Conductor too (the "before GRPO" baseline of evaluations)
-            (sft_dir / "conductor.json").write_text(json.dumps(conductor_meta(cfg, pool.names()), indent=2))
+            with main_process_writes() as writer:
+                if writer:
+                    meta = json.dumps(conductor_meta(cfg, pool.names()), indent=2)
+                    (sft_dir / "conductor.json").write_text(meta)
             result.seconds["sft"] = time.perf_counter() - t0
         # 3. GRPO
         t0 = time.perf_counter()
@@ -244,12 +250,35 @@ def train(
             for h in trainer.state.log_history
             if "reward" in h
         ]
-        save_final(out / "grpo" / "last", result.final_dir, cfg, pool.names())
+        with main_process_writes() as writer:
+            if writer:
+                save_final(out / "grpo" / "last", result.final_dir, cfg, pool.names())
         result.seconds["total"] = time.perf_counter() - t_all
         mlflow.log_metrics({f"seconds_{k}": v for k, v in result.seconds.items()})
-        (out / "metrics.json").write_text(json.dumps({**result.to_dict(), "config": cfg.to_dict()}, indent=2))
-        mlflow.log_artifact(str(out / "metrics.json"))
+        with main_process_writes() as writer:
+            if writer:
+                metrics = json.dumps({**result.to_dict(), "config": cfg.to_dict()}, indent=2)
+                (out / "metrics.json").write_text(metrics)
+                mlflow.log_artifact(str(out / "metrics.json"))
     return result
+
+
+@contextlib.contextmanager
+def main_process_writes() -> Iterator[bool]:
+    """Yield whether this process writes shared files; with several ranks the others wait for it.
+
+    Under ``accelerate launch`` (training/launch.py: one process per GPU) every rank runs
+    :func:`train` on the same output folder: rank 0 bootstraps and saves, the other ranks wait at
+    a barrier and then read what it wrote. A single process just writes.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        yield True
+        return
+    from accelerate import PartialState
+
+    state = PartialState()
+    yield state.is_main_process
+    state.wait_for_everyone()
 
 
 def _time_limit_fired(trainer: Any) -> int | None:
@@ -344,9 +373,11 @@ def _sft(
     # whole prompt for every new token (3-10x slower), so saved models always have it on
     model.config.use_cache = True
     model.generation_config.use_cache = True
-    model.save_pretrained(str(sft_dir))
-    trainer.processing_class.save_pretrained(str(sft_dir))
-    shutil.rmtree(sft_dir.parent / "sft_work", ignore_errors=True)
+    with main_process_writes() as writer:
+        if writer:
+            model.save_pretrained(str(sft_dir))
+            trainer.processing_class.save_pretrained(str(sft_dir))
+            shutil.rmtree(sft_dir.parent / "sft_work", ignore_errors=True)
 
 
 def _has_gpu() -> bool:
