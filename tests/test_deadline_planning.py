@@ -145,11 +145,15 @@ def test_a_capped_answer_counts_as_shortened_but_is_not_penalised_as_skipped() -
     info = WorkerInfo(
         name="steady", price_in=1, price_out=2, hosting="external", kind="fake", ttft_s=0.1, tokens_per_s=1000
     )
-    view = Pool(name="one", workers=[FakeWorker(info=info, answer="42", latency_s=0.1)]).view()
+    worker = FakeWorker(info=info, answer="42", latency_s=0.1, output_tokens=1000)
+    view = Pool(name="one", workers=[worker]).view()
     wf = Workflow(steps=[Step(0, "solve", ())])
     capped = asyncio.run(execute(wf, TASK, view, Limits(max_latency_s=1.0)))  # 0.7 s -> 700 tokens
     assert capped.steps[0].status == "ok" and "deadline: output capped at 700 tokens" in capped.steps[0].note
+    assert capped.steps[0].output_tokens == 700  # the worker wanted more: the deadline cut its answer
     assert deadline_shortened(capped) and not deadline_stopped(capped)
+    roomy = asyncio.run(execute(wf, TASK, view, Limits(max_latency_s=2.0)))  # cap 1500, uses 1000
+    assert "output capped at 1500" in roomy.steps[0].note and not deadline_shortened(roomy)
     free = asyncio.run(execute(wf, TASK, view, Limits()))
     assert not deadline_shortened(free)
 
@@ -210,3 +214,47 @@ def test_compare_runs_the_same_questions_under_each_deadline(
     assert (tmp_path / "p-latency.png").read_bytes()[:4] == b"\x89PNG"
     bad = CliRunner().invoke(app, ["compare", "--limit", "2", "--deadlines", "none,-3"])
     assert bad.exit_code != 0 and "deadline" in bad.output
+
+
+# -- pipeline ------------------------------------------------------------------------------------
+
+
+def test_pipeline_report_has_the_deadline_view_and_chart(tmp_path: Path) -> None:
+    from rl_conductor.pipeline.report import write_reports
+
+    view = _slow_pool().view()
+    base = evaluate(SingleWorker("slow"), view, [TASK], Limits(), progress=False).summary()
+    under = evaluate(SingleWorker("slow"), view, [TASK], Limits(max_latency_s=0.2), progress=False).summary()
+    under["deadline"] = "0.2"
+    out = {k: tmp_path / k for k in ("md", "html", "pareto", "latency")}  # KFP paths have no suffix
+    meta = {"pool": "slow", "n": 1, "run_tag": "t", "test_split_id": "x"}
+    write_reports(
+        [base],
+        meta,
+        md_path=out["md"],
+        html_path=out["html"],
+        png_path=out["pareto"],
+        deadline_summaries=[under],
+        latency_png_path=out["latency"],
+    )
+    md = out["md"].read_text()
+    assert "## Under a deadline" in md and "acc % @0.2" in md and "](latency.png)" in md
+    assert "Under a deadline" in out["html"].read_text() and out["latency"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_pipeline_deadline_parameters_are_checked() -> None:
+    from rl_conductor.pipeline import runner
+    from rl_conductor.pipeline.steps import DEADLINES, deadline_parameters
+
+    assert deadline_parameters(0.0, "") == (None, DEADLINES)
+    assert deadline_parameters(30.0, "none") == (30.0, ())
+    assert deadline_parameters(0.0, "60, 15,5") == (None, (60.0, 15.0, 5.0))
+    assert (
+        "eval_deadlines" in runner.pipeline_parameters()
+        and "eval_max_latency_s" in runner.pipeline_parameters()
+    )
+    args = runner.pipeline_arguments(eval_deadlines="15,5", eval_max_latency_s=20.0)
+    assert args["eval_deadlines"] == "15,5" and args["eval_max_latency_s"] == 20.0
+    for bad in ({"eval_deadlines": "soon"}, {"eval_deadlines": "5,-1"}, {"eval_max_latency_s": -1.0}):
+        with pytest.raises(ValueError, match="eval_"):
+            runner.pipeline_arguments(**bad)

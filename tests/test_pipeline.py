@@ -140,6 +140,10 @@ def test_quick_run_fills_the_artifact_root(quick: Quick) -> None:
     assert "## What each policy does" in report and "## Under a budget" in report
     assert "acc % @0.002" in report and "workflow shapes" in report
     assert (folder / "reports" / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+    deadlined = {s["policy"]: s for s in payload["deadline_results"]}  # issue 13: latency view
+    assert deadlined["conductor"]["deadline"] == "5" and "domain-router" in deadlined
+    assert "## Under a deadline" in report and "acc % @5" in report
+    assert (folder / "reports" / "latency.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_gate_compared_with_the_existing_champion(quick_env: Quick) -> None:

@@ -21,6 +21,7 @@ share :func:`grade_trace` so "correct" means the same thing everywhere.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, fields
@@ -143,14 +144,21 @@ def deadline_stopped(trace: Trace) -> bool:
 
 
 #: How the executor notes a step whose output it capped to fit the time left.
-_DEADLINE_CAP_NOTE = "deadline: output capped"
+_DEADLINE_CAP_NOTE = re.compile(r"deadline: output capped at (\d+) tokens")
 
 
 def deadline_shortened(trace: Trace) -> bool:
-    """True when a stated deadline skipped a step or capped a step's output to the time left:
-    what a response's ``deadline_cut`` and a summary's ``deadline_cut_rate`` report (the reward
-    penalises only skipped steps, :func:`deadline_stopped`: a capped answer that is worse already
-    earns less)."""
+    """True when a stated deadline skipped a step, or cut a step's answer short: its output was
+    capped to what the time left affords and it used the whole cap (or the worker reported
+    ``finish_reason == "length"``). What a response's ``deadline_cut`` and a summary's
+    ``deadline_cut_rate`` report; the reward penalises only skipped steps
+    (:func:`deadline_stopped`): a cut answer that is worse already earns less."""
     from rl_conductor.trace import _flatten
 
-    return deadline_stopped(trace) or any(_DEADLINE_CAP_NOTE in s.note for s in _flatten(trace.steps))
+    if deadline_stopped(trace):
+        return True
+    for s in _flatten(trace.steps):
+        m = _DEADLINE_CAP_NOTE.search(s.note)
+        if m and (s.finish_reason == "length" or s.output_tokens >= int(m.group(1))):
+            return True
+    return False
