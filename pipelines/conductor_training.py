@@ -67,6 +67,8 @@ def conductor_training(
     sft_examples: int = 0,
     train_limit: int = 0,
     eval_limit: int = 300,
+    eval_max_latency_s: float = 0.0,
+    eval_deadlines: str = "",
     train_overrides: str = "{}",
     seed: int = 0,
     model_name: str = "conductor",
@@ -83,7 +85,9 @@ def conductor_training(
     preset: training preset (tiny | smol | gpu). pool: worker pool for training and evaluation.
     dataset: task set (default: the pool's). reward_preset / cost_weight: reward shape.
     grpo_steps / sft_examples / train_limit / eval_limit / train_overrides (JSON): size of the
-    run. min_accuracy_gain / max_cost_ratio / min_accuracy: the promotion gate.
+    run. eval_max_latency_s: a deadline (seconds, 0 = none) for every request of the evaluation;
+    eval_deadlines: extra deadlines for the latency-vs-accuracy view ("" default, "none", "60,15,5").
+    min_accuracy_gain / max_cost_ratio / min_accuracy: the promotion gate.
     mlflow_tracking_uri: MLflow server (default: sqlite under .conductor/). artifact_root:
     local folder or s3://bucket/prefix for datasets, checkpoints and reports.
     """
@@ -120,6 +124,8 @@ def conductor_training(
         seed=seed,
         artifact_root=artifact_root,
         run_tag=run_tag,
+        max_latency_s=eval_max_latency_s,
+        deadlines=eval_deadlines,
     )
     register = register_conductor(
         model=train.outputs["model"],

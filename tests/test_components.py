@@ -115,6 +115,7 @@ def chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iter
             "report": _artifact(dsl.Markdown, work / "report"),
             "report_html": _artifact(dsl.HTML, work / "report_html"),
             "pareto": _artifact(dsl.Artifact, work / "pareto"),
+            "latency": _artifact(dsl.Artifact, work / "latency"),
             "results": _artifact(dsl.Artifact, work / "results"),
         }
         eval_out = evaluate_conductor.python_func(
@@ -219,11 +220,14 @@ def test_evaluate_conductor_compares_every_policy(chain: Chain) -> None:
     page = Path(chain.eval_outputs["report_html"].path).read_text()
     assert "data:image/png;base64," in page and "<table>" in page
     assert storage.list_files(f"{chain.root}/chain/reports") == [
+        "latency.png",
         "pareto.png",
         "report.html",
         "report.md",
         "results.json",
     ]
+    assert Path(chain.eval_outputs["latency"].path).read_bytes()[:8] == PNG_MAGIC  # issue 13
+    assert "## Under a deadline" in report
 
 
 def test_register_conductor_logs_what_the_gate_and_serving_need(chain_env: Chain) -> None:

@@ -25,6 +25,9 @@ from rl_conductor.evaluation.report import (
     behaviour_rows,
     budget_markdown,
     budget_rows,
+    deadline_markdown,
+    deadline_plot,
+    deadline_rows,
     markdown_table,
     pareto_front,
     pareto_plot,
@@ -63,6 +66,11 @@ BEHAVIOUR_INTRO = (
     "answers (verifies or aggregates), and the share of questions per workflow shape."
 )
 BUDGET_INTRO = "The same test questions under each per-request budget (`max_cost_usd`), side by side."
+DEADLINE_INTRO = (
+    "Latency vs accuracy: the same test questions under each per-request deadline (`max_latency_s`,"
+    " seconds), side by side: accuracy, p95 critical-path latency, and the share of questions whose"
+    " workflow the deadline cut short."
+)
 
 
 def _title(meta: Mapping[str, Any]) -> str:
@@ -74,9 +82,12 @@ def markdown_report(
     meta: Mapping[str, Any],
     png_name: str = "pareto.png",
     budget_summaries: Sequence[dict[str, Any]] = (),
+    deadline_summaries: Sequence[dict[str, Any]] = (),
+    latency_png_name: str = "latency.png",
 ) -> str:
     """The comparison table, the Pareto front, what each policy does, the budget comparison
-    (when ``budget_summaries`` holds runs under budgets) and the run's identifiers as Markdown."""
+    (when ``budget_summaries`` holds runs under budgets), the latency-vs-accuracy view (when
+    ``deadline_summaries`` holds runs under deadlines) and the run's identifiers as Markdown."""
     front = ", ".join(pareto_front(summaries))
     lines = [
         f"# {_title(meta)}",
@@ -105,6 +116,17 @@ def markdown_report(
             budget_markdown(_budgeted(summaries, budget_summaries)),
             "",
         ]
+    if deadline_summaries:
+        lines += [
+            "## Under a deadline",
+            "",
+            DEADLINE_INTRO,
+            "",
+            deadline_markdown(_budgeted(summaries, deadline_summaries)),
+            "",
+            f"![accuracy under deadlines]({latency_png_name})",
+            "",
+        ]
     lines += [f"_{NOTE}_", ""]
     return "\n".join(lines)
 
@@ -120,6 +142,8 @@ def html_report(
     meta: Mapping[str, Any],
     png: bytes,
     budget_summaries: Sequence[dict[str, Any]] = (),
+    deadline_summaries: Sequence[dict[str, Any]] = (),
+    latency_png: bytes = b"",
 ) -> str:
     """A standalone HTML page: the same tables, the front, and the chart inlined."""
     front = set(pareto_front(summaries))
@@ -139,6 +163,12 @@ def html_report(
     if budget_summaries:
         heads, brows = budget_rows(_budgeted(summaries, budget_summaries))
         extra += f"<h2>Under a budget</h2><p>{html.escape(BUDGET_INTRO)}</p>{_html_table(heads, brows)}"
+    if deadline_summaries:
+        heads, drows = deadline_rows(_budgeted(summaries, deadline_summaries))
+        extra += f"<h2>Under a deadline</h2><p>{html.escape(DEADLINE_INTRO)}</p>{_html_table(heads, drows)}"
+        if latency_png:
+            data = base64.b64encode(latency_png).decode("ascii")
+            extra += f"<p><img alt='accuracy under deadlines' src='data:image/png;base64,{data}'></p>"
     return (
         "<!doctype html>\n<html><head><meta charset='utf-8'>"
         f"<title>{title}</title>"
@@ -161,19 +191,41 @@ def write_reports(
     html_path: str | os.PathLike[str],
     png_path: str | os.PathLike[str],
     budget_summaries: Sequence[dict[str, Any]] = (),
+    deadline_summaries: Sequence[dict[str, Any]] = (),
+    latency_png_path: str | os.PathLike[str] | None = None,
 ) -> None:
-    """Write the Pareto PNG, then the Markdown and HTML reports that show it (local paths)."""
-    target = Path(png_path)
-    # matplotlib appends ".png" to a name without a suffix (KFP artifact paths have none)
-    drawn = target if target.suffix == ".png" else target.with_name(target.name + ".png")
-    pareto_plot(
-        summaries, drawn, title=f"{meta.get('pool', '')}: cost vs accuracy (test, n={meta.get('n', '?')})"
+    """Write the Pareto PNG (and, with ``deadline_summaries``, the latency-vs-accuracy PNG at
+    ``latency_png_path``), then the Markdown and HTML reports that show them (local paths)."""
+    title = f"(test, n={meta.get('n', '?')})"
+    target = _draw(
+        png_path,
+        lambda p: pareto_plot(summaries, p, title=f"{meta.get('pool', '')}: cost vs accuracy {title}"),
     )
-    if drawn != target:
-        os.replace(drawn, target)
-    for path, text in (
-        (Path(md_path), markdown_report(summaries, meta, budget_summaries=budget_summaries)),
-        (Path(html_path), html_report(summaries, meta, target.read_bytes(), budget_summaries)),
-    ):
+    latency = b""
+    if deadline_summaries and latency_png_path is not None:
+        rows = _budgeted(summaries, deadline_summaries)
+        drawn = _draw(
+            latency_png_path,
+            lambda p: deadline_plot(
+                rows, p, title=f"{meta.get('pool', '')}: accuracy under deadlines {title}"
+            ),
+        )
+        latency = drawn.read_bytes()
+    md = markdown_report(
+        summaries, meta, budget_summaries=budget_summaries, deadline_summaries=deadline_summaries
+    )
+    page = html_report(summaries, meta, target.read_bytes(), budget_summaries, deadline_summaries, latency)
+    for path, text in ((Path(md_path), md), (Path(html_path), page)):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+
+
+def _draw(path: str | os.PathLike[str], draw: Any) -> Path:
+    """Call ``draw(png_path)`` for ``path``; matplotlib appends ".png" to a name without a suffix
+    (KFP artifact paths have none), so such a chart is drawn beside it and moved in place."""
+    target = Path(path)
+    drawn = target if target.suffix == ".png" else target.with_name(target.name + ".png")
+    draw(drawn)
+    if drawn != target:
+        os.replace(drawn, target)
+    return target

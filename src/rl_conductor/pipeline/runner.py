@@ -139,10 +139,25 @@ PARAMETER_RULES: dict[str, Callable[[str, Any], Any]] = {
     "eval_limit": _at_least(0),
     "seed": _at_least(0),
     "cost_weight": validation.finite,
+    "eval_max_latency_s": validation.non_negative_finite,
+    "eval_deadlines": lambda name, value: _deadlines(name, value),
     "min_accuracy_gain": validation.non_negative_finite,
     "max_cost_ratio": validation.positive_finite,
     "min_accuracy": validation.probability,
 }
+
+
+def _deadlines(name: str, value: Any) -> Any:
+    """``eval_deadlines``: ``""``, ``"none"`` or seconds like ``"60,15,5"`` (each finite, > 0)."""
+    from rl_conductor.pipeline.steps import deadline_parameters
+
+    if not isinstance(value, str):
+        raise validation.InvalidValue(name, value, 'a string like "60,15,5", "none" or ""')
+    try:
+        deadline_parameters(0.0, value)
+    except ValueError as exc:
+        raise validation.InvalidValue(name, value, f'seconds like "60,15,5" ({exc})') from None
+    return value
 
 
 def check_parameter(name: str, value: Any) -> Any:

@@ -59,6 +59,7 @@ __all__ = [
     "RegisterOutcome",
     "SplitInfo",
     "TrainOutcome",
+    "deadline_parameters",
     "default_artifact_root",
     "evaluate_step",
     "parse_overrides",
@@ -77,6 +78,9 @@ __all__ = [
 DEFAULT_MODEL_NAME = "conductor"
 #: Per-request budgets (USD) under which the evaluation re-runs the Conductor and the routers.
 BUDGETS: tuple[float, ...] = (0.002,)
+#: Per-request deadlines (seconds) under which the evaluation re-runs them (latency vs accuracy);
+#: one by default to keep the step short, more with the pipeline's ``eval_deadlines``.
+DEADLINES: tuple[float, ...] = (5.0,)
 SPLITS = ("train", "validation", "test")
 CONDUCTOR_LABEL = "conductor"
 #: Keys of the Conductor's evaluation summary that become MLflow metrics of the version.
@@ -332,15 +336,23 @@ def train_step(
     artifact_root: str = "",
     run_tag: str = "local",
     progress: bool = False,
+    gpus: int = 1,
 ) -> TrainOutcome:
     """Train a Conductor on the prepared train split; the servable folder lands in ``model_dir``.
 
     Empty / None arguments keep the preset's value. The whole training folder (checkpoints
     included) goes to ``<artifact root>/<run tag>/checkpoints``: trained there directly when the
-    root is local, uploaded after training when it is on S3.
+    root is local, uploaded after training when it is on S3. With ``gpus`` > 1 and that many GPUs
+    visible, training runs one process per GPU (``accelerate launch``, training/launch.py).
     """
     from rl_conductor.training.config import load_preset
+    from rl_conductor.training.launch import train_on_all_gpus, visible_gpus
     from rl_conductor.training.train import train
+
+    def run_training(cfg: Any, out: str) -> Any:
+        if gpus > 1 and visible_gpus() >= gpus:
+            return train_on_all_gpus(cfg, out, processes=gpus)
+        return train(cfg, out, progress=progress)
 
     dataset = register_prepared([train_path])
     extra = parse_overrides(overrides)
@@ -364,10 +376,10 @@ def train_step(
         stack.enter_context(_tracking(mlflow_tracking_uri, artifact_root))
         if storage.is_s3(checkpoints):
             work = stack.enter_context(tempfile.TemporaryDirectory(prefix="conductor-train-"))
-            result = train(cfg, work, progress=progress)
+            result = run_training(cfg, work)
             storage.upload_dir(work, checkpoints)
         else:
-            result = train(cfg, checkpoints, progress=progress)
+            result = run_training(cfg, checkpoints)
         out = Path(model_dir)
         if out.exists():
             shutil.rmtree(out)
@@ -410,6 +422,22 @@ class EvalOutcome:
         return out
 
 
+def deadline_parameters(max_latency_s: float, deadlines: str) -> tuple[float | None, tuple[float, ...]]:
+    """The evaluation's deadline settings from pipeline parameters: ``max_latency_s`` 0 means no
+    deadline for the main evaluation; ``deadlines`` is ``""`` (:data:`DEADLINES`), ``"none"`` (no
+    deadline view) or seconds like ``"60,15,5"``. Bad values raise ``ValueError`` naming them."""
+    from rl_conductor.evaluation.report import parse_deadlines
+    from rl_conductor.validation import non_negative_finite
+
+    limit = non_negative_finite("max_latency_s", max_latency_s)
+    text = deadlines.strip()
+    if not text:
+        return (limit or None), DEADLINES
+    if text.lower() == "none":
+        return (limit or None), ()
+    return (limit or None), tuple(d for d in parse_deadlines(text) if d is not None)
+
+
 def evaluate_step(
     *,
     model_dir: str | os.PathLike[str],
@@ -421,6 +449,8 @@ def evaluate_step(
     artifact_root: str = "",
     run_tag: str = "local",
     budgets: Sequence[float] = BUDGETS,
+    deadlines: Sequence[float] = DEADLINES,
+    max_latency_s: float | None = None,
 ) -> EvalOutcome:
     """Run the Conductor and every baseline (routers included) on the prepared test split.
 
@@ -432,7 +462,11 @@ def evaluate_step(
     questions again; the report shows them side by side and ``results.json`` keeps them under
     ``budget_results``. (Single workers under a budget: ``conductor compare --budgets``; left out
     here to keep ``make run`` short: this step took ~580 CPU-seconds on 300 test questions with
-    them, fits included.)
+    them, fits included.) Likewise under each of ``deadlines`` (seconds per request): the
+    report's latency-vs-accuracy view, ``deadline_results`` in ``results.json`` and, when
+    ``outputs`` names ``latency_png``, its chart. ``max_latency_s`` is a deadline for every
+    request of the whole evaluation (None: none), so the gate compares the Conductor with the
+    baselines under the deadline it will be served with.
     """
     from rl_conductor.cli.core import baseline_specs, run_eval
     from rl_conductor.pipeline.report import write_reports
@@ -442,13 +476,23 @@ def evaluate_step(
     missing = [k for k in ("report_md", "report_html", "pareto_png", "results_json") if k not in outputs]
     if missing:
         raise ValueError(f"outputs lacks {missing}")
+    if max_latency_s is not None:
+        positive_finite("max_latency_s", max_latency_s)
+    deadlines = [positive_finite("deadlines", d) for d in deadlines]
     dataset = register_prepared([train_path, test_path])
     tests = read_tasks(test_path)
     split_id = test_split_id(tests, pool, seed)
     conductor_spec = f"conductor:{model_dir}"
     specs = [conductor_spec, *baseline_specs(pool)]
     summaries = run_eval(
-        specs, pool=pool, dataset=dataset, split="test", limit=None, seed=seed, progress=False
+        specs,
+        pool=pool,
+        dataset=dataset,
+        split="test",
+        limit=None,
+        seed=seed,
+        progress=False,
+        max_latency_s=max_latency_s,
     )
     for spec, s in zip(specs, summaries, strict=True):
         s["policy"] = CONDUCTOR_LABEL if spec == conductor_spec else s["policy"]
@@ -465,12 +509,29 @@ def evaluate_step(
             limit=None,
             seed=seed,
             max_cost_usd=amount,
+            max_latency_s=max_latency_s,
             progress=False,
         )
         for spec, s in zip(budget_specs, runs, strict=True):
             s["policy"] = CONDUCTOR_LABEL if spec == conductor_spec else s["policy"]
             s.update(dataset=dataset, test_split_id=split_id, budget=f"{amount:g}")
         budget_summaries += runs
+    deadline_summaries: list[dict[str, Any]] = []
+    for deadline in deadlines:
+        runs = run_eval(
+            budget_specs,
+            pool=pool,
+            dataset=dataset,
+            split="test",
+            limit=None,
+            seed=seed,
+            max_latency_s=deadline,
+            progress=False,
+        )
+        for spec, s in zip(budget_specs, runs, strict=True):
+            s["policy"] = CONDUCTOR_LABEL if spec == conductor_spec else s["policy"]
+            s.update(dataset=dataset, test_split_id=split_id, deadline=f"{deadline:g}")
+        deadline_summaries += runs
     conductor = summaries[0]
     baseline = best_baseline(summaries[1:])
     if baseline is not None:
@@ -483,6 +544,7 @@ def evaluate_step(
         "n": len(tests),
         "seed": seed,
         "best_baseline": baseline,
+        "max_latency_s": max_latency_s,
     }
     write_reports(
         ordered,
@@ -491,8 +553,15 @@ def evaluate_step(
         html_path=outputs["report_html"],
         png_path=outputs["pareto_png"],
         budget_summaries=budget_summaries,
+        deadline_summaries=deadline_summaries,
+        latency_png_path=outputs.get("latency_png"),
     )
-    storage_payload = {"meta": meta, "results": ordered, "budget_results": budget_summaries}
+    storage_payload = {
+        "meta": meta,
+        "results": ordered,
+        "budget_results": budget_summaries,
+        "deadline_results": deadline_summaries,
+    }
     Path(outputs["results_json"]).parent.mkdir(parents=True, exist_ok=True)
     Path(outputs["results_json"]).write_text(json.dumps(storage_payload, indent=2), encoding="utf-8")
     reports = storage.join(run_folder(artifact_root, run_tag), "reports")
@@ -503,6 +572,8 @@ def evaluate_step(
         "results_json": "results.json",
     }
     uris = {}
+    if deadline_summaries and outputs.get("latency_png"):
+        names["latency_png"] = "latency.png"
     for key, filename in names.items():
         uris[key] = storage.join(reports, filename)
         storage.write_bytes(uris[key], Path(outputs[key]).read_bytes())
