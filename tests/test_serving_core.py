@@ -143,3 +143,32 @@ def test_response_step_with_substeps_adds_up() -> None:
     doc = step_document(outer)
     assert doc["cost_usd"] == pytest.approx(0.002)
     assert doc["substeps"][0]["attempts"][0]["worker"] == "w"
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"max_cost_usd": 1e303},
+        {"max_cost_usd": 10**400},
+        {"max_latency_s": 1e308},
+        {"max_steps": True},
+        {"max_steps": "3"},
+        {"question": "\u200b"},
+        {"question": "\x00 \u2060"},
+    ],
+)
+def test_absurd_or_disguised_values_are_request_errors(field: dict) -> None:
+    from rl_conductor.serving_core import RequestError, parse_request
+
+    with pytest.raises(RequestError):
+        parse_request({"question": "What is 2 + 2?", **field})
+
+
+def test_huge_limits_are_invalid_values_not_overflows() -> None:
+    from rl_conductor.trace import Limits
+    from rl_conductor.validation import InvalidValue
+
+    for kwargs in ({"max_cost_usd": 1e303}, {"max_latency_s": 1e308}, {"step_timeout_s": 1e300}):
+        with pytest.raises(InvalidValue):
+            Limits(**kwargs)
+    assert Limits(max_cost_usd=1e6, max_latency_s=1e7).max_cost_usd == 1e6

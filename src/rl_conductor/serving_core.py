@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+import unicodedata
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -29,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rl_conductor.reward import deadline_shortened
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits, StepRecord
-from rl_conductor.validation import InvalidValue, positive_finite
+from rl_conductor.validation import MAX_SECONDS, MAX_USD, InvalidValue, integer_at_least, positive_finite
 
 if TYPE_CHECKING:
     from rl_conductor.policies.base import Episode
@@ -61,8 +62,9 @@ class ConductorRequest(BaseModel):
     @field_validator("question")
     @classmethod
     def _question(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("the question is blank (only whitespace)")
+        # blank also when only invisible characters (zero-width spaces, NUL, other controls/formats)
+        if not "".join(c for c in v if unicodedata.category(c)[0] not in "CZ").strip():
+            raise ValueError("the question is blank (only whitespace or invisible characters)")
         return v
 
     @field_validator("max_cost_usd", mode="before")
@@ -72,9 +74,9 @@ class ConductorRequest(BaseModel):
         if v is None:
             return v
         try:
-            return positive_finite("max_cost_usd", v)
+            return positive_finite("max_cost_usd", v, MAX_USD)
         except InvalidValue:
-            raise ValueError(f"must be a finite number of USD > 0, got {v!r}") from None
+            raise ValueError(f"must be a finite number of USD > 0 and <= {MAX_USD:g}, got {v!r}") from None
 
     @field_validator("max_latency_s", mode="before")
     @classmethod
@@ -82,9 +84,20 @@ class ConductorRequest(BaseModel):
         if v is None:
             return v
         try:
-            return positive_finite("max_latency_s", v)
+            return positive_finite("max_latency_s", v, MAX_SECONDS)
         except InvalidValue:
-            raise ValueError(f"must be a finite number of seconds > 0, got {v!r}") from None
+            raise ValueError(
+                f"must be a finite number of seconds > 0 and <= {MAX_SECONDS:g}, got {v!r}"
+            ) from None
+
+    @field_validator("max_steps", mode="before")
+    @classmethod
+    def _steps(cls, v: Any) -> Any:
+        # strictly an integer: lax mode reads true as 1 and "3" as 3
+        try:
+            return integer_at_least("max_steps", v, 1)
+        except InvalidValue:
+            raise ValueError(f"must be an integer >= 1, got {v!r}") from None
 
     @field_validator("sensitivity")
     @classmethod

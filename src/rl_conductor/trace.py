@@ -68,9 +68,9 @@ class Limits:
 
     def __post_init__(self) -> None:
         if self.max_cost_usd is not None:
-            validation.positive_finite("max_cost_usd", self.max_cost_usd)
+            validation.positive_finite("max_cost_usd", self.max_cost_usd, validation.MAX_USD)
         if self.max_latency_s is not None:
-            validation.positive_finite("max_latency_s", self.max_latency_s)
+            validation.positive_finite("max_latency_s", self.max_latency_s, validation.MAX_SECONDS)
         if self.allowed_workers is not None and not (
             isinstance(self.allowed_workers, frozenset)
             and all(isinstance(n, str) for n in self.allowed_workers)
@@ -81,7 +81,7 @@ class Limits:
         if self.sensitivity not in get_args(Sensitivity):
             raise validation.InvalidValue("sensitivity", self.sensitivity, "'public' or 'private'")
         validation.integer_at_least("max_steps", self.max_steps, 1)
-        validation.positive_finite("step_timeout_s", self.step_timeout_s)
+        validation.positive_finite("step_timeout_s", self.step_timeout_s, validation.MAX_SECONDS)
         validation.integer_at_least("max_tokens", self.max_tokens, MIN_OUTPUT_TOKENS)
         validation.non_negative_finite("temperature", self.temperature)
         validation.integer_at_least("recursion_depth", self.recursion_depth, 0)

@@ -10,6 +10,7 @@ and :class:`rl_conductor.errors.UsageError`, so the CLI shows it in one line (ex
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,11 +27,20 @@ class InvalidValue(UsageError, ValueError):
         super().__init__(f"invalid {name}: {value!r} (expected {expected})")
 
 
+#: Largest budget (USD) and duration (seconds) a limit may state. Far above any real request,
+#: and far below where products with token counts or rates overflow a float.
+MAX_USD = 1e6
+MAX_SECONDS = 1e7
+
+
 def _real(name: str, value: Any, expected: str) -> float:
     # bool is an int in Python; `true` as a budget is a client bug, not $1.
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidValue(name, value, expected)
-    number = float(value)
+    try:
+        number = float(value)
+    except (OverflowError, ValueError):  # 10**400, or a Real that will not convert
+        raise InvalidValue(name, value, expected) from None
     if not math.isfinite(number):
         raise InvalidValue(name, value, expected)
     return number
@@ -41,11 +51,11 @@ def finite(name: str, value: Any) -> float:
     return _real(name, value, "a finite number")
 
 
-def positive_finite(name: str, value: Any) -> float:
-    """A finite number strictly above zero (budgets, timeouts, deadlines)."""
-    expected = "a finite number > 0"
+def positive_finite(name: str, value: Any, maximum: float | None = None) -> float:
+    """A finite number strictly above zero (budgets, timeouts, deadlines), at most ``maximum``."""
+    expected = "a finite number > 0" + (f" and <= {maximum:g}" if maximum is not None else "")
     number = _real(name, value, expected)
-    if number <= 0:
+    if number <= 0 or (maximum is not None and number > maximum):
         raise InvalidValue(name, value, expected)
     return number
 
@@ -71,9 +81,9 @@ def probability(name: str, value: Any) -> float:
 def integer_at_least(name: str, value: Any, minimum: int) -> int:
     """An integer >= ``minimum`` (counts, steps, token limits)."""
     expected = f"an integer >= {minimum}"
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise InvalidValue(name, value, expected)
-    return value
+    return int(value)
 
 
 def one_of(name: str, value: Any, choices: Sequence[str]) -> str:
