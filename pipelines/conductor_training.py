@@ -70,6 +70,7 @@ def conductor_training(
     eval_max_latency_s: float = 0.0,
     eval_deadlines: str = "",
     train_overrides: str = "{}",
+    train_gpus: int = 1,
     seed: int = 0,
     model_name: str = "conductor",
     min_accuracy_gain: float = 0.0,
@@ -85,7 +86,8 @@ def conductor_training(
     preset: training preset (tiny | smol | gpu). pool: worker pool for training and evaluation.
     dataset: task set (default: the pool's). reward_preset / cost_weight: reward shape.
     grpo_steps / sft_examples / train_limit / eval_limit / train_overrides (JSON): size of the
-    run. eval_max_latency_s: a deadline (seconds, 0 = none) for every request of the evaluation;
+    run. train_gpus: GPUs of the training step (more than one: a training process per GPU).
+    eval_max_latency_s: a deadline (seconds, 0 = none) for every request of the evaluation;
     eval_deadlines: extra deadlines for the latency-vs-accuracy view ("" default, "none", "60,15,5").
     min_accuracy_gain / max_cost_ratio / min_accuracy: the promotion gate.
     mlflow_tracking_uri: MLflow server (default: sqlite under .conductor/). artifact_root:
@@ -110,12 +112,13 @@ def conductor_training(
         grpo_steps=grpo_steps,
         sft_examples=sft_examples,
         train_overrides=train_overrides,
+        gpus=train_gpus,
         seed=seed,
         mlflow_tracking_uri=mlflow_tracking_uri,
         artifact_root=artifact_root,
         run_tag=run_tag,
     )
-    train.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(1)
+    train.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(train_gpus)
     evaluation = evaluate_conductor(
         model=train.outputs["model"],
         train_data=data.outputs["train_data"],

@@ -239,7 +239,12 @@ def test_compiled_yaml_asks_for_a_gpu_and_secrets_only_where_needed() -> None:
     spec, platform = _compiled()
     train = spec["deploymentSpec"]["executors"]["exec-train-conductor"]["container"]
     assert train["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
-    assert train["resources"]["accelerator"]["resourceCount"] == "1"
+    # the GPU count is the train_gpus parameter (default 1), one training process per GPU
+    assert (
+        train["resources"]["accelerator"]["resourceCount"]
+        == "{{$.inputs.parameters['pipelinechannel--train_gpus']}}"
+    )
+    assert spec["root"]["inputDefinitions"]["parameters"]["train_gpus"]["defaultValue"] == 1
     others = [b for k, b in spec["deploymentSpec"]["executors"].items() if k != "exec-train-conductor"]
     assert all("resources" not in b["container"] for b in others)
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]

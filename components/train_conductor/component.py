@@ -23,6 +23,7 @@ def train_conductor(
     grpo_steps: int = 0,
     sft_examples: int = 0,
     train_overrides: str = "{}",
+    gpus: int = 1,
     seed: int = 0,
     mlflow_tracking_uri: str = "",
     artifact_root: str = "",
@@ -33,7 +34,8 @@ def train_conductor(
     Empty strings, 0 and a negative ``cost_weight`` keep the preset's value;
     ``train_overrides`` is a JSON object of any other TrainConfig fields. ``model`` receives the
     servable folder (weights, tokenizer, ``conductor.json``, prompt templates); the whole
-    training folder goes to ``<artifact_root>/<run_tag>/checkpoints``.
+    training folder goes to ``<artifact_root>/<run_tag>/checkpoints``. ``gpus`` > 1 trains one
+    process per GPU (``accelerate launch``) when the node gives the step that many.
     """
     from collections import namedtuple
 
@@ -49,6 +51,7 @@ def train_conductor(
         grpo_steps=grpo_steps or None,
         sft_examples=sft_examples or None,
         overrides=train_overrides,
+        gpus=gpus,
         seed=seed,
         mlflow_tracking_uri=mlflow_tracking_uri,
         artifact_root=artifact_root,

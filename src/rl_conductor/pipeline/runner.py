@@ -137,6 +137,7 @@ PARAMETER_RULES: dict[str, Callable[[str, Any], Any]] = {
     "sft_examples": _at_least(0),
     "train_limit": _at_least(0),
     "eval_limit": _at_least(0),
+    "train_gpus": _at_least(1),
     "seed": _at_least(0),
     "cost_weight": validation.finite,
     "eval_max_latency_s": validation.non_negative_finite,
