@@ -411,3 +411,147 @@ def test_a_power_tower_returns_wrong_off_the_main_thread() -> None:
         future = pool.submit(grade, make("7", "math"), "\\boxed{9^{9^{9}}}")
         assert future.result(timeout=120) is False  # a bound on hanging, not a speed test
         assert pool.submit(grade, HALF, "\\boxed{0.5}").result(timeout=120)  # the helper restarted
+
+
+# --------------------------------------------------------------------------- outside review of the graders
+
+
+def _llmrouter_sammy() -> Task:
+    from rl_conductor.tasks.datasets import load_tasks
+
+    return next(t for t in load_tasks("llmrouter") if t.grader == "qa" and t.answer == "Sammy Davis, Jr")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Answer: Berlin Sammy Davis, Jr Madrid",
+        "Answer: Sammy Davis, Jr is wrong",
+        "Answer: maybe Sammy Davis, Jr maybe Rome",
+    ],
+)
+def test_qa_candidate_lists_and_negations_of_a_real_gold_are_wrong(text: str) -> None:
+    assert not grade(_llmrouter_sammy(), text)
+
+
+def test_qa_real_gold_answered_plainly_passes() -> None:
+    assert grade(_llmrouter_sammy(), "Answer: Sammy Davis, Jr")
+    assert grade(_llmrouter_sammy(), "It was sung by Sammy Davis Jr.")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Answer: Paris London",
+        "Answer: London Paris",
+        "Paris | London",
+        "Paris? London?",
+        "Paris + London",
+        "Paris is incorrect",
+        "it is unlikely to be Paris",
+        "Paris (wrong)",
+        "It is probably Paris",
+    ],
+)
+def test_qa_answers_with_more_than_the_gold_are_wrong(text: str) -> None:
+    assert not grade(PARIS, text)
+
+
+@pytest.mark.parametrize(
+    "text", ["Answer: Paris", "The answer is Paris.", "**Paris**", "Paris?", "It is Paris."]
+)
+def test_qa_honest_forms_pass(text: str) -> None:
+    assert grade(PARIS, text)
+
+
+def test_qa_gold_with_a_hedge_word_still_passes_as_the_answer() -> None:
+    assert grade(make("Simon and Garfunkel", "qa"), "Answer: Simon and Garfunkel")
+
+
+MC_C = make("C", "choice", choices=["1", "2", "3", "4"])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The answer is C A B D",
+        "Answer: C. A. B. D.",
+        "Answer: C (or possibly A)",
+        "Answer: C and/or D",
+        "Answer: C|D",
+        "Answer: C (D)",
+        "Answer: C, unless it is D",
+        "Answer: C\nA\nB\nD",
+    ],
+)
+def test_choice_final_answers_naming_other_letters_are_wrong(text: str) -> None:
+    assert extract_answer(MC_C, text) is None
+    assert not grade(MC_C, text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Answer: C, a guess",
+        "The answer is C; a quick check confirms it.",
+        "Answer: C. A is tempting but wrong.",
+    ],
+)
+def test_choice_the_article_a_is_not_option_a(text: str) -> None:
+    assert grade(MC_C, text)
+
+
+CELL = make("B", "choice", choices=["nucleus", "mitochondrion", "ribosome", "golgi"])
+
+
+@pytest.mark.parametrize(
+    ("text", "letter"),
+    [
+        ("B) mitochondrion", "B"),
+        ("(B) mitochondrion", "B"),
+        ("Thinking...\nB. mitochondrion", "B"),
+        ("B) mitochondrion or C) ribosome", None),
+    ],
+)
+def test_choice_a_final_line_with_letter_and_text(text: str, letter: str | None) -> None:
+    assert extract_answer(CELL, text) == letter
+    assert grade(CELL, text) is (letter == "B")
+
+
+def test_choice_real_mmlu_task_hedges_are_wrong() -> None:
+    from rl_conductor.tasks.datasets import load_tasks
+
+    task = load_tasks("mmlu_stem")[0]
+    assert task.answer == "C"
+    assert grade(task, "Answer: C")
+    assert not grade(task, "The answer is C A B D")
+    assert not grade(task, "Answer: C (or possibly A)")
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("\\boxed{5 \\Rightarrow 9}", False),
+        ("\\boxed{0 \\to 9}", False),
+        ("\\boxed{0 \\equiv 9}", False),
+        ("\\boxed{5 \\rightarrow 9}", False),
+        ("\\boxed{5 \\implies 9}", False),
+        ("\\boxed{x \\geq 9}", False),
+        ("\\boxed{\\left(9\\right)}", True),
+        ("\\boxed{9}", True),
+    ],
+)
+def test_math_relations_and_arrows_are_not_their_right_hand_side(text: str, ok: bool) -> None:
+    assert grade(make("9", "math"), text) is ok
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [("\\boxed{f(5) = 7}", True), ("\\boxed{g\\left(2\\right) = 7}", True), ("\\boxed{5(2) = 7}", False)],
+)
+def test_math_a_function_application_may_name_the_answer(text: str, ok: bool) -> None:
+    assert grade(make("7", "math"), text) is ok
+
+
+def test_math_relation_gold_is_still_compared() -> None:
+    assert grade(make("x \\leq 3", "math"), "\\boxed{x \\le 3}")

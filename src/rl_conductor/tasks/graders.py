@@ -6,18 +6,23 @@ Four graders, chosen by ``Task.grader``:
   the last "answer is" / "Answer:", else a short final line, else the last number. Gold and
   prediction are parsed by ``math-verify`` and compared symbolically (``1/2 == 0.5 ==
   \\frac{1}{2}``, ``18 == 18.0 == $18``). An equation counts only as ``variable = value``
-  (``\\boxed{5 = 7}`` is not 7) and "7 or 8" is wrong, unless the gold has that shape.
+  or function application ``f(5) = value`` (``\\boxed{5 = 7}`` is not 7), a relation or arrow
+  (``5 \\Rightarrow 9``, ``0 \\equiv 9``) is not its right-hand side, and "7 or 8" is wrong,
+  unless the gold has that shape.
   math-verify runs in a helper process, so every call has a hard time limit in any thread.
 * ``choice``: a letter A-J from ``\\boxed{C}``, "answer is (C)", "Answer: C", a final line that
   is a lone letter, or, failing those, the last "(C)"; an answer that repeats one option's text
-  maps to that option's letter. Compared with the gold letter. A reply that names several
-  options ("A or B", ``\\boxed{A, B}``, "(A) (B) (C) (D)") has no answer.
+  maps to that option's letter; a final line "B) text" is B. Compared with the gold letter. A
+  reply that names several options ("A or B", "C A B D", "C (or possibly A)", ``\\boxed{A, B}``,
+  "(A) (B) (C) (D)") has no answer. Options are upper-case letters standing alone: the article
+  "a" is not option A, and "A. B is wrong because ..." is a remark after the answer A.
 * ``qa``: SQuAD-style normalisation (lower case, no punctuation, no articles, single spaces);
-  correct when the extracted final answer, or the whole reply, equals a gold alias, or when a
-  short final answer (at most ``QA_MAX_EXTRA_TOKENS`` words longer than the alias) contains the
-  alias as a whole-word phrase and nothing that makes it a list, an alternative or a negation
-  ("Paris or London", "not Paris"). Aliases come from ``metadata["aliases"]`` (a list) or from
-  ``Task.answer`` split on ``ALIAS_SEP``.
+  correct when the extracted final answer, or the whole reply, equals a gold alias, or when the
+  final answer is the alias after a short neutral lead-in (at most ``QA_MAX_EXTRA_TOKENS`` words
+  ending in a linking word: "It was sung by ...", "It is ...") and nothing after it. A list, an
+  alternative, a negation or a hedge ("Paris London", "Paris | London", "not Paris", "Paris is
+  incorrect", "it is unlikely to be Paris") is wrong. Aliases come from ``metadata["aliases"]``
+  (a list) or from ``Task.answer`` split on ``ALIAS_SEP``.
 * ``code``: the last fenced Python block (the last one defining the entry point, if several),
   or the whole reply, is loaded in a bubblewrap sandbox and the task's tests run against it from
   a second sandbox (:func:`rl_conductor.tasks.sandbox.run_tests`); a pass is the test runner's
@@ -64,7 +69,7 @@ MATH_HARD_TIMEOUT_S = 6.0
 MATH_START_TIMEOUT_S = 120.0
 #: Delimiter between gold aliases in ``Task.answer`` for the ``qa`` grader.
 ALIAS_SEP = "|||"
-#: A qa answer may be this many words longer than the alias it contains.
+#: A qa answer may have a lead-in of at most this many words before the alias ("It was sung by").
 QA_MAX_EXTRA_TOKENS = 6
 #: Default sandbox limits for code tasks (``metadata["timeout_s"]`` overrides the timeout).
 CODE_TIMEOUT_S = 6.0
@@ -381,13 +386,25 @@ def _math_key(cand: str) -> str:
         return " ".join(cand.split())
 
 
-_VARIABLE = re.compile(r"^(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?$")
+_VARIABLE = re.compile(
+    r"^(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?"
+    r"(?:\s*(?:\(|\\left\()[^()=]*(?:\)|\\right\)))?$"  # f(5), a_{n}(x): a function application
+)
+#: Relations and arrows: ``5 \Rightarrow 9`` or ``0 \equiv 9`` is not the answer 9.
+_RELATION = re.compile(
+    r"\\(?:Rightarrow|rightarrow|Longrightarrow|longrightarrow|Leftarrow|leftarrow|Leftrightarrow"
+    r"|leftrightarrow|implies|impliedby|iff|to|gets|mapsto|equiv|neq|ne|leq|geq|le|ge|lt|gt|sim|cong"
+    r"|propto)(?![A-Za-z])|[<>→⇒⟹↦≡≠≤≥]|->|=>"
+)
 
 
 def _unhedged_math(cand: str, gold: str) -> str | None:
-    """The candidate to compare, or None when it hedges: an equation whose left side is not a
-    lone variable (``5 = 7`` is not 7; ``x = 7`` is) or an "or" of alternatives, unless the
-    gold answer itself has that shape."""
+    """The candidate to compare, or None when it hedges: a relation or arrow (``5 \\to 9``), an
+    equation whose left side is not a lone variable or function application (``5 = 7`` is not 7;
+    ``x = 7`` and ``f(5) = 7`` are) or an "or" of alternatives, unless the gold answer itself has
+    that shape."""
+    if _RELATION.search(cand) and not _RELATION.search(gold):
+        return None
     if "=" in cand and "=" not in gold:
         parts = cand.split("=")
         if len(parts) != 2 or not _VARIABLE.match(parts[0].strip()) or not parts[1].strip():
@@ -446,16 +463,18 @@ def _letters_for(task: Task) -> str:
     return LETTERS[:n] if 0 < n <= len(LETTERS) else LETTERS
 
 
-def _another_option(after: str, cls: str) -> bool:
-    """True when the text right after a named option names another one ("A or B", "A, B, C")."""
-    return (
-        re.match(
-            rf"\)?\s*(?:[,/&;]|\bor\b|\band\b|\bvs\.?|\bversus\b)\s*(?:option\s+|choice\s+)?\(?{cls}\)?(?![A-Za-z0-9])",
-            after,
-            flags=re.IGNORECASE,
-        )
-        is not None
-    )
+def _another_option(after: str, cls: str, letter: str, *, remarks: bool = True) -> bool:
+    """True when the text after a named option names another one: "A or B", "C A B D",
+    "C (or possibly A)", "C, unless it is D", "C\\nA\\nB". An option is an upper-case letter
+    standing alone (the article "a" is not option A); one that starts a sentence about it
+    ("A. B is wrong because ...") is a remark, not a second answer, unless ``remarks`` is False."""
+    for m in re.finditer(rf"(?<![A-Za-z0-9\\])\(?({cls})\)?(?![A-Za-z0-9'’])", after):
+        if m.group(1) == letter:
+            continue
+        if remarks and re.match(r"[ \t]+[a-z]", after[m.end() :]):
+            continue  # "B is wrong", "(A) refers to ..."
+        return True
+    return False
 
 
 def _choice_letter(task: Task, text: str) -> str | None:
@@ -482,7 +501,7 @@ def _choice_letter(task: Task, text: str) -> str | None:
         if m.group(1) in letters:
             said = m
     if said is not None:
-        if _another_option(text[said.end() :], cls):
+        if _another_option(text[said.end() :], cls, said.group(1)):
             return None  # "Answer: A or B", "The answer is A, B, C or D."
         return said.group(1)
     final = _final_line(text)
@@ -490,6 +509,12 @@ def _choice_letter(task: Task, text: str) -> str | None:
         m = re.fullmatch(rf"[*\s]*\(?({cls})\)?[.:)]?[*\s]*", final)
         if m:
             return m.group(1)
+        # "B) mitochondrion", "(B) mitochondrion", "B. mitochondrion"
+        m = re.match(rf"[*\s]*(?:\(({cls})\)|({cls})[.)])[*\s]+\S", final)
+        if m:
+            letter = m.group(1) or m.group(2)
+            if not _another_option(final[m.end() - 1 :], cls, letter, remarks=False):
+                return letter
     opts = choice_texts(task)
     if opts:
         spoken = _last_answer_is(text) or final
@@ -562,14 +587,23 @@ def _qa_candidate(text: str) -> str | None:
 
 #: Words that turn a reply containing the gold answer into a hedge or a negation of it.
 _HEDGE_WORDS = frozenset(
-    {"or", "nor", "not", "no", "neither", "either", "never", "and", "vs", "versus", "isnt", "wasnt"}
+    {
+        "or", "nor", "not", "no", "neither", "either", "never", "and", "vs", "versus", "isnt", "wasnt",
+        "arent", "werent", "cannot", "cant", "couldnt", "wouldnt", "doesnt", "dont", "didnt", "wrong",
+        "incorrect", "false", "unlikely", "likely", "probably", "maybe", "perhaps", "possibly",
+        "guess", "might", "could", "unsure", "doubt", "except", "unless", "rather", "instead",
+    }
+)  # fmt: skip
+#: Words a lead-in before the gold answer may end with ("It was sung by ...", "It is ...").
+_LEAD_IN_ENDS = frozenset(
+    {"is", "was", "are", "were", "be", "by", "of", "in", "at", "from", "called", "named", "its", "answer"}
 )
 _LIST_SEP = ","  # normalisation removes every comma, so this token only ever marks a separator
 
 
 def _tokens_with_separators(s: str) -> list[str]:
-    """Normalised tokens, with list separators (, ; / &) kept as a token of their own."""
-    marked = normalize_text(re.sub(r"[,;/&]", " qqlistsepqq ", s)).split()
+    """Normalised tokens, with list separators (, ; / & | + ? ( ) and dashes) kept as a token."""
+    marked = normalize_text(re.sub(r"[,;/&|+?()\[\]]|\s[-–—]+\s", " qqlistsepqq ", s)).split()
     return [_LIST_SEP if t == "qqlistsepqq" else t for t in marked]
 
 
@@ -589,18 +623,26 @@ def _find_phrase(hay: list[str], needle: list[str]) -> tuple[int, int] | None:
 
 
 def _contains_unhedged(cand_text: str, gold: str) -> bool:
-    """``cand_text`` holds the gold phrase, at most ``QA_MAX_EXTRA_TOKENS`` words more, and nothing
-    that makes it a list ("London, Paris"), an alternative ("Paris or London") or a negation
-    ("not Paris") — unless those words are part of the gold answer itself."""
+    """``cand_text`` is the gold phrase after a short neutral lead-in and nothing after it.
+
+    The lead-in has at most ``QA_MAX_EXTRA_TOKENS`` words and ends with a linking word ("It was
+    sung by Sammy Davis Jr", "It is Paris"). Anything after the gold ("Paris London", "Paris is
+    incorrect", "Paris (wrong)"), a lead-in that is another answer ("London Paris"), a list
+    separator ("London, Paris") or a hedge or negation word ("not Paris", "it is unlikely to be
+    Paris") makes it wrong — unless those words are part of the gold answer itself."""
     gtoks = gold.split()
     hay = _tokens_with_separators(cand_text)
+    while hay and hay[-1] == _LIST_SEP and (not gtoks or gtoks[-1] != _LIST_SEP):
+        hay.pop()  # a trailing "?" or ")" after the answer
     span = _find_phrase(hay, gtoks)
-    if span is None:
+    if span is None or span[1] != len(hay):
         return False
-    rest = hay[: span[0]] + hay[span[1] :]
-    if len([t for t in rest if t != _LIST_SEP]) > QA_MAX_EXTRA_TOKENS:
+    lead = hay[: span[0]]
+    if len(lead) > QA_MAX_EXTRA_TOKENS:
         return False
-    return not any(t == _LIST_SEP or t in _HEDGE_WORDS for t in rest)
+    if lead and lead[-1] not in _LEAD_IN_ENDS:
+        return False
+    return not any(t == _LIST_SEP or t in _HEDGE_WORDS for t in lead)
 
 
 @dataclass(frozen=True)
