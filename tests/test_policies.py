@@ -224,6 +224,7 @@ SUMMARY_KEYS = {
     "p95_latency_s",
     "parse_rate",
     "fallback_rate",
+    "deadline_cut_rate",
     "mean_reward",
     "verify_rate",
     "worker_shares",
