@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,13 +180,18 @@ def behaviour_markdown(summaries: Sequence[dict[str, Any]]) -> str:
 # --------------------------------------------------------------------------- budgets
 
 
-def budget_label(value: float | None) -> str:
-    """``none`` for no budget, else the amount as written (``0.002``)."""
+def limit_label(value: float | None) -> str:
+    """``none`` for no limit, else the value as written (``0.002``, ``15``)."""
     return "none" if value is None else f"{value:g}"
 
 
-def parse_budgets(text: str) -> list[float | None]:
-    """``none,0.002`` → ``[None, 0.002]``; each amount a finite number > 0."""
+budget_label = limit_label
+deadline_label = limit_label
+
+
+def _parse_limits(text: str, name: str, example: str, unit: str = "") -> list[float | None]:
+    """``none,a,b`` → ``[None, a, b]`` (duplicates dropped), each a finite number > 0; ``unit``
+    may follow a number (``15s``). Bad values raise the shared validation error naming them."""
     from rl_conductor.validation import positive_finite
 
     out: list[float | None] = []
@@ -197,56 +202,74 @@ def parse_budgets(text: str) -> list[float | None]:
             out.append(None)
             continue
         try:
-            value = float(part)
+            value = float(part.removesuffix(unit) if unit else part)
         except ValueError:
             value = part  # type: ignore[assignment]  # positive_finite names the bad value
-        out.append(positive_finite("budget", value))
+        out.append(positive_finite(name, value))
     if not out:
-        raise ValueError(f"no budgets in {text!r}: write e.g. none,0.002")
+        raise ValueError(f"no {name}s in {text!r}: write e.g. {example}")
     return list(dict.fromkeys(out))
 
 
-def budget_rows(summaries: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Per policy, accuracy / cost / workers chosen under each budget, side by side."""
-    budgets = list(dict.fromkeys(str(s.get("budget", "none")) for s in summaries))
+def parse_budgets(text: str) -> list[float | None]:
+    """``none,0.002`` → ``[None, 0.002]``; each amount a finite number > 0."""
+    return _parse_limits(text, "budget", "none,0.002")
+
+
+Column = tuple[str, Callable[[dict[str, Any]], str]]
+
+
+def _side_by_side(
+    summaries: Sequence[dict[str, Any]], key: str, columns: Sequence[Column]
+) -> tuple[list[str], list[list[str]]]:
+    """One row per policy, ``columns`` repeated for each value of ``key`` (budget, deadline)."""
+    values = list(dict.fromkeys(str(s.get(key, "none")) for s in summaries))
     by_policy: dict[str, dict[str, dict[str, Any]]] = {}
     for s in summaries:
-        by_policy.setdefault(s["policy"], {})[str(s.get("budget", "none"))] = s
-    heads = ["policy"]
-    for b in budgets:
-        heads += [f"acc % @{b}", f"cost $ @{b}", f"workers @{b}"]
-    rows = []
-    for policy, per in by_policy.items():
-        row = [policy]
-        for b in budgets:
-            s = per.get(b, {})
-            row += [
-                _fmt("{:.1%}", s.get("accuracy")),
-                _fmt("{:.5f}", s.get("mean_cost_usd")),
-                _top(s.get("worker_shares"), 2),
-            ]
-        rows.append(row)
+        by_policy.setdefault(s["policy"], {})[str(s.get(key, "none"))] = s
+    heads = ["policy"] + [f"{head} @{v}" for v in values for head, _ in columns]
+    rows = [
+        [policy] + [cell(per.get(v, {})) for v in values for _, cell in columns]
+        for policy, per in by_policy.items()
+    ]
     return heads, rows
 
 
-def budget_table(
-    summaries: Sequence[dict[str, Any]], title: str = "the same questions under each budget"
-) -> Table:
-    heads, rows = budget_rows(summaries)
+def _rich(heads: list[str], rows: list[list[str]], title: str, left: tuple[str, ...]) -> Table:
     table = Table(title=title)
     for h in heads:
-        table.add_column(
-            h, no_wrap=h == "policy", justify="left" if h.startswith(("policy", "workers")) else "right"
-        )
+        table.add_column(h, no_wrap=h == "policy", justify="left" if h.startswith(left) else "right")
     for row in rows:
         table.add_row(*row)
     return table
 
 
-def budget_markdown(summaries: Sequence[dict[str, Any]]) -> str:
-    heads, rows = budget_rows(summaries)
-    sep = "|" + "|".join("---" if h.startswith(("policy", "workers")) else "---:" for h in heads) + "|"
+def _markdown(heads: list[str], rows: list[list[str]], left: tuple[str, ...]) -> str:
+    sep = "|" + "|".join("---" if h.startswith(left) else "---:" for h in heads) + "|"
     return "\n".join(["| " + " | ".join(heads) + " |", sep, *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+_BUDGET_COLUMNS: tuple[Column, ...] = (
+    ("acc %", lambda s: _fmt("{:.1%}", s.get("accuracy"))),
+    ("cost $", lambda s: _fmt("{:.5f}", s.get("mean_cost_usd"))),
+    ("workers", lambda s: _top(s.get("worker_shares"), 2)),
+)
+_BUDGET_LEFT = ("policy", "workers")
+
+
+def budget_rows(summaries: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Per policy, accuracy / cost / workers chosen under each budget, side by side."""
+    return _side_by_side(summaries, "budget", _BUDGET_COLUMNS)
+
+
+def budget_table(
+    summaries: Sequence[dict[str, Any]], title: str = "the same questions under each budget"
+) -> Table:
+    return _rich(*budget_rows(summaries), title, _BUDGET_LEFT)
+
+
+def budget_markdown(summaries: Sequence[dict[str, Any]]) -> str:
+    return _markdown(*budget_rows(summaries), _BUDGET_LEFT)
 
 
 def budget_plot(
@@ -290,72 +313,37 @@ def budget_plot(
 # --------------------------------------------------------------------------- deadlines
 
 
-def deadline_label(value: float | None) -> str:
-    """``none`` for no deadline, else the seconds as written (``15``)."""
-    return "none" if value is None else f"{value:g}"
-
-
 def parse_deadlines(text: str) -> list[float | None]:
     """``none,60,15,5`` → ``[None, 60.0, 15.0, 5.0]``; each deadline a finite number of seconds > 0."""
-    from rl_conductor.validation import positive_finite
+    return _parse_limits(text, "deadline", "none,60,15,5", unit="s")
 
-    out: list[float | None] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        if part.lower() == "none":
-            out.append(None)
-            continue
-        try:
-            value = float(part.removesuffix("s"))
-        except ValueError:
-            value = part  # type: ignore[assignment]  # positive_finite names the bad value
-        out.append(positive_finite("deadline", value))
-    if not out:
-        raise ValueError(f"no deadlines in {text!r}: write e.g. none,60,15,5")
-    return list(dict.fromkeys(out))
+
+_DEADLINE_COLUMNS: tuple[Column, ...] = (
+    ("acc %", lambda s: _fmt("{:.1%}", s.get("accuracy"))),
+    ("p95 s", lambda s: _fmt("{:.1f}", s.get("p95_latency_s"))),
+    (
+        "cut %",
+        lambda s: _fmt(
+            "{:.0f}", None if s.get("deadline_cut_rate") is None else 100 * s["deadline_cut_rate"]
+        ),
+    ),
+)
 
 
 def deadline_rows(summaries: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Per policy, accuracy / p95 critical-path latency / share of questions the deadline cut,
     under each deadline, side by side."""
-    deadlines = list(dict.fromkeys(str(s.get("deadline", "none")) for s in summaries))
-    by_policy: dict[str, dict[str, dict[str, Any]]] = {}
-    for s in summaries:
-        by_policy.setdefault(s["policy"], {})[str(s.get("deadline", "none"))] = s
-    heads = ["policy"]
-    for d in deadlines:
-        heads += [f"acc % @{d}", f"p95 s @{d}", f"cut % @{d}"]
-    rows = []
-    for policy, per in by_policy.items():
-        row = [policy]
-        for d in deadlines:
-            s = per.get(d, {})
-            row += [
-                _fmt("{:.1%}", s.get("accuracy")),
-                _fmt("{:.1f}", s.get("p95_latency_s")),
-                _fmt("{:.0f}", None if s.get("deadline_cut_rate") is None else 100 * s["deadline_cut_rate"]),
-            ]
-        rows.append(row)
-    return heads, rows
+    return _side_by_side(summaries, "deadline", _DEADLINE_COLUMNS)
 
 
 def deadline_table(
     summaries: Sequence[dict[str, Any]], title: str = "the same questions under each deadline (s)"
 ) -> Table:
-    heads, rows = deadline_rows(summaries)
-    table = Table(title=title)
-    for h in heads:
-        table.add_column(h, no_wrap=h == "policy", justify="left" if h == "policy" else "right")
-    for row in rows:
-        table.add_row(*row)
-    return table
+    return _rich(*deadline_rows(summaries), title, ("policy",))
 
 
 def deadline_markdown(summaries: Sequence[dict[str, Any]]) -> str:
-    heads, rows = deadline_rows(summaries)
-    sep = "|" + "|".join("---" if h == "policy" else "---:" for h in heads) + "|"
-    return "\n".join(["| " + " | ".join(heads) + " |", sep, *("| " + " | ".join(r) + " |" for r in rows)])
+    return _markdown(*deadline_rows(summaries), ("policy",))
 
 
 def deadline_plot(
