@@ -499,39 +499,30 @@ def evaluate_step(
         s["dataset"] = dataset
         s["test_split_id"] = split_id
     budget_specs = [conductor_spec, *(p for p in specs[1:] if p in ("domain-router", "knn"))]
+
+    def rerun(label: dict[str, str], **limits: Any) -> list[dict[str, Any]]:
+        """The Conductor and the routers again on the same questions under other limits."""
+        runs = run_eval(
+            budget_specs,
+            pool=pool,
+            dataset=dataset,
+            split="test",
+            limit=None,
+            seed=seed,
+            progress=False,
+            **limits,
+        )
+        for spec, s in zip(budget_specs, runs, strict=True):
+            s["policy"] = CONDUCTOR_LABEL if spec == conductor_spec else s["policy"]
+            s.update(dataset=dataset, test_split_id=split_id, **label)
+        return runs
+
     budget_summaries: list[dict[str, Any]] = []
     for amount in (positive_finite("budgets", b) for b in budgets):
-        runs = run_eval(
-            budget_specs,
-            pool=pool,
-            dataset=dataset,
-            split="test",
-            limit=None,
-            seed=seed,
-            max_cost_usd=amount,
-            max_latency_s=max_latency_s,
-            progress=False,
-        )
-        for spec, s in zip(budget_specs, runs, strict=True):
-            s["policy"] = CONDUCTOR_LABEL if spec == conductor_spec else s["policy"]
-            s.update(dataset=dataset, test_split_id=split_id, budget=f"{amount:g}")
-        budget_summaries += runs
+        budget_summaries += rerun({"budget": f"{amount:g}"}, max_cost_usd=amount, max_latency_s=max_latency_s)
     deadline_summaries: list[dict[str, Any]] = []
     for deadline in deadlines:
-        runs = run_eval(
-            budget_specs,
-            pool=pool,
-            dataset=dataset,
-            split="test",
-            limit=None,
-            seed=seed,
-            max_latency_s=deadline,
-            progress=False,
-        )
-        for spec, s in zip(budget_specs, runs, strict=True):
-            s["policy"] = CONDUCTOR_LABEL if spec == conductor_spec else s["policy"]
-            s.update(dataset=dataset, test_split_id=split_id, deadline=f"{deadline:g}")
-        deadline_summaries += runs
+        deadline_summaries += rerun({"deadline": f"{deadline:g}"}, max_latency_s=deadline)
     conductor = summaries[0]
     baseline = best_baseline(summaries[1:])
     if baseline is not None:
