@@ -26,11 +26,7 @@ import httpx2
 
 from rl_conductor.workers.base import Message, WorkerError
 from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, wrap_cache
-from rl_conductor.workers.live.resilience import (
-    MalformedResponseError,
-    TransientWorkerError,
-    classify_status,
-)
+from rl_conductor.workers.live.resilience import MalformedResponseError, classify_sdk_error
 from rl_conductor.workers.live.secrets import redact
 from rl_conductor.workers.pool import PoolConfigError, register_kind
 
@@ -85,20 +81,7 @@ class AnthropicWorker(LiveWorker):
         )
 
     def _classify(self, exc: Exception) -> WorkerError | None:
-        name = self.info.name
-        if isinstance(exc, anthropic.APITimeoutError):
-            return TransientWorkerError(f"{name}: timed out", timed_out=True)
-        if isinstance(exc, anthropic.APIConnectionError):
-            return TransientWorkerError(f"{name}: connection failed: {redact(str(exc))[:200]}")
-        if isinstance(exc, anthropic.APIStatusError):
-            return classify_status(
-                exc.status_code,
-                f"{name}: HTTP {exc.status_code}: {redact(exc.message)[:300]}",
-                dict(exc.response.headers),
-            )
-        if isinstance(exc, anthropic.APIResponseValidationError | ValueError):
-            return MalformedResponseError(f"{name}: malformed response: {redact(str(exc))[:200]}")
-        return None
+        return classify_sdk_error(self.info.name, exc, anthropic)
 
 
 @register_kind("anthropic")

@@ -33,11 +33,7 @@ import openai
 
 from rl_conductor.workers.base import Message, WorkerError
 from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, wrap_cache
-from rl_conductor.workers.live.resilience import (
-    MalformedResponseError,
-    TransientWorkerError,
-    classify_status,
-)
+from rl_conductor.workers.live.resilience import MalformedResponseError, classify_sdk_error
 from rl_conductor.workers.live.secrets import redact
 from rl_conductor.workers.pool import PoolConfigError, register_kind
 
@@ -92,20 +88,7 @@ class OpenAIChatWorker(LiveWorker):
         )
 
     def _classify(self, exc: Exception) -> WorkerError | None:
-        name = self.info.name
-        if isinstance(exc, openai.APITimeoutError):
-            return TransientWorkerError(f"{name}: timed out", timed_out=True)
-        if isinstance(exc, openai.APIConnectionError):
-            return TransientWorkerError(f"{name}: connection failed: {redact(str(exc))[:200]}")
-        if isinstance(exc, openai.APIStatusError):
-            return classify_status(
-                exc.status_code,
-                f"{name}: HTTP {exc.status_code}: {redact(exc.message)[:300]}",
-                dict(exc.response.headers),
-            )
-        if isinstance(exc, openai.APIResponseValidationError | ValueError):
-            return MalformedResponseError(f"{name}: malformed response: {redact(str(exc))[:200]}")
-        return None
+        return classify_sdk_error(self.info.name, exc, openai)
 
 
 @register_kind("openai")

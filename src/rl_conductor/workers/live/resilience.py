@@ -250,3 +250,24 @@ def breaker_from(spec: Mapping[str, Any], options: Mapping[str, Any]) -> Circuit
         failure_threshold=int(raw.get("failure_threshold", 5)),
         reset_after_s=float(raw.get("reset_after_s", 30.0)),
     )
+
+
+def classify_sdk_error(name: str, exc: Exception, sdk: Any) -> WorkerError | None:
+    """Map an exception of a Stainless-generated SDK (``openai``, ``anthropic``: the same error
+    classes) to a transient / permanent / malformed error; None when it is not an API error.
+    Messages are redacted and shortened: they may end up in traces and logs."""
+    from rl_conductor.workers.live.secrets import redact
+
+    if isinstance(exc, sdk.APITimeoutError):
+        return TransientWorkerError(f"{name}: timed out", timed_out=True)
+    if isinstance(exc, sdk.APIConnectionError):
+        return TransientWorkerError(f"{name}: connection failed: {redact(str(exc))[:200]}")
+    if isinstance(exc, sdk.APIStatusError):
+        return classify_status(
+            exc.status_code,
+            f"{name}: HTTP {exc.status_code}: {redact(exc.message)[:300]}",
+            dict(exc.response.headers),
+        )
+    if isinstance(exc, sdk.APIResponseValidationError | ValueError):
+        return MalformedResponseError(f"{name}: malformed response: {redact(str(exc))[:200]}")
+    return None
