@@ -322,3 +322,45 @@ def mlflow_server(
             yield MlflowServer(url=url, artifacts_destination=artifacts_destination)
         finally:
             _stop(proc, grace_s=10.0)
+
+
+def build_tiny_worker_model(out: Path) -> Path:
+    """A very small causal LM (tokenizer on GSM8K questions) for `conductor worker serve` tests."""
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.training.models import build_tiny
+
+    corpus = [t.question for t in load_tasks("gsm8k")[:200]]
+    return build_tiny(
+        corpus, out, vocab_size=512, hidden_size=32, intermediate_size=64, num_attention_heads=2
+    )
+
+
+@contextmanager
+def worker_serve_processes(model_dir: Path, names: tuple[str, ...], logs: Path) -> Iterator[dict[str, int]]:
+    """One real ``conductor worker serve`` process per served name on free loopback ports;
+    yields {served name: port} once each answers ``/openai/v1/models``, stops them after."""
+    ports = free_ports(len(names))
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, port in zip(names, ports, strict=True):
+            cmd = [sys.executable, "-m", "rl_conductor.cli", "worker", "serve", "--model", str(model_dir)]
+            cmd += ["--name", name, "--port", str(port), "--threads", "1"]
+            with (logs / f"{name}.log").open("wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                    )
+                )
+        for (name, port), proc in zip(zip(names, ports, strict=True), procs, strict=True):
+            if not _wait_http_ok(f"http://127.0.0.1:{port}/openai/v1/models", proc, timeout_s=180):
+                raise RuntimeError(f"worker {name} did not start:\n{_log_tail(logs / f'{name}.log')}")
+        yield dict(zip(names, ports, strict=True))
+    finally:
+        for proc in procs:
+            _stop(proc)

@@ -12,9 +12,6 @@ also caps ``max_tokens`` to what the time left affords and skips a step that can
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from importlib import resources
@@ -28,7 +25,7 @@ from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.trace import Limits, _flatten
 from rl_conductor.workers.pool import load_pool
 from rl_conductor.workflow import Step, Workflow
-from servers import _log_tail, _stop, _wait_http_ok, free_ports
+from servers import build_tiny_worker_model, worker_serve_processes
 
 pytestmark = pytest.mark.slow
 NAMES = ("tiny-self", "tiny-ext")
@@ -38,44 +35,14 @@ MARGIN_S = 1.0
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rl_conductor.training.models import build_tiny
-
-    corpus = [t.question for t in load_tasks("gsm8k")[:200]]
-    out = tmp_path_factory.mktemp("deadline-worker-model") / "tiny"
-    return build_tiny(
-        corpus, out, vocab_size=512, hidden_size=32, intermediate_size=64, num_attention_heads=2
-    )
+    return build_tiny_worker_model(tmp_path_factory.mktemp("deadline-worker-model") / "tiny")
 
 
 @pytest.fixture(scope="module")
 def workers(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, int]]:
     """Two ``conductor worker serve`` processes; yields {served name: port}."""
-    logs = tmp_path_factory.mktemp("deadline-worker-logs")
-    ports = free_ports(2)
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    procs = []
-    try:
-        for name, port in zip(NAMES, ports, strict=True):
-            cmd = [sys.executable, "-m", "rl_conductor.cli", "worker", "serve", "--model", str(tiny_dir)]
-            cmd += ["--name", name, "--port", str(port), "--threads", "1"]
-            with (logs / f"{name}.log").open("wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-                    )
-                )
-        for (name, port), proc in zip(zip(NAMES, ports, strict=True), procs, strict=True):
-            if not _wait_http_ok(f"http://127.0.0.1:{port}/openai/v1/models", proc, timeout_s=180):
-                pytest.fail(f"worker {name} did not start:\n{_log_tail(logs / f'{name}.log')}")
-        yield dict(zip(NAMES, ports, strict=True))
-    finally:
-        for proc in procs:
-            _stop(proc)
+    with worker_serve_processes(tiny_dir, NAMES, tmp_path_factory.mktemp("deadline-worker-logs")) as ports:
+        yield ports
 
 
 @pytest.fixture
