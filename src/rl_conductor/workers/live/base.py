@@ -21,6 +21,7 @@ is an ``httpx2.AsyncClient``.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import os
@@ -82,7 +83,7 @@ class CallStats:
 
 
 @dataclass(kw_only=True)
-class LiveWorker:
+class LiveWorker(abc.ABC):
     """Base of the live clients. Subclasses implement ``_send`` and ``_classify``.
 
     Attributes:
@@ -114,19 +115,19 @@ class LiveWorker:
 
     # ------------------------------------------------------------------ subclass hooks
 
+    @abc.abstractmethod
     def _make_client(self, http_client: httpx2.AsyncClient) -> Any:
         """The SDK client over ``http_client``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def _send(
         self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float
     ) -> WireResult:
         """Send one request with the SDK and read the answer; raise SDK exceptions as they come."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _classify(self, exc: Exception) -> WorkerError | None:
         """Map an SDK exception to a transient / permanent error (None: not an API error)."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ the call
 
