@@ -11,7 +11,7 @@ import asyncio
 import json
 import random
 import shutil
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +208,7 @@ def test_grpo_and_sft_records_carry_what_the_reward_and_trainer_need() -> None:
     ]
     base = Limits(max_steps=3, recursion_depth=0)
     grpo = grpo_records(specs, pool, base, max_question_chars=200)
-    assert [set(r) for r in grpo] == [{"prompt", "task_id", "view", "budget"}] * 2
+    assert [set(r) for r in grpo] == [{"prompt", "task_id", "view", "budget", "deadline"}] * 2
     assert [r["task_id"] for r in grpo] == ["t/0", "t/1"]
     assert [r["view"] for r in grpo] == [[3, 1], [0, 1, 2, 3]]
     assert [r["budget"] for r in grpo] == [0.02, -1.0]
@@ -223,6 +223,68 @@ def test_grpo_and_sft_records_carry_what_the_reward_and_trainer_need() -> None:
         assert rec["completion"][0]["role"] == "assistant"
         wf = parse(rec["completion"][0]["content"], pool_size=len(spec.view), max_steps=3)
         assert all(s.worker < len(spec.view) for s in wf.steps)
+
+
+def _old_make_specs(tasks: list[Task], pool: Pool, n: int, rng: random.Random) -> list[tuple[Any, ...]]:
+    """The spec loop as it was before deadlines (budget_prob 0.5, random_pool_prob 0.5): the
+    reference the deadline-free recipe must still reproduce draw for draw."""
+    order, out = list(tasks), []
+    while len(out) < n:
+        rng.shuffle(order)
+        for t in order:
+            if len(out) >= n:
+                break
+            view = (
+                pool.random_view(rng, min_size=2).indices if rng.random() < 0.5 else tuple(range(len(pool)))
+            )
+            budget = rng.choice([0.01, 0.02]) if rng.random() < 0.5 else None
+            out.append((t.id, view, budget))
+    return out
+
+
+def test_make_specs_without_deadlines_draws_exactly_as_before() -> None:
+    pool, tasks = _pool(5), _tasks(7)
+    kw: dict[str, Any] = {"budget_prob": 0.5, "budgets": [0.01, 0.02], "random_pool_prob": 0.5}
+    rng_old, rng_new = random.Random(3), random.Random(3)
+    old = _old_make_specs(tasks, pool, 60, rng_old)
+    new = make_specs(tasks, pool, 60, rng=rng_new, deadline_fraction=0.0, deadline_range_s=[5, 60], **kw)
+    assert [(s.task.id, s.view, s.budget) for s in new] == old
+    assert all(s.deadline is None for s in new)
+    assert rng_new.random() == rng_old.random()  # the stream is left where it was, too
+    base = Limits(max_steps=3, recursion_depth=0)
+    assert all(s.limits(base).max_latency_s is None for s in new)
+    assert all(r["deadline"] == -1.0 for r in grpo_records(new, pool, base, max_question_chars=100))
+
+
+def test_make_specs_draws_deadlines_into_limits_prompts_and_columns() -> None:
+    pool, tasks = _pool(4), _tasks(5)
+    specs = make_specs(
+        tasks,
+        pool,
+        200,
+        rng=random.Random(0),
+        budget_prob=0.0,
+        budgets=[],
+        random_pool_prob=0.0,
+        deadline_fraction=0.5,
+        deadline_range_s=[5.0, 60.0],
+    )
+    drawn = [s.deadline for s in specs if s.deadline is not None]
+    assert 60 < len(drawn) < 140  # about half
+    assert all(5.0 <= d <= 60.0 for d in drawn) and len(set(drawn)) > 20
+    base = Limits(max_steps=3, recursion_depth=0)
+    grpo = grpo_records(specs, pool, base, max_question_chars=100)
+    for s, r in zip(specs, grpo, strict=True):
+        assert s.limits(base).max_latency_s == s.deadline
+        assert r["deadline"] == (-1.0 if s.deadline is None else s.deadline)
+        assert ("Deadline:" in r["prompt"][0]["content"]) == (s.deadline is not None)
+    sft = sft_records(
+        specs[:20], pool, base, rng=random.Random(0), recursion_prob=0.0, max_question_chars=100
+    )
+    assert all(
+        ("Deadline:" in r["prompt"][0]["content"]) == (s.deadline is not None)
+        for s, r in zip(specs, sft, strict=False)
+    )
 
 
 # --------------------------------------------------------------------------- the GRPO reward
@@ -324,6 +386,47 @@ def test_budget_column_stops_an_expensive_plan_and_penalises_it() -> None:
     # a budget that affords the plan is no penalty
     roomy, logged = _call(reward, [_plan(1)], budget=10.0)
     assert roomy[0] == pytest.approx(free[0]) and logged["conductor/budget_stop"] == 0.0
+
+
+def test_deadline_column_runs_the_rollout_under_the_deadline_and_penalises_a_cut() -> None:
+    """fast: answers within a second; slow: its first token alone takes 30 s (latency model)."""
+    right = _responder(True)
+    fast = replace(fake_info("fast", price_in=1.0, price_out=1.0), ttft_s=0.1, tokens_per_s=1000.0)
+    slow = replace(fake_info("slow", price_in=1.0, price_out=1.0), ttft_s=30.0, tokens_per_s=50.0)
+    pool = Pool(
+        name="deadline",
+        workers=[FakeWorker(info=fast, responder=right), FakeWorker(info=slow, responder=right)],
+    )
+    cfg = REWARD_PRESETS["cost-aware"]
+    reward = ConductorReward(pool, {t.id: t for t in _tasks(4)}, cfg, Limits(max_steps=5, recursion_depth=0))
+
+    def call(texts: list[str], deadline: float | None) -> Any:
+        n, logged = len(texts), {}
+        out = asyncio.run(
+            reward(
+                prompts=[[{"role": "user", "content": "plan"}]] * n,
+                completions=[[{"role": "assistant", "content": t}] for t in texts],
+                task_id=["t/3"] * n,
+                view=[[0, 1]] * n,
+                budget=[-1.0] * n,
+                deadline=[-1.0 if deadline is None else deadline] * n,
+                log_metric=lambda k, v: logged.__setitem__(k, v),
+            )
+        )
+        return out, logged
+
+    free, logged = call([_plan(1), _plan(0, 1), _plan(0)], None)
+    assert logged["conductor/deadline_stop"] == 0.0 and logged["conductor/correct"] == 1.0
+    cut, logged = call([_plan(1), _plan(0, 1), _plan(0)], 5.0)
+    assert logged["conductor/deadline_stop"] == pytest.approx(2 / 3)
+    # slow alone never starts (no worker call, no format bonus): only the penalty
+    assert cut[0] == pytest.approx(-cfg.deadline_penalty)
+    # fast then slow: the fast answer stands (correct), the cut is penalised
+    assert cut[1] == pytest.approx(free[2] - cfg.deadline_penalty)
+    assert cut[2] == pytest.approx(free[2])  # a plan the deadline does not touch is not charged
+    # the column is optional (prompts without deadlines, as before)
+    out, _ = _call(_reward("cost-aware"), [_plan(0)])
+    assert out[0] > 0
 
 
 def test_completion_text_accepts_both_trl_formats() -> None:

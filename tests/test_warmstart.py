@@ -4,14 +4,17 @@ and targets that respect the prompt's budget and worker subset (ids remapped as 
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from rl_conductor.executor import execute
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
@@ -23,6 +26,7 @@ from rl_conductor.training.candidates import (
     composed_candidates,
     select_items,
     single,
+    unchanged_under_deadline,
 )
 from rl_conductor.training.data import PromptSpec, warm_sft_records
 from rl_conductor.training.warmstart import ExpectedRewards, reward_array
@@ -124,6 +128,53 @@ def test_targets_respect_budgets() -> None:
     assert er.best(t, ["cheap", "strong"], 0.0005).name == "solve:cheap"
 
 
+def _deadline_table() -> CandidateTable:
+    """Ten items; columns: no limit, budgets $0.002 and $0.01, deadlines 5 s and 40 s. slow (dear) is
+    right on 8 items but 5 s cut it on every item; fast (cheap) is right on 5 everywhere. The
+    5 s column was scored on items 0..5 only (a subset)."""
+    table = _table(
+        {"solve:fast": [True] * 5 + [False] * 5, "solve:slow": [True] * 8 + [False] * 2},
+        {"solve:fast": 0.0001, "solve:slow": 0.005},
+        budgets=[None, 0.002, 0.01, None, None],
+        unaffordable={"solve:slow": [1]},
+    )
+    table.budgets = [None, 0.002, 0.01]
+    table.deadlines = [5.0, 40.0]
+    slow, short = table.index("solve:slow"), table.deadline_column(0)
+    table.cut = np.zeros_like(table.done)
+    table.cut[:, slow, short] = True
+    table.correct[:, slow, short] = False
+    table.done[6:, :, short] = False
+    return table
+
+
+def test_targets_plan_for_the_deadline() -> None:
+    table = _deadline_table()
+    er = ExpectedRewards.fit(table, COST_AWARE)
+    t, names = _task(0), ["fast", "slow"]
+    r = reward_array(table, COST_AWARE)
+    slow, short = table.index("solve:slow"), table.deadline_column(0)
+    # the cut is charged the deadline penalty (item 8: slow is wrong there without a deadline too)
+    assert r[0, slow, short] == pytest.approx(r[8, slow, 0] - COST_AWARE.deadline_penalty)
+    # without a deadline (or with a long one) the accurate slow worker; under 5 s the fast one
+    assert er.best(t, names, None).name == "solve:slow"
+    assert er.best(t, names, None, 60.0).name == "solve:slow"
+    assert er.best(t, names, None, 40.0).name == "solve:slow"
+    assert er.best(t, names, None, 5.0).name == "solve:fast"
+    assert er.best(t, names, None, 20.0).name == "solve:fast"  # the largest table deadline <= 20 is 5
+    assert er.best(t, names, None, 2.0).name == "solve:fast"  # below every one: the shortest
+    # a subset-scored column is defined (over its scored items), not lost to the unscored ones
+    assert not np.isnan(er.by_group["math/t"][:, short]).any()
+    # budget and deadline: the deadline's column, among candidates affordable under the budget
+    assert er.best(t, names, 0.002, 60.0).name == "solve:fast"
+    assert er.best(t, names, 0.01, 60.0).name == "solve:slow"
+    wf = er.target(t, ["slow", "fast"], None, 5.0)
+    assert [s.worker for s in wf.steps] == [1]
+    # a table without deadline columns ignores the deadline
+    plain = ExpectedRewards.fit(_table(EASY_HARD, PRICES), COST_AWARE)
+    assert plain.best(t, ["cheap", "strong"], None, 1.0).name == "solve:strong"
+
+
 def test_targets_use_only_the_shown_workers_with_their_shown_ids() -> None:
     rows = {**EASY_HARD, "solve:cheap>verify:strong": [True] * 9 + [False]}
     table = _table(rows, {**PRICES, "solve:cheap>verify:strong": 0.0052})
@@ -208,6 +259,64 @@ def test_build_table_executes_candidates_and_respects_budgets(tmp_path: Path) ->
     assert [c.name for c in again.candidates] == [c.name for c in first.candidates]
     assert np.array_equal(again.correct, first.correct) and np.array_equal(again.done, first.done)
     assert list(tmp_path.glob("candidates-*.npz")) == [path]
+
+
+def _timed_pool() -> Pool:
+    """_fake_pool with latency models: cheap answers within a second, dear's first token alone
+    takes 30 s, so a 5 s deadline never lets dear start."""
+    pool = _fake_pool()
+    timing = {"cheap": (0.1, 1000.0), "dear": (30.0, 50.0), "wrong": (0.1, 1000.0)}
+    for w in pool.workers:
+        ttft, tps = timing[w.info.name]
+        w.info = replace(w.info, ttft_s=ttft, tokens_per_s=tps)
+    return pool
+
+
+def test_build_table_executes_the_deadline_columns_under_the_deadline(tmp_path: Path) -> None:
+    pool = _timed_pool()
+    tasks = [_task(i) for i in range(8)]
+    table = build_table(tasks, pool, deadlines=[5.0], deadline_items_per_domain=6, top_k=1, cheap_k=1)
+    assert table.deadlines == [5.0] and table.cut is not None
+    col = table.deadline_column(0)
+    dear, cheap = table.index("solve:dear"), table.index("solve:cheap")
+    scored = {i for i, t in enumerate(tasks) if t.id in {x.id for x in select_items(tasks, 6)}}
+    assert table.done[:, :, col].any(axis=1).tolist() == [i in scored for i in range(8)]
+    rows = sorted(scored)
+    # dear cannot start within 5 s: skipped for real (cut, no call, no answer), never without it
+    assert table.cut[rows, dear, col].all() and not table.correct[rows, dear, col].any()
+    assert (table.calls[rows, dear, col] == 0).all() and not table.cut[:, :, 0].any()
+    assert table.correct[rows, dear, 0].all()
+    # cheap is untouched by the deadline: its unconstrained runs are reused, outcome for outcome
+    assert not table.cut[rows, cheap, col].any()
+    assert table.correct[rows, cheap, col].tolist() == table.correct[rows, cheap, 0].tolist()
+    assert table.meta["deadline_reused"] > 0
+    # composed plans through dear are cut after cheap's answer
+    j = table.index("solve:cheap>verify:dear")
+    assert table.cut[rows, j, col].all() and (table.calls[rows, j, col] == 1).all()
+    er = ExpectedRewards.fit(table, COST_AWARE)
+    assert er.best(tasks[0], pool.names(), None).name == "solve:dear"
+    assert "dear" not in er.best(tasks[0], pool.names(), None, 5.0).workers
+    # the deadlines are part of the saved table and of the cache key
+    path = tmp_path / "t.npz"
+    table.save(path)
+    back = CandidateTable.load(path)
+    assert back.deadlines == [5.0] and np.array_equal(back.cut, table.cut)
+    kw: dict[str, Any] = {"top_k": 1, "cheap_k": 1, "deadline_items_per_domain": 6}
+    cached_table(tasks, pool, tmp_path / "c", **kw)
+    cached_table(tasks, pool, tmp_path / "c", deadlines=[5.0], **kw)
+    assert len(list((tmp_path / "c").glob("candidates-*.npz"))) == 2
+
+
+def test_unchanged_under_deadline_replays_the_executors_check() -> None:
+    pool = _timed_pool()
+    view, t = pool.view(), _task(2)
+    wf = Candidate((("cheap", "solve"), ("dear", "verify"))).workflow(view.names())
+    trace = asyncio.run(execute(wf, t, view, Limits(recursion_depth=0)))
+    assert unchanged_under_deadline(trace, t, view, 1000.0)
+    assert not unchanged_under_deadline(trace, t, view, 5.0)  # dear could not start
+    alone = asyncio.run(execute(single("cheap").workflow(view.names()), t, view, Limits(recursion_depth=0)))
+    assert unchanged_under_deadline(alone, t, view, 5.0)
+    assert not unchanged_under_deadline(alone, t, view, 0.1)  # it could not even start
 
 
 def test_warm_sft_records_follow_budget_and_subset() -> None:

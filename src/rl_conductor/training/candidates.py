@@ -29,6 +29,21 @@ others, an item whose unbudgeted run cost at most ``B/2`` reuses that run (a cha
 reservations never bind then: the executor's conservative input estimate is well under 2x);
 every other item is executed again under ``B`` for real.
 
+Deadlines: each candidate is also scored under every warm-start deadline ``D`` (extra condition
+columns after the budgets), on at most ``deadline_items_per_domain`` items of each domain (the
+first of the same stable hash order as :func:`select_items`; the others stay not run). An item
+reuses its unconstrained run when the deadline provably changes nothing in it
+(:func:`unchanged_under_deadline`): replaying the executor's deadline check on that trace, every
+call starts with time left, is given an output cap above the length it produced and answered
+within its time left. A simulated worker depends on ``max_tokens`` only by cutting its answer
+when its drawn length exceeds the cap, and its rendered text is never shorter than the drawn
+length minus one token, so a cap of at least the reported output + 1 changes nothing; its
+latency is a deterministic function of the call. So the deadline run would be the same run,
+step for step: the reuse is exact, not an approximation (``DEADLINE_MARGIN`` is applied exactly
+as the executor applies it). Every other item is executed under ``Limits(max_latency_s=D)`` for
+real; a run the deadline cut (a ``skipped_deadline`` step) is marked in ``cut`` so the reward's
+``deadline_penalty`` applies.
+
 Grading: a final answer is graded once per (task, the grader's normalised answer key — the key
 self-consistency votes with), so a code answer runs in the sandbox once, not once per rollout.
 
@@ -52,11 +67,11 @@ from typing import Any
 
 import numpy as np
 
-from rl_conductor.executor import execute
+from rl_conductor.executor import DEADLINE_MARGIN, execute, reserve_input_tokens
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, Trace
+from rl_conductor.trace import MIN_OUTPUT_TOKENS, Limits, Trace
 from rl_conductor.workers.pool import Pool, PoolView
-from rl_conductor.workflow import Step, Workflow
+from rl_conductor.workflow import Step, Workflow, worker_message
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +84,7 @@ ROLE_TEXT: dict[str, str] = {
 }
 
 #: Bump when the candidate set or the table's meaning changes (part of the cache key).
-TABLE_VERSION = 2
+TABLE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -144,10 +159,12 @@ def composed_candidates(top: Sequence[str], cheap: Sequence[str]) -> list[Candid
 
 @dataclass
 class CandidateTable:
-    """Outcomes of candidates on items: arrays of shape ``[items, candidates, budgets]``.
+    """Outcomes of candidates on items: arrays of shape ``[items, candidates, conditions]``.
 
-    ``budgets[0]`` is ``None`` (no budget). ``done`` is False where a candidate was not run (not
-    in the item's domain set, or unaffordable under that budget)."""
+    The conditions are ``budgets`` (``budgets[0]`` is ``None``: no limit) then ``deadlines``
+    (column ``len(budgets) + k`` is deadline ``deadlines[k]``, no budget). ``done`` is False where
+    a candidate was not run (not in the item's domain set, unaffordable under that budget, or an
+    item outside a deadline column's subset). ``cut``: the deadline skipped a step."""
 
     task_ids: list[str]
     domains: list[str]
@@ -161,9 +178,15 @@ class CandidateTable:
     done: np.ndarray
     calls: np.ndarray | None = None  # worker calls made (None: every executed cell made some)
     meta: dict[str, Any] = field(default_factory=dict)
+    deadlines: list[float] = field(default_factory=list)
+    cut: np.ndarray | None = None  # a deadline skipped a step (None: no deadline columns)
 
     def index(self, name: str) -> int:
         return [c.name for c in self.candidates].index(name)
+
+    def deadline_column(self, k: int) -> int:
+        """The condition column of ``deadlines[k]``."""
+        return len(self.budgets) + k
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,6 +199,7 @@ class CandidateTable:
             tokens=self.tokens,
             done=self.done,
             calls=self.calls if self.calls is not None else self.done.astype(np.int32),
+            cut=self.cut if self.cut is not None else np.zeros_like(self.done),
             header=np.array(
                 json.dumps(
                     {
@@ -184,6 +208,7 @@ class CandidateTable:
                         "groups": self.groups,
                         "candidates": [c.name for c in self.candidates],
                         "budgets": self.budgets,
+                        "deadlines": self.deadlines,
                         "meta": self.meta,
                     }
                 )
@@ -208,6 +233,8 @@ class CandidateTable:
                 done=z["done"],
                 calls=z["calls"] if "calls" in z.files else None,
                 meta=h["meta"],
+                deadlines=[float(d) for d in h.get("deadlines", [])],
+                cut=z["cut"] if "cut" in z.files else None,
             )
 
 
@@ -287,6 +314,35 @@ def _worker_calls(trace: Trace) -> int:
     return len(attempts) if attempts is not None else trace.calls
 
 
+def unchanged_under_deadline(trace: Trace, task: Task, view: PoolView, deadline: float) -> bool:
+    """Whether executing the same workflow under ``deadline`` provably reproduces ``trace`` (an
+    unconstrained run): the executor's deadline check (``executor._run_step``) replayed on every
+    attempt finds time left, an output cap (``DEADLINE_MARGIN`` of the time left, by the
+    worker's latency model) above the attempt's output length, and the answer within the time
+    left. Exact for workers that depend on ``max_tokens`` only by truncating at their drawn
+    length and whose latency is a deterministic function of the call (the simulated workers;
+    see the module docstring). False for anything it cannot replay (recursion, skipped steps)."""
+    infos = {i.name: i for i in view.infos()}
+    records = {r.index: r for r in trace.steps}
+    for rec in trace.steps:
+        if rec.status not in ("ok", "failed") or rec.substeps or not rec.attempts:
+            return False
+        visible = [(i, records[i].instruction, records[i].answer) for i in rec.visible]
+        message = worker_message(task.question, visible, rec.instruction)
+        reserve = reserve_input_tokens([{"role": "user", "content": message}])
+        elapsed = 0.0
+        for a in rec.attempts:
+            info = infos.get(a.worker)
+            time_left = deadline - rec.started_s - elapsed
+            if info is None or time_left <= 0 or not a.latency_s <= time_left:
+                return False
+            fits = info.tokens_within(time_left * DEADLINE_MARGIN, reserve)
+            if fits is not None and fits < max(MIN_OUTPUT_TOKENS, a.output_tokens + 1):
+                return False
+            elapsed += a.latency_s
+    return True
+
+
 def group_of(task: Task) -> str:
     """The neighbourhood a question belongs to: its domain and source."""
     return f"{task.domain}/{task.source}"
@@ -297,6 +353,8 @@ def build_table(
     pool: Pool,
     *,
     budgets: Iterable[float] = (),
+    deadlines: Iterable[float] = (),
+    deadline_items_per_domain: int | None = None,
     top_k: int = 3,
     cheap_k: int = 2,
     max_steps: int = 5,
@@ -304,11 +362,15 @@ def build_table(
     progress: bool = False,
 ) -> CandidateTable:
     """Execute the candidate set (candidates of at most ``max_steps`` steps) on ``tasks`` (see
-    module docstring) and return the table."""
+    module docstring) and return the table. ``deadlines`` add condition columns scored on at
+    most ``deadline_items_per_domain`` items per domain (None: all)."""
     base = limits or Limits(recursion_depth=0, max_steps=max_steps)
     view = pool.view()
     names = view.names()
     budget_list: list[float | None] = [None, *sorted({float(b) for b in budgets})]
+    deadline_list = sorted({float(d) for d in deadlines})
+    if any(not d > 0 for d in deadline_list):
+        raise ValueError(f"deadlines must be > 0 seconds, got {deadline_list}")
     grader = _Grader()
 
     # 1. every worker alone, on every item: picks each domain's strong and cheap workers
@@ -334,7 +396,8 @@ def build_table(
         log.info("candidates %s: top %s, cheap %s, %d composed", d, top, cheap, len(domain_sets[d]))
     cands = list(dict.fromkeys([*singles, *itertools.chain.from_iterable(domain_sets.values())]))
     col = {c: j for j, c in enumerate(cands)}
-    n_i, n_c, n_b = len(tasks), len(cands), len(budget_list)
+    n_i, n_c, n_b = len(tasks), len(cands), len(budget_list) + len(deadline_list)
+    cut = np.zeros((n_i, n_c, n_b), dtype=bool)
     correct = np.zeros((n_i, n_c, n_b), dtype=bool)
     cost = np.zeros((n_i, n_c, n_b), dtype=np.float64)
     stopped = np.zeros((n_i, n_c, n_b), dtype=bool)
@@ -343,11 +406,12 @@ def build_table(
     calls = np.zeros((n_i, n_c, n_b), dtype=np.int32)
 
     def put(i: int, j: int, b: int, tr: Trace) -> None:
-        from rl_conductor.reward import budget_stopped
+        from rl_conductor.reward import budget_stopped, deadline_stopped
 
         correct[i, j, b] = grader(tasks[i], tr)
         cost[i, j, b] = tr.cost_usd
         stopped[i, j, b] = budget_stopped(tr)
+        cut[i, j, b] = deadline_stopped(tr)
         tokens[i, j, b] = tr.tokens
         calls[i, j, b] = _worker_calls(tr)
         done[i, j, b] = True
@@ -355,9 +419,14 @@ def build_table(
     # 2. unbudgeted: singles everywhere, composed candidates on their domain's items
     jobs: list[tuple[Task, Workflow, Limits]] = []
     where: list[tuple[int, int]] = []
+    # the deadline columns' items (a subset per domain) and their unconstrained runs
+    in_subset = {t.id for t in select_items(tasks, deadline_items_per_domain or len(tasks))}
+    keep: dict[tuple[int, int], Trace] = {}
     for i, t in enumerate(tasks):
         for c in singles:
             put(i, col[c], 0, single_rows[(t.id, c.name)])
+            if deadline_list and t.id in in_subset:
+                keep[(i, col[c])] = single_rows[(t.id, c.name)]
         for c in domain_sets.get(t.domain, []):
             jobs.append((t, c.workflow(names), base))
             where.append((i, col[c]))
@@ -365,6 +434,8 @@ def build_table(
         log.info("candidate table: %d items x %d candidates, %d executions", n_i, n_c, len(jobs))
     for (i, j), tr in zip(where, _execute(jobs, view), strict=True):
         put(i, j, 0, tr)
+        if deadline_list and tasks[i].id in in_subset:
+            keep[(i, j)] = tr
 
     # 3. budgets: affordable candidates only; cheap runs reused, the rest executed under B
     domains = [t.domain for t in tasks]
@@ -392,6 +463,28 @@ def build_table(
         for (i, j), tr in zip(where, _execute(jobs, view), strict=True):
             put(i, j, b, tr)
 
+    # 4. deadlines: every candidate run unconstrained on a subset item; reused where provably
+    # unchanged under D (unchanged_under_deadline), else executed under D for real
+    reused = 0
+    for k, D in enumerate(deadline_list):
+        b = len(budget_list) + k
+        lim = Limits(**{**base.__dict__, "max_latency_s": D})
+        jobs, where = [], []
+        for (i, j), tr in keep.items():
+            if unchanged_under_deadline(tr, tasks[i], view, D):
+                for arr in (correct, cost, stopped, tokens, calls, cut, done):
+                    arr[i, j, b] = arr[i, j, 0]
+                reused += 1
+            else:
+                jobs.append((tasks[i], cands[j].workflow(names), lim))
+                where.append((i, j))
+        for (i, j), tr in zip(where, _execute(jobs, view), strict=True):
+            put(i, j, b, tr)
+    if deadline_list:
+        log.info(
+            "deadline columns %s: %d cells, %d reused", deadline_list, len(keep) * len(deadline_list), reused
+        )
+
     return CandidateTable(
         task_ids=[t.id for t in tasks],
         domains=domains,
@@ -410,7 +503,11 @@ def build_table(
             "cheap_k": cheap_k,
             "max_steps": max_steps,
             "version": TABLE_VERSION,
+            "deadline_items_per_domain": deadline_items_per_domain,
+            "deadline_reused": reused,
         },
+        deadlines=deadline_list,
+        cut=cut,
     )
 
 
@@ -420,6 +517,8 @@ def cached_table(
     cache_dir: Path | None,
     *,
     budgets: Iterable[float] = (),
+    deadlines: Iterable[float] = (),
+    deadline_items_per_domain: int | None = None,
     top_k: int = 3,
     cheap_k: int = 2,
     max_steps: int = 5,
@@ -427,8 +526,12 @@ def cached_table(
 ) -> CandidateTable:
     """:func:`build_table`, read from / written to ``cache_dir`` when given (see module docstring)."""
     budgets = sorted({float(b) for b in budgets})
+    deadline_list = sorted({float(d) for d in deadlines})
+    per_domain = deadline_items_per_domain if deadline_list else None
     kw: dict[str, Any] = {
         "budgets": budgets,
+        "deadlines": deadline_list,
+        "deadline_items_per_domain": per_domain,
         "top_k": top_k,
         "cheap_k": cheap_k,
         "max_steps": max_steps,
@@ -444,6 +547,9 @@ def cached_table(
             "workers": [[i.name, i.price_in, i.price_out, i.hosting] for i in pool.view().infos()],
             "tasks": [t.id for t in tasks],
             "budgets": budgets,
+            "deadlines": deadline_list,
+            "deadline_items_per_domain": per_domain,
+            "deadline_margin": DEADLINE_MARGIN,
             "top_k": top_k,
             "cheap_k": cheap_k,
             "max_steps": max_steps,

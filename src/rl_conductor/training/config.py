@@ -75,6 +75,15 @@ class TrainConfig:
         "training questions per domain on which every candidate workflow is executed (few items "
         "overfit: 60 per domain picked targets worth 70.2 % on the test split, all 1,671 75.5 %)",
     )
+    warm_deadlines_s: list[float] = _f(
+        [5.0, 15.0, 40.0],
+        "deadlines (s) under which the candidates are also executed for deadline-aware warm-start "
+        "targets (used only when deadline_fraction > 0; a prompt's target comes from the largest "
+        "one not above its deadline)",
+    )
+    warm_deadline_items_per_domain: int = _f(
+        200, "training questions per domain on which the deadline columns are executed (a subset)"
+    )
     warm_top_k: int = _f(2, "strongest workers per domain that composed candidates are built from")
     warm_cheap_k: int = _f(1, "cheap workers per domain that composed candidates are built from")
     warm_shrink: float = _f(
@@ -150,6 +159,12 @@ class TrainConfig:
             raise ConfigError(f"sft_targets must be 'expected-best' or 'random', not {self.sft_targets!r}")
         if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
             raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
+        if self.warm_deadline_items_per_domain < 1:
+            raise ConfigError("warm_deadline_items_per_domain must be >= 1")
+        if self.deadline_fraction > 0 and not self.warm_deadlines_s:
+            raise ConfigError("deadline_fraction > 0 needs at least one warm_deadlines_s entry")
+        for d in self.warm_deadlines_s:
+            validation.positive_finite("warm_deadlines_s entry", d)
 
     @property
     def completions_per_step(self) -> int:

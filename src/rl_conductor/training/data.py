@@ -1,11 +1,14 @@
-"""Training prompts: which question, which workers are shown (randomised pools), which budget.
+"""Training prompts: which question, which workers are shown (randomised pools), which budget
+and which deadline.
 
 One :class:`PromptSpec` feeds both stages. SFT pairs it either with the prompt's expected-best
 workflow (:func:`warm_sft_records`, the default: routing and composition that pay for questions
 like this one, see :mod:`rl_conductor.training.warmstart`) or with a synthesised random valid
 workflow (:func:`sft_records`: the format only, the ablation baseline). GRPO turns it into a
-prompt whose columns (``task_id``, ``view``, ``budget``) reach the reward function, which
-executes the completion on exactly that view.
+prompt whose columns (``task_id``, ``view``, ``budget``, ``deadline``) reach the reward
+function, which executes the completion on exactly that view under exactly those limits.
+Deadlines are drawn for a share of prompts (:mod:`rl_conductor.training.deadlines`); with a
+share of 0 no random state is touched, so the specs are those of the recipe without deadlines.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 from rl_conductor.prompting import conductor_prompt
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
+from rl_conductor.training.deadlines import draw_deadline
 from rl_conductor.training.warmstart import ExpectedRewards
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
@@ -38,14 +42,16 @@ _LATER_ROLES = ("verify", "aggregate", "solve", "code")
 
 @dataclass(frozen=True)
 class PromptSpec:
-    """One training prompt: a task, the workers shown (pool indices, in order), a budget or None."""
+    """One training prompt: a task, the workers shown (pool indices, in order), a budget or None,
+    a deadline in seconds or None."""
 
     task: Task
     view: tuple[int, ...]
     budget: float | None
+    deadline: float | None = None
 
     def limits(self, base: Limits) -> Limits:
-        return Limits(**{**base.__dict__, "max_cost_usd": self.budget})
+        return Limits(**{**base.__dict__, "max_cost_usd": self.budget, "max_latency_s": self.deadline})
 
     def pool_view(self, pool: Pool) -> PoolView:
         return pool.view(self.view)
@@ -61,8 +67,12 @@ def make_specs(
     budgets: Sequence[float],
     random_pool_prob: float,
     min_pool_size: int = 2,
+    deadline_fraction: float = 0.0,
+    deadline_range_s: Sequence[float] = (5.0, 60.0),
 ) -> list[PromptSpec]:
-    """``n`` prompt specs cycling through shuffled tasks, with random budgets and pool subsets."""
+    """``n`` prompt specs cycling through shuffled tasks, with random budgets, deadlines and pool
+    subsets. The deadline is drawn after the budget, so ``deadline_fraction == 0`` (no draw)
+    leaves the random stream, and thus every spec, as without deadlines."""
     order = list(tasks)
     if n > 0 and not order:
         raise ValueError("make_specs needs at least one task")  # else the cycle below never ends
@@ -78,7 +88,8 @@ def make_specs(
                 else tuple(range(len(pool)))
             )
             budget = rng.choice(list(budgets)) if budgets and rng.random() < budget_prob else None
-            specs.append(PromptSpec(task=t, view=view, budget=budget))
+            deadline = draw_deadline(rng, deadline_fraction, deadline_range_s)
+            specs.append(PromptSpec(task=t, view=view, budget=budget, deadline=deadline))
     return specs
 
 
@@ -145,12 +156,12 @@ def warm_sft_records(
 ) -> list[dict[str, Any]]:
     """Prompt/completion pairs whose completion is the prompt's expected-best workflow
     (:mod:`rl_conductor.training.warmstart`): only the shown workers, affordable under the
-    prompt's budget, ids as the prompt shows them."""
+    prompt's budget and planned for its deadline, ids as the prompt shows them."""
     out = []
     for s in specs:
         view = s.pool_view(pool)
         lim = s.limits(base)
-        wf = targets.target(s.task, view.names(), s.budget)
+        wf = targets.target(s.task, view.names(), s.budget, s.deadline)
         out.append(
             {
                 "prompt": chat(conductor_prompt(s.task, view, lim, max_question_chars=max_question_chars)),
@@ -174,6 +185,7 @@ def grpo_records(
             "task_id": s.task.id,
             "view": list(s.view),
             "budget": -1.0 if s.budget is None else float(s.budget),
+            "deadline": -1.0 if s.deadline is None else float(s.deadline),
         }
         for s in specs
     ]

@@ -4,8 +4,10 @@
 ``(prompts, completions, **columns) -> list[float | None]`` and is async (TRL gathers async
 reward functions), so the rollouts of a batch execute concurrently. Each completion goes through
 the same ``parse`` → ``execute`` → ``grade_trace`` → ``compute_reward`` path as evaluation and
-serving. Besides the reward it reports accuracy, cost, parse rate, steps and budget stops per
-batch through TRL's ``log_metric`` hook (and keeps running totals for the caller).
+serving, under the prompt's budget and deadline (the ``budget`` and ``deadline`` columns, -1
+for none), so ``budget_penalty`` and ``deadline_penalty`` apply to plans those limits cut. Besides
+the reward it reports accuracy, cost, parse rate, steps, budget and deadline stops per batch
+through TRL's ``log_metric`` hook (and keeps running totals for the caller).
 """
 
 from __future__ import annotations
@@ -65,10 +67,15 @@ class ConductorReward:
         self.history: list[dict[str, float]] = []
 
     async def score(
-        self, text: str, task: Task, view_idx: Sequence[int], budget: float | None
+        self,
+        text: str,
+        task: Task,
+        view_idx: Sequence[int],
+        budget: float | None,
+        deadline: float | None = None,
     ) -> dict[str, float]:
         view = self.pool.view(view_idx)
-        limits = Limits(**{**self.base_limits.__dict__, "max_cost_usd": budget})
+        limits = Limits(**{**self.base_limits.__dict__, "max_cost_usd": budget, "max_latency_s": deadline})
         try:
             # the one recursion setting: with recursion_depth=0 "yourself" is a parse error
             wf = parse(
@@ -85,10 +92,12 @@ class ConductorReward:
                 "cost": 0.0,
                 "steps": 0.0,
                 "budget_stop": 0.0,
+                "deadline_stop": 0.0,
             }
         trace = await execute(wf, task, view, limits)
         correct = grade_trace(task, trace)
         stopped = budget_stopped(trace)
+        cut = deadline_stopped(trace)
         r = compute_reward(
             parsed=True,
             correct=correct,
@@ -96,7 +105,7 @@ class ConductorReward:
             budget_exceeded=stopped,
             config=self.config,
             worker_calls=len(trace.attempts),
-            deadline_exceeded=deadline_stopped(trace),
+            deadline_exceeded=cut,
         )
         return {
             "reward": r,
@@ -105,6 +114,7 @@ class ConductorReward:
             "cost": trace.cost_usd,
             "steps": float(len(wf.steps)),
             "budget_stop": float(stopped),
+            "deadline_stop": float(cut),
         }
 
     async def __call__(
@@ -115,6 +125,7 @@ class ConductorReward:
         task_id: Sequence[str],
         view: Sequence[Sequence[int]],
         budget: Sequence[float],
+        deadline: Sequence[float] | None = None,
         log_metric: Callable[[str, float], None] | None = None,
         **_: Any,
     ) -> list[float | None]:
@@ -123,7 +134,10 @@ class ConductorReward:
         async def one(i: int) -> dict[str, float]:
             async with sem:
                 b = None if budget[i] is None or budget[i] < 0 else float(budget[i])
-                return await self.score(completion_text(completions[i]), self.tasks[task_id[i]], view[i], b)
+                d = None if deadline is None or deadline[i] is None or deadline[i] < 0 else float(deadline[i])
+                return await self.score(
+                    completion_text(completions[i]), self.tasks[task_id[i]], view[i], b, d
+                )
 
         results = await asyncio.gather(*(one(i) for i in range(len(completions))))
         means: dict[str, float] = defaultdict(float)
@@ -132,6 +146,6 @@ class ConductorReward:
                 means[k] += v / len(results)
         self.history.append(dict(means))
         if log_metric is not None:
-            for k in ("correct", "parsed", "cost", "steps", "budget_stop"):
+            for k in ("correct", "parsed", "cost", "steps", "budget_stop", "deadline_stop"):
                 log_metric(f"conductor/{k}", means[k])
         return [res["reward"] for res in results]

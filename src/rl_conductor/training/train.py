@@ -166,6 +166,8 @@ def train(
         budgets=cfg.budgets_usd,
         random_pool_prob=cfg.random_pool_prob,
         min_pool_size=cfg.min_pool_size,
+        deadline_fraction=cfg.deadline_fraction,
+        deadline_range_s=cfg.deadline_range_s,
     )
     sft_specs = make_specs(tasks, pool, cfg.sft_examples, **spec_kw)
     t0 = time.perf_counter()
@@ -306,6 +308,9 @@ def warm_start_targets(cfg: TrainConfig, tasks: list[Any], pool: Any, *, progres
         pool,
         Path(cfg.warm_cache_dir) if cfg.warm_cache_dir else default,
         budgets=cfg.budgets_usd,
+        # deadline columns only when prompts carry deadlines (else the table is as before)
+        deadlines=cfg.warm_deadlines_s if cfg.deadline_fraction > 0 else (),
+        deadline_items_per_domain=cfg.warm_deadline_items_per_domain,
         top_k=cfg.warm_top_k,
         cheap_k=cfg.warm_cheap_k,
         max_steps=cfg.max_steps_per_workflow,

@@ -17,13 +17,22 @@ best candidate that uses only workers of ``S`` and whose expected reward was mea
 largest table budget not above ``B`` (candidates unaffordable there are never targets); its
 worker ids are remapped to the ordinals the prompt shows. Ties go to fewer steps, then the lower
 mean cost, then the name, so targets are deterministic.
+
+Deadlines: a table built with deadlines (``candidates.build_table(deadlines=...)``) has one
+condition column per deadline, scored on a subset of items (the group mean of such a column is
+over the group's scored items; a group without any leans wholly on its domain). A prompt with
+deadline ``D`` takes its target from the column of the largest table deadline not above ``D``
+(the smallest one when none fits: the plan must survive the shortest deadline measured); with a
+budget as well, the candidate must also be affordable under the prompt's budget column as above
+(its domain mean unbudgeted cost within that table budget), since the deadline columns are run
+without a budget. A table without deadline columns ignores the deadline.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,6 +52,8 @@ def reward_array(table: CandidateTable, config: RewardConfig) -> np.ndarray:
         - np.minimum(config.max_cost_penalty, config.cost_weight * table.cost / config.cost_scale)
         - config.budget_penalty * table.stopped
     )
+    if table.cut is not None:
+        r = r - config.deadline_penalty * table.cut
     return np.where(table.done, r, np.nan)
 
 
@@ -52,8 +63,9 @@ class ExpectedRewards:
 
     candidates: list[Candidate]
     budgets: list[float | None]
-    by_group: dict[str, np.ndarray]  # group -> [candidates, budgets] expected reward (NaN = n/a)
+    by_group: dict[str, np.ndarray]  # group -> [candidates, budgets + deadlines] expected reward (NaN = n/a)
     cost_by_group: dict[str, np.ndarray]
+    deadlines: list[float] = field(default_factory=list)  # columns len(budgets) + k
 
     @classmethod
     def fit(cls, table: CandidateTable, config: RewardConfig, *, shrink: float = 20.0) -> ExpectedRewards:
@@ -66,22 +78,29 @@ class ExpectedRewards:
             grp_rows[g].append(i)
         by_group: dict[str, np.ndarray] = {}
         cost_by_group: dict[str, np.ndarray] = {}
+        # the items each condition was scored on: all for the budgets, a subset for a deadline
+        scored = table.done.any(axis=1)
+        scored[:, : len(table.budgets)] = True
 
-        def mean_all(x: np.ndarray) -> np.ndarray:
-            # defined only where every item of the rows was run
-            ok = ~np.isnan(x).any(axis=0)
-            return np.where(ok, np.nan_to_num(x).mean(axis=0), np.nan)
+        def mean_all(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+            # defined only where every scored item of the rows was run
+            n = s.sum(axis=0)
+            ok = ~(np.isnan(x) & s[:, None, :]).any(axis=0) & (n > 0)
+            return np.where(ok, (np.nan_to_num(x) * s[:, None, :]).sum(axis=0) / np.maximum(n, 1), np.nan)
 
         for d, rows in dom_rows.items():
-            dom_mean = mean_all(r[rows])
+            dom_mean = mean_all(r[rows], scored[rows])
             by_group[d] = dom_mean
-            cost_by_group[d] = mean_all(cost[rows])
+            cost_by_group[d] = mean_all(cost[rows], scored[rows])
             for g in {table.groups[i] for i in rows}:
                 gr = grp_rows[g]
-                n = len(gr)
-                by_group[g] = (mean_all(r[gr]) * n + shrink * dom_mean) / (n + shrink)
-                cost_by_group[g] = mean_all(cost[gr])
-        return cls(list(table.candidates), list(table.budgets), by_group, cost_by_group)
+                n = scored[gr].sum(axis=0)  # len(gr) for the budget columns
+                g_mean = np.where(n > 0, mean_all(r[gr], scored[gr]), 0.0)
+                by_group[g] = (g_mean * n + shrink * dom_mean) / (n + shrink)
+                cost_by_group[g] = np.where(n > 0, mean_all(cost[gr], scored[gr]), cost_by_group[d])
+        return cls(
+            list(table.candidates), list(table.budgets), by_group, cost_by_group, list(table.deadlines)
+        )
 
     def budget_index(self, budget: float | None) -> int:
         """The column of the largest table budget not above ``budget`` (0 = no budget)."""
@@ -92,10 +111,25 @@ class ExpectedRewards:
             return max(fitting)[1]
         return min((b, j) for j, b in enumerate(self.budgets) if b is not None)[1]
 
-    def best(self, task: Task, names: Sequence[str], budget: float | None) -> Candidate:
-        """The expected-best candidate for ``task`` over the workers ``names`` under ``budget``."""
+    def deadline_index(self, deadline: float) -> int:
+        """The column of the largest table deadline not above ``deadline`` (else the smallest)."""
+        if not self.deadlines:
+            raise ValueError("the table has no deadline columns")
+        fitting = [(d, k) for k, d in enumerate(self.deadlines) if d <= deadline + 1e-9]
+        k = max(fitting)[1] if fitting else min((d, k) for k, d in enumerate(self.deadlines))[1]
+        return len(self.budgets) + k
+
+    def best(
+        self, task: Task, names: Sequence[str], budget: float | None, deadline: float | None = None
+    ) -> Candidate:
+        """The expected-best candidate for ``task`` over the workers ``names`` under ``budget``
+        and ``deadline`` (see the module docstring)."""
         shown = set(names)
         b = self.budget_index(budget)
+        afford: int | None = None  # a budget column the candidate must also be affordable in
+        if deadline is not None and self.deadlines:
+            afford = b if budget is not None else None
+            b = self.deadline_index(deadline)
         for key in (group_of(task), task.domain):
             table = self.by_group.get(key)
             if table is None:
@@ -104,7 +138,9 @@ class ExpectedRewards:
             options = [
                 (-float(table[j, b]), len(c.steps), float(costs[j, b]), c.name, j)
                 for j, c in enumerate(self.candidates)
-                if c.workers <= shown and not np.isnan(table[j, b])
+                if c.workers <= shown
+                and not np.isnan(table[j, b])
+                and (afford is None or not np.isnan(table[j, afford]))
             ]
             if options:
                 return self.candidates[min(options)[-1]]
@@ -118,6 +154,8 @@ class ExpectedRewards:
             raise ValueError(f"no candidate uses only the shown workers {sorted(shown)}")
         return single(max(means, key=lambda w: (means[w], w)))
 
-    def target(self, task: Task, names: Sequence[str], budget: float | None) -> Workflow:
+    def target(
+        self, task: Task, names: Sequence[str], budget: float | None, deadline: float | None = None
+    ) -> Workflow:
         """:meth:`best` as a workflow over the ordinals of ``names`` (the prompt's ids)."""
-        return self.best(task, names, budget).workflow(names)
+        return self.best(task, names, budget, deadline).workflow(names)
