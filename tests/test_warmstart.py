@@ -296,6 +296,13 @@ def test_build_table_executes_the_deadline_columns_under_the_deadline(tmp_path: 
     er = ExpectedRewards.fit(table, COST_AWARE)
     assert er.best(tasks[0], pool.names(), None).name == "solve:dear"
     assert "dear" not in er.best(tasks[0], pool.names(), None, 5.0).workers
+    # the SFT records pair a deadline prompt with the deadline's target
+    specs = [PromptSpec(task=tasks[0], view=(0, 1, 2), budget=None, deadline=d) for d in (None, 5.0)]
+    recs = warm_sft_records(specs, pool, Limits(recursion_depth=0), er, max_question_chars=100)
+    plans = [parse(r["completion"][0]["content"], pool_size=3) for r in recs]
+    assert {pool.names()[st.worker] for st in plans[0].steps} == {"dear"}
+    assert 1 not in {st.worker for st in plans[1].steps}
+    assert ["Deadline:" in r["prompt"][0]["content"] for r in recs] == [False, True]
     # the deadlines are part of the saved table and of the cache key
     path = tmp_path / "t.npz"
     table.save(path)
