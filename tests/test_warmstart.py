@@ -389,6 +389,36 @@ def test_warm_start_targets_on_the_simulated_pool(tmp_path: Path) -> None:
             parse(render(wf), pool_size=len(names), max_steps=3)
 
 
+def test_warm_start_targets_get_deadline_columns_only_when_prompts_carry_deadlines(tmp_path: Path) -> None:
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.training.config import TrainConfig
+    from rl_conductor.training.train import warm_start_targets
+    from rl_conductor.workers.pool import load_pool
+
+    common: dict[str, Any] = {
+        "warm_items_per_domain": 3,
+        "warm_top_k": 1,
+        "warm_cheap_k": 1,
+        "max_steps_per_workflow": 3,
+        "budgets_usd": [0.002],
+        "warm_deadlines_s": [5.0],
+        "warm_deadline_items_per_domain": 2,
+        "warm_cache_dir": str(tmp_path),
+    }
+    pool = load_pool("paper-sim", seed=0)
+    tasks = load_tasks("paper-mix", split="train")
+    assert warm_start_targets(TrainConfig(**common), tasks, pool).deadlines == []
+    er = warm_start_targets(TrainConfig(deadline_fraction=0.3, **common), tasks, pool)
+    assert er.deadlines == [5.0]
+    names = pool.names()
+    for domain in ("math", "knowledge", "reasoning", "code"):
+        task = next(t for t in tasks if t.domain == domain)
+        for budget in (None, 0.002):
+            wf = er.target(task, names, budget, 5.0)
+            assert 1 <= len(wf.steps) <= 3
+            parse(render(wf), pool_size=len(names), max_steps=3)
+
+
 def test_reward_array_pays_the_format_bonus_only_when_a_worker_was_called() -> None:
     table = _table(EASY_HARD, {"solve:cheap": 0.0, "solve:strong": 0.0}, budgets=[None, 0.001])
     table.calls = np.ones_like(table.correct, dtype=np.int32)
