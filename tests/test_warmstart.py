@@ -195,6 +195,45 @@ def test_ties_go_to_fewer_steps_then_cheaper() -> None:
     assert ExpectedRewards.fit(table, COST_AWARE).best(_task(0), ["a", "b"], None).name == "solve:a"
 
 
+def test_se_rule_keeps_a_composed_plan_only_when_it_beats_the_single_by_more_than_noise() -> None:
+    """The one-standard-error rule: a plan whose edge over a simpler one is within the paired
+    noise of the table is a tie, and the tie goes to fewer steps; a consistent edge is kept."""
+    n = 200
+    base = np.arange(n) < 120  # the single is right on 120 of 200
+    noisy = base.copy()
+    noisy[:10] = False  # the composed plan loses 10 of those...
+    noisy[120:131] = True  # ...and wins 11 others: the best mean, by one item (noise)
+    better = base.copy()
+    better[120:170] = True  # right wherever the single is, and on 50 more (a real edge)
+    prices = {"solve:a": 0.001, "plan:b>solve:a": 0.001}
+    for rows, k, expected in (
+        ({"solve:a": list(base), "plan:b>solve:a": list(noisy)}, 0.0, "plan:b>solve:a"),
+        ({"solve:a": list(base), "plan:b>solve:a": list(noisy)}, 1.0, "solve:a"),
+        ({"solve:a": list(base), "plan:b>solve:a": list(better)}, 1.0, "plan:b>solve:a"),
+        ({"solve:a": list(base), "plan:b>solve:a": list(better)}, 2.0, "plan:b>solve:a"),
+    ):
+        table = _table(rows, prices)
+        r = reward_array(table, COST_AWARE)[:, :, 0]
+        assert r[:, 1].mean() > r[:, 0].mean()  # the composed plan has the best mean every time
+        er = ExpectedRewards.fit(table, COST_AWARE, se_rule=k)
+        assert er.best(_task(0, source="t"), ["a", "b"], None).name == expected, (k, expected)
+
+
+def test_balanced_domains_give_every_domain_the_same_share() -> None:
+    from rl_conductor.training.data import make_specs
+
+    tasks = [_task(i, "math") for i in range(30)] + [_task(100 + i, "code", "c") for i in range(5)]
+    pool = Pool(name="two", workers=[FakeWorker(info=fake_info("a")), FakeWorker(info=fake_info("b"))])
+    kw: dict[str, Any] = dict(budget_prob=0.0, budgets=[], random_pool_prob=0.0)
+    plain = Counter(s.task.domain for s in make_specs(tasks, pool, 120, rng=random.Random(0), **kw))
+    even = Counter(
+        s.task.domain for s in make_specs(tasks, pool, 120, rng=random.Random(0), balance_domains=True, **kw)
+    )
+    assert plain["code"] <= 20 and even["code"] == 60 and even["math"] == 60
+    specs = make_specs(tasks, pool, 60, rng=random.Random(0), balance_domains=True, **kw)
+    assert {s.task.id for s in specs if s.task.domain == "code"} == {t.id for t in tasks[30:]}
+
+
 def test_composed_candidates_are_chains_of_at_most_five_steps() -> None:
     cands = composed_candidates(["t0", "t1", "t2"], ["c0", "c1"])
     assert len(cands) == len(set(cands))

@@ -57,6 +57,9 @@ class TrainConfig:
         0.3, "share of prompts that show a random subset of the workers (ids remapped)"
     )
     min_pool_size: int = _f(2, "smallest random subset")
+    balance_domains: bool = _f(
+        False, "every domain gets the same share of training prompts (rare domains' plans are learnt too)"
+    )
     recursion_depth: int = _f(1, "how deep the Conductor may call itself at execution time")
     # SFT warm start
     sft_examples: int = _f(3000, "synthesised valid workflows for the warm start")
@@ -90,6 +93,11 @@ class TrainConfig:
     warm_cheap_k: int = _f(1, "cheap workers per domain that composed candidates are built from")
     warm_shrink: float = _f(
         20.0, "a (domain, source) group's mean leans on its domain's mean with this many items' weight"
+    )
+    warm_se_rule: float = _f(
+        0.0,
+        "one-standard-error rule of the targets: a plan within this many paired standard errors of "
+        "the best counts as tied and the tie goes to fewer steps (0 = always the best mean)",
     )
     warm_cache_dir: str | None = _f(
         None, "where the candidate table is cached (default: .conductor/cache/candidates)"
@@ -161,6 +169,7 @@ class TrainConfig:
             raise ConfigError(f"sft_targets must be 'expected-best' or 'random', not {self.sft_targets!r}")
         if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
             raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
+        validation.non_negative_finite("warm_se_rule", self.warm_se_rule)
         if self.warm_deadline_items_per_domain < 1:
             raise ConfigError("warm_deadline_items_per_domain must be >= 1")
         if self.deadline_fraction > 0 and not self.warm_deadlines_s:

@@ -168,6 +168,7 @@ def train(
         min_pool_size=cfg.min_pool_size,
         deadline_fraction=cfg.deadline_fraction,
         deadline_range_s=cfg.deadline_range_s,
+        balance_domains=cfg.balance_domains,
     )
     sft_specs = make_specs(tasks, pool, cfg.sft_examples, **spec_kw)
     t0 = time.perf_counter()
@@ -316,7 +317,7 @@ def warm_start_targets(cfg: TrainConfig, tasks: list[Any], pool: Any, *, progres
         max_steps=cfg.max_steps_per_workflow,
         progress=progress,
     )
-    return ExpectedRewards.fit(table, _reward_config(cfg), shrink=cfg.warm_shrink)
+    return ExpectedRewards.fit(table, _reward_config(cfg), shrink=cfg.warm_shrink, se_rule=cfg.warm_se_rule)
 
 
 def _save_policy(trainer: Any, path: Path, *, merge_lora: bool) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -66,9 +67,17 @@ class ExpectedRewards:
     by_group: dict[str, np.ndarray]  # group -> [candidates, budgets + deadlines] expected reward (NaN = n/a)
     cost_by_group: dict[str, np.ndarray]
     deadlines: list[float] = field(default_factory=list)  # columns len(budgets) + k
+    #: the one-standard-error rule (see :meth:`best`): candidates within ``se_rule`` paired
+    #: standard errors of the best count as tied, and the tie goes to fewer steps (0 = off)
+    se_rule: float = 0.0
+    item_rewards: np.ndarray | None = None  # [items, candidates, conditions] reward (NaN = not run)
+    scored: np.ndarray | None = None  # [items, conditions]: the items a condition was scored on
+    rows_by_key: dict[str, np.ndarray] = field(default_factory=dict)  # group or domain -> item rows
 
     @classmethod
-    def fit(cls, table: CandidateTable, config: RewardConfig, *, shrink: float = 20.0) -> ExpectedRewards:
+    def fit(
+        cls, table: CandidateTable, config: RewardConfig, *, shrink: float = 20.0, se_rule: float = 0.0
+    ) -> ExpectedRewards:
         r = reward_array(table, config)
         cost = np.where(table.done, table.cost, np.nan)
         dom_rows: dict[str, list[int]] = defaultdict(list)
@@ -98,9 +107,45 @@ class ExpectedRewards:
                 g_mean = np.where(n > 0, mean_all(r[gr], scored[gr]), 0.0)
                 by_group[g] = (g_mean * n + shrink * dom_mean) / (n + shrink)
                 cost_by_group[g] = np.where(n > 0, mean_all(cost[gr], scored[gr]), cost_by_group[d])
+        rows_by_key = {k: np.array(v) for k, v in (*dom_rows.items(), *grp_rows.items())}
         return cls(
-            list(table.candidates), list(table.budgets), by_group, cost_by_group, list(table.deadlines)
+            list(table.candidates),
+            list(table.budgets),
+            by_group,
+            cost_by_group,
+            list(table.deadlines),
+            se_rule=float(se_rule),
+            item_rewards=r,
+            scored=scored,
+            rows_by_key=rows_by_key,
         )
+
+    def _simplest_near_best(self, key: str, col: int, options: list[tuple[Any, ...]]) -> int:
+        """The one-standard-error rule over ``options`` (tuples as in :meth:`best`, ``j`` last):
+        the fewest-step candidate whose mean reward is within ``se_rule`` paired standard errors
+        of the best's (the standard error of the per-item reward difference on the key's scored
+        items), ties to the higher mean. A composed plan must beat a simpler one by more than
+        the noise of the table; else the simpler plan (cheaper, fewer tokens) is the target."""
+        top = min(options)
+        if (
+            self.se_rule <= 0
+            or self.item_rewards is None
+            or self.scored is None
+            or key not in self.rows_by_key
+        ):
+            return int(top[-1])
+        rows = self.rows_by_key[key]
+        rows = rows[self.scored[rows, col]]
+        if len(rows) < 2:
+            return int(top[-1])
+        cols = np.array([o[-1] for o in options])
+        r = np.nan_to_num(self.item_rewards[rows][:, :, col])
+        diff = r[:, cols] - r[:, [int(top[-1])]]
+        se = diff.std(axis=0, ddof=1) / np.sqrt(len(rows))
+        near = [
+            o for o, s in zip(options, se, strict=True) if -o[0] >= -top[0] - self.se_rule * float(s) - 1e-12
+        ]
+        return int(min(near, key=lambda o: (o[1], o[0], o[2], o[3]))[-1])
 
     def budget_index(self, budget: float | None) -> int:
         """The column of the largest table budget not above ``budget`` (0 = no budget)."""
@@ -143,7 +188,7 @@ class ExpectedRewards:
                 and (afford is None or not np.isnan(table[j, afford]))
             ]
             if options:
-                return self.candidates[min(options)[-1]]
+                return self.candidates[self._simplest_near_best(key, b, options)]
         # an unknown kind of question (or nothing affordable): the best-scoring single overall
         means = {
             c.steps[0][0]: float(np.nanmean([t[j, 0] for t in self.by_group.values()]))
