@@ -238,6 +238,22 @@ def test_candidate_set_is_the_documented_one() -> None:
 # --------------------------------------------------------------------------- calibration
 
 
+def test_fit_steps_towards_the_held_out_target() -> None:
+    """The fit's next scale: outward (at most ``step`` times) until the target is bracketed, then
+    inside the first bracket; never past the verify cap; None when nothing is left to try."""
+    from rl_conductor.workers.calibrate import _next_scale
+
+    assert _next_scale({0.4: 88.0}, 89.0, 1.5, 2.0) == 0.6  # one point below: step outward
+    assert _next_scale({0.4: 90.0}, 89.0, 1.5, 2.0) == pytest.approx(0.4 / 1.5, abs=1e-4)
+    assert _next_scale({0.4: 88.0, 0.6: 90.0}, 89.0, 1.5, 2.0) == 0.5  # secant in the bracket
+    # noisy, non-monotone: the first crossing from below
+    assert 0.4 < _next_scale({0.4: 88.0, 0.5: 90.0, 0.6: 89.5}, 89.0, 1.5, 2.0) < 0.5  # type: ignore[operator]
+    assert _next_scale({0.4: 88.0, 0.6: 88.5}, 89.0, 1.5, 2.0) == pytest.approx(0.8)  # extrapolated
+    assert _next_scale({0.4: 88.0, 0.6: 88.1}, 89.0, 1.5, 2.0) == pytest.approx(0.9)  # capped at step
+    assert _next_scale({1.6: 88.0}, 89.0, 1.5, 2.0) == 2.0  # the verify cap
+    assert _next_scale({2.0: 88.0}, 89.0, 1.5, 2.0) is None
+
+
 def test_collaboration_table_on_a_few_hundred_items() -> None:
     """The search runs in the test budget and composition pays on the synthetic items."""
     p = pool()
@@ -250,6 +266,13 @@ def test_collaboration_table_on_a_few_hundred_items() -> None:
     by = {r["domain"]: r for r in rows}
     assert by["math"]["accuracy"] - by["math"]["best_single_accuracy"] > 1.0
     assert "paper" in format_collaboration(rows)
+    # the gate reads the held-out column; the in-sample one on request
+    for r in rows:
+        r["paper"] = 50.0
+    assert collaboration_gap(rows) == max(abs(r["held_out"] - 50.0) for r in rows)
+    assert collaboration_gap(rows, "accuracy") == max(abs(r["accuracy"] - 50.0) for r in rows)
+    with pytest.raises(ValueError, match="held_out"):
+        collaboration_gap(rows, "best")
 
 
 #: Single-worker accuracy per domain on paper-mix (seed 0, n = 2000) measured before the
@@ -269,8 +292,10 @@ SINGLES_BEFORE = {
 def test_collaboration_gate_on_paper_mix() -> None:
     """The gate: over ≥ 1,900 paper-mix calls per worker (real ``complete()``, real graders) every
     single worker is within 2.5 points of Table 7 and within 0.5 of its numbers before the
-    collaboration model, and the best candidate workflow per domain is within 1.5 points of the
-    paper's Conductor row."""
+    collaboration model, and the held-out best candidate workflow per domain (chosen on one half
+    of the items, measured on the other) is within 1.5 points of the paper's Conductor row — a
+    test figure, so the in-sample best (inflated by selection among 128 candidates) is printed,
+    not gated."""
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.workers.calibrate import calibrate, format_table, max_gap, paper_conductor
 
@@ -290,7 +315,9 @@ def test_collaboration_gate_on_paper_mix() -> None:
     assert {r["domain"]: r["paper"] for r in rows} == paper_conductor()
     assert collaboration_gap(rows) <= 1.5
     for r in rows:
-        assert r["accuracy"] > r["best_single_accuracy"]  # composition pays in every domain
+        assert abs(r["held_out"] - r["paper"]) <= 1.5, r
+        assert r["held_out"] > r["best_single_accuracy"]  # composition pays in every domain, held out
+        assert r["accuracy"] >= r["held_out"] - 1.0  # the in-sample best is not below the held-out one
         assert r["steps"] <= 5
     by = {r["domain"]: r for r in rows}
     assert by["code"]["steps"] > by["knowledge"]["steps"]

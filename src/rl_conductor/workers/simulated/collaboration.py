@@ -31,7 +31,8 @@ the instruction's wording:
 
 The gains differ by domain (:data:`PAPER_COLLABORATION`): most on code and hard reasoning, least
 on knowledge questions, fitted so that the best fixed workflow of the candidate set in
-:mod:`rl_conductor.workers.calibrate` reaches the paper's Conductor row per domain.
+:mod:`rl_conductor.workers.calibrate`, chosen on half of the calibration items and measured on the
+other half (held out), reaches the paper's Conductor row per domain.
 
 Who wrote a visible answer is known only for text this process rendered (a registry keyed by a
 digest of the text, like the grade cache); other text — recorded elsewhere, or from another
@@ -195,14 +196,19 @@ SELF_VERIFY = 0.25
 #: Each verify step a verifier already sees halves its own strength.
 VERIFY_DECAY = 0.5
 
-#: Fitted with ``python -m rl_conductor.workers.calibrate --fit-collaboration`` on ``paper-mix``
-#: (seed 0, 2,000 calibration items; ``FIT_SHAPE`` there, scales math 0.44, knowledge ≈ 0,
-#: reasoning 0.11, code 0.79), rounded; knowledge's check is set to 0.05 (the fit found ≈ 0: the
-#: best of 128 candidates already lands within the tolerance). The best candidate workflow per
-#: domain then reaches the paper's Conductor row (Table 7) within 1.5 points.
+#: Fitted on 2026-12-01 with ``python -m rl_conductor.workers.calibrate --fit-collaboration`` on
+#: ``paper-mix`` (seed 0, 2,000 calibration items; ``FIT_SHAPE`` there; scales math 0.4694,
+#: knowledge 0.1279 (verify only), reasoning 0.2816, code 0.8749; 15 full candidate passes, 13 min
+#: on two busy cores) to the **held-out** target: the best candidate workflow chosen on one half of
+#: the items and measured on the other (``held_out_accuracy``) reaches the paper's Conductor row
+#: (Table 7, a test figure) — math 89.40, knowledge 94.00, reasoning 42.80, code 64.05 vs 89.33 /
+#: 93.14 / 42.63 / 64.29. Knowledge's held-out jumps between 92.0 and 94.0 with the scale (which
+#: workflow a half picks flips), so it lands 0.86 above. The previous fit (math 0.44, knowledge
+#: 0.1, reasoning 0.11, code 0.79) targeted the in-sample best, which selection among 128
+#: candidates inflates: its held-out row was 88.80 / 92.00 / 40.60 / 63.10.
 PAPER_COLLABORATION = Collaboration(
-    plan_gain={"math": 0.44, "knowledge": 0.0, "reasoning": 0.11, "code": 0.79},
-    verify={"math": 0.22, "knowledge": 0.05, "reasoning": 0.055, "code": 0.395},
+    plan_gain={"math": 0.4694, "knowledge": 0.0, "reasoning": 0.2816, "code": 0.8749},
+    verify={"math": 0.2347, "knowledge": 0.064, "reasoning": 0.1408, "code": 0.4375},
 )
 OFF = Collaboration(enabled=False)
 
