@@ -18,6 +18,14 @@ largest table budget not above ``B`` (candidates unaffordable there are never ta
 worker ids are remapped to the ordinals the prompt shows. Ties go to fewer steps, then the lower
 mean cost, then the name, so targets are deterministic.
 
+Noise: with ``se_rule = k > 0`` (``TrainConfig.warm_se_rule``) a candidate whose mean is within
+``k`` paired standard errors of the best's (the standard error of the per-item reward difference,
+over the group's items) counts as tied — the one-standard-error rule of model selection. On
+paper-sim most composed plans beat the best single by less than a point on some domains; the
+best *mean* among ~75 candidates is then partly luck (targets chosen that way put two steps on
+knowledge questions, where composition pays least, at the same accuracy on the test split and
+twice the tokens). The rule keeps a composed plan only where its edge is larger than the noise.
+
 Deadlines: a table built with deadlines (``candidates.build_table(deadlines=...)``) has one
 condition column per deadline, scored on a subset of items (the group mean of such a column is
 over the group's scored items; a group without any leans wholly on its domain). A prompt with
