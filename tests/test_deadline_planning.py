@@ -93,6 +93,24 @@ def test_prompt_carries_the_deadline_and_each_workers_typical_time() -> None:
     assert "Deadline: 5.5 s" in inner
 
 
+def test_prompt_flags_the_workers_a_budget_cannot_afford_a_typical_answer_of() -> None:
+    from rl_conductor.prompting import typical_cost
+
+    pool = load_pool("paper-sim")
+
+    def flagged(limits: Limits) -> set[int]:
+        lines = [ln for ln in conductor_prompt(TASK, pool.view(), limits).splitlines() if ln[:1].isdigit()]
+        return {int(ln.split(":")[0]) for ln in lines if ln.endswith(", over budget)")}
+
+    infos = pool.view().infos()
+    dear = {i for i, info in enumerate(infos) if typical_cost(info) > 0.002}
+    assert flagged(Limits()) == set() and flagged(Limits(max_cost_usd=1.0)) == set()
+    assert flagged(Limits(max_cost_usd=0.002)) == dear
+    assert dear and len(dear) < len(infos)  # the frontier workers, not the open ones
+    both = conductor_prompt(TASK, pool.view(), Limits(max_cost_usd=0.002, max_latency_s=15))
+    assert any(ln.endswith(" s, over budget)") for ln in both.splitlines())
+
+
 # -- training draws ------------------------------------------------------------------------------
 
 

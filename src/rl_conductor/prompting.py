@@ -6,7 +6,8 @@ output format. A request's deadline (``Limits.max_latency_s``) is carried the sa
 ``Deadline:`` line after the budget, and each worker's typical answer time (from its latency
 model) in its line, so the Conductor can plan fewer sequential steps or faster workers when time
 is short. Without a deadline the prompt is byte-identical to the one trained models were trained
-on. The "yourself" line (the Conductor's own id) appears only where the limits allow
+on. Under a budget, workers whose typical answer costs more than the budget say so
+(``over budget``). The "yourself" line (the Conductor's own id) appears only where the limits allow
 recursion at that depth, so the prompt never offers an id that parsing would reject.
 Questions are cut to ``max_question_chars`` so the prompt fits the tiny model's
 context; the cut is marked.
@@ -41,15 +42,32 @@ def typical_seconds(info: WorkerInfo) -> float | None:
     return info.estimate_latency_s(TYPICAL_INPUT_TOKENS, info.typical_output_tokens)
 
 
-def worker_lines(view: PoolView, *, recursion: bool, deadline: bool = False) -> str:
+def typical_cost(info: WorkerInfo) -> float:
+    """USD of a typical answer of this worker (the same typical call as :func:`typical_seconds`)."""
+    return info.cost(TYPICAL_INPUT_TOKENS, info.typical_output_tokens)
+
+
+def worker_lines(
+    view: PoolView, *, recursion: bool, deadline: bool = False, budget: float | None = None
+) -> str:
     """``i: description (price tier, self-hosted|external)`` per worker (with ``, ~N s`` — its
-    typical answer time — when ``deadline``), then, when ``recursion`` is allowed, the Conductor."""
+    typical answer time — when ``deadline``, and ``, over budget`` when a typical answer of it
+    costs more than ``budget``), then, when ``recursion`` is allowed, the Conductor.
+
+    The flag says in words what the executor would do anyway (cap such a call's output to what
+    the budget affords, or skip it): a small model learns "avoid the flagged workers" from a few
+    examples, where comparing a dollar amount with price tiers took far more (measured: a tiny
+    Conductor trained on 8 % of prompts at $0.002 still sent knowledge and math questions to a
+    premium worker under that budget)."""
     lines = []
     for i, info in enumerate(view.infos()):
         where = "self-hosted" if info.hosting == "self" else "external"
         secs = typical_seconds(info) if deadline else None
         speed = "" if secs is None else f", ~{secs:.0f} s" if secs >= 1 else f", ~{secs:.1f} s"
-        lines.append(f"{i}: {info.description or 'general assistant'} ({info.price_tier()}, {where}{speed})")
+        over = ", over budget" if budget is not None and typical_cost(info) > budget else ""
+        lines.append(
+            f"{i}: {info.description or 'general assistant'} ({info.price_tier()}, {where}{speed}{over})"
+        )
     if recursion:
         lines.append(f"{len(view)}: yourself (review the workflow)")
     return "\n".join(lines)
@@ -79,7 +97,10 @@ def conductor_prompt(
     return template().format(
         max_steps=limits.max_steps,
         workers=worker_lines(
-            view, recursion=limits.allows_recursion(), deadline=limits.max_latency_s is not None
+            view,
+            recursion=limits.allows_recursion(),
+            deadline=limits.max_latency_s is not None,
+            budget=limits.max_cost_usd,
         ),
         budget=budget_line(limits),
         question=cut(task.question, max_question_chars),
@@ -101,7 +122,10 @@ def recursive_prompt(
     return template("conductor_recursive.txt").format(
         max_steps=limits.max_steps,
         workers=worker_lines(
-            view, recursion=limits.allows_recursion(depth), deadline=limits.max_latency_s is not None
+            view,
+            recursion=limits.allows_recursion(depth),
+            deadline=limits.max_latency_s is not None,
+            budget=limits.max_cost_usd,
         ),
         budget=budget_line(limits),
         question=cut(task.question, max_question_chars),
