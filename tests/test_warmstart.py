@@ -466,3 +466,33 @@ def test_reward_array_pays_the_format_bonus_only_when_a_worker_was_called() -> N
     r = reward_array(table, COST_AWARE)
     assert r[0, table.index("solve:strong"), 1] == pytest.approx(0.0)
     assert r[0, table.index("solve:cheap"), 1] == pytest.approx(1.0)
+
+
+def test_parallel_build_gives_the_serial_table_array_for_array(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+
+    forks: list[str] = []
+    real = multiprocessing.get_context
+
+    def spy(method: str | None = None) -> Any:
+        forks.append(str(method))
+        return real(method)
+
+    pool = _timed_pool()
+    tasks = [_task(i) for i in range(10)] + [_task(i, domain="code", source="c") for i in range(10)]
+    kw: dict[str, Any] = {
+        "budgets": [0.01, 0.05],
+        "deadlines": [5.0],
+        "deadline_items_per_domain": 6,
+        "top_k": 2,
+        "cheap_k": 1,
+    }
+    serial = build_table(tasks, pool, workers=1, **kw)
+    monkeypatch.setattr(multiprocessing, "get_context", spy)
+    forked = build_table(tasks, pool, workers=2, parallel_min_jobs=1, **kw)
+    assert forks and set(forks) == {"fork"}  # every stage with jobs ran in forked children
+    assert [c.name for c in forked.candidates] == [c.name for c in serial.candidates]
+    assert forked.meta == serial.meta and serial.meta["deadline_reused"] > 0
+    for name in ("correct", "cost", "stopped", "tokens", "done", "calls", "cut"):
+        assert np.array_equal(getattr(forked, name), getattr(serial, name)), name
+    assert serial.done[:, :, 1].any() and serial.done[:, :, 3].any()

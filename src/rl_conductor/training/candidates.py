@@ -50,6 +50,13 @@ real; a run the deadline cut (a ``skipped_deadline`` step) is marked in ``cut`` 
 Grading: a final answer is graded once per (task, the grader's normalised answer key — the key
 self-consistency votes with), so a code answer runs in the sandbox once, not once per rollout.
 
+Parallel build: the executions are CPU-bound (simulated workers, graders) and asyncio uses one
+core, so a large job list is split into contiguous chunks run in forked worker processes
+(:func:`_outcomes`); each child executes *and grades* its chunk and sends back only compact
+:class:`_Outcome` tuples, which the parent puts in job order, so the table is the same array
+for array as the serial build. ``workers=1`` (or ``RL_CONDUCTOR_TABLE_WORKERS=1``) is the serial
+in-process path; small job lists and platforms without ``fork`` stay serial too.
+
 The table is deterministic for a pool, seed and task list; it is cached on disk (``.npz``) under
 a key that includes a probe of the pool's actual answers, so a changed pool never reuses a
 stale table.
@@ -62,11 +69,13 @@ import hashlib
 import itertools
 import json
 import logging
+import multiprocessing
+import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -294,6 +303,125 @@ def _execute(
     return asyncio.run(_run_all(jobs, view, concurrency)) if jobs else []
 
 
+class _Outcome(NamedTuple):
+    """What the table keeps of one execution (and, for the deadline columns, whether the same
+    run provably stands under each deadline: :func:`unchanged_under_deadline`)."""
+
+    correct: bool
+    cost: float
+    stopped: bool
+    cut: bool
+    tokens: int
+    calls: int
+    unchanged: tuple[bool, ...]
+
+
+#: Env override of the number of worker processes for the table build (1: serial, in process).
+WORKERS_ENV = "RL_CONDUCTOR_TABLE_WORKERS"
+#: Job lists shorter than this run in process (forking costs more than it saves).
+PARALLEL_MIN_JOBS = 400
+_MAX_WORKERS = 16
+
+
+def table_workers(workers: int | None = None) -> int:
+    """The number of processes to build with: ``workers`` if given, else ``$RL_CONDUCTOR_TABLE_WORKERS``,
+    else the CPUs this process may run on (capped at 16); 1 where ``fork`` is unavailable."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    if workers is None:
+        env = os.environ.get(WORKERS_ENV, "").strip()
+        if env:
+            try:
+                workers = int(env)
+            except ValueError:
+                raise ValueError(f"{WORKERS_ENV} must be an integer, got {env!r}") from None
+        else:
+            try:
+                workers = len(os.sched_getaffinity(0))
+            except AttributeError:  # not Linux
+                workers = os.cpu_count() or 1
+            workers = min(workers, _MAX_WORKERS)
+    if workers < 1:
+        raise ValueError(f"table workers must be >= 1, got {workers}")
+    return workers
+
+
+def _outcome(
+    task: Task, trace: Trace, view: PoolView, grader: _Grader, deadlines: Sequence[float]
+) -> _Outcome:
+    from rl_conductor.reward import budget_stopped, deadline_stopped
+
+    return _Outcome(
+        correct=grader(task, trace),
+        cost=trace.cost_usd,
+        stopped=budget_stopped(trace),
+        cut=deadline_stopped(trace),
+        tokens=trace.tokens,
+        calls=_worker_calls(trace),
+        unchanged=tuple(unchanged_under_deadline(trace, task, view, d) for d in deadlines),
+    )
+
+
+def _serial_outcomes(
+    jobs: Sequence[tuple[Task, Workflow, Limits]],
+    view: PoolView,
+    grader: _Grader,
+    deadlines: Sequence[Sequence[float]],
+) -> list[_Outcome]:
+    traces = _execute(list(jobs), view)
+    return [_outcome(j[0], tr, view, grader, d) for j, tr, d in zip(jobs, traces, deadlines, strict=True)]
+
+
+# The state a forked child reads (inherited through fork, never pickled): jobs, view, grader,
+# the deadlines to check per job, and the chunk bounds.
+_FORK_STATE: tuple[Any, ...] | None = None
+
+
+def _run_chunk(c: int) -> list[_Outcome]:
+    assert _FORK_STATE is not None
+    jobs, view, grader, deadlines, bounds = _FORK_STATE
+    lo, hi = bounds[c]
+    return _serial_outcomes(jobs[lo:hi], view, grader, deadlines[lo:hi])
+
+
+def _outcomes(
+    jobs: list[tuple[Task, Workflow, Limits]],
+    view: PoolView,
+    grader: _Grader,
+    deadlines: Sequence[Sequence[float]],
+    workers: int,
+    min_jobs: int = PARALLEL_MIN_JOBS,
+) -> list[_Outcome]:
+    """Execute and grade ``jobs`` (``deadlines[k]``: the deadlines to check job ``k``'s run
+    against), in job order; in ``workers`` forked processes when the list is long enough.
+
+    Why fork is safe here: a child only runs the executor's asyncio loop over the pool's
+    in-memory (simulated or fake) workers and the graders, in a fresh event loop (the parent is
+    not inside one: this is called from synchronous code). It never touches torch, which the
+    training process has imported (and maybe initialised CUDA) before the table is built; the
+    math grader's helper process is dropped in the child (``tasks.graders`` registers
+    ``os.register_at_fork(after_in_child=...)``) and code answers start their own sandbox
+    subprocess. Children return compact outcome tuples only. Each child grades with a copy of
+    the parent's grade cache (a code answer is graded once per (task, key) per process)."""
+    global _FORK_STATE
+    n = len(jobs)
+    workers = min(workers, n)
+    if workers <= 1 or n < min_jobs:
+        return _serial_outcomes(jobs, view, grader, deadlines)
+    n_chunks = workers * 4  # contiguous chunks, several per worker: evens out slow chunks
+    edges = [round(n * c / n_chunks) for c in range(n_chunks + 1)]
+    bounds = [(edges[c], edges[c + 1]) for c in range(n_chunks) if edges[c + 1] > edges[c]]
+    _FORK_STATE = (jobs, view, grader, deadlines, bounds)
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as procs:
+            parts = procs.map(_run_chunk, range(len(bounds)), chunksize=1)
+    finally:
+        _FORK_STATE = None
+    out = [o for part in parts for o in part]
+    assert len(out) == n
+    return out
+
+
 def pool_probe(pool: Pool, tasks: Sequence[Task], n: int = 12) -> str:
     """A digest of the pool's actual answers (single calls and a chain) on a few tasks: part of
     the cache key, so a changed pool (new calibration, new collaboration model) is re-run."""
@@ -363,10 +491,14 @@ def build_table(
     max_steps: int = 5,
     limits: Limits | None = None,
     progress: bool = False,
+    workers: int | None = None,
+    parallel_min_jobs: int = PARALLEL_MIN_JOBS,
 ) -> CandidateTable:
     """Execute the candidate set (candidates of at most ``max_steps`` steps) on ``tasks`` (see
     module docstring) and return the table. ``deadlines`` add condition columns scored on at
-    most ``deadline_items_per_domain`` items per domain (None: all)."""
+    most ``deadline_items_per_domain`` items per domain (None: all). ``workers``: processes
+    (:func:`table_workers`; 1 = serial); lists under ``parallel_min_jobs`` jobs run serially."""
+    n_workers = table_workers(workers)
     base = limits or Limits(recursion_depth=0, max_steps=max_steps)
     view = pool.view()
     names = view.names()
@@ -375,19 +507,32 @@ def build_table(
     if any(not d > 0 for d in deadline_list):
         raise ValueError(f"deadlines must be > 0 seconds, got {deadline_list}")
     grader = _Grader()
+    # the deadline columns' items (a subset per domain): their unconstrained runs are checked
+    # against every deadline as they are graded (the reuse rule of step 4)
+    in_subset = {t.id for t in select_items(tasks, deadline_items_per_domain or len(tasks))}
+    no_check: tuple[float, ...] = ()
+
+    def checks(t: Task) -> tuple[float, ...]:
+        return tuple(deadline_list) if deadline_list and t.id in in_subset else no_check
+
+    def run(
+        jobs: list[tuple[Task, Workflow, Limits]], deadlines: Sequence[Sequence[float]]
+    ) -> list[_Outcome]:
+        return _outcomes(jobs, view, grader, deadlines, n_workers, parallel_min_jobs)
 
     # 1. every worker alone, on every item: picks each domain's strong and cheap workers
     singles = [single(w) for w in names]
-    traces = _execute([(t, c.workflow(names), base) for t in tasks for c in singles], view)
+    first = [(t, c.workflow(names), base) for t in tasks for c in singles]
+    outs = run(first, [checks(t) for t, _, _ in first])
     acc: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    single_rows: dict[tuple[str, str], Trace] = {}
+    single_rows: dict[tuple[str, str], _Outcome] = {}
     k = 0
     for t in tasks:
         for c in singles:
-            tr = traces[k]
+            o = outs[k]
             k += 1
-            single_rows[(t.id, c.name)] = tr
-            acc[t.domain][c.steps[0][0]].append(float(grader(t, tr)))
+            single_rows[(t.id, c.name)] = o
+            acc[t.domain][c.steps[0][0]].append(float(o.correct))
     price = {i.name: i.price_out for i in view.infos()}
     median = float(np.median(list(price.values())))
     domain_sets: dict[str, list[Candidate]] = {}
@@ -408,23 +553,20 @@ def build_table(
     done = np.zeros((n_i, n_c, n_b), dtype=bool)
     calls = np.zeros((n_i, n_c, n_b), dtype=np.int32)
 
-    def put(i: int, j: int, b: int, tr: Trace) -> None:
-        from rl_conductor.reward import budget_stopped, deadline_stopped
-
-        correct[i, j, b] = grader(tasks[i], tr)
-        cost[i, j, b] = tr.cost_usd
-        stopped[i, j, b] = budget_stopped(tr)
-        cut[i, j, b] = deadline_stopped(tr)
-        tokens[i, j, b] = tr.tokens
-        calls[i, j, b] = _worker_calls(tr)
+    def put(i: int, j: int, b: int, o: _Outcome) -> None:
+        correct[i, j, b] = o.correct
+        cost[i, j, b] = o.cost
+        stopped[i, j, b] = o.stopped
+        cut[i, j, b] = o.cut
+        tokens[i, j, b] = o.tokens
+        calls[i, j, b] = o.calls
         done[i, j, b] = True
 
     # 2. unbudgeted: singles everywhere, composed candidates on their domain's items
     jobs: list[tuple[Task, Workflow, Limits]] = []
     where: list[tuple[int, int]] = []
-    # the deadline columns' items (a subset per domain) and their unconstrained runs
-    in_subset = {t.id for t in select_items(tasks, deadline_items_per_domain or len(tasks))}
-    keep: dict[tuple[int, int], Trace] = {}
+    # the deadline columns' items and their unconstrained runs
+    keep: dict[tuple[int, int], _Outcome] = {}
     for i, t in enumerate(tasks):
         for c in singles:
             put(i, col[c], 0, single_rows[(t.id, c.name)])
@@ -435,10 +577,10 @@ def build_table(
             where.append((i, col[c]))
     if progress:
         log.info("candidate table: %d items x %d candidates, %d executions", n_i, n_c, len(jobs))
-    for (i, j), tr in zip(where, _execute(jobs, view), strict=True):
-        put(i, j, 0, tr)
+    for (i, j), o in zip(where, run(jobs, [checks(t) for t, _, _ in jobs]), strict=True):
+        put(i, j, 0, o)
         if deadline_list and tasks[i].id in in_subset:
-            keep[(i, j)] = tr
+            keep[(i, j)] = o
 
     # 3. budgets: affordable candidates only; cheap runs reused, the rest executed under B
     domains = [t.domain for t in tasks]
@@ -463,8 +605,8 @@ def build_table(
                     else:
                         jobs.append((tasks[i], cands[j].workflow(names), lim))
                         where.append((i, j))
-        for (i, j), tr in zip(where, _execute(jobs, view), strict=True):
-            put(i, j, b, tr)
+        for (i, j), o in zip(where, run(jobs, [no_check] * len(jobs)), strict=True):
+            put(i, j, b, o)
 
     # 4. deadlines: every candidate run unconstrained on a subset item; reused where provably
     # unchanged under D (unchanged_under_deadline), else executed under D for real
@@ -473,16 +615,16 @@ def build_table(
         b = len(budget_list) + k
         lim = Limits(**{**base.__dict__, "max_latency_s": D})
         jobs, where = [], []
-        for (i, j), tr in keep.items():
-            if unchanged_under_deadline(tr, tasks[i], view, D):
+        for (i, j), o in keep.items():
+            if o.unchanged[k]:
                 for arr in (correct, cost, stopped, tokens, calls, cut, done):
                     arr[i, j, b] = arr[i, j, 0]
                 reused += 1
             else:
                 jobs.append((tasks[i], cands[j].workflow(names), lim))
                 where.append((i, j))
-        for (i, j), tr in zip(where, _execute(jobs, view), strict=True):
-            put(i, j, b, tr)
+        for (i, j), o in zip(where, run(jobs, [no_check] * len(jobs)), strict=True):
+            put(i, j, b, o)
     if deadline_list:
         log.info(
             "deadline columns %s: %d cells, %d reused", deadline_list, len(keep) * len(deadline_list), reused
@@ -526,8 +668,10 @@ def cached_table(
     cheap_k: int = 2,
     max_steps: int = 5,
     progress: bool = False,
+    workers: int | None = None,
 ) -> CandidateTable:
-    """:func:`build_table`, read from / written to ``cache_dir`` when given (see module docstring)."""
+    """:func:`build_table`, read from / written to ``cache_dir`` when given (see module docstring).
+    ``workers`` only changes how fast it is built, not the table (not part of the key)."""
     budgets = sorted({float(b) for b in budgets})
     deadline_list = sorted({float(d) for d in deadlines})
     per_domain = deadline_items_per_domain if deadline_list else None
@@ -539,6 +683,7 @@ def cached_table(
         "cheap_k": cheap_k,
         "max_steps": max_steps,
         "progress": progress,
+        "workers": workers,
     }
     if cache_dir is None:
         return build_table(tasks, pool, **kw)

@@ -1,0 +1,137 @@
+"""Candidate table build: wall time of the serial (one process) build versus the forked
+multi-process build, and a check that both give the same table.
+
+Why: the warm start's candidate table (:mod:`rl_conductor.training.candidates`) is the largest
+single cost of ``make run``; its executions are CPU-bound (simulated workers, graders), so one
+asyncio process uses one core. The parallel build splits each stage's job list into contiguous
+chunks run in forked processes and must give the serial table array for array.
+
+Setup: ``--per-domain`` training questions per domain of ``paper-mix`` (the first by the
+table's stable hash order), the ``paper-sim`` pool (seed 0), the tiny preset's budgets,
+warm-start deadlines (on every item), ``top_k``/``cheap_k`` and step cap; built once with
+``workers=1`` and once with ``--workers`` processes (default: the CPUs this process may use), in
+a fresh process each, serial first.
+``parallel_min_jobs`` is left at its default, so stages with few jobs stay in process in both.
+On a shared machine the wall figures include waiting for a core; the load average is recorded.
+
+Usage: ``python benchmarks/table_build.py --json benchmarks/results/table_build.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.training.candidates import CandidateTable, build_table, select_items, table_workers
+from rl_conductor.training.config import load_preset
+from rl_conductor.workers.pool import load_pool
+
+ARRAYS = ("correct", "cost", "stopped", "tokens", "done", "calls", "cut")
+
+
+def build_once(per_domain: int, workers: int, out: Path) -> float:
+    """Build the table (tiny preset settings) with ``workers`` processes, save it to ``out`` and
+    return the build's wall seconds."""
+    cfg = load_preset("tiny")
+    tasks = select_items(load_tasks("paper-mix", split="train"), per_domain)
+    pool = load_pool("paper-sim", seed=0)
+    t0 = time.perf_counter()
+    table = build_table(
+        tasks,
+        pool,
+        budgets=cfg.budgets_usd,
+        deadlines=cfg.warm_deadlines_s,
+        deadline_items_per_domain=per_domain,
+        top_k=cfg.warm_top_k,
+        cheap_k=cfg.warm_cheap_k,
+        max_steps=cfg.max_steps_per_workflow,
+        workers=workers,
+    )
+    wall = time.perf_counter() - t0
+    table.save(out)
+    return wall
+
+
+def measure(per_domain: int, workers: int) -> dict[str, Any]:
+    """Each build in a fresh process (module-level caches of the pool and graders would favour
+    whichever build runs second in one process)."""
+    out: dict[str, Any] = {"items_per_domain": per_domain, "workers": workers}
+    tables = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode, w in (("serial", 1), ("parallel", workers)):
+            path = Path(tmp) / f"{mode}.npz"
+            load = os.getloadavg()[0]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--per-domain",
+                str(per_domain),
+                "--build-one",
+                str(w),
+                str(path),
+            ]
+            res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+            wall = float(res.stdout.strip().splitlines()[-1])
+            out[mode] = {"wall_s": round(wall, 2), "load_avg_1m_before": load}
+            tables[mode] = CandidateTable.load(path)
+    s, p = tables["serial"], tables["parallel"]
+    out["items"] = len(s.task_ids)
+    out["candidates"] = len(s.candidates)
+    out["cells_done"] = int(s.done.sum())
+    out["identical"] = [c.name for c in s.candidates] == [c.name for c in p.candidates] and all(
+        np.array_equal(getattr(s, a), getattr(p, a)) for a in ARRAYS
+    )
+    out["differing_cells"] = {a: int((getattr(s, a) != getattr(p, a)).sum()) for a in ARRAYS}
+    out["speedup_wall"] = round(out["serial"]["wall_s"] / out["parallel"]["wall_s"], 3)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--per-domain", type=int, default=40, help="training questions per domain")
+    ap.add_argument("--workers", type=int, default=None, help="processes of the parallel build")
+    ap.add_argument("--build-one", nargs=2, metavar=("WORKERS", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.build_one:
+        print(build_once(args.per_domain, int(args.build_one[0]), Path(args.build_one[1])))
+        return 0
+
+    res = measure(args.per_domain, table_workers(args.workers))
+    table = Table(title=f"candidate table, {res['items']} items x {res['candidates']} candidates, paper-sim")
+    for col in ("build", "processes", "wall s", "load 1m before"):
+        table.add_column(col, justify="left" if col == "build" else "right")
+    for mode, w in (("serial", 1), ("parallel", res["workers"])):
+        r = res[mode]
+        table.add_row(mode, str(w), f"{r['wall_s']:.1f}", f"{r['load_avg_1m_before']:.2f}")
+    console = Console()
+    console.print(table)
+    console.print(f"speed-up {res['speedup_wall']:.2f}x; tables identical: {res['identical']}")
+    if args.json:
+        res.update(
+            benchmark="table_build",
+            python=sys.version.split()[0],
+            platform=platform.platform(),
+            cpu_count=os.cpu_count(),
+            load_avg_1m=os.getloadavg()[0],
+        )
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=2) + "\n")
+    return 0 if res["identical"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
