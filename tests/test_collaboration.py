@@ -362,3 +362,14 @@ def test_cli_prints_and_checks_the_collaboration_table(tmp_path: object) -> None
     assert len(data["rows"]) == 28
     assert [r["domain"] for r in data["collaboration"]] == ["math", "knowledge", "reasoning", "code"]
     assert all(r["candidates"] == 128 and r["n"] == 6 for r in data["collaboration"])
+
+
+def test_collaboration_gap_fails_the_gate_when_a_held_out_figure_is_undefined() -> None:
+    """A domain whose calibration items all fall in one fold has no held-out accuracy (NaN);
+    the gate must not read that as a gap of zero (NaN > tolerance is False)."""
+    rows = [
+        {"domain": "math", "paper": 50.0, "held_out": float("nan"), "accuracy": 50.0},
+        {"domain": "code", "paper": 50.0, "held_out": 50.5, "accuracy": 50.5},
+    ]
+    assert collaboration_gap(rows) == float("inf")
+    assert collaboration_gap(list(reversed(rows))) == float("inf")
