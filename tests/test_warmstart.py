@@ -496,3 +496,19 @@ def test_parallel_build_gives_the_serial_table_array_for_array(monkeypatch: pyte
     for name in ("correct", "cost", "stopped", "tokens", "done", "calls", "cut"):
         assert np.array_equal(getattr(forked, name), getattr(serial, name)), name
     assert serial.done[:, :, 1].any() and serial.done[:, :, 3].any()
+
+
+def test_table_workers_default_to_serial_and_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rl_conductor.training.candidates import WORKERS_ENV, table_workers
+
+    monkeypatch.delenv(WORKERS_ENV, raising=False)
+    assert table_workers() == 1 and table_workers(3) == 3
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    assert table_workers() == 2
+    monkeypatch.setenv(WORKERS_ENV, "auto")
+    assert table_workers() >= 1
+    monkeypatch.setenv(WORKERS_ENV, "many")
+    with pytest.raises(ValueError, match=WORKERS_ENV):
+        table_workers()
+    with pytest.raises(ValueError, match=">= 1"):
+        table_workers(0)

@@ -50,12 +50,13 @@ real; a run the deadline cut (a ``skipped_deadline`` step) is marked in ``cut`` 
 Grading: a final answer is graded once per (task, the grader's normalised answer key — the key
 self-consistency votes with), so a code answer runs in the sandbox once, not once per rollout.
 
-Parallel build: the executions are CPU-bound (simulated workers, graders) and asyncio uses one
-core, so a large job list is split into contiguous chunks run in forked worker processes
-(:func:`_outcomes`); each child executes *and grades* its chunk and sends back only compact
-:class:`_Outcome` tuples, which the parent puts in job order, so the table is the same array
-for array as the serial build. ``workers=1`` (or ``RL_CONDUCTOR_TABLE_WORKERS=1``) is the serial
-in-process path; small job lists and platforms without ``fork`` stay serial too.
+Parallel build (opt-in: ``workers=N`` or ``RL_CONDUCTOR_TABLE_WORKERS=N|auto``; the default is
+the serial in-process path, see :func:`table_workers` for why): the executions are CPU-bound
+(simulated workers, graders) and asyncio uses one core, so a large job list is split into
+contiguous chunks run in forked worker processes (:func:`_outcomes`); each child executes *and
+grades* its chunk and sends back only compact :class:`_Outcome` tuples, which the parent puts in
+job order. On pools whose workers do not grade (fake, replay) the table is the same array for
+array as the serial build (tested); small job lists and platforms without ``fork`` stay serial.
 
 The table is deterministic for a pool, seed and task list; it is cached on disk (``.npz``) under
 a key that includes a probe of the pool's actual answers, so a changed pool never reuses a
@@ -324,13 +325,22 @@ _MAX_WORKERS = 16
 
 
 def table_workers(workers: int | None = None) -> int:
-    """The number of processes to build with: ``workers`` if given, else ``$RL_CONDUCTOR_TABLE_WORKERS``,
-    else the CPUs this process may run on (capped at 16); 1 where ``fork`` is unavailable."""
+    """The number of processes to build with: ``workers`` if given, else ``$RL_CONDUCTOR_TABLE_WORKERS``
+    (``auto``: the CPUs this process may run on, capped at 16), else 1; 1 where ``fork`` is
+    unavailable.
+
+    Serial is the default because the parallel build is not yet bit-identical on paper-sim at
+    full size: the simulated workers grade their own (and visible) answers with the real graders,
+    whose sandbox and math timeouts flip under the extra load of parallel children (measured: 506
+    of 335,750 cells differed, code items, mostly deadline columns), and on the 2-core machine it
+    was not faster. On fake pools (no grading inside workers) it is identical (tested)."""
     if "fork" not in multiprocessing.get_all_start_methods():
         return 1
     if workers is None:
         env = os.environ.get(WORKERS_ENV, "").strip()
-        if env:
+        if not env:
+            return 1
+        if env != "auto":
             try:
                 workers = int(env)
             except ValueError:
