@@ -57,6 +57,7 @@ bench: install ## run the benchmarks (JSON under benchmarks/results/)
 	$(PY) benchmarks/parallel_speedup.py --json benchmarks/results/parallel_speedup.json
 	$(PY) benchmarks/grading_throughput.py --label after --json benchmarks/results/grading_throughput.json
 	$(PY) benchmarks/serving_load.py --json benchmarks/results/serving_load.json
+	$(PY) benchmarks/table_build.py --per-domain 40 --json benchmarks/results/table_build.json
 
 MODEL ?= models:/conductor@champion
 POOL ?= paper-sim

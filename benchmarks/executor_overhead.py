@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from _results import write_json  # benchmarks/_results.py (scripts run from this folder)
 from rich.console import Console
 from rich.table import Table
 
@@ -154,17 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     Console().print(table)
     if args.json:
-        out = {
-            "benchmark": "executor_overhead",
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "load_avg_1m": os.getloadavg()[0],
-            "repeats": args.repeats,
-            "rows": rows,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.json, "executor_overhead", {"repeats": args.repeats, "rows": rows})
     return 0
 
 

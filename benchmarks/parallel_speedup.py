@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
+from _results import write_json  # benchmarks/_results.py (scripts run from this folder)
 from rich.console import Console
 from rich.table import Table
 
@@ -115,15 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         f"critical path {res['speedup_critical_path']:.2f}x"
     )
     if args.json:
-        res.update(
-            benchmark="parallel_speedup",
-            python=sys.version.split()[0],
-            platform=platform.platform(),
-            cpu_count=os.cpu_count(),
-            load_avg_1m=os.getloadavg()[0],
-        )
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=2) + "\n")
+        write_json(args.json, "parallel_speedup", res)
     return 0
 
 

@@ -20,9 +20,7 @@ Usage: ``python benchmarks/table_build.py --json benchmarks/results/table_build.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -31,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _results import write_json  # benchmarks/_results.py (scripts run from this folder)
 from rich.console import Console
 from rich.table import Table
 
@@ -110,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         print(build_once(args.per_domain, int(args.build_one[0]), Path(args.build_one[1])))
         return 0
 
-    res = measure(args.per_domain, table_workers(args.workers))
+    # the library builds serially unless asked; this benchmark's parallel side uses every CPU
+    workers = table_workers(args.workers) if args.workers else max(2, len(os.sched_getaffinity(0)))
+    res = measure(args.per_domain, workers)
     table = Table(title=f"candidate table, {res['items']} items x {res['candidates']} candidates, paper-sim")
     for col in ("build", "processes", "wall s", "load 1m before"):
         table.add_column(col, justify="left" if col == "build" else "right")
@@ -121,15 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     console.print(f"speed-up {res['speedup_wall']:.2f}x; tables identical: {res['identical']}")
     if args.json:
-        res.update(
-            benchmark="table_build",
-            python=sys.version.split()[0],
-            platform=platform.platform(),
-            cpu_count=os.cpu_count(),
-            load_avg_1m=os.getloadavg()[0],
-        )
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=2) + "\n")
+        write_json(args.json, "table_build", res)
     return 0 if res["identical"] else 1
 
 

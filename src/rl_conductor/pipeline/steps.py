@@ -484,38 +484,28 @@ def evaluate_step(
     split_id = test_split_id(tests, pool, seed)
     conductor_spec = f"conductor:{model_dir}"
     specs = [conductor_spec, *baseline_specs(pool)]
-    summaries = run_eval(
-        specs,
-        pool=pool,
-        dataset=dataset,
-        split="test",
-        limit=None,
-        seed=seed,
-        progress=False,
-        max_latency_s=max_latency_s,
+    # every evaluation of this step: the same pool, prepared test split and seed
+    same_questions: dict[str, Any] = dict(
+        pool=pool, dataset=dataset, split="test", limit=None, seed=seed, progress=False
     )
-    for spec, s in zip(specs, summaries, strict=True):
-        s["policy"] = CONDUCTOR_LABEL if spec == conductor_spec else s["policy"]
-        s["dataset"] = dataset
-        s["test_split_id"] = split_id
+
+    def evaluated(
+        which: list[str], label: dict[str, str] | None = None, **limits: Any
+    ) -> list[dict[str, Any]]:
+        """Summaries of ``which`` on this step's questions under ``limits``, each tagged with the
+        dataset, the split id and ``label`` (the Conductor under its report name)."""
+        runs = run_eval(which, **same_questions, **limits)
+        for spec, s in zip(which, runs, strict=True):
+            s["policy"] = CONDUCTOR_LABEL if spec == conductor_spec else s["policy"]
+            s.update(dataset=dataset, test_split_id=split_id, **(label or {}))
+        return runs
+
+    summaries = evaluated(specs, max_latency_s=max_latency_s)
     budget_specs = [conductor_spec, *(p for p in specs[1:] if p in ("domain-router", "knn"))]
 
     def rerun(label: dict[str, str], **limits: Any) -> list[dict[str, Any]]:
         """The Conductor and the routers again on the same questions under other limits."""
-        runs = run_eval(
-            budget_specs,
-            pool=pool,
-            dataset=dataset,
-            split="test",
-            limit=None,
-            seed=seed,
-            progress=False,
-            **limits,
-        )
-        for spec, s in zip(budget_specs, runs, strict=True):
-            s["policy"] = CONDUCTOR_LABEL if spec == conductor_spec else s["policy"]
-            s.update(dataset=dataset, test_split_id=split_id, **label)
-        return runs
+        return evaluated(budget_specs, label, **limits)
 
     budget_summaries: list[dict[str, Any]] = []
     for amount in (positive_finite("budgets", b) for b in budgets):
