@@ -484,9 +484,17 @@ def unchanged_under_deadline(trace: Trace, task: Task, view: PoolView, deadline:
     return True
 
 
-def group_of(task: Task) -> str:
-    """The neighbourhood a question belongs to: its domain and source."""
-    return f"{task.domain}/{task.source}"
+#: How questions are grouped into neighbourhoods (``TrainConfig.warm_group_by``).
+GROUP_BY = ("source", "subject")
+
+
+def group_of(task: Task, by: str = "source") -> str:
+    """The neighbourhood a question belongs to: its domain and source; with ``by="subject"``
+    also its subject where the task has one (``metadata["subject"]``, e.g. an MMLU subject)."""
+    if by not in GROUP_BY:
+        raise ValueError(f"group_by must be one of {GROUP_BY}, not {by!r}")
+    subject = task.metadata.get("subject") if by == "subject" else None
+    return f"{task.domain}/{task.source}/{subject}" if subject else f"{task.domain}/{task.source}"
 
 
 def build_table(

@@ -299,13 +299,16 @@ def warm_start_targets(cfg: TrainConfig, tasks: list[Any], pool: Any, *, progres
     cache) on ``warm_items_per_domain`` training questions per domain, averaged per
     neighbourhood under the training reward (see ``training/candidates.py`` and
     ``training/warmstart.py``)."""
+    from dataclasses import replace
+
     from rl_conductor.tracking.mlflow_utils import conductor_home
-    from rl_conductor.training.candidates import cached_table, select_items
+    from rl_conductor.training.candidates import cached_table, group_of, select_items
     from rl_conductor.training.warmstart import ExpectedRewards
 
     default = conductor_home() / ".conductor" / "cache" / "candidates"
+    items = select_items(tasks, cfg.warm_items_per_domain)
     table = cached_table(
-        select_items(tasks, cfg.warm_items_per_domain),
+        items,
         pool,
         Path(cfg.warm_cache_dir) if cfg.warm_cache_dir else default,
         budgets=cfg.budgets_usd,
@@ -317,7 +320,16 @@ def warm_start_targets(cfg: TrainConfig, tasks: list[Any], pool: Any, *, progres
         max_steps=cfg.max_steps_per_workflow,
         progress=progress,
     )
-    return ExpectedRewards.fit(table, _reward_config(cfg), shrink=cfg.warm_shrink, se_rule=cfg.warm_se_rule)
+    if cfg.warm_group_by != "source":  # the cached table is grouped by source; regroup its rows
+        by_id = {t.id: t for t in items}
+        table = replace(table, groups=[group_of(by_id[i], cfg.warm_group_by) for i in table.task_ids])
+    return ExpectedRewards.fit(
+        table,
+        _reward_config(cfg),
+        shrink=cfg.warm_shrink,
+        se_rule=cfg.warm_se_rule,
+        group_by=cfg.warm_group_by,
+    )
 
 
 def _save_policy(trainer: Any, path: Path, *, merge_lora: bool) -> None:

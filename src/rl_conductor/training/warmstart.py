@@ -81,10 +81,19 @@ class ExpectedRewards:
     item_rewards: np.ndarray | None = None  # [items, candidates, conditions] reward (NaN = not run)
     scored: np.ndarray | None = None  # [items, conditions]: the items a condition was scored on
     rows_by_key: dict[str, np.ndarray] = field(default_factory=dict)  # group or domain -> item rows
+    #: how a prompt's question finds its group (:func:`~rl_conductor.training.candidates.group_of`);
+    #: the table's ``groups`` must have been made the same way
+    group_by: str = "source"
 
     @classmethod
     def fit(
-        cls, table: CandidateTable, config: RewardConfig, *, shrink: float = 20.0, se_rule: float = 0.0
+        cls,
+        table: CandidateTable,
+        config: RewardConfig,
+        *,
+        shrink: float = 20.0,
+        se_rule: float = 0.0,
+        group_by: str = "source",
     ) -> ExpectedRewards:
         r = reward_array(table, config)
         cost = np.where(table.done, table.cost, np.nan)
@@ -126,6 +135,7 @@ class ExpectedRewards:
             item_rewards=r,
             scored=scored,
             rows_by_key=rows_by_key,
+            group_by=group_by,
         )
 
     def _simplest_near_best(self, key: str, col: int, options: list[tuple[Any, ...]]) -> int:
@@ -183,7 +193,7 @@ class ExpectedRewards:
         if deadline is not None and self.deadlines:
             afford = b if budget is not None else None
             b = self.deadline_index(deadline)
-        for key in (group_of(task), task.domain):
+        for key in (group_of(task, self.group_by), task.domain):
             table = self.by_group.get(key)
             if table is None:
                 continue
