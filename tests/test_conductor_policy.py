@@ -17,10 +17,17 @@ import pytest
 
 from _tiny import Micro, trained_micro
 from rl_conductor.policies import make_policy
-from rl_conductor.policies.conductor import FALLBACK_INSTRUCTION, ConductorPolicy, fallback_workflow
+from rl_conductor.policies.conductor import (
+    FALLBACK_INSTRUCTION,
+    ConductorPolicy,
+    allowed_ids,
+    fallback_workflow,
+)
+from rl_conductor.prompting import conductor_prompt, typical_cost
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.trace import Limits
+from rl_conductor.training.generate import generate, ids_prefix_ok
 from rl_conductor.workers.base import Hosting
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool, load_pool
@@ -64,8 +71,8 @@ class Script:
         self.reply = reply
         self.calls: list[dict[str, Any]] = []
 
-    def __call__(self, prompts: Sequence[str], *, greedy: bool, seed: int) -> list[str]:
-        self.calls.append({"prompts": list(prompts), "greedy": greedy, "seed": seed})
+    def __call__(self, prompts: Sequence[str], *, greedy: bool, seed: int, allowed: Any = None) -> list[str]:
+        self.calls.append({"prompts": list(prompts), "greedy": greedy, "seed": seed, "allowed": allowed})
         return [self.reply(p, len(self.calls)) for p in prompts]
 
 
@@ -283,3 +290,87 @@ async def test_recursion_shares_the_budget(policy: ConductorPolicy, monkeypatch:
     assert ep.trace.cost_usd <= 0.0008
     inner = ep.trace.steps[1].substeps
     assert inner and any(s.status == "skipped_budget" for s in inner)
+
+
+# --------------------------------------------------------------------------- budget masking
+
+
+@pytest.mark.parametrize(
+    ("body", "ok"),
+    [
+        ("", True),
+        ("1", True),
+        ("1, ", True),
+        ("1, 3", True),  # "3" may still become 3x
+        ("1, 3,", False),
+        ("2", False),
+        ("2,", False),
+        ("1, 2]", False),
+        ("1]", True),
+        ("3 ", False),  # a space ends the entry: 3 is not allowed
+        ("31", True),
+        ("31, 4", False),
+        ("x, y", True),  # not ids: left to the parser
+        ("[2", False),  # digits anywhere in the list count
+        ("'step 2'", False),
+        ("01", True),
+    ],
+)
+def test_ids_prefix_ok(body: str, ok: bool) -> None:
+    assert ids_prefix_ok(body, frozenset({1, 31})) is ok
+
+
+def test_allowed_ids_masks_only_workers_over_the_budget() -> None:
+    pool = _pool(("self", "external", "self", "external"))
+    view = pool.view()
+    costs = [typical_cost(i) for i in view.infos()]
+    assert costs == sorted(costs)
+    assert allowed_ids(view, Limits()) is None  # no budget: decoding as trained
+    between = (costs[1] + costs[2]) / 2
+    assert allowed_ids(view, Limits(max_cost_usd=between)) == frozenset({0, 1})
+    assert allowed_ids(view, Limits(max_cost_usd=between, recursion_depth=1)) == frozenset({0, 1, 4})
+    assert allowed_ids(view, Limits(max_cost_usd=costs[-1])) is None  # every worker affordable
+    assert allowed_ids(view, Limits(max_cost_usd=costs[0] / 2)) is None  # none: nothing to prefer
+    # a private request is not masked: the executor replaces a forbidden worker (and says so)
+    assert allowed_ids(view, Limits(sensitivity="private")) is None
+    # the fallback plan is the dearest worker that is permitted and affordable
+    assert fallback_workflow(view, Limits(max_cost_usd=between)).workers() == [1]
+    assert fallback_workflow(view, Limits(max_cost_usd=between, sensitivity="private")).workers() == [0]
+
+
+async def test_the_policy_passes_the_budget_mask_to_generation(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = Script(lambda prompt, call: _plan_text([0]))
+    monkeypatch.setattr(policy, "_generate", script)
+    view = _pool(("self", "external", "self")).view()
+    cheap = (typical_cost(view.infos()[0]) + typical_cost(view.infos()[1])) / 2
+    await policy.plan(_task(), view, Limits(max_cost_usd=cheap))
+    await policy.plan(_task(), view, Limits())
+    assert [c["allowed"] for c in script.calls] == [[frozenset({0})], [None]]
+
+
+def test_masked_generation_never_writes_a_masked_id(micro: Micro, policy: ConductorPolicy) -> None:
+    """The real micro model, sampled hot so that it tries every id: with a mask, every id it writes
+    in its model_id list is an allowed one; without, it writes others (so the mask did the work)."""
+    pool = load_pool(micro.config.pool, seed=0)
+    view = pool.view()
+    tasks = load_tasks("paper-mix", split="train")[:24]
+    prompts = [policy._chat(conductor_prompt(t, view, Limits(), max_question_chars=120)) for t in tasks]
+    allowed = frozenset({1})
+    kw: dict[str, Any] = {"max_new_tokens": 40, "temperature": 1.3, "seed": 3, "num_return_sequences": 4}
+    free = generate(policy.model, policy.tokenizer, prompts, **kw)
+    masked = generate(policy.model, policy.tokenizer, prompts, allowed_ids=[allowed] * len(prompts), **kw)
+
+    def ids(texts: list[str]) -> set[int]:
+        found: set[int] = set()
+        for text in texts:
+            m = re.search(r"model_id\s*=\s*\[([^\]]*)", text)
+            if m:
+                found |= {int(x) for x in re.findall(r"\d+", m.group(1))}
+        return found
+
+    assert ids(free) - allowed, "the hot unmasked samples should name other workers too"
+    assert ids(masked) and ids(masked) <= allowed
+    with pytest.raises(ValueError, match="one entry per prompt"):
+        generate(policy.model, policy.tokenizer, prompts, allowed_ids=[allowed], **kw)

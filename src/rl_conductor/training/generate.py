@@ -14,6 +14,9 @@ results may differ across torch versions and devices.
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,12 +73,15 @@ def generate(
     num_return_sequences: int = 1,
     seed: int = 0,
     batch_size: int = 32,
+    allowed_ids: Sequence[frozenset[int] | None] | None = None,
 ) -> list[str]:
     """Complete each prompt; return `len(prompts) * num_return_sequences` texts.
 
     Completions for one prompt are adjacent, in prompt order. Prompts are batched (at most
     `batch_size` prompts a forward pass) with left padding. `greedy` ignores `temperature`
-    and is deterministic; sampling is reproducible for a given `seed`.
+    and is deterministic; sampling is reproducible for a given `seed`. `allowed_ids` (one entry
+    per prompt; None = unconstrained) restricts the ids a completion may write in its
+    ``model_id = [...]`` list (:class:`WorkerIdConstraint`).
     """
     import torch
 
@@ -83,6 +89,8 @@ def generate(
         raise ValueError("num_return_sequences and batch_size must be at least 1")
     if not greedy and temperature <= 0:
         raise ValueError("temperature must be positive when sampling (or pass greedy=True)")
+    if allowed_ids is not None and len(allowed_ids) != len(prompts):
+        raise ValueError("allowed_ids needs one entry per prompt")
     if tokenizer.padding_side != "left":
         tokenizer.padding_side = "left"
     lm: Any = model  # see load_lm: keeps mypy off transformers' mistyped `generate`
@@ -109,7 +117,83 @@ def generate(
                 padding=True,
                 add_special_tokens=False,
             ).to(device)
-            output = lm.generate(**batch, **settings)
+            extra: dict[str, Any] = {}
+            rows = None if allowed_ids is None else list(allowed_ids[start : start + batch_size])
+            if rows is not None and any(r is not None for r in rows):
+                from transformers import LogitsProcessorList
+
+                per_row = [r for r in rows for _ in range(num_return_sequences)]
+                constraint = WorkerIdConstraint(tokenizer, per_row, batch["input_ids"].shape[1])
+                extra["logits_processor"] = LogitsProcessorList([constraint])
+            output = lm.generate(**batch, **settings, **extra)
             new_tokens = output[:, batch["input_ids"].shape[1] :]
             texts.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
     return texts
+
+
+#: The open ``model_id`` list at the end of a completion so far (the ids written, and the rest).
+_OPEN_LIST = re.compile(r"model_id\s*=\s*\[([^\]]*)$")
+_DIGITS = re.compile(r"\d+")
+
+
+def ids_prefix_ok(body: str, allowed: frozenset[int]) -> bool:
+    """Whether ``body`` (the text of an open ``model_id`` list so far) can still become a list of
+    ``allowed`` ids: every finished run of digits in it is an allowed id and a run still being
+    written (at the end) is a prefix of one. Other text is left alone (parsing judges it)."""
+    words = {str(i) for i in allowed}
+    for m in _DIGITS.finditer(body):
+        run = m.group().lstrip("0") or "0"
+        if m.end() == len(body):
+            if not any(w.startswith(m.group()) or w.startswith(run) for w in words):
+                return False
+        elif run not in words:
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=4)
+def _id_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
+    """The tokens that can change which ids a list holds (those with a digit, a comma or a
+    closing bracket), with their text; once per tokenizer (a large vocabulary takes seconds)."""
+    out = {}
+    for t in range(len(tokenizer)):
+        s = tokenizer.decode([t])
+        if any(ch.isdigit() or ch in ",]" for ch in s):
+            out[t] = s
+    return out
+
+
+class WorkerIdConstraint:
+    """A logits processor: inside a completion's ``model_id = [...]`` list, tokens that would
+    write an id outside that row's allowed set get ``-inf``.
+
+    Why: a request's limits rule some workers out before the Conductor plans (a private request,
+    an allow-list, a budget a worker's typical answer exceeds). A plan naming such a worker is
+    cut or refused by the executor and loses the answer; masking its id while decoding lets the
+    model's own next choice among the workers it may use stand instead (action masking). Rows
+    with ``None`` are untouched; the rest of the text is never constrained, so a completion that
+    leaves the format still fails to parse as before.
+    """
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, allowed: Sequence[frozenset[int] | None], prompt_len: int
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.allowed = list(allowed)
+        self.prompt_len = prompt_len
+        self.text = _id_tokens(tokenizer)
+        self.sensitive = list(self.text)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        for row, allowed in enumerate(self.allowed):
+            if allowed is None:
+                continue
+            done = self.tokenizer.decode(input_ids[row, self.prompt_len :], skip_special_tokens=True)
+            m = _OPEN_LIST.search(done)
+            if m is None:
+                continue
+            body = m.group(1)
+            bad = [t for t in self.sensitive if not ids_prefix_ok(body + self.text[t], allowed)]
+            if bad:
+                scores[row, bad] = float("-inf")
+        return scores
