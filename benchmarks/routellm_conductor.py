@@ -133,6 +133,36 @@ def gpt4_share(res: EvalResult, tasks: list[Task]) -> dict[str, dict[str, float]
     }
 
 
+def above_line_bootstrap(results: dict[str, EvalResult], n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Paired bootstrap over test questions of each router's points above the line (the line's
+    ends are resampled with it): mean, standard error and 95 % interval, and the same for the
+    Conductor minus the kNN router (at the same cost weight)."""
+    rng = np.random.default_rng(seed)
+    acc = {k: np.array([r.correct for r in res.records], dtype=float) for k, res in results.items()}
+    cost = {k: np.array([r.cost_usd for r in res.records]) for k, res in results.items()}
+    n = len(acc["conductor"])
+    draws: dict[str, list[float]] = defaultdict(list)
+    for _ in range(n_boot):
+        idx = rng.integers(0, n, n)
+        weak = Point("mixtral", cost["mixtral"][idx].mean(), acc["mixtral"][idx].mean())
+        strong = Point("gpt-4", cost["gpt-4"][idx].mean(), acc["gpt-4"][idx].mean())
+        above = {
+            k: 100 * (acc[k][idx].mean() - line_accuracy(cost[k][idx].mean(), weak, strong))
+            for k in ("conductor", "knn", "domain-router")
+        }
+        for k, v in above.items():
+            draws[k].append(v)
+        draws["conductor - knn"].append(above["conductor"] - above["knn"])
+    return {
+        k: {
+            "mean": float(np.mean(v)),
+            "se": float(np.std(v, ddof=1)),
+            "ci95": [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))],
+        }
+        for k, v in draws.items()
+    }
+
+
 def bars(points: dict[str, Point], knn_curve: list[Point]) -> dict[str, Any]:
     """The bar arithmetic on measured points (see module docstring)."""
     weak, strong, cond, knn = points["mixtral"], points["gpt-4"], points["conductor"], points["knn"]
@@ -234,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         knn_curve.append({"cost_weight": w, "accuracy": s["accuracy"], "mean_cost_usd": s["mean_cost_usd"]})
     curve_points = [Point(f"knn@{c['cost_weight']:g}", c["mean_cost_usd"], c["accuracy"]) for c in knn_curve]
     verdict = bars(points, [*curve_points, points["knn"]])
+    verdict["above_line_points_bootstrap"] = above_line_bootstrap(results)
 
     # 4. report
     table = Table(title=f"routellm-replay test split (n = {len(test_tasks)}), cost weight {rc.cost_weight:g}")
@@ -256,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         f"bars: above line {verdict['bar_above_line']}, at/above kNN at same cost "
         f"{verdict['bar_at_or_above_knn_at_same_cost']}"
     )
+    for k, b in verdict["above_line_points_bootstrap"].items():
+        lo, hi = b["ci95"]
+        console.print(
+            f"points above the line, {k}: {b['mean']:+.2f} (SE {b['se']:.2f}, 95 % {lo:+.2f} .. {hi:+.2f})"
+        )
     routing = {
         label: gpt4_share(results[label], test_tasks) for label in ("conductor", "knn", "domain-router")
     }
