@@ -555,3 +555,31 @@ def test_math_a_function_application_may_name_the_answer(text: str, ok: bool) ->
 
 def test_math_relation_gold_is_still_compared() -> None:
     assert grade(make("x \\leq 3", "math"), "\\boxed{x \\le 3}")
+
+
+def test_code_that_does_not_parse_is_wrong_without_a_sandbox(
+    mbpp127: Task, he100: Task, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cut-short or prose answer fails at the parser; only parseable code reaches the sandbox."""
+    from rl_conductor.tasks import graders
+
+    runs: list[str] = []
+    real = graders.run_tests
+
+    def counted(program: str, *a: object, **k: object) -> object:
+        runs.append(program)
+        return real(program, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(graders, "run_tests", counted)
+    cut = mbpp127.answer[: len(mbpp127.answer) // 2] + "("
+    assert not grade(mbpp127, f"```python\n{cut}\n```")
+    assert not grade(mbpp127, "I would loop over the list and add the numbers, then return it.")
+    assert not grade(he100, "```python\n    return [n + 2 * i for i in range(n)\n```")
+    assert runs == []
+    assert grade(mbpp127, f"```python\n{mbpp127.answer}\n```") and len(runs) == 1
+    # parseable but wrong still goes to the sandbox, which fails it
+    assert not grade(mbpp127, f"```python\n{WRONG_MBPP}\n```") and len(runs) == 2
+    assert graders.compiles("x = 1\n") and not graders.compiles("def f(:\n")
+    assert not graders.compiles("(" * 10_000)  # a SyntaxError: too many nested parentheses
+    # the compiler gives up (RecursionError): not certainly invalid, so the sandbox decides
+    assert graders.compiles("x = " + "+".join(["1"] * 200_000))
