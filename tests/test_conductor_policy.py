@@ -374,3 +374,71 @@ def test_masked_generation_never_writes_a_masked_id(micro: Micro, policy: Conduc
     assert ids(masked) and ids(masked) <= allowed
     with pytest.raises(ValueError, match="one entry per prompt"):
         generate(policy.model, policy.tokenizer, prompts, allowed_ids=[allowed], **kw)
+
+
+# --------------------------------------------------------------------------- deadlines
+
+
+def _timed_pool() -> Pool:
+    """w0 answers in ~1 s, w1 in ~20 s (their typical answer, from the latency model)."""
+    from dataclasses import replace as dc_replace
+
+    infos = [
+        dc_replace(
+            fake_info("w0", price_out=2.0), ttft_s=0.5, tokens_per_s=1000.0, typical_output_tokens=500
+        ),
+        dc_replace(fake_info("w1", price_out=4.0), ttft_s=0.5, tokens_per_s=25.0, typical_output_tokens=500),
+    ]
+    return Pool(name="timed", workers=[FakeWorker(info=i, answer=f"\\boxed{{{i.name}}}") for i in infos])
+
+
+def test_plan_seconds_is_the_typical_critical_path() -> None:
+    from rl_conductor.policies.conductor import plan_seconds
+
+    view = _timed_pool().view()
+    fast, slow = (typical_seconds_of(view, j) for j in (0, 1))
+    assert 0.5 < fast < 2 and 15 < slow < 25
+    chain = parse(_plan_text([1, 0]), pool_size=2, max_steps=5)
+    apart = parse(_plan_text([1, 0], ["[]", "[]"]), pool_size=2, max_steps=5)
+    assert plan_seconds(chain, view) == pytest.approx(slow + fast)  # the second step waits
+    assert plan_seconds(apart, view) == pytest.approx(slow)  # independent steps overlap
+    me = parse(_plan_text([2]), pool_size=2, max_steps=5, allow_recursion=True)
+    assert plan_seconds(me, view) == float("inf")
+
+
+def typical_seconds_of(view: Any, j: int) -> float:
+    from rl_conductor.prompting import typical_seconds
+
+    secs = typical_seconds(view.worker(j).info)
+    assert secs is not None
+    return secs
+
+
+async def test_a_deadline_is_planned_for_only_where_it_binds(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unconstrained, the (scripted) Conductor picks the slow w1; with the deadline in its prompt,
+    the fast w0. A deadline w1 meets keeps the first plan (one generation); a shorter one is
+    planned again with the deadline in the prompt."""
+    script = Script(lambda prompt, call: _plan_text([0] if "Deadline:" in prompt else [1]))
+    monkeypatch.setattr(policy, "_generate", script)
+    view = _timed_pool().view()
+    roomy = await policy.plan(_task(), view, Limits(max_latency_s=60))
+    assert roomy.workflow.workers() == [1] and len(script.calls) == 1
+    assert "Deadline:" not in script.calls[0]["prompts"][0]
+    tight = await policy.plan(_task(), view, Limits(max_latency_s=5))
+    assert tight.workflow.workers() == [0] and len(script.calls) == 3
+    assert "Deadline: 5 s" in script.calls[2]["prompts"][0]
+    # batched: only the requests whose first plan misses their deadline are planned again
+    plans = policy.plan_batch(
+        [
+            (_task(0), view, Limits(max_latency_s=60)),
+            (_task(1), view, Limits(max_latency_s=5)),
+            (_task(2), view, Limits()),
+        ]
+    )
+    assert [p.workflow.workers() for p in plans] == [[1], [0], [1]]
+    assert len(script.calls[-1]["prompts"]) == 1
+    # deadline_check off: every deadline goes into the prompt
+    monkeypatch.setattr(policy, "deadline_check", False)
+    assert (await policy.plan(_task(), view, Limits(max_latency_s=60))).workflow.workers() == [0]

@@ -87,7 +87,8 @@ def test_prompt_carries_the_deadline_and_each_workers_typical_time() -> None:
         with_deadline.index("Budget:") < with_deadline.index("Deadline:") < with_deadline.index("Question:")
     )
     worker_lines = [ln for ln in with_deadline.splitlines() if ln[:1].isdigit() and ": " in ln]
-    assert len(worker_lines) == len(pool.workers) and all(", ~" in ln and " s)" in ln for ln in worker_lines)
+    assert len(worker_lines) == len(pool.workers)
+    assert all(", ~" in ln and ln.endswith((" s)", " s, too slow)")) for ln in worker_lines)
     wf = Workflow(steps=[Step(worker=0, instruction="solve", access=())])
     inner = recursive_prompt(TASK, pool.view(), Limits(max_latency_s=5.5), wf, "42")
     assert "Deadline: 5.5 s" in inner
@@ -109,6 +110,26 @@ def test_prompt_flags_the_workers_a_budget_cannot_afford_a_typical_answer_of() -
     assert dear and len(dear) < len(infos)  # the frontier workers, not the open ones
     both = conductor_prompt(TASK, pool.view(), Limits(max_cost_usd=0.002, max_latency_s=15))
     assert any(ln.endswith(" s, over budget)") for ln in both.splitlines())
+
+
+def test_prompt_flags_the_workers_too_slow_for_the_deadline() -> None:
+    from rl_conductor.prompting import typical_seconds
+
+    pool = load_pool("paper-sim")
+    infos = pool.view().infos()
+
+    def flagged(limits: Limits) -> set[int]:
+        lines = [ln for ln in conductor_prompt(TASK, pool.view(), limits).splitlines() if ln[:1].isdigit()]
+        return {int(ln.split(":")[0]) for ln in lines if ", too slow" in ln}
+
+    secs = [typical_seconds(i) or 0.0 for i in infos]
+    assert flagged(Limits()) == set() and flagged(Limits(max_cost_usd=0.002)) == set()
+    assert flagged(Limits(max_latency_s=1000)) == set()
+    assert flagged(Limits(max_latency_s=0.5)) == set(range(len(infos)))
+    assert flagged(Limits(max_latency_s=15)) == {i for i, x in enumerate(secs) if x > 15}
+    assert 0 < len(flagged(Limits(max_latency_s=15))) < len(infos)  # the reasoning models only
+    both = conductor_prompt(TASK, pool.view(), Limits(max_cost_usd=0.002, max_latency_s=15))
+    assert any(ln.endswith(" s, too slow)") for ln in both.splitlines())
 
 
 # -- training draws ------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ output format. A request's deadline (``Limits.max_latency_s``) is carried the sa
 model) in its line, so the Conductor can plan fewer sequential steps or faster workers when time
 is short. Without a deadline the prompt is byte-identical to the one trained models were trained
 on. Under a budget, workers whose typical answer costs more than the budget say so
-(``over budget``). The "yourself" line (the Conductor's own id) appears only where the limits allow
+(``over budget``); under a deadline, workers whose typical answer takes longer say ``too slow``.
+The "yourself" line (the Conductor's own id) appears only where the limits allow
 recursion at that depth, so the prompt never offers an id that parsing would reject.
 Questions are cut to ``max_question_chars`` so the prompt fits the tiny model's
 context; the cut is marked.
@@ -48,7 +49,11 @@ def typical_cost(info: WorkerInfo) -> float:
 
 
 def worker_lines(
-    view: PoolView, *, recursion: bool, deadline: bool = False, budget: float | None = None
+    view: PoolView,
+    *,
+    recursion: bool,
+    deadline: bool | float | None = False,
+    budget: float | None = None,
 ) -> str:
     """``i: description (price tier, self-hosted|external)`` per worker (with ``, ~N s`` — its
     typical answer time — when ``deadline``, and ``, over budget`` when a typical answer of it
@@ -58,16 +63,19 @@ def worker_lines(
     the budget affords, or skip it): a small model learns "avoid the flagged workers" from a few
     examples, where comparing a dollar amount with price tiers took far more (measured: a tiny
     Conductor trained on 8 % of prompts at $0.002 still sent knowledge and math questions to a
-    premium worker under that budget)."""
+    premium worker under that budget). In the same way, when ``deadline`` is a number of seconds,
+    workers whose typical answer takes longer say ``too slow`` (``deadline=True`` shows the times
+    without flags)."""
     lines = []
     for i, info in enumerate(view.infos()):
         where = "self-hosted" if info.hosting == "self" else "external"
-        secs = typical_seconds(info) if deadline else None
+        secs = typical_seconds(info) if deadline is not False and deadline is not None else None
         speed = "" if secs is None else f", ~{secs:.0f} s" if secs >= 1 else f", ~{secs:.1f} s"
+        limit = None if isinstance(deadline, bool) else deadline
+        slow = ", too slow" if secs is not None and limit is not None and secs > limit else ""
         over = ", over budget" if budget is not None and typical_cost(info) > budget else ""
-        lines.append(
-            f"{i}: {info.description or 'general assistant'} ({info.price_tier()}, {where}{speed}{over})"
-        )
+        what = info.description or "general assistant"
+        lines.append(f"{i}: {what} ({info.price_tier()}, {where}{speed}{slow}{over})")
     if recursion:
         lines.append(f"{len(view)}: yourself (review the workflow)")
     return "\n".join(lines)
@@ -99,7 +107,7 @@ def conductor_prompt(
         workers=worker_lines(
             view,
             recursion=limits.allows_recursion(),
-            deadline=limits.max_latency_s is not None,
+            deadline=limits.max_latency_s,
             budget=limits.max_cost_usd,
         ),
         budget=budget_line(limits),
@@ -124,7 +132,7 @@ def recursive_prompt(
         workers=worker_lines(
             view,
             recursion=limits.allows_recursion(depth),
-            deadline=limits.max_latency_s is not None,
+            deadline=limits.max_latency_s,
             budget=limits.max_cost_usd,
         ),
         budget=budget_line(limits),
