@@ -365,7 +365,7 @@ def test_masked_generation_never_writes_a_masked_id(micro: Micro, policy: Conduc
     def ids(texts: list[str]) -> set[int]:
         found: set[int] = set()
         for text in texts:
-            m = re.search(r"model_id\s*=\s*\[([^\]]*)", text)
+            m = re.search(r"\bmodel_id\s*(?:=|:)\s*\[([^\]]*)", text)  # as parse reads it
             if m:
                 found |= {int(x) for x in re.findall(r"\d+", m.group(1))}
         return found
@@ -442,3 +442,49 @@ async def test_a_deadline_is_planned_for_only_where_it_binds(
     # deadline_check off: every deadline goes into the prompt
     monkeypatch.setattr(policy, "deadline_check", False)
     assert (await policy.plan(_task(), view, Limits(max_latency_s=60))).workflow.workers() == [0]
+
+
+def test_the_mask_follows_every_spelling_the_parser_reads(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rl_conductor.training.generate import _OPEN_LIST
+
+    assert _OPEN_LIST.search("model_id: [1, ") and _OPEN_LIST.search("x\nmodel_id=[")
+    # a plan naming a masked worker in a spelling the mask cannot see is retried, then falls back
+    view = _pool(("self", "external", "self")).view()
+    cheap = (typical_cost(view.infos()[0]) + typical_cost(view.infos()[1])) / 2
+    sneaky = "model_id = [0x1]\nsubtasks = ['s']\naccess_list = [[]]"
+    script = Script(lambda prompt, call: sneaky if call == 1 else _plan_text([0]))
+    monkeypatch.setattr(policy, "_generate", script)
+    plan = await_(policy.plan(_task(), view, Limits(max_cost_usd=cheap)))
+    assert plan.workflow.workers() == [0] and "over the budget" in (plan.parse_error or "")
+
+
+def await_(coro: Any) -> Any:
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+def test_no_mask_when_no_permitted_worker_is_affordable() -> None:
+    view = _pool(("external", "external", "self")).view()
+    costs = [typical_cost(i) for i in view.infos()]
+    between = (costs[1] + costs[2]) / 2  # w0, w1 affordable; the only self-hosted one is not
+    assert allowed_ids(view, Limits(max_cost_usd=between)) == frozenset({0, 1})
+    assert allowed_ids(view, Limits(max_cost_usd=between, sensitivity="private")) is None
+
+
+async def test_unknown_latency_puts_the_deadline_in_the_prompt(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = Script(lambda prompt, call: _plan_text([0]))
+    monkeypatch.setattr(policy, "_generate", script)
+    await policy.plan(_task(), _pool().view(), Limits(max_latency_s=0.5))  # fake workers: no latency model
+    assert len(script.calls) == 2 and "Deadline: 0.5 s" in script.calls[1]["prompts"][0]
+
+
+def test_the_fallback_prefers_a_worker_that_meets_the_deadline() -> None:
+    view = _timed_pool().view()
+    assert fallback_workflow(view, Limits()).workers() == [1]  # the dearer one
+    assert fallback_workflow(view, Limits(max_latency_s=5)).workers() == [0]  # the one that fits
+    assert fallback_workflow(view, Limits(max_latency_s=0.1)).workers() == [1]  # none fits: as before

@@ -583,3 +583,30 @@ def test_code_that_does_not_parse_is_wrong_without_a_sandbox(
     assert not graders.compiles("(" * 10_000)  # a SyntaxError: too many nested parentheses
     # the compiler gives up (RecursionError): not certainly invalid, so the sandbox decides
     assert graders.compiles("x = " + "+".join(["1"] * 200_000))
+
+
+def test_warnings_made_errors_here_do_not_fail_code_the_sandbox_accepts(
+    mbpp127: Task, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under -W error, compile() raises SyntaxError for a SyntaxWarning; the sandbox's
+    interpreter (-I) would still run the program, so the pre-check must not fail it."""
+    import warnings
+
+    from rl_conductor.tasks import graders
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert graders.compiles("x = 'a' is 'a'\ny = '\\d'\n")
+        assert not graders.compiles("def f(:\n")
+        assert grade(mbpp127, f"```python\n{mbpp127.answer}\nz = 'a' is 'a'\n```")
+
+
+def test_a_candidates_future_import_stays_first() -> None:
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.tasks.graders import candidate_program, compiles
+
+    task = next(t for t in load_tasks("mbpp") if t.metadata.get("test_imports"))
+    code = f"from __future__ import annotations\n{task.answer}"
+    program = candidate_program(task, code)
+    assert program.startswith("from __future__ import annotations\n") and compiles(program)
+    assert grade(task, f"```python\n{code}\n```")

@@ -107,8 +107,8 @@ def allowed_ids(view: PoolView, limits: Limits, *, depth: int = 0) -> frozenset[
         return None
     infos = view.infos()
     ids = {j for j, i in enumerate(infos) if typical_cost(i) <= limits.max_cost_usd}
-    if not ids or len(ids) == len(view):
-        return None
+    if not any(limits.permits(infos[j].name, infos[j].hosting) for j in ids) or len(ids) == len(view):
+        return None  # nothing usable is affordable (or everything is): nothing to prefer
     if limits.allows_recursion(depth):
         ids.add(len(view))
     return frozenset(ids)
@@ -116,20 +116,28 @@ def allowed_ids(view: PoolView, limits: Limits, *, depth: int = 0) -> frozenset[
 
 def plan_seconds(workflow: Workflow, view: PoolView) -> float:
     """The plan's typical critical path in seconds: each step starts when the steps it sees have
-    finished and takes its worker's typical answer time (:func:`~rl_conductor.prompting.typical_seconds`;
-    0 where unknown). A step naming the Conductor itself counts as unbounded (``inf``)."""
+    finished and takes its worker's typical answer time (:func:`~rl_conductor.prompting.typical_seconds`).
+    ``inf`` when a step's time is unknown (no latency model, or the Conductor itself), so such a
+    plan is always planned again with the deadline in the prompt."""
     finish: list[float] = []
     for i, step in enumerate(workflow.steps):
-        if step.worker >= len(view):
+        secs = typical_seconds(view.worker(step.worker).info) if step.worker < len(view) else None
+        if secs is None:
             return math.inf
         start = max((finish[j] for j in step.visible(i)), default=0.0)
-        finish.append(start + (typical_seconds(view.worker(step.worker).info) or 0.0))
+        finish.append(start + secs)
     return max(finish, default=0.0)
 
 
 def fallback_workflow(view: PoolView, limits: Limits) -> Workflow:
-    """One step on the highest-priced usable worker (:func:`usable_workers`)."""
-    best = max(usable_workers(view, limits), key=lambda j: (view.worker(j).info.price_out, -j))
+    """One step on the highest-priced usable worker (:func:`usable_workers`); under a deadline,
+    among those whose typical answer meets it where any does."""
+    usable = usable_workers(view, limits)
+    if limits.max_latency_s is not None:
+        deadline = limits.max_latency_s
+        fast = [j for j in usable if (typical_seconds(view.worker(j).info) or math.inf) <= deadline]
+        usable = fast or usable
+    best = max(usable, key=lambda j: (view.worker(j).info.price_out, -j))
     return Workflow(steps=(Step(best, FALLBACK_INSTRUCTION, ()),))
 
 
@@ -231,14 +239,12 @@ class ConductorPolicy(Policy):
             if not todo:
                 break
             greedy = self.greedy and attempt == 0
+            masks = [allowed_ids(views[i], limits[i], depth=depth) for i in todo]
             texts = self._generate(
-                [prompts[i] for i in todo],
-                greedy=greedy,
-                seed=self.seed + attempt,
-                allowed=[allowed_ids(views[i], limits[i], depth=depth) for i in todo],
+                [prompts[i] for i in todo], greedy=greedy, seed=self.seed + attempt, allowed=masks
             )
             still = []
-            for i, text in zip(todo, texts, strict=True):
+            for i, text, mask in zip(todo, texts, masks, strict=True):
                 try:
                     wf = parse(
                         text,
@@ -247,6 +253,9 @@ class ConductorPolicy(Policy):
                         allow_recursion=limits[i].allows_recursion(depth),
                         allow_empty=allow_empty,
                     )
+                    if self.constrain and mask is not None and not set(wf.workers()) <= mask:
+                        # a spelling the decoding mask did not follow (e.g. 0x1): retried as unparseable
+                        raise ParseError(f"the plan names workers over the budget: {wf.workers()}")
                     plans[i] = Plan(workflow=wf, text=text, parse_error=errors[i] or None)
                 except ParseError as exc:
                     errors[i] = str(exc)

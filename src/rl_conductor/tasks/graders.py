@@ -51,6 +51,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -714,7 +715,15 @@ def candidate_program(task: Task, code: str) -> str:
     defines_entry = bool(entry) and re.search(rf"\bdef\s+{re.escape(entry)}\s*\(", code) is not None
     if isinstance(meta.get("tests"), str) and entry and prompt and not defines_entry:
         code = prompt + code
+    # a candidate's `from __future__` imports must stay the module's first statements
+    future = [ln for ln in code.splitlines() if _FUTURE.match(ln)]
+    if future and imports:
+        code = "\n".join(ln for ln in code.splitlines() if not _FUTURE.match(ln))
+        imports = "\n".join(future) + "\n" + imports
     return "\n\n".join(p for p in (imports, code) if p) + "\n"
+
+
+_FUTURE = re.compile(r"^from\s+__future__\s+import\s")
 
 
 def test_spec(task: Task) -> TestSpec:
@@ -777,7 +786,18 @@ def compiles(program: str) -> bool:
     try:
         compile(program, "<candidate>", "exec", dont_inherit=True)
     except SyntaxError:  # IndentationError and TabError included
-        return False
+        # a warning made an error by this process's filters (-W error) is no error to the
+        # sandbox's interpreter (-I ignores PYTHONWARNINGS): confirm with warnings ignored
+        # (rare path only: catch_warnings is not thread-safe)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                compile(program, "<candidate>", "exec", dont_inherit=True)
+            except SyntaxError:
+                return False
+            except Exception:
+                return True
+        return True
     except Exception:
         return True
     return True

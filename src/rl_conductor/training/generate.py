@@ -132,7 +132,7 @@ def generate(
 
 
 #: The open ``model_id`` list at the end of a completion so far (the ids written, and the rest).
-_OPEN_LIST = re.compile(r"model_id\s*=\s*\[([^\]]*)$")
+_OPEN_LIST = re.compile(r"\bmodel_id\s*(?:=|:)\s*\[([^\]]*)$")  # as workflow.parse reads it
 _DIGITS = re.compile(r"\d+")
 
 
