@@ -161,8 +161,11 @@ def test_targets_plan_for_the_deadline() -> None:
     assert er.best(t, names, None, 60.0).name == "solve:slow"
     assert er.best(t, names, None, 40.0).name == "solve:slow"
     assert er.best(t, names, None, 5.0).name == "solve:fast"
-    assert er.best(t, names, None, 20.0).name == "solve:fast"  # the largest table deadline <= 20 is 5
+    # the nearest table deadline on a log scale (5 | 14.1 | 40 s)
+    assert er.best(t, names, None, 12.0).name == "solve:fast"
+    assert er.best(t, names, None, 20.0).name == "solve:slow"
     assert er.best(t, names, None, 2.0).name == "solve:fast"  # below every one: the shortest
+    assert er.deadline_index(5.0 * 8**0.5) == er.deadline_index(5.0)  # the geometric midpoint ties short
     # a subset-scored column is defined (over its scored items), not lost to the unscored ones
     assert not np.isnan(er.by_group["math/t"][:, short]).any()
     # budget and deadline: the deadline's column, among candidates affordable under the budget

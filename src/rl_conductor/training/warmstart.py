@@ -29,8 +29,8 @@ twice the tokens). The rule keeps a composed plan only where its edge is larger 
 Deadlines: a table built with deadlines (``candidates.build_table(deadlines=...)``) has one
 condition column per deadline, scored on a subset of items (the group mean of such a column is
 over the group's scored items; a group without any leans wholly on its domain). A prompt with
-deadline ``D`` takes its target from the column of the largest table deadline not above ``D``
-(the smallest one when none fits: the plan must survive the shortest deadline measured); with a
+deadline ``D`` takes its target from the column of the table deadline nearest ``D`` on a log scale
+(:meth:`ExpectedRewards.deadline_index`); with a
 budget as well, the candidate must also be affordable under the prompt's budget column as above
 (its domain mean unbudgeted cost within that table budget), since the deadline columns are run
 without a budget. A table without deadline columns ignores the deadline.
@@ -38,6 +38,7 @@ without a budget. A table without deadline columns ignores the deadline.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -175,11 +176,19 @@ class ExpectedRewards:
         return min((b, j) for j, b in enumerate(self.budgets) if b is not None)[1]
 
     def deadline_index(self, deadline: float) -> int:
-        """The column of the largest table deadline not above ``deadline`` (else the smallest)."""
+        """The column of the table deadline nearest ``deadline`` on a log scale (ties to the
+        shorter one).
+
+        Why nearest, not the largest one below: with columns at 5 and 15 s, a 14 s prompt took the
+        5 s column's plans (a fast worker everywhere) and a 15 s prompt the 15 s column's, so the
+        prompts nearest an evaluated deadline had the most conflicting targets; a small Conductor
+        cannot tell 14 from 15 in text. Nearest on a log scale puts each column in the middle of
+        the deadlines that learn from it (5 | 8.7 | 15 | 24.5 | 40 s). A plan from a slightly longer
+        column may be cut under the prompt's deadline; the executor enforces it either way."""
         if not self.deadlines:
             raise ValueError("the table has no deadline columns")
-        fitting = [(d, k) for k, d in enumerate(self.deadlines) if d <= deadline + 1e-9]
-        k = max(fitting)[1] if fitting else min((d, k) for k, d in enumerate(self.deadlines))[1]
+        x = math.log(max(deadline, 1e-9))
+        k = min(range(len(self.deadlines)), key=lambda k: (abs(math.log(self.deadlines[k]) - x), k))
         return len(self.budgets) + k
 
     def best(
