@@ -65,7 +65,12 @@ ISSUE_ROWS = [
         "expected a finite number > 0",
     ),
     (["pool", "calibrate", "--pool", "paper-sim", "--n", "-5"], 2, "'--n': -5", "an integer >= 1"),
-    (["train", "--preset", "nope", "--out", "/tmp/x"], 2, "'nope'", "presets: ['gpu', 'smol', 'tiny']"),
+    (
+        ["train", "--preset", "nope", "--out", "/tmp/x"],
+        2,
+        "'nope'",
+        "presets: ['gpu', 'routellm', 'smol', 'tiny']",
+    ),
 ]
 
 
