@@ -48,32 +48,36 @@ def typical_cost(info: WorkerInfo) -> float:
     return info.cost(TYPICAL_INPUT_TOKENS, info.typical_output_tokens)
 
 
+def over_budget(info: WorkerInfo, budget: float | None) -> bool:
+    """Whether a typical answer of this worker costs more than ``budget`` (the prompt's
+    ``over budget`` flag; the Conductor's decoding masks the same workers)."""
+    return budget is not None and typical_cost(info) > budget
+
+
 def worker_lines(
     view: PoolView,
     *,
     recursion: bool,
-    deadline: bool | float | None = False,
+    deadline: float | None = None,
     budget: float | None = None,
 ) -> str:
     """``i: description (price tier, self-hosted|external)`` per worker (with ``, ~N s`` — its
-    typical answer time — when ``deadline``, and ``, over budget`` when a typical answer of it
+    typical answer time — under a ``deadline``, and ``, over budget`` when a typical answer of it
     costs more than ``budget``), then, when ``recursion`` is allowed, the Conductor.
 
     The flag says in words what the executor would do anyway (cap such a call's output to what
     the budget affords, or skip it): a small model learns "avoid the flagged workers" from a few
     examples, where comparing a dollar amount with price tiers took far more (measured: a tiny
     Conductor trained on 8 % of prompts at $0.002 still sent knowledge and math questions to a
-    premium worker under that budget). In the same way, when ``deadline`` is a number of seconds,
-    workers whose typical answer takes longer say ``too slow`` (``deadline=True`` shows the times
-    without flags)."""
+    premium worker under that budget). In the same way, under a ``deadline`` (seconds), workers
+    whose typical answer takes longer say ``too slow``."""
     lines = []
     for i, info in enumerate(view.infos()):
         where = "self-hosted" if info.hosting == "self" else "external"
-        secs = typical_seconds(info) if deadline is not False and deadline is not None else None
+        secs = typical_seconds(info) if deadline is not None else None
         speed = "" if secs is None else f", ~{secs:.0f} s" if secs >= 1 else f", ~{secs:.1f} s"
-        limit = None if isinstance(deadline, bool) else deadline
-        slow = ", too slow" if secs is not None and limit is not None and secs > limit else ""
-        over = ", over budget" if budget is not None and typical_cost(info) > budget else ""
+        slow = ", too slow" if secs is not None and deadline is not None and secs > deadline else ""
+        over = ", over budget" if over_budget(info, budget) else ""
         what = info.description or "general assistant"
         lines.append(f"{i}: {what} ({info.price_tier()}, {where}{speed}{slow}{over})")
     if recursion:

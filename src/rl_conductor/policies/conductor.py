@@ -34,8 +34,8 @@ from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.prompting import (
     DEFAULT_MAX_QUESTION_CHARS,
     conductor_prompt,
+    over_budget,
     recursive_prompt,
-    typical_cost,
     typical_seconds,
 )
 from rl_conductor.tasks.base import Task
@@ -78,7 +78,7 @@ def model_source(spec: str | Path) -> Path | str:
 def usable_workers(view: PoolView, limits: Limits) -> list[int]:
     """The ids of the workers a plan under ``limits`` can use: those the limits permit (allow-list,
     private → self-hosted) and, under a budget, whose typical answer fits it (the prompt's
-    ``over budget`` flag, :func:`~rl_conductor.prompting.typical_cost`). When the budget affords
+    ``over budget`` flag, :func:`~rl_conductor.prompting.over_budget`). When the budget affords
     none of the permitted ones, the permitted ones; when nothing is permitted, every worker (the
     executor then refuses the plan with its reason)."""
     infos = view.infos()
@@ -87,7 +87,7 @@ def usable_workers(view: PoolView, limits: Limits) -> list[int]:
     )
     if limits.max_cost_usd is None:
         return permitted
-    affordable = [j for j in permitted if typical_cost(infos[j]) <= limits.max_cost_usd]
+    affordable = [j for j in permitted if not over_budget(infos[j], limits.max_cost_usd)]
     return affordable or permitted
 
 
@@ -96,7 +96,7 @@ def allowed_ids(view: PoolView, limits: Limits, *, depth: int = 0) -> frozenset[
     for every id (no constraint: decoding is exactly as trained).
 
     Only the budget constrains: a worker the prompt flags ``over budget`` (its typical answer
-    costs more than the whole budget, :func:`~rl_conductor.prompting.typical_cost`) is masked,
+    costs more than the whole budget, :func:`~rl_conductor.prompting.over_budget`) is masked,
     unless every worker is. A worker the allow-list or a private request forbids is left to the
     executor, which replaces it with the permitted worker closest in price and says so in the
     trace: measured on the tiny Conductor (paper-sim test split, private requests), that
@@ -106,7 +106,7 @@ def allowed_ids(view: PoolView, limits: Limits, *, depth: int = 0) -> frozenset[
     if limits.max_cost_usd is None:
         return None
     infos = view.infos()
-    ids = {j for j, i in enumerate(infos) if typical_cost(i) <= limits.max_cost_usd}
+    ids = {j for j, i in enumerate(infos) if not over_budget(i, limits.max_cost_usd)}
     if not any(limits.permits(infos[j].name, infos[j].hosting) for j in ids) or len(ids) == len(view):
         return None  # nothing usable is affordable (or everything is): nothing to prefer
     if limits.allows_recursion(depth):
@@ -219,7 +219,7 @@ class ConductorPolicy(Policy):
             greedy=greedy,
             seed=seed,
             batch_size=self.batch_size,
-            allowed_ids=allowed if self.constrain else None,
+            allowed_ids=allowed,
         )
 
     def _parse_all(
@@ -239,7 +239,7 @@ class ConductorPolicy(Policy):
             if not todo:
                 break
             greedy = self.greedy and attempt == 0
-            masks = [allowed_ids(views[i], limits[i], depth=depth) for i in todo]
+            masks = [allowed_ids(views[i], limits[i], depth=depth) if self.constrain else None for i in todo]
             texts = self._generate(
                 [prompts[i] for i in todo], greedy=greedy, seed=self.seed + attempt, allowed=masks
             )
@@ -253,7 +253,7 @@ class ConductorPolicy(Policy):
                         allow_recursion=limits[i].allows_recursion(depth),
                         allow_empty=allow_empty,
                     )
-                    if self.constrain and mask is not None and not set(wf.workers()) <= mask:
+                    if mask is not None and not set(wf.workers()) <= mask:
                         # a spelling the decoding mask did not follow (e.g. 0x1): retried as unparseable
                         raise ParseError(f"the plan names workers over the budget: {wf.workers()}")
                     plans[i] = Plan(workflow=wf, text=text, parse_error=errors[i] or None)

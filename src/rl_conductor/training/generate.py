@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rl_conductor.workflow import _ASSIGN
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -132,7 +134,7 @@ def generate(
 
 
 #: The open ``model_id`` list at the end of a completion so far (the ids written, and the rest).
-_OPEN_LIST = re.compile(r"\bmodel_id\s*(?:=|:)\s*\[([^\]]*)$")  # as workflow.parse reads it
+_OPEN_LIST = re.compile(_ASSIGN["model_id"].pattern + r"([^\]]*)$")  # opened as parse reads it
 _DIGITS = re.compile(r"\d+")
 
 
@@ -182,7 +184,6 @@ class WorkerIdConstraint:
         self.allowed = list(allowed)
         self.prompt_len = prompt_len
         self.text = _id_tokens(tokenizer)
-        self.sensitive = list(self.text)
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         for row, allowed in enumerate(self.allowed):
@@ -193,7 +194,7 @@ class WorkerIdConstraint:
             if m is None:
                 continue
             body = m.group(1)
-            bad = [t for t in self.sensitive if not ids_prefix_ok(body + self.text[t], allowed)]
+            bad = [t for t, piece in self.text.items() if not ids_prefix_ok(body + piece, allowed)]
             if bad:
                 scores[row, bad] = float("-inf")
         return scores
