@@ -127,6 +127,7 @@ def test_group_of_by_subject_and_bad_grouping() -> None:
     assert group_of(t, "subject") == "knowledge/mmlu_stem/astronomy"
     gsm = Task(id="gsm8k/1", question="q", answer="1", domain="math", source="gsm8k", grader="math")
     assert group_of(gsm, "subject") == "math/gsm8k"  # no subject: the source group
+    assert group_of(t, "domain") == "knowledge" and group_of(gsm, "domain") == "math"
     with pytest.raises(ValueError, match="group_by"):
         group_of(t, "topic")
     with pytest.raises(ConfigError, match="warm_group_by"):
@@ -166,3 +167,48 @@ def test_subject_groups_route_each_subject_to_its_own_best_worker() -> None:
     by_subject = ExpectedRewards.fit(table("subject"), rc, shrink=0.0, group_by="subject")
     assert by_subject.best(tasks[0], names, None).name == "solve:strong"
     assert by_subject.best(tasks[5], names, None).name == "solve:weak"
+
+
+def test_domain_groups_pool_sources_the_conductor_cannot_tell_apart() -> None:
+    """Two code sources: on the first the strong worker edges the cheap one (3 of 4 vs 2 of 4),
+    on the second they tie. By source the second source's target is the cheap worker; by domain
+    both sources get the strong one, so prompts that look alike learn one plan."""
+    he = [
+        Task(id=f"he/{i}", question="def f():", answer="", domain="code", source="he", grader="code")
+        for i in range(4)
+    ]
+    mb = [
+        Task(id=f"mb/{i}", question="def f():", answer="", domain="code", source="mb", grader="code")
+        for i in range(4)
+    ]
+    tasks = he + mb
+    cands = [Candidate.parse_name("solve:strong"), Candidate.parse_name("solve:cheap")]
+    shape = (len(tasks), 2, 1)
+    correct = np.zeros(shape, dtype=bool)
+    correct[[0, 1, 2], 0, 0] = True
+    correct[[0, 1], 1, 0] = True
+    correct[[4, 5], :, 0] = True
+    cost = np.zeros(shape)
+    cost[:, 0, 0] = 0.001
+
+    def table(by: str) -> CandidateTable:
+        return CandidateTable(
+            task_ids=[t.id for t in tasks],
+            domains=[t.domain for t in tasks],
+            groups=[group_of(t, by) for t in tasks],
+            candidates=cands,
+            budgets=[None],
+            correct=correct,
+            cost=cost,
+            stopped=np.zeros(shape, dtype=bool),
+            tokens=np.zeros(shape, dtype=np.int32),
+            done=np.ones(shape, dtype=bool),
+        )
+
+    rc = REWARD_PRESETS["cost-aware"]
+    names = ["strong", "cheap"]
+    by_source = ExpectedRewards.fit(table("source"), rc, shrink=0.0)
+    assert [by_source.best(t, names, None).name for t in (he[0], mb[0])] == ["solve:strong", "solve:cheap"]
+    by_domain = ExpectedRewards.fit(table("domain"), rc, shrink=0.0, group_by="domain")
+    assert {by_domain.best(t, names, None).name for t in tasks} == {"solve:strong"}
+    assert TrainConfig(warm_group_by="domain").warm_group_by == "domain"

@@ -83,6 +83,7 @@ import numpy as np
 from rl_conductor.executor import DEADLINE_MARGIN, execute, reserve_input_tokens
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import MIN_OUTPUT_TOKENS, Limits, Trace
+from rl_conductor.training.config import GROUP_BY
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, worker_message
 
@@ -484,15 +485,14 @@ def unchanged_under_deadline(trace: Trace, task: Task, view: PoolView, deadline:
     return True
 
 
-#: How questions are grouped into neighbourhoods (``TrainConfig.warm_group_by``).
-GROUP_BY = ("source", "subject")
-
-
 def group_of(task: Task, by: str = "source") -> str:
     """The neighbourhood a question belongs to: its domain and source; with ``by="subject"``
-    also its subject where the task has one (``metadata["subject"]``, e.g. an MMLU subject)."""
+    also its subject where the task has one (``metadata["subject"]``, e.g. an MMLU subject);
+    with ``by="domain"`` its domain alone (for sources the Conductor cannot tell apart)."""
     if by not in GROUP_BY:
         raise ValueError(f"group_by must be one of {GROUP_BY}, not {by!r}")
+    if by == "domain":
+        return task.domain
     subject = task.metadata.get("subject") if by == "subject" else None
     return f"{task.domain}/{task.source}/{subject}" if subject else f"{task.domain}/{task.source}"
 

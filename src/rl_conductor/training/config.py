@@ -14,6 +14,10 @@ import yaml
 from rl_conductor import validation
 from rl_conductor.errors import ConfigError, UnknownName, yaml_problem
 
+#: How questions are grouped into warm-start neighbourhoods (``TrainConfig.warm_group_by``,
+#: ``training.candidates.group_of``).
+GROUP_BY = ("source", "subject", "domain")
+
 
 def _f(default: Any, help: str) -> Any:
     if isinstance(default, (list, dict)):
@@ -98,7 +102,8 @@ class TrainConfig:
         "source",
         "neighbourhood of the warm-start targets: source = (domain, source); subject = also the "
         "task's subject where it has one (MMLU): on routellm-replay GPT-4's edge over Mixtral "
-        "differs by MMLU subject from -30 to +27 points",
+        "differs by MMLU subject from -30 to +27 points; domain = the domain alone, for sources "
+        "the Conductor cannot tell apart from the question's first characters",
     )
     warm_se_rule: float = _f(
         0.0,
@@ -176,8 +181,9 @@ class TrainConfig:
         if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
             raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
         validation.non_negative_finite("warm_se_rule", self.warm_se_rule)
-        if self.warm_group_by not in ("source", "subject"):
-            raise ConfigError(f"warm_group_by must be 'source' or 'subject', not {self.warm_group_by!r}")
+        if self.warm_group_by not in GROUP_BY:
+            options = ", ".join(GROUP_BY)
+            raise ConfigError(f"warm_group_by must be one of {options}, not {self.warm_group_by!r}")
         if self.warm_deadline_items_per_domain < 1:
             raise ConfigError("warm_deadline_items_per_domain must be >= 1")
         if self.deadline_fraction > 0 and not self.warm_deadlines_s:
