@@ -429,6 +429,15 @@ async def test_a_deadline_is_planned_for_only_where_it_binds(
     tight = await policy.plan(_task(), view, Limits(max_latency_s=5))
     assert tight.workflow.workers() == [0] and len(script.calls) == 3
     assert "Deadline: 5 s" in script.calls[2]["prompts"][0]
+    # the plan says which pass it came from, and the trace carries it (before the executor's notes)
+    assert len(roomy.notes) == 1 and "fits 60 s" in roomy.notes[0] and roomy.notes[0].endswith("kept")
+    assert len(tight.notes) == 1 and "misses 5 s; planned again" in tight.notes[0]
+    slow = f"{typical_seconds_of(view, 1):.3g} s"
+    assert slow in roomy.notes[0] and slow in tight.notes[0]
+    episode = await policy.run(_task(), view, Limits(max_latency_s=5))
+    assert episode.trace.notes[0] == tight.notes[0]
+    [ran] = await policy.run_many([_task()], view, Limits(max_latency_s=5))
+    assert ran.trace.notes[0] == tight.notes[0]
     # batched: only the requests whose first plan misses their deadline are planned again
     plans = policy.plan_batch(
         [
@@ -438,6 +447,7 @@ async def test_a_deadline_is_planned_for_only_where_it_binds(
         ]
     )
     assert [p.workflow.workers() for p in plans] == [[1], [0], [1]]
+    assert [len(p.notes) for p in plans] == [1, 1, 0]  # no deadline, no note
     assert len(script.calls[-1]["prompts"]) == 1
     # deadline_check off: every deadline goes into the prompt
     monkeypatch.setattr(policy, "deadline_check", False)

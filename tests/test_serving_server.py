@@ -408,7 +408,10 @@ def test_micro_conductor_from_the_registry_plans_in_batches_and_traces(
             httpx.Client(base_url=srv.url, timeout=120) as client,
         ):  # no --model: the default is models:/conductor@champion
             questions = [{"question": f"What is {i} + {i}?"} for i in range(6)]
-            resp = v1(client, *questions, {"question": "Keep this private", "sensitivity": "private"})
+            # a 1 s deadline no paper-sim worker meets: that request is planned twice, and says so
+            rushed = {"question": "What is 7 + 7?", "max_latency_s": 1}
+            private = {"question": "Keep this private", "sensitivity": "private"}
+            resp = v1(client, *questions, rushed, private)
             assert resp.status_code == 200, resp.text
             docs = resp.json()["predictions"]
             batch_sum = metric(client, "conductor_plan_batch_size_sum")
@@ -416,7 +419,11 @@ def test_micro_conductor_from_the_registry_plans_in_batches_and_traces(
             exp = mlflow_utils.client().get_experiment_by_name("conductor-serving")
             deadline = time.monotonic() + 60
             traces: list[Any] = []
-            while time.monotonic() < deadline and len(traces) < len(docs):
+            # a trace is listed once its first span is exported; wait until each has its root
+            while time.monotonic() < deadline and (
+                len(traces) < len(docs)
+                or not all(any(s.parent_id is None for s in t.data.spans) for t in traces)
+            ):
                 time.sleep(0.5)
                 if exp is None:
                     exp = mlflow_utils.client().get_experiment_by_name("conductor-serving")
@@ -425,6 +432,9 @@ def test_micro_conductor_from_the_registry_plans_in_batches_and_traces(
         for doc in docs:
             assert doc["workflow"] and doc["raw_plan"]
             assert doc["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in doc["steps"]))
+        assert not any(n.startswith("planning:") for n in docs[0]["notes"])  # no deadline: one pass
+        assert docs[-2]["notes"][0].startswith("planning: the plan made without the deadline")
+        assert docs[-2]["notes"][0].endswith("misses 1 s; planned again with it")
         assert batch_sum / batch_count > 1, "concurrent questions were planned one by one"
         assert len(traces) == len(docs)
         for tr in traces:

@@ -228,6 +228,7 @@ def response_document(view: PoolView, episode: Episode) -> dict[str, Any]:
         "fallback_plan": episode.plan.fallback,
         "deadline_cut": deadline_shortened(trace),
         "stopped_reason": trace.stopped_reason,
+        "notes": list(trace.notes),
         "raw_plan": episode.plan.text,
     }
 

@@ -30,6 +30,8 @@ class Plan:
     text: str = ""
     fallback: bool = False
     parse_error: str | None = None
+    #: how the plan was made, for the trace (e.g. that a deadline made the Conductor plan again)
+    notes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Policy(ABC):
         trace = await execute(plan.workflow, task, view, limits, recursion=self.recursion_hook(view))
         trace.workflow_text = plan.text
         trace.fallback_plan = plan.fallback
+        trace.notes[:0] = plan.notes
         return Episode(plan=plan, trace=trace)
 
     async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:

@@ -286,13 +286,26 @@ class ConductorPolicy(Policy):
         plans = self._parse_all(
             [self.prompt(t, v, lim) for t, v, lim in zip(tasks, views, first, strict=True)], views, first
         )
-        again = [
-            i
-            for i, (plan, view, lim) in enumerate(zip(plans, views, limits, strict=True))
-            if lim.max_latency_s is not None
-            and first[i] is not lim
-            and (plan.fallback or plan_seconds(plan.workflow, view) > lim.max_latency_s)
-        ]
+        again: list[int] = []
+        why: dict[int, str] = {}
+        for i, (plan, view, lim) in enumerate(zip(plans, views, limits, strict=True)):
+            if lim.max_latency_s is None or first[i] is lim:
+                continue
+            secs = plan_seconds(plan.workflow, view)
+            typical = f"typical critical path {secs:.3g} s" if math.isfinite(secs) else "unknown time"
+            if plan.fallback or secs > lim.max_latency_s:
+                again.append(i)
+                first_plan = "unparseable" if plan.fallback else typical
+                why[i] = (
+                    f"planning: the plan made without the deadline ({first_plan}) misses "
+                    f"{lim.max_latency_s:.3g} s; planned again with it"
+                )
+            else:
+                note = (
+                    f"planning: the plan made without the deadline fits {lim.max_latency_s:.3g} s "
+                    f"({typical}); kept"
+                )
+                plans[i] = replace(plan, notes=(*plan.notes, note))
         if again:
             redo = self._parse_all(
                 [self.prompt(tasks[i], views[i], limits[i]) for i in again],
@@ -300,7 +313,7 @@ class ConductorPolicy(Policy):
                 [limits[i] for i in again],
             )
             for i, plan in zip(again, redo, strict=True):
-                plans[i] = plan
+                plans[i] = replace(plan, notes=(why[i], *plan.notes))
         return plans
 
     # -- Policy -----------------------------------------------------------------------------
@@ -331,6 +344,7 @@ class ConductorPolicy(Policy):
         async def one(task: Task, plan: Plan) -> Episode:
             trace = await execute(plan.workflow, task, view, limits, recursion=hook)
             trace.workflow_text, trace.fallback_plan = plan.text, plan.fallback
+            trace.notes[:0] = plan.notes
             return Episode(plan=plan, trace=trace)
 
         return list(await asyncio.gather(*(one(t, p) for t, p in zip(tasks, plans, strict=True))))

@@ -276,6 +276,7 @@ class ConductorService:
                 plan.workflow, task, view, limits, recursion=self.policy.recursion_hook(view)
             )
             trace.workflow_text, trace.fallback_plan = plan.text, plan.fallback
+            trace.notes[:0] = plan.notes
             return Episode(plan=plan, trace=trace)
         finally:
             _LISTENER.reset(token)
