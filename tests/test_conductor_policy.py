@@ -430,9 +430,12 @@ async def test_a_deadline_is_planned_for_only_where_it_binds(
     assert tight.workflow.workers() == [0] and len(script.calls) == 3
     assert "Deadline: 5 s" in script.calls[2]["prompts"][0]
     # the plan says which pass it came from, and the trace carries it (before the executor's notes)
-    assert len(roomy.notes) == 1 and "fits 60 s" in roomy.notes[0] and roomy.notes[0].endswith("kept")
-    assert len(tight.notes) == 1 and "misses 5 s; planned again" in tight.notes[0]
-    slow = f"{typical_seconds_of(view, 1):.3g} s"
+    assert len(roomy.notes) == 1 and "fits it" in roomy.notes[0] and roomy.notes[0].endswith("kept")
+    assert len(tight.notes) == 1 and "misses 5 s (" in tight.notes[0]
+    assert tight.notes[0].endswith("planned again with it")
+    from rl_conductor.prompting import quantile_seconds
+
+    slow = f"{quantile_seconds(view.worker(1).info, policy.deadline_quantile):.3g} s"
     assert slow in roomy.notes[0] and slow in tight.notes[0]
     episode = await policy.run(_task(), view, Limits(max_latency_s=5))
     assert episode.trace.notes[0] == tight.notes[0]
@@ -498,3 +501,109 @@ def test_the_fallback_prefers_a_worker_that_meets_the_deadline() -> None:
     assert fallback_workflow(view, Limits()).workers() == [1]  # the dearer one
     assert fallback_workflow(view, Limits(max_latency_s=5)).workers() == [0]  # the one that fits
     assert fallback_workflow(view, Limits(max_latency_s=0.1)).workers() == [1]  # none fits: as before
+
+
+def test_a_slow_answer_is_what_a_plan_must_fit() -> None:
+    """``quantile_latency_s``: the output length at its quantile (lognormal spread), the rest at
+    the medians; the default spread is stated, a pool file or the simulated profile sets it."""
+    from dataclasses import replace as dc_replace
+
+    from rl_conductor.policies.conductor import plan_seconds
+    from rl_conductor.workers.pool import info_from_spec
+    from rl_conductor.workers.simulated import LENGTH_SIGMA
+
+    info = dc_replace(fake_info("w"), ttft_s=0.5, tokens_per_s=100.0)
+    assert info.quantile_latency_s(0, 500, 0.5) == info.estimate_latency_s(0, 500) == pytest.approx(5.5)
+    assert info.quantile_latency_s(0, 500, 0.9) == pytest.approx(0.5 + round(500 * 1.8984) / 100, abs=0.02)
+    assert info.quantile_latency_s(0, 500, 0.1) < 5.5
+    with pytest.raises(ValueError, match="quantile"):
+        info.quantile_latency_s(0, 500, 1.0)
+    with pytest.raises(ValueError, match="output_tokens_spread"):
+        dc_replace(info, output_tokens_spread=float("nan"))
+    spec = {"name": "v", "kind": "fake", "ttft_s": 0.2, "tokens_per_s": 50, "output_tokens_spread": 0.3}
+    assert info_from_spec(spec).output_tokens_spread == 0.3
+    assert all(i.output_tokens_spread == LENGTH_SIGMA for i in load_pool("paper-sim").view().infos())
+    view = _timed_pool().view()
+    chain = parse(_plan_text([1, 0]), pool_size=2, max_steps=5)
+    assert plan_seconds(chain, view, 0.9) > plan_seconds(chain, view) * 1.5
+
+
+async def test_a_deadline_the_typical_answer_meets_but_a_slow_one_misses_is_planned_for(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """w1 answers in ~20 s typically, ~38 s at p90: a 30 s deadline keeps w1's plan only when
+    plans are checked at the median."""
+    script = Script(lambda prompt, call: _plan_text([0] if "Deadline:" in prompt else [1]))
+    monkeypatch.setattr(policy, "_generate", script)
+    view = _timed_pool().view()
+    assert (await policy.plan(_task(), view, Limits(max_latency_s=30))).workflow.workers() == [0]
+    monkeypatch.setattr(policy, "deadline_quantile", 0.5)
+    assert (await policy.plan(_task(), view, Limits(max_latency_s=30))).workflow.workers() == [1]
+
+
+async def test_a_deadline_plan_that_still_misses_is_cut_to_its_answering_step(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the deadline in the prompt the (scripted) Conductor still chains slow w1 into w0. At
+    5 s that chain cannot finish: the plan becomes w0 alone (its last step) before anything
+    runs, and says so. A chain ending on the slow worker is kept (the executor enforces the
+    deadline), and so is every chain with ``deadline_trim`` off."""
+    from rl_conductor.policies.conductor import FALLBACK_INSTRUCTION
+
+    ends_fast = _plan_text([1, 0])
+    script = Script(lambda prompt, call: ends_fast if "Deadline:" in prompt else _plan_text([1]))
+    monkeypatch.setattr(policy, "_generate", script)
+    view = _timed_pool().view()
+    plan = await policy.plan(_task(), view, Limits(max_latency_s=5))
+    assert plan.workflow.steps == (Step(0, FALLBACK_INSTRUCTION, ()),)
+    assert plan.text == ends_fast  # what the Conductor wrote stays on record
+    assert len(plan.notes) == 2 and "cut to its last step's worker alone" in plan.notes[1]
+    episode = await policy.run(_task(), view, Limits(max_latency_s=5))
+    assert [s.status for s in episode.trace.steps] == ["ok"] and episode.trace.notes[:2] == list(plan.notes)
+    ends_slow = _plan_text([0, 1])
+    monkeypatch.setattr(
+        policy, "_generate", Script(lambda p, c: ends_slow if "Deadline:" in p else _plan_text([1]))
+    )
+    assert (await policy.plan(_task(), view, Limits(max_latency_s=5))).workflow.workers() == [0, 1]
+    monkeypatch.setattr(policy, "_generate", script)
+    monkeypatch.setattr(policy, "deadline_trim", False)
+    assert (await policy.plan(_task(), view, Limits(max_latency_s=5))).workflow.workers() == [1, 0]
+
+
+async def test_a_chain_that_misses_is_cut_to_its_answering_step_before_any_replanning(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unconstrained plan chains slow w1 into fast w0: at 5 s it is cut to w0 alone with no
+    second generation (the Conductor's own choice of answerer stands). Ending on w1, which
+    misses alone too, it is planned again with the deadline in the prompt."""
+    from rl_conductor.policies.conductor import FALLBACK_INSTRUCTION
+
+    script = Script(lambda prompt, call: _plan_text([0]) if "Deadline:" in prompt else _plan_text([1, 0]))
+    monkeypatch.setattr(policy, "_generate", script)
+    view = _timed_pool().view()
+    plan = await policy.plan(_task(), view, Limits(max_latency_s=5))
+    assert plan.workflow.steps == (Step(0, FALLBACK_INSTRUCTION, ()),) and len(script.calls) == 1
+    assert "misses 5 s" in plan.notes[0] and "cut to its last step's worker alone" in plan.notes[1]
+    assert (await policy.plan(_task(), view, Limits(max_latency_s=60))).workflow.workers() == [1, 0]
+    script = Script(lambda prompt, call: _plan_text([0]) if "Deadline:" in prompt else _plan_text([0, 1]))
+    monkeypatch.setattr(policy, "_generate", script)
+    assert (await policy.plan(_task(), view, Limits(max_latency_s=5))).workflow.workers() == [0]
+    assert len(script.calls) == 2  # w1 alone misses 5 s too: planned again
+    # a private request whose answering worker is external is planned again, not cut
+    ext = Pool(
+        name="mixed",
+        workers=[
+            FakeWorker(info=dc(view.worker(0).info, hosting="external"), answer="a"),
+            FakeWorker(info=dc(view.worker(1).info, hosting="self"), answer="b"),
+        ],
+    ).view()
+    script = Script(lambda prompt, call: _plan_text([1]) if "Deadline:" in prompt else _plan_text([1, 0]))
+    monkeypatch.setattr(policy, "_generate", script)
+    await policy.plan(_task(), ext, Limits(max_latency_s=5, sensitivity="private"))
+    assert len(script.calls) == 2
+
+
+def dc(info: Any, **kw: Any) -> Any:
+    from dataclasses import replace as dc_replace
+
+    return dc_replace(info, **kw)

@@ -434,7 +434,7 @@ def test_micro_conductor_from_the_registry_plans_in_batches_and_traces(
             assert doc["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in doc["steps"]))
         assert not any(n.startswith("planning:") for n in docs[0]["notes"])  # no deadline: one pass
         assert docs[-2]["notes"][0].startswith("planning: the plan made without the deadline")
-        assert docs[-2]["notes"][0].endswith("misses 1 s; planned again with it")
+        assert docs[-2]["notes"][0].endswith("planned again with it")  # no worker answers in 1 s
         assert batch_sum / batch_count > 1, "concurrent questions were planned one by one"
         assert len(traces) == len(docs)
         for tr in traces:

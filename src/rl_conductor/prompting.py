@@ -43,6 +43,12 @@ def typical_seconds(info: WorkerInfo) -> float | None:
     return info.estimate_latency_s(TYPICAL_INPUT_TOKENS, info.typical_output_tokens)
 
 
+def quantile_seconds(info: WorkerInfo, quantile: float) -> float | None:
+    """Seconds within which a typical call of this worker answers with probability ``quantile``
+    (its output length spread, :meth:`WorkerInfo.quantile_latency_s`); None when unknown."""
+    return info.quantile_latency_s(TYPICAL_INPUT_TOKENS, info.typical_output_tokens, quantile)
+
+
 def typical_cost(info: WorkerInfo) -> float:
     """USD of a typical answer of this worker (the same typical call as :func:`typical_seconds`)."""
     return info.cost(TYPICAL_INPUT_TOKENS, info.typical_output_tokens)

@@ -9,6 +9,8 @@ step sees); live workers ignore it and see only ``messages``.
 from __future__ import annotations
 
 import asyncio
+import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -78,6 +80,10 @@ class WorkerInfo:
     ttft_s: float | None = None
     tokens_per_s: float | None = None
     prefill_tokens_per_s: float | None = None
+    #: spread of the output length, the standard deviation of its logarithm (lognormal; a pool
+    #: file may state a measured one): how long a slow answer takes (:meth:`quantile_latency_s`),
+    #: which a plan for a deadline must allow for
+    output_tokens_spread: float = 0.5
 
     def __post_init__(self) -> None:
         # the executor never starts a call with fewer output tokens: such a worker could never answer
@@ -89,6 +95,7 @@ class WorkerInfo:
         for name in ("tokens_per_s", "prefill_tokens_per_s"):
             if getattr(self, name) is not None:
                 positive_finite(f"worker {self.name!r} {name}", getattr(self, name))
+        non_negative_finite(f"worker {self.name!r} output_tokens_spread", self.output_tokens_spread)
 
     def estimate_latency_s(self, input_tokens: int, output_tokens: int) -> float | None:
         """Median seconds for a call of this size, from the latency model; None when unknown."""
@@ -96,6 +103,16 @@ class WorkerInfo:
             return None
         prefill = input_tokens / self.prefill_tokens_per_s if self.prefill_tokens_per_s else 0.0
         return self.ttft_s + prefill + output_tokens / self.tokens_per_s
+
+    def quantile_latency_s(self, input_tokens: int, output_tokens: int, quantile: float) -> float | None:
+        """Seconds within which a call whose median output is ``output_tokens`` answers with
+        probability ``quantile`` (the output length lognormal with ``output_tokens_spread``;
+        first-token and decode times at their medians); None when the latency is unknown."""
+        if not 0 < quantile < 1:
+            raise ValueError(f"quantile must be in (0, 1), got {quantile!r}")
+        z = statistics.NormalDist().inv_cdf(quantile)
+        slow = round(output_tokens * math.exp(z * self.output_tokens_spread))
+        return self.estimate_latency_s(input_tokens, slow)
 
     def tokens_within(self, seconds: float, input_tokens: int) -> int | None:
         """Output tokens a call can decode in ``seconds`` (median model); None when unknown."""

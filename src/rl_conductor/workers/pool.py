@@ -82,7 +82,7 @@ def info_from_spec(spec: dict[str, Any]) -> WorkerInfo:
         raise PoolConfigError(f"worker entry is missing {exc.args[0]!r}: {spec}") from None
 
 
-_LATENCY_KEYS = ("ttft_s", "tokens_per_s", "prefill_tokens_per_s")
+_LATENCY_KEYS = ("ttft_s", "tokens_per_s", "prefill_tokens_per_s", "output_tokens_spread")
 _INFO_KEYS = {
     "name",
     "price_in",

@@ -333,6 +333,7 @@ def build_simulated(spec: dict[str, Any], options: dict[str, Any]) -> SimulatedW
         ttft_s=profile.ttft_s,
         tokens_per_s=profile.tokens_per_s,
         prefill_tokens_per_s=profile.prefill_tokens_per_s,
+        output_tokens_spread=LENGTH_SIGMA,
     )
     return SimulatedWorker(
         info=info,
