@@ -435,7 +435,7 @@ async def test_a_deadline_is_planned_for_only_where_it_binds(
     assert tight.notes[0].endswith("planned again with it")
     from rl_conductor.prompting import quantile_seconds
 
-    slow = f"{quantile_seconds(view.worker(1).info, policy.deadline_quantile):.3g} s"
+    slow = f"{quantile_seconds(view.worker(1).info, policy.deadline_quantile):.4g} s"
     assert slow in roomy.notes[0] and slow in tight.notes[0]
     episode = await policy.run(_task(), view, Limits(max_latency_s=5))
     assert episode.trace.notes[0] == tight.notes[0]
@@ -518,8 +518,9 @@ def test_a_slow_answer_is_what_a_plan_must_fit() -> None:
     assert info.quantile_latency_s(0, 500, 0.1) < 5.5
     with pytest.raises(ValueError, match="quantile"):
         info.quantile_latency_s(0, 500, 1.0)
-    with pytest.raises(ValueError, match="output_tokens_spread"):
-        dc_replace(info, output_tokens_spread=float("nan"))
+    for bad in (float("nan"), -0.1, 600.0, True):
+        with pytest.raises(ValueError, match="output_tokens_spread"):
+            dc_replace(info, output_tokens_spread=bad)
     spec = {"name": "v", "kind": "fake", "ttft_s": 0.2, "tokens_per_s": 50, "output_tokens_spread": 0.3}
     assert info_from_spec(spec).output_tokens_spread == 0.3
     assert all(i.output_tokens_spread == LENGTH_SIGMA for i in load_pool("paper-sim").view().infos())
@@ -584,6 +585,14 @@ async def test_a_chain_that_misses_is_cut_to_its_answering_step_before_any_repla
     plan = await policy.plan(_task(), view, Limits(max_latency_s=5))
     assert plan.workflow.steps == (Step(0, FALLBACK_INSTRUCTION, ()),) and len(script.calls) == 1
     assert "misses 5 s" in plan.notes[0] and "cut to its last step's worker alone" in plan.notes[1]
+    # the deadline shortened the workflow, before it ran: the trace and deadline_cut say so
+    from rl_conductor.reward import deadline_shortened, deadline_stopped
+
+    episode = await policy.run(_task(), view, Limits(max_latency_s=5))
+    assert plan.deadline_cut and episode.trace.plan_cut
+    assert deadline_shortened(episode.trace) and not deadline_stopped(episode.trace)
+    with pytest.raises(ValueError, match="deadline_quantile"):
+        ConductorPolicy(policy.model_dir, deadline_quantile=1.0)
     assert (await policy.plan(_task(), view, Limits(max_latency_s=60))).workflow.workers() == [1, 0]
     script = Script(lambda prompt, call: _plan_text([0]) if "Deadline:" in prompt else _plan_text([0, 1]))
     monkeypatch.setattr(policy, "_generate", script)

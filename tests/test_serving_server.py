@@ -270,6 +270,9 @@ def test_budgets_are_never_exceeded_and_a_hopeless_budget_says_so(http: httpx.Cl
     assert stopped and answered  # the range covers hopeless, partial and ample budgets
     tiny = v1(http, {"question": "q", "max_cost_usd": 1e-9}).json()["predictions"][0]
     assert tiny["budget_stop"] and "cannot buy one worker call" in tiny["message"]
+    # the hopeless-budget document has every field an answered one has
+    full = v1(http, {"question": "q"}).json()["predictions"][0]
+    assert set(full) <= set(tiny), set(full) - set(tiny)
 
 
 def test_metrics_count_requests_workers_tokens_cost_and_latency(http: httpx.Client) -> None:

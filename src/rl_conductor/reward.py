@@ -150,12 +150,13 @@ _DEADLINE_CAP_NOTE = re.compile(r"deadline: output capped at (\d+) tokens")
 def deadline_shortened(trace: Trace) -> bool:
     """True when a stated deadline skipped a step, or cut a step's answer short: its output was
     capped to what the time left affords and it used the whole cap (or the worker reported
-    ``finish_reason == "length"``). What a response's ``deadline_cut`` and a summary's
+    ``finish_reason == "length"``), or cut the plan to its answering step before it ran
+    (``Trace.plan_cut``). What a response's ``deadline_cut`` and a summary's
     ``deadline_cut_rate`` report; the reward penalises only skipped steps
     (:func:`deadline_stopped`): a cut answer that is worse already earns less."""
     from rl_conductor.trace import _flatten
 
-    if deadline_stopped(trace):
+    if deadline_stopped(trace) or trace.plan_cut:
         return True
     for s in _flatten(trace.steps):
         m = _DEADLINE_CAP_NOTE.search(s.note)

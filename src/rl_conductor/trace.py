@@ -158,6 +158,8 @@ class Trace:
     stopped_reason: str = ""  # "" when every step ran; else why execution stopped early
     workflow_text: str = ""
     fallback_plan: bool = False
+    #: the deadline cut the Conductor's plan to its answering step before it ran
+    plan_cut: bool = False
     notes: list[str] = field(default_factory=list)
     #: what the executor's budget was charged in all (equals ``cost_usd``; kept to check that)
     charged_usd: float = 0.0

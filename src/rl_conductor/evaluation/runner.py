@@ -4,7 +4,8 @@
 
     {"policy", "pool", "n", "accuracy", "mean_tokens", "mean_cost_usd", "mean_calls",
      "mean_steps", "p50_latency_s", "p95_latency_s", "parse_rate", "fallback_rate",
-     "deadline_cut_rate" (share of questions where the deadline skipped a step or capped an answer),
+     "deadline_cut_rate" (share of questions where the deadline skipped a step, capped an answer
+     or cut the plan to its answering step before it ran),
      "by_domain": {domain: {...same metrics}}}
 
 Accuracy is in [0, 1]; latency is the critical path of the workers' reported latencies (what the

@@ -32,6 +32,15 @@ class Plan:
     parse_error: str | None = None
     #: how the plan was made, for the trace (e.g. that a deadline made the Conductor plan again)
     notes: tuple[str, ...] = ()
+    #: the deadline cut the plan to its answering step before it ran
+    deadline_cut: bool = False
+
+    def annotate(self, trace: Trace) -> Trace:
+        """Record on the executed ``trace`` how this plan was made (raw text, fallback, notes)."""
+        trace.workflow_text, trace.fallback_plan = self.text, self.fallback
+        trace.plan_cut = self.deadline_cut
+        trace.notes[:0] = self.notes
+        return trace
 
 
 @dataclass
@@ -54,10 +63,7 @@ class Policy(ABC):
     async def run(self, task: Task, view: PoolView, limits: Limits) -> Episode:
         plan = await self.plan(task, view, limits)
         trace = await execute(plan.workflow, task, view, limits, recursion=self.recursion_hook(view))
-        trace.workflow_text = plan.text
-        trace.fallback_plan = plan.fallback
-        trace.notes[:0] = plan.notes
-        return Episode(plan=plan, trace=trace)
+        return Episode(plan=plan, trace=plan.annotate(trace))
 
     async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
         """Run several tasks; policies with batched planning (the LM Conductor) override this."""

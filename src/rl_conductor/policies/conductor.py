@@ -116,8 +116,11 @@ def allowed_ids(view: PoolView, limits: Limits, *, depth: int = 0) -> frozenset[
 
 #: A plan meets a deadline when its critical path does with every step at this quantile of its
 #: worker's answer time (:func:`plan_seconds`), not at the median: a chain whose typical time
-#: fits with little room is cut by the executor more often than not. Measured on paper-sim
-#: (validation split, the tiny Conductor), see :meth:`ConductorPolicy._plan_requests`.
+#: fits with little room is cut by the executor more often than not. The quantile is of the
+#: worker's latency model, which has one typical answer length per worker: on paper-sim, whose
+#: lengths differ by domain, "p90" is about p65-p75 for code answers and above p99 for
+#: knowledge ones. Measured on paper-sim (validation split, the tiny Conductor), see
+#: :meth:`ConductorPolicy._plan_requests`.
 DEADLINE_QUANTILE = 0.9
 
 
@@ -201,6 +204,8 @@ class ConductorPolicy(Policy):
         #: :meth:`_plan_requests`); off = every deadline in the prompt
         self.deadline_check = deadline_check
         #: the latency quantile a plan must meet its deadline at (:func:`plan_seconds`)
+        if isinstance(deadline_quantile, bool) or not 0 < deadline_quantile < 1:
+            raise ValueError(f"deadline_quantile must be in (0, 1), got {deadline_quantile!r}")
         self.deadline_quantile = deadline_quantile
         #: a plan that misses its deadline is cut to its answering step where that fits
         #: (:meth:`_answerer_alone`); off = planned again with the deadline in the prompt
@@ -329,7 +334,7 @@ class ConductorPolicy(Policy):
                 note = f"planning: the plan made without the deadline fits it ({self._path(secs)}); kept"
                 plans[i] = replace(plan, notes=(*plan.notes, note))
                 continue
-            misses = f"misses {lim.max_latency_s:.3g} s ({self._path(secs)})"
+            misses = f"misses {lim.max_latency_s:.4g} s ({self._path(secs)})"
             what = "is unparseable" if plan.fallback else misses
             why[i] = f"planning: the plan made without the deadline {what}"
             cut = self._answerer_alone(replace(plan, notes=(*plan.notes, why[i])), view, lim)
@@ -353,7 +358,7 @@ class ConductorPolicy(Policy):
 
     def _path(self, secs: float) -> str:
         q = f"p{100 * self.deadline_quantile:.0f}"
-        return f"critical path {secs:.3g} s at {q}" if math.isfinite(secs) else f"unknown time at {q}"
+        return f"critical path {secs:.4g} s at {q}" if math.isfinite(secs) else f"unknown time at {q}"
 
     def _answerer_alone(self, plan: Plan, view: PoolView, limits: Limits) -> Plan | None:
         """``plan`` cut, before it starts, to its answering step — the last step's worker, asked to
@@ -374,7 +379,7 @@ class ConductorPolicy(Policy):
         if secs > deadline:
             return None
         note = f"planning: cut to its last step's worker alone ({self._path(secs)})"
-        return replace(plan, workflow=short, notes=(*plan.notes, note))
+        return replace(plan, workflow=short, notes=(*plan.notes, note), deadline_cut=True)
 
     # -- Policy -----------------------------------------------------------------------------
     def prompt(self, task: Task, view: PoolView, limits: Limits) -> str:
@@ -403,9 +408,7 @@ class ConductorPolicy(Policy):
 
         async def one(task: Task, plan: Plan) -> Episode:
             trace = await execute(plan.workflow, task, view, limits, recursion=hook)
-            trace.workflow_text, trace.fallback_plan = plan.text, plan.fallback
-            trace.notes[:0] = plan.notes
-            return Episode(plan=plan, trace=trace)
+            return Episode(plan=plan, trace=plan.annotate(trace))
 
         return list(await asyncio.gather(*(one(t, p) for t, p in zip(tasks, plans, strict=True))))
 

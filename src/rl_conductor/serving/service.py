@@ -41,7 +41,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from rl_conductor.executor import MIN_OUTPUT_TOKENS, execute, reserve_input_tokens
 from rl_conductor.policies.base import Episode, Plan, Policy
-from rl_conductor.reward import deadline_shortened
+from rl_conductor.reward import deadline_shortened, deadline_stopped
 from rl_conductor.serving import metrics as m
 from rl_conductor.serving_core import (
     ConductorRequest,
@@ -275,9 +275,7 @@ class ConductorService:
             trace = await execute(
                 plan.workflow, task, view, limits, recursion=self.policy.recursion_hook(view)
             )
-            trace.workflow_text, trace.fallback_plan = plan.text, plan.fallback
-            trace.notes[:0] = plan.notes
-            return Episode(plan=plan, trace=trace)
+            return Episode(plan=plan, trace=plan.annotate(trace))
         finally:
             _LISTENER.reset(token)
 
@@ -340,6 +338,8 @@ def _extras(trace: Trace) -> dict[str, Any]:
     deadline_cut = deadline_shortened(trace)
     if budget_stop:
         message = "the budget stopped the workflow early; the answer is the best one so far"
+    elif deadline_cut and trace.plan_cut and not deadline_stopped(trace):
+        message = "the deadline shortened the workflow before it ran (see notes)"
     elif deadline_cut:
         message = "the deadline shortened the workflow; the answer is the best one so far"
     elif failed and not trace.final_answer:
@@ -373,6 +373,8 @@ def _unaffordable(budget: float, floor: float, worker: str) -> dict[str, Any]:
         "worker_fallback": False,
         "budget_stop": True,
         "deadline_cut": False,
+        "notes": [],
+        "workers_called": [],
         "message": (
             f"max_cost_usd={budget:g} cannot buy one worker call: the cheapest permitted worker "
             f"({worker}) needs at least ${floor:.6g} for this question"
@@ -415,6 +417,7 @@ class _Tracer:
                 inputs={
                     "question": question,
                     "max_cost_usd": request.max_cost_usd,
+                    "max_latency_s": request.max_latency_s,
                     "sensitivity": request.sensitivity,
                 },
                 attributes={"request_id": doc["request_id"], "raw_plan": doc["raw_plan"]},
@@ -437,7 +440,13 @@ class _Tracer:
                     end_time_ns=ev.get("end_ns", ev.get("start_ns", start_ns)),
                 )
             root.end(
-                outputs={"answer": answer, "cost_usd": doc["cost_usd"], "tokens": doc["tokens"]},
+                outputs={
+                    "answer": answer,
+                    "cost_usd": doc["cost_usd"],
+                    "tokens": doc["tokens"],
+                    "deadline_cut": doc["deadline_cut"],
+                    "notes": doc.get("notes", []),
+                },
                 end_time_ns=end_ns,
             )
 

@@ -95,7 +95,12 @@ class WorkerInfo:
         for name in ("tokens_per_s", "prefill_tokens_per_s"):
             if getattr(self, name) is not None:
                 positive_finite(f"worker {self.name!r} {name}", getattr(self, name))
-        non_negative_finite(f"worker {self.name!r} output_tokens_spread", self.output_tokens_spread)
+        spread = self.output_tokens_spread
+        if isinstance(spread, bool) or not isinstance(spread, int | float) or not 0 <= spread <= 3:
+            raise ValueError(
+                f"worker {self.name!r} output_tokens_spread must be a number in [0, 3] "
+                f"(the log-scale spread of its answer length), got {spread!r}"
+            )
 
     def estimate_latency_s(self, input_tokens: int, output_tokens: int) -> float | None:
         """Median seconds for a call of this size, from the latency model; None when unknown."""
