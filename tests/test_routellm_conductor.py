@@ -134,6 +134,25 @@ def test_group_of_by_subject_and_bad_grouping() -> None:
         TrainConfig(warm_group_by="topic")
 
 
+def _table(
+    tasks: list[Task], cands: list[Candidate], correct: np.ndarray, cost: np.ndarray, by: str
+) -> CandidateTable:
+    """A one-condition (no budget) candidate table over ``tasks``, grouped ``by``."""
+    shape = correct.shape
+    return CandidateTable(
+        task_ids=[t.id for t in tasks],
+        domains=[t.domain for t in tasks],
+        groups=[group_of(t, by) for t in tasks],
+        candidates=cands,
+        budgets=[None],
+        correct=correct,
+        cost=cost,
+        stopped=np.zeros(shape, dtype=bool),
+        tokens=np.zeros(shape, dtype=np.int32),
+        done=np.ones(shape, dtype=bool),
+    )
+
+
 def test_subject_groups_route_each_subject_to_its_own_best_worker() -> None:
     """Subject A: only the strong worker is right; subject B: both are. By source the strong
     worker wins the whole domain; by subject the cheap one takes B."""
@@ -146,25 +165,13 @@ def test_subject_groups_route_each_subject_to_its_own_best_worker() -> None:
     cost = np.zeros(shape)
     cost[:, 0, 0] = 0.01
 
-    def table(by: str) -> CandidateTable:
-        return CandidateTable(
-            task_ids=[t.id for t in tasks],
-            domains=[t.domain for t in tasks],
-            groups=[group_of(t, by) for t in tasks],
-            candidates=cands,
-            budgets=[None],
-            correct=correct,
-            cost=cost,
-            stopped=np.zeros(shape, dtype=bool),
-            tokens=np.zeros(shape, dtype=np.int32),
-            done=np.ones(shape, dtype=bool),
-        )
-
     rc = REWARD_PRESETS["cost-aware"]
     names = ["strong", "weak"]
-    by_source = ExpectedRewards.fit(table("source"), rc, shrink=0.0)
+    by_source = ExpectedRewards.fit(_table(tasks, cands, correct, cost, "source"), rc, shrink=0.0)
     assert {by_source.best(t, names, None).name for t in tasks} == {"solve:strong"}
-    by_subject = ExpectedRewards.fit(table("subject"), rc, shrink=0.0, group_by="subject")
+    by_subject = ExpectedRewards.fit(
+        _table(tasks, cands, correct, cost, "subject"), rc, shrink=0.0, group_by="subject"
+    )
     assert by_subject.best(tasks[0], names, None).name == "solve:strong"
     assert by_subject.best(tasks[5], names, None).name == "solve:weak"
 
@@ -191,24 +198,12 @@ def test_domain_groups_pool_sources_the_conductor_cannot_tell_apart() -> None:
     cost = np.zeros(shape)
     cost[:, 0, 0] = 0.001
 
-    def table(by: str) -> CandidateTable:
-        return CandidateTable(
-            task_ids=[t.id for t in tasks],
-            domains=[t.domain for t in tasks],
-            groups=[group_of(t, by) for t in tasks],
-            candidates=cands,
-            budgets=[None],
-            correct=correct,
-            cost=cost,
-            stopped=np.zeros(shape, dtype=bool),
-            tokens=np.zeros(shape, dtype=np.int32),
-            done=np.ones(shape, dtype=bool),
-        )
-
     rc = REWARD_PRESETS["cost-aware"]
     names = ["strong", "cheap"]
-    by_source = ExpectedRewards.fit(table("source"), rc, shrink=0.0)
+    by_source = ExpectedRewards.fit(_table(tasks, cands, correct, cost, "source"), rc, shrink=0.0)
     assert [by_source.best(t, names, None).name for t in (he[0], mb[0])] == ["solve:strong", "solve:cheap"]
-    by_domain = ExpectedRewards.fit(table("domain"), rc, shrink=0.0, group_by="domain")
+    by_domain = ExpectedRewards.fit(
+        _table(tasks, cands, correct, cost, "domain"), rc, shrink=0.0, group_by="domain"
+    )
     assert {by_domain.best(t, names, None).name for t in tasks} == {"solve:strong"}
     assert TrainConfig(warm_group_by="domain").warm_group_by == "domain"

@@ -350,8 +350,9 @@ class ConductorPolicy(Policy):
             )
             for i, plan in zip(again, redo, strict=True):
                 plan = replace(plan, notes=(f"{why[i]}; planned again with it", *plan.notes))
-                secs = plan_seconds(plan.workflow, views[i], self.deadline_quantile)
-                if not plan.fallback and secs > (limits[i].max_latency_s or math.inf):
+                if plan_seconds(plan.workflow, views[i], self.deadline_quantile) > (
+                    limits[i].max_latency_s or math.inf
+                ):  # _answerer_alone leaves unparseable and one-step plans alone
                     plan = self._answerer_alone(plan, views[i], limits[i]) or plan
                 plans[i] = plan
         return plans
