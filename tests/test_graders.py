@@ -601,6 +601,25 @@ def test_warnings_made_errors_here_do_not_fail_code_the_sandbox_accepts(
         assert grade(mbpp127, f"```python\n{mbpp127.answer}\nz = 'a' is 'a'\n```")
 
 
+def test_the_precheck_prints_no_compile_warnings_about_a_workers_code() -> None:
+    """A worker's ``assert (x, y)`` or ``'\\d'`` made compile() print a SyntaxWarning to stderr on
+    every grade (thousands in a table build); the sandbox decides what such code means."""
+    import subprocess
+    import sys
+
+    code = (
+        "from rl_conductor.tasks.graders import compiles\n"
+        "programs = ['assert (1, 2)\\n', 'x = 1 is 1\\n', 'y = \"\\\\d\"\\n']\n"
+        "print(all(compiles(p) for p in programs), compiles('def f(:\\n'))\n"
+        "import warnings\n"
+        "warnings.warn_explicit('still shown', SyntaxWarning, 'other.py', 1)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False"]
+    # only the pre-check's own warnings are silenced, not SyntaxWarning everywhere
+    assert out.stderr.count("SyntaxWarning") == 1 and "still shown" in out.stderr
+
+
 def test_a_candidates_future_import_stays_first() -> None:
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.tasks.graders import candidate_program, compiles
