@@ -262,6 +262,39 @@ def test_no_process_outlives_grading_when_the_candidate_ignores_the_end() -> Non
     assert _sandbox_pids_holding(token) == []
 
 
+def test_no_zombie_is_left_where_this_process_is_the_containers_init() -> None:
+    """bwrap's outer process exits without waiting for its PID-namespace init (bubblewrap
+    #697); in a pod whose PID 1 is `conductor` every grading left a zombie holding a PID. A
+    child subreaper stands in for PID 1: after runs that end, fail, time out and grade, none of
+    its children may be a zombie (the reused test runner is alive, and not counted)."""
+    script = (
+        "import ctypes, os, sys\n"
+        "assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER\n"
+        "from rl_conductor.tasks.sandbox import TestSpec, run_python, run_tests\n"
+        "spec = TestSpec('asserts', ('assert add(1, 2) == 3',), 'add')\n"
+        "for _ in range(3):\n"
+        "    assert run_python('print(1)').ok and not run_python('raise SystemExit(3)').ok\n"
+        "    assert run_tests('def add(a, b):\\n    return a + b\\n', spec, timeout_s=10).passed\n"
+        "assert run_python('while True:\\n    pass', timeout_s=0.5).timed_out\n"
+        "import time\n"
+        "for _ in range(50):\n"
+        "    stats = []\n"
+        "    for p in filter(str.isdigit, os.listdir('/proc')):\n"
+        "        try:  # a process may be gone between listdir and open\n"
+        "            stats.append(open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split())\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    zombies = [s for s in stats if s[1] == str(os.getpid()) and s[0] == 'Z']\n"
+        "    if not zombies:\n"
+        "        break\n"
+        "    time.sleep(0.1)\n"
+        "print(len(zombies))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0"]
+
+
 def test_cpu_time_limit_holds_for_a_busy_thread() -> None:
     r = run_python("while True:\n    pass", timeout_s=1.0)
     assert r.timed_out and not r.ok

@@ -407,6 +407,8 @@ class _Sandbox:
     ) -> None:
         self.fds: list[int] = []
         self.status_r = -1
+        self._init_pid: int | None = None
+        self._init_read = False
         status_w = -1
         try:
             data_fds = {path: self._keep(_memfd("sbx", data)) for path, data in files.items()}
@@ -444,23 +446,28 @@ class _Sandbox:
                 os.close(fd)
         self.fds.clear()
 
-    def _namespace_init_pid(self) -> int | None:
-        """Host pid of the sandbox's PID-namespace init, from bwrap's JSON status line."""
+    def _namespace_init_pid(self, timeout_s: float = 30.0) -> int | None:
+        """Host pid of the sandbox's PID-namespace init, from bwrap's JSON status line (read
+        once: the line is written right after clone())."""
         import selectors
 
+        if self._init_read or self.status_r < 0:
+            return self._init_pid
         data = b""
         with selectors.DefaultSelector() as sel:
             sel.register(self.status_r, selectors.EVENT_READ)
-            while b"\n" not in data and sel.select(timeout=30.0):  # written right after clone()
+            while b"\n" not in data and sel.select(timeout=timeout_s):
                 chunk = os.read(self.status_r, 4096)
                 if not chunk:
                     break
                 data += chunk
+        self._init_read = True
         try:
             pid = json.loads(data.split(b"\n", 1)[0])["child-pid"]
         except (ValueError, KeyError, TypeError):
             return None
-        return pid if isinstance(pid, int) and pid > 1 else None
+        self._init_pid = pid if isinstance(pid, int) and pid > 1 else None
+        return self._init_pid
 
     def kill(self, grace_s: float = 0.0) -> None:
         """Give the sandbox ``grace_s`` to exit, else SIGKILL its PID-namespace init and wait
@@ -486,10 +493,52 @@ class _Sandbox:
                 with contextlib.suppress(ProcessLookupError):
                     self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
+            # the status line is in the pipe already (written at clone()); a bwrap that died
+            # before writing it leaves nothing to reap
+            _reap_orphan(self._namespace_init_pid(timeout_s=0.5))
         finally:
             if self.status_r >= 0:
                 os.close(self.status_r)
                 self.status_r = -1
+
+
+#: Namespace inits that became this process's children and had not exited when last looked at.
+_ORPHANS: set[int] = set()
+_ORPHANS_LOCK = threading.Lock()
+
+
+def _reap_orphan(pid: int | None) -> None:
+    """Reap the sandbox's PID-namespace init if it became this process's child.
+
+    Why: with ``--unshare-pid`` the outer ``bwrap`` exits without waiting for its child, the
+    namespace init (bubblewrap issue #697), which is then re-parented to the nearest
+    subreaper or to PID 1. A real init reaps it; but in a container whose PID 1 is this
+    process (a Kubernetes pod running ``conductor`` without an init, as KFP and KServe pods
+    do), nobody would, and every graded code answer would leave a zombie holding a PID until
+    the pod hits its PID limit. So: if ``pid`` is our child, reap it now, or on a later call if
+    it is still exiting. Only that pid is waited for (never ``waitpid(-1)``, which would take
+    the exit status of a child ``subprocess`` is waiting for); a pid that is not our child
+    answers ``ChildProcessError`` and is left to whoever owns it, and a child of ours cannot be
+    reused by another process before we reap it. One still exiting is waited for up to a second
+    (it exits with the outer bwrap), else kept and tried again on the next call."""
+    with _ORPHANS_LOCK:
+        if pid is not None:
+            _ORPHANS.add(pid)
+        for p in list(_ORPHANS):
+            try:
+                done, _ = os.waitpid(p, os.WNOHANG)
+                if not done and p == pid:  # ours, and exiting as the outer bwrap did: wait <= 1 s
+                    with contextlib.suppress(OSError):
+                        fd = os.pidfd_open(p)
+                        try:
+                            select.select([fd], [], [], 1.0)
+                        finally:
+                            os.close(fd)
+                    done, _ = os.waitpid(p, os.WNOHANG)
+            except ChildProcessError:  # not ours (a real init reaps it) or already reaped
+                done = p
+            if done:
+                _ORPHANS.discard(p)
 
 
 _checked = threading.Lock()
