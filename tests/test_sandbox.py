@@ -262,37 +262,70 @@ def test_no_process_outlives_grading_when_the_candidate_ignores_the_end() -> Non
     assert _sandbox_pids_holding(token) == []
 
 
+#: Counts this process's zombie children after ``work`` (a statement list), in a subreaper
+#: standing in for a container's PID 1; printed as the script's last line.
+ZOMBIE_COUNT = """
+import ctypes, os, sys, time
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+from rl_conductor.tasks import sandbox
+{work}
+def zombies():
+    found = 0
+    for p in filter(str.isdigit, os.listdir('/proc')):
+        try:  # a process may be gone between listdir and open
+            state, ppid = open(f'/proc/{{p}}/stat').read().rsplit(')', 1)[1].split()[:2]
+        except OSError:
+            continue
+        found += state == 'Z' and ppid == str(os.getpid())
+    return found
+for _ in range(30):  # an init still exiting is reaped by the next sweep
+    sandbox._reap_orphan(None)
+    if not zombies():
+        break
+    time.sleep(0.1)
+print(zombies())
+"""
+
+
+def _zombies_after(work: str) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    script = ZOMBIE_COUNT.format(work=work)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.split()[-1])
+
+
 def test_no_zombie_is_left_where_this_process_is_the_containers_init() -> None:
     """bwrap's outer process exits without waiting for its PID-namespace init (bubblewrap
-    #697); in a pod whose PID 1 is `conductor` every grading left a zombie holding a PID. A
-    child subreaper stands in for PID 1: after runs that end, fail, time out and grade, none of
-    its children may be a zombie (the reused test runner is alive, and not counted)."""
-    script = (
-        "import ctypes, os, sys\n"
-        "assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER\n"
+    #697); in a pod whose PID 1 is `conductor` every grading left a zombie holding a PID (11
+    here before the fix). After runs that end, fail, time out and grade, and the test runner's
+    shutdown, none of the subreaper's children may be a zombie."""
+    work = (
         "from rl_conductor.tasks.sandbox import TestSpec, run_python, run_tests\n"
         "spec = TestSpec('asserts', ('assert add(1, 2) == 3',), 'add')\n"
         "for _ in range(3):\n"
         "    assert run_python('print(1)').ok and not run_python('raise SystemExit(3)').ok\n"
         "    assert run_tests('def add(a, b):\\n    return a + b\\n', spec, timeout_s=10).passed\n"
         "assert run_python('while True:\\n    pass', timeout_s=0.5).timed_out\n"
-        "import time\n"
-        "for _ in range(50):\n"
-        "    stats = []\n"
-        "    for p in filter(str.isdigit, os.listdir('/proc')):\n"
-        "        try:  # a process may be gone between listdir and open\n"
-        "            stats.append(open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split())\n"
-        "        except OSError:\n"
-        "            pass\n"
-        "    zombies = [s for s in stats if s[1] == str(os.getpid()) and s[0] == 'Z']\n"
-        "    if not zombies:\n"
-        "        break\n"
-        "    time.sleep(0.1)\n"
-        "print(len(zombies))\n"
+        "sandbox.close_runners()\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["0"]
+    assert _zombies_after(work) == 0
+
+
+def test_no_zombie_is_left_by_the_forked_table_build() -> None:
+    """The candidate table's parallel build grades code in forked workers: their sandboxes'
+    orphans (and the test runners they keep) went to PID 1, the parent, which does not know
+    their pids. The workers now reap them themselves."""
+    work = (
+        "from rl_conductor.tasks.datasets import load_tasks\n"
+        "from rl_conductor.training.candidates import build_table\n"
+        "from rl_conductor.workers.pool import load_pool\n"
+        "tasks = [t for t in load_tasks('paper-mix', split='train') if t.domain == 'code'][:2]\n"
+        "table = build_table(tasks, load_pool('paper-sim', seed=0), top_k=1, cheap_k=1, max_steps=2,\n"
+        "                    workers=2, parallel_min_jobs=1)\n"
+        "assert table.done.any()\n"
+    )
+    assert _zombies_after(work) == 0
 
 
 def test_cpu_time_limit_holds_for_a_busy_thread() -> None:

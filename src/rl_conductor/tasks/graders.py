@@ -775,11 +775,24 @@ class CodeGrader:
 
 
 #: The file name :func:`compiles` gives the parser. Its compile-time warnings (``SyntaxWarning``:
-#: an invalid escape, ``assert (x, y)``, ``is`` with a literal) are about a worker's answer, not
-#: this process: the sandbox's interpreter decides what they mean, so here they are silenced for
-#: this name only (a table build printed thousands of them to stderr).
+#: ``assert (x, y)``, ``is`` with a literal; ``DeprecationWarning`` on 3.11: an invalid escape)
+#: are about a worker's answer, not this process: the sandbox's interpreter decides what they
+#: mean, so here every warning category is silenced for this name only (a table build printed
+#: thousands of them to stderr). Only ``compile`` reports warnings under this name.
 _COMPILE_NAME = "<rl-conductor-candidate>"
-warnings.filterwarnings("ignore", category=SyntaxWarning, module=re.escape(_COMPILE_NAME))
+_SILENCE = ("ignore", None, Warning, re.compile(re.escape(_COMPILE_NAME)), 0)
+
+
+def _silence_compile_warnings() -> None:
+    """Put the filter (back) first: a ``warnings.catch_warnings`` block (pytest wraps every test
+    in one) restores the list it found, dropping a filter added inside it, and a filter added
+    later (``simplefilter("error")``, pytest's own) goes in front of ours. Cheap when it is
+    first already (one comparison); else ``filterwarnings`` moves it to the front."""
+    if not warnings.filters or warnings.filters[0] != _SILENCE:
+        warnings.filterwarnings("ignore", category=Warning, module=re.escape(_COMPILE_NAME))
+
+
+_silence_compile_warnings()
 
 
 def compiles(program: str) -> bool:
@@ -791,6 +804,7 @@ def compiles(program: str) -> bool:
     each distinct texts, so the grade cache rarely helps, and each would cost a sandboxed
     subprocess (~20 ms, more under load) to learn what the parser says in microseconds.
     Measured on the candidate table with deadline columns, these were most sandbox runs."""
+    _silence_compile_warnings()
     try:
         compile(program, _COMPILE_NAME, "exec", dont_inherit=True)
     except SyntaxError:  # IndentationError and TabError included

@@ -504,7 +504,41 @@ class _Sandbox:
 
 #: Namespace inits that became this process's children and had not exited when last looked at.
 _ORPHANS: set[int] = set()
-_ORPHANS_LOCK = threading.Lock()
+#: Held only to swap or extend the set (no allocation of GC-tracked objects under it), and
+#: re-entrant: a runner's finalizer (which reaps) may run from a garbage collection anywhere.
+_ORPHANS_LOCK = threading.RLock()
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _forget_orphans_after_fork() -> None:
+    """A forked child is not the parent of its parent's orphans, and a lock another thread held
+    at the fork would never be released in the child."""
+    global _ORPHANS, _ORPHANS_LOCK
+    _ORPHANS = set()
+    _ORPHANS_LOCK = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_forget_orphans_after_fork)
+
+
+def _reap(pid: int, wait_s: float) -> bool:
+    """Reap ``pid`` if it is our exited child, waiting up to ``wait_s`` for it to exit; True
+    when it is gone from our view (reaped, or not our child), False when it is still running."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if not done and wait_s > 0:
+            with contextlib.suppress(OSError):
+                fd = os.pidfd_open(pid)
+                try:
+                    poller = select.poll()  # not select.select: it refuses fds >= 1024
+                    poller.register(fd, select.POLLIN)
+                    poller.poll(wait_s * 1000)
+                finally:
+                    os.close(fd)
+            done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # not ours (a real init or subreaper reaps it) or already reaped
+        return True
+    return bool(done)
 
 
 def _reap_orphan(pid: int | None) -> None:
@@ -515,30 +549,38 @@ def _reap_orphan(pid: int | None) -> None:
     subreaper or to PID 1. A real init reaps it; but in a container whose PID 1 is this
     process (a Kubernetes pod running ``conductor`` without an init, as KFP and KServe pods
     do), nobody would, and every graded code answer would leave a zombie holding a PID until
-    the pod hits its PID limit. So: if ``pid`` is our child, reap it now, or on a later call if
-    it is still exiting. Only that pid is waited for (never ``waitpid(-1)``, which would take
-    the exit status of a child ``subprocess`` is waiting for); a pid that is not our child
-    answers ``ChildProcessError`` and is left to whoever owns it, and a child of ours cannot be
-    reused by another process before we reap it. One still exiting is waited for up to a second
-    (it exits with the outer bwrap), else kept and tried again on the next call."""
+    the pod hits its PID limit. So: if ``pid`` is our child, reap it now (waiting up to a second:
+    it exits with the outer bwrap), else on a later call. Only known pids are waited for (never
+    ``waitpid(-1)``, which would take the exit status of a child ``subprocess`` is waiting for);
+    a pid that is not our child answers ``ChildProcessError`` and is left to whoever owns it; a
+    child of ours cannot be reused by another process before we reap it; each pending pid is
+    taken out of the set before it is waited for, so one thread waits for it, without the lock."""
+    global _ORPHANS
+    fresh: set[int] = set()
     with _ORPHANS_LOCK:
-        if pid is not None:
-            _ORPHANS.add(pid)
-        for p in list(_ORPHANS):
-            try:
-                done, _ = os.waitpid(p, os.WNOHANG)
-                if not done and p == pid:  # ours, and exiting as the outer bwrap did: wait <= 1 s
-                    with contextlib.suppress(OSError):
-                        fd = os.pidfd_open(p)
-                        try:
-                            select.select([fd], [], [], 1.0)
-                        finally:
-                            os.close(fd)
-                    done, _ = os.waitpid(p, os.WNOHANG)
-            except ChildProcessError:  # not ours (a real init reaps it) or already reaped
-                done = p
-            if done:
-                _ORPHANS.discard(p)
+        pending, _ORPHANS = _ORPHANS, fresh
+    left = [p for p in pending if not _reap(p, 0.0)]
+    if pid is not None and not _reap(pid, 1.0):
+        left.append(pid)
+    if left:
+        with _ORPHANS_LOCK:
+            _ORPHANS.update(left)
+
+
+def adopt_orphans() -> bool:
+    """Make this process a child subreaper (Linux ``prctl``), so that the namespace inits its
+    sandbox runs leave behind become its children and :func:`_reap_orphan` reaps them here.
+
+    For forked worker processes only (the candidate table's parallel build): without it, a
+    worker's orphans go to PID 1 — in a pod without an init, the parent process, which does not
+    know their pids. Not for a main process: every orphan of every descendant (a tool's
+    daemonised helper, say) would then be its to reap. Returns False where it is unavailable."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 _checked = threading.Lock()
@@ -662,6 +704,7 @@ class _Runner:
         self.sock = ours
         self.pid = os.getpid()
         self._finalizer = weakref.finalize(self, _Runner._shutdown, self.box, ours)
+        _all_runners.add(self)
 
     @staticmethod
     def _shutdown(box: _Sandbox, sock: socket.socket) -> None:
@@ -704,6 +747,18 @@ class _Runner:
 
 
 _runners = threading.local()
+_all_runners: weakref.WeakSet[_Runner] = weakref.WeakSet()
+
+
+def close_runners() -> None:
+    """Shut down every test runner this process started (each grading thread keeps one).
+
+    For a worker process about to end (the candidate table's forked build): its runners'
+    sandboxes are killed and reaped by it, rather than dying with it and being re-parented,
+    bwrap and namespace init, to PID 1. The next grading starts a new runner."""
+    for runner in list(_all_runners):
+        if runner.pid == os.getpid():
+            runner.close()
 
 
 def _runner() -> _Runner:

@@ -82,6 +82,7 @@ import numpy as np
 
 from rl_conductor.executor import DEADLINE_MARGIN, execute, reserve_input_tokens
 from rl_conductor.tasks.base import Task
+from rl_conductor.tasks.sandbox import adopt_orphans, close_runners
 from rl_conductor.trace import MIN_OUTPUT_TOKENS, Limits, Trace
 from rl_conductor.training.config import GROUP_BY
 from rl_conductor.workers.pool import Pool, PoolView
@@ -388,11 +389,20 @@ def _serial_outcomes(
 _FORK_STATE: tuple[Any, ...] | None = None
 
 
+def _worker_init() -> None:
+    """A forked worker reaps what its code sandboxes leave behind (see ``sandbox.adopt_orphans``):
+    in a pod whose PID 1 is the parent, nobody else would."""
+    adopt_orphans()
+
+
 def _run_chunk(c: int) -> list[_Outcome]:
     assert _FORK_STATE is not None
     jobs, view, grader, deadlines, bounds = _FORK_STATE
     lo, hi = bounds[c]
-    return _serial_outcomes(jobs[lo:hi], view, grader, deadlines[lo:hi])
+    try:
+        return _serial_outcomes(jobs[lo:hi], view, grader, deadlines[lo:hi])
+    finally:
+        close_runners()  # killed and reaped here, not orphaned when the pool ends this worker
 
 
 def _outcomes(
@@ -424,7 +434,7 @@ def _outcomes(
     bounds = [(edges[c], edges[c + 1]) for c in range(n_chunks) if edges[c + 1] > edges[c]]
     _FORK_STATE = (jobs, view, grader, deadlines, bounds)
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as procs:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init) as procs:
             parts = procs.map(_run_chunk, range(len(bounds)), chunksize=1)
     finally:
         _FORK_STATE = None
