@@ -58,6 +58,7 @@ bench: install ## run the benchmarks (JSON under benchmarks/results/)
 	$(PY) benchmarks/grading_throughput.py --label after --json benchmarks/results/grading_throughput.json
 	$(PY) benchmarks/serving_load.py --json benchmarks/results/serving_load.json
 	$(PY) benchmarks/table_build.py --per-domain 40 --json benchmarks/results/table_build.json
+	$(PY) benchmarks/target_ceiling.py --json benchmarks/results/target_ceiling.json
 	$(PY) benchmarks/routellm_conductor.py --out runs/routellm-bench --json benchmarks/results/routellm_conductor.json --plot benchmarks/results/routellm_conductor.png
 
 MODEL ?= models:/conductor@champion
