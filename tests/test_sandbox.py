@@ -313,19 +313,41 @@ def test_no_zombie_is_left_where_this_process_is_the_containers_init() -> None:
 
 
 def test_no_zombie_is_left_by_the_forked_table_build() -> None:
-    """The candidate table's parallel build grades code in forked workers: their sandboxes'
-    orphans (and the test runners they keep) went to PID 1, the parent, which does not know
-    their pids. The workers now reap them themselves."""
+    """The candidate table's parallel build grades code and math in forked workers: their
+    sandboxes' orphans, the test runners and the math helpers they keep went to PID 1, the
+    parent, which does not know their pids (57 zombies, then 4 math helpers). The workers now
+    reap them and stop their helpers when the pool is closed."""
     work = (
         "from rl_conductor.tasks.datasets import load_tasks\n"
         "from rl_conductor.training.candidates import build_table\n"
         "from rl_conductor.workers.pool import load_pool\n"
-        "tasks = [t for t in load_tasks('paper-mix', split='train') if t.domain == 'code'][:2]\n"
+        "train = load_tasks('paper-mix', split='train')\n"
+        "tasks = [\n"
+        "    *[t for t in train if t.domain == 'code'][:2], *[t for t in train if t.domain == 'math'][:2]]\n"
         "table = build_table(tasks, load_pool('paper-sim', seed=0), top_k=1, cheap_k=1, max_steps=2,\n"
         "                    workers=2, parallel_min_jobs=1)\n"
         "assert table.done.any()\n"
     )
     assert _zombies_after(work) == 0
+
+
+def test_grading_works_with_descriptors_numbered_above_1024() -> None:
+    """``select.select`` refuses fds >= 1024: with that many files open, a correct answer came
+    back "no verdict" and ``run_tests`` raised ValueError, leaving its sandboxes unkilled."""
+    script = (
+        "import os, resource\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))\n"
+        "held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]\n"
+        "assert max(held) >= 1024\n"
+        "from rl_conductor.tasks.sandbox import TestSpec, run_python, run_tests\n"
+        "spec = TestSpec('asserts', ('assert add(1, 2) == 3',), 'add')\n"
+        "print(run_tests('def add(a, b):\\n    return a + b\\n', spec, timeout_s=10).passed,\n"
+        "      run_python('while True:\\n    pass', timeout_s=0.5).timed_out)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True"]
 
 
 def test_cpu_time_limit_holds_for_a_busy_thread() -> None:

@@ -45,7 +45,6 @@ import functools
 import json
 import os
 import re
-import select
 import string
 import subprocess
 import sys
@@ -56,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rl_conductor.tasks.base import Task
-from rl_conductor.tasks.sandbox import TestSpec, run_tests
+from rl_conductor.tasks.sandbox import TestSpec, readable, run_tests
 
 #: Only the tail of a reply is scanned for an answer.
 MAX_SCAN_CHARS = 20_000
@@ -262,7 +261,7 @@ class _MathService:
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0 or not readable(fd, left):
                 return None
             chunk = os.read(fd, 65536)
             if not chunk:
@@ -301,6 +300,12 @@ class _MathService:
 _MATH = _MathService()
 atexit.register(_MATH.close)
 os.register_at_fork(after_in_child=_MATH.forget)
+
+
+def close_math_helper() -> None:
+    """Stop this process's math helper (the next math grade starts another). For a worker
+    process about to end: ``atexit`` does not run in a ``multiprocessing`` worker."""
+    _MATH.close()
 
 
 def _math_service_main() -> None:

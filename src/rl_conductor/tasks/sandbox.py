@@ -487,7 +487,7 @@ class _Sandbox:
                     try:
                         with contextlib.suppress(OSError):
                             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                        select.select([pidfd], [], [], 10.0)  # readable once it has exited
+                        readable(pidfd, 10.0)  # readable once it has exited
                     finally:
                         os.close(pidfd)
                 with contextlib.suppress(ProcessLookupError):
@@ -500,6 +500,16 @@ class _Sandbox:
             if self.status_r >= 0:
                 os.close(self.status_r)
                 self.status_r = -1
+
+
+def readable(fd: int, timeout_s: float) -> bool:
+    """True once ``fd`` is readable (or at EOF / hung up) within ``timeout_s`` seconds.
+
+    ``poll``, not ``select.select``: select refuses descriptors numbered 1024 or more, which a
+    busy grading process (many sockets, memfds, pipes) reaches."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0.0, timeout_s) * 1000))
 
 
 #: Namespace inits that became this process's children and had not exited when last looked at.
@@ -530,9 +540,7 @@ def _reap(pid: int, wait_s: float) -> bool:
             with contextlib.suppress(OSError):
                 fd = os.pidfd_open(pid)
                 try:
-                    poller = select.poll()  # not select.select: it refuses fds >= 1024
-                    poller.register(fd, select.POLLIN)
-                    poller.poll(wait_s * 1000)
+                    readable(fd, wait_s)
                 finally:
                     os.close(fd)
             done, _ = os.waitpid(pid, os.WNOHANG)
@@ -541,7 +549,7 @@ def _reap(pid: int, wait_s: float) -> bool:
     return bool(done)
 
 
-def _reap_orphan(pid: int | None) -> None:
+def _reap_orphan(pid: int | None, wait_s: float = 1.0) -> None:
     """Reap the sandbox's PID-namespace init if it became this process's child.
 
     Why: with ``--unshare-pid`` the outer ``bwrap`` exits without waiting for its child, the
@@ -559,12 +567,34 @@ def _reap_orphan(pid: int | None) -> None:
     fresh: set[int] = set()
     with _ORPHANS_LOCK:
         pending, _ORPHANS = _ORPHANS, fresh
-    left = [p for p in pending if not _reap(p, 0.0)]
-    if pid is not None and not _reap(pid, 1.0):
-        left.append(pid)
-    if left:
+    todo = list(pending)
+    if pid is not None:
+        todo.append(pid)
+    left: list[int] = []
+    try:
+        while todo:
+            p = todo[-1]
+            if not _reap(p, wait_s if p == pid else 0.0):
+                left.append(p)
+            todo.pop()
+    finally:  # an exception (a KeyboardInterrupt in the wait) loses no pid
+        if left or todo:
+            with _ORPHANS_LOCK:
+                _ORPHANS.update(left)
+                _ORPHANS.update(todo)
+
+
+def sweep_orphans(timeout_s: float = 5.0) -> int:
+    """Reap pending orphans until none is left or ``timeout_s`` has passed; returns how many are
+    left. For a worker process about to end: what it leaves goes to PID 1 for good."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _reap_orphan(None)
         with _ORPHANS_LOCK:
-            _ORPHANS.update(left)
+            n = len(_ORPHANS)
+        if n == 0 or time.monotonic() >= deadline:
+            return n
+        time.sleep(0.05)
 
 
 def adopt_orphans() -> bool:
@@ -703,6 +733,7 @@ class _Runner:
             theirs.close()
         self.sock = ours
         self.pid = os.getpid()
+        self.thread = threading.current_thread()
         self._finalizer = weakref.finalize(self, _Runner._shutdown, self.box, ours)
         _all_runners.add(self)
 
@@ -733,7 +764,7 @@ class _Runner:
         need = 4
         while len(data) < need:
             left = deadline - time.perf_counter()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0 or not readable(fd, left):
                 return None
             chunk = os.read(fd, need - len(data))
             if not chunk:
@@ -751,13 +782,15 @@ _all_runners: weakref.WeakSet[_Runner] = weakref.WeakSet()
 
 
 def close_runners() -> None:
-    """Shut down every test runner this process started (each grading thread keeps one).
+    """Shut down the test runners of this thread and of threads that have ended (each grading
+    thread keeps one; a live thread's runner may be in the middle of a job, and is left alone).
 
     For a worker process about to end (the candidate table's forked build): its runners'
     sandboxes are killed and reaped by it, rather than dying with it and being re-parented,
     bwrap and namespace init, to PID 1. The next grading starts a new runner."""
+    me = threading.current_thread()
     for runner in list(_all_runners):
-        if runner.pid == os.getpid():
+        if runner.pid == os.getpid() and (runner.thread is me or not runner.thread.is_alive()):
             runner.close()
 
 

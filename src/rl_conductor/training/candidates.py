@@ -71,6 +71,7 @@ import itertools
 import json
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -82,7 +83,8 @@ import numpy as np
 
 from rl_conductor.executor import DEADLINE_MARGIN, execute, reserve_input_tokens
 from rl_conductor.tasks.base import Task
-from rl_conductor.tasks.sandbox import adopt_orphans, close_runners
+from rl_conductor.tasks.graders import close_math_helper
+from rl_conductor.tasks.sandbox import adopt_orphans, close_runners, sweep_orphans
 from rl_conductor.trace import MIN_OUTPUT_TOKENS, Limits, Trace
 from rl_conductor.training.config import GROUP_BY
 from rl_conductor.workers.pool import Pool, PoolView
@@ -390,19 +392,25 @@ _FORK_STATE: tuple[Any, ...] | None = None
 
 
 def _worker_init() -> None:
-    """A forked worker reaps what its code sandboxes leave behind (see ``sandbox.adopt_orphans``):
-    in a pod whose PID 1 is the parent, nobody else would."""
+    """A forked worker reaps what its code sandboxes leave behind (see ``sandbox.adopt_orphans``)
+    and, when it ends, stops its test runners and math helper and reaps the rest: in a pod whose
+    PID 1 is the parent, nobody else would (``atexit`` does not run in a pool worker; its
+    ``Finalize`` does, when the pool is closed and joined rather than terminated)."""
     adopt_orphans()
+    multiprocessing.util.Finalize(None, _worker_exit, exitpriority=10)
+
+
+def _worker_exit() -> None:
+    close_runners()
+    close_math_helper()
+    sweep_orphans()
 
 
 def _run_chunk(c: int) -> list[_Outcome]:
     assert _FORK_STATE is not None
     jobs, view, grader, deadlines, bounds = _FORK_STATE
     lo, hi = bounds[c]
-    try:
-        return _serial_outcomes(jobs[lo:hi], view, grader, deadlines[lo:hi])
-    finally:
-        close_runners()  # killed and reaped here, not orphaned when the pool ends this worker
+    return _serial_outcomes(jobs[lo:hi], view, grader, deadlines[lo:hi])
 
 
 def _outcomes(
@@ -436,6 +444,8 @@ def _outcomes(
     try:
         with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init) as procs:
             parts = procs.map(_run_chunk, range(len(bounds)), chunksize=1)
+            procs.close()  # workers exit normally and run their Finalize (not terminate()d)
+            procs.join()
     finally:
         _FORK_STATE = None
     out = [o for part in parts for o in part]
