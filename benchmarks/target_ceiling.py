@@ -71,7 +71,7 @@ def summary(policy: Policy, view: PoolView, tasks: list[Task], reward: RewardCon
     s = res.summary()
     return {
         "accuracy": round(100 * s["accuracy"], 2),
-        "reward": round(float(np.mean([r.reward for r in res.records])), 4),
+        "reward": round(s["mean_reward"], 4),
         "mean_tokens": round(s["mean_tokens"]),
         "mean_cost_usd": round(s["mean_cost_usd"], 5),
         "by_domain": {d: round(100 * v["accuracy"], 1) for d, v in sorted(s["by_domain"].items())},
@@ -89,12 +89,9 @@ def hindsight(tasks: list[Task], pool: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"by_domain": {}}
     tot = {"single": 0.0, "fixed": 0.0, "fixed_tokens": 0.0}
     for d in sorted(set(domains)):
-        rows = domains == d
-        with np.errstate(invalid="ignore"):
-            means = (
-                np.nanmean(correct[rows], axis=0) if rows.any() else np.full(len(table.candidates), np.nan)
-            )
-        means = np.nan_to_num(means, nan=-1.0)
+        rows = domains == d  # never empty: the domains are the table's own
+        with np.errstate(invalid="ignore"):  # candidates outside the domain's set: all NaN
+            means = np.nan_to_num(np.nanmean(correct[rows], axis=0), nan=-1.0)
         s, f = max(singles, key=lambda j: means[j]), int(np.argmax(means))
         out["by_domain"][d] = {
             "best_single": table.candidates[s].name,

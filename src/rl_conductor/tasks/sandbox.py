@@ -553,16 +553,16 @@ def _reap_orphan(pid: int | None, wait_s: float = 1.0) -> None:
     """Reap the sandbox's PID-namespace init if it became this process's child.
 
     Why: with ``--unshare-pid`` the outer ``bwrap`` exits without waiting for its child, the
-    namespace init (bubblewrap issue #697), which is then re-parented to the nearest
-    subreaper or to PID 1. A real init reaps it; but in a container whose PID 1 is this
-    process (a Kubernetes pod running ``conductor`` without an init, as KFP and KServe pods
-    do), nobody would, and every graded code answer would leave a zombie holding a PID until
-    the pod hits its PID limit. So: if ``pid`` is our child, reap it now (waiting up to a second:
-    it exits with the outer bwrap), else on a later call. Only known pids are waited for (never
-    ``waitpid(-1)``, which would take the exit status of a child ``subprocess`` is waiting for);
-    a pid that is not our child answers ``ChildProcessError`` and is left to whoever owns it; a
-    child of ours cannot be reused by another process before we reap it; each pending pid is
-    taken out of the set before it is waited for, so one thread waits for it, without the lock."""
+    namespace init (bubblewrap issue #697), which is then re-parented to the nearest subreaper or
+    to PID 1. A real init reaps it; but in a container whose PID 1 is this process (a Kubernetes
+    pod running ``conductor`` without an init, as the KFP training and evaluation components do),
+    nobody would, and every graded code answer would leave a zombie holding a PID until the pod
+    hits its PID limit. So: if ``pid`` is our child, reap it now (waiting up to a second: it exits
+    with the outer bwrap), else on a later call. Only known pids are waited for (never
+    ``waitpid(-1)``, which would take the exit status of a child ``subprocess`` is waiting for); a
+    pid that is not our child answers ``ChildProcessError`` and is left to whoever owns it; a
+    child of ours cannot be reused by another process before we reap it; each pending pid is taken
+    out of the set before it is waited for, so one thread waits for it, without the lock."""
     global _ORPHANS
     fresh: set[int] = set()
     with _ORPHANS_LOCK:
