@@ -326,13 +326,21 @@ def mlflow_server(
 
 def build_tiny_worker_model(out: Path) -> Path:
     """A very small causal LM (tokenizer on GSM8K questions) for `conductor worker serve` tests."""
+    from transformers import GenerationConfig
+
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.training.models import build_tiny
 
     corpus = [t.question for t in load_tasks("gsm8k")[:200]]
-    return build_tiny(
+    path = build_tiny(
         corpus, out, vocab_size=512, hidden_size=32, intermediate_size=64, num_attention_heads=2
     )
+    # a randomly initialised model may sample end-of-text first, an empty answer the executor
+    # rightly fails; the tests are about HTTP, tokens, budgets and deadlines, so it never does
+    gen = GenerationConfig.from_pretrained(path)
+    gen.min_new_tokens = 8
+    gen.save_pretrained(path)
+    return path
 
 
 @contextmanager
