@@ -5,14 +5,16 @@ Why: the tiny preset's Conductor learns its warm-start targets (``training/warms
 the test split it reproduces them almost exactly. So the accuracy a target *rule* reaches when
 its targets are executed directly is the ceiling of the recipe, and comparing rules there (in
 seconds, without training) says which bars a trained Conductor can clear at all. A rule is a
-training cost weight (the reward the targets maximise) and an ``se_rule`` (a composed plan must
-beat a simpler one by more than that many paired standard errors). The tiny preset's rule is
-cost weight 0.03 (the evaluation reward's) and ``se_rule`` 0.5, chosen on the validation split.
+training cost weight (the reward the targets maximise), an ``se_rule`` (a composed plan must
+beat a simpler one by more than that many paired standard errors) and a neighbourhood
+(``warm_group_by``: ``domain``, or ``task``, which also splits a source's task types). The tiny
+preset's rule is cost weight 0.03 (the evaluation reward's), ``se_rule`` 0.5 and ``task``,
+chosen on the validation split.
 
 Setup: the tiny preset's candidate table on the training split (read from the cache that
 ``conductor train`` writes, else built: ~2 min), neighbourhoods as the preset sets them; for each
-rule the target of each question (full pool, no budget, no deadline; the question's true domain,
-which the trained Conductor must read from the text) is executed on the validation and test
+rule the target of each question (full pool, no budget, no deadline; the question's true
+neighbourhood, which the trained Conductor must read from the text) is executed on the validation and test
 splits through the same executor and grader as every policy; the evaluation reward is the
 preset's (cost weight 0.03). Alongside, on the same questions: the domain-router, the kNN router
 (its mean reward is a bar) and MoA (half its tokens is a bar), optionally trained Conductors
@@ -22,7 +24,8 @@ domain and the best fixed candidate per domain, each chosen *on that split* (wha
 chosen beforehand can be expected to reach).
 
 Usage: ``python benchmarks/target_ceiling.py --json benchmarks/results/target_ceiling.json``
-(``--rules 0.03:0.5,0:0.5`` to choose rules, ``--model runs/x/final`` to add a trained model).
+(``--rules 0.03:0.5:task,0:0.5`` to choose rules, COST_WEIGHT:SE_RULE[:GROUP_BY] with the
+preset's grouping by default; ``--model runs/x/final`` to add a trained model).
 """
 
 from __future__ import annotations
@@ -43,19 +46,17 @@ from rl_conductor.reward import RewardConfig
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.trace import Limits
-from rl_conductor.training.candidates import build_table
+from rl_conductor.training.candidates import build_table, group_of
 from rl_conductor.training.config import load_preset
 from rl_conductor.training.train import _reward_config, warm_start_targets
 from rl_conductor.training.warmstart import ExpectedRewards
 from rl_conductor.workers.pool import PoolView, load_pool
 from rl_conductor.workflow import render
 
-DOMAINS = ("code", "knowledge", "math", "reasoning")
-
 
 class TargetPolicy(Policy):
-    """Executes, for each question, the warm-start target of its true domain (full pool, no
-    limits): the plan a Conductor that learnt its targets perfectly would write."""
+    """Executes, for each question, the warm-start target of its true neighbourhood (full pool,
+    no limits): the plan a Conductor that learnt its targets perfectly would write."""
 
     def __init__(self, targets: ExpectedRewards, name: str) -> None:
         self.targets = targets
@@ -119,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="tiny")
     ap.add_argument(
         "--rules",
-        default="0.03:0.5,0.03:0,0.02:0.5,0.01:0.5,0:0.5",
-        help="comma-separated COST_WEIGHT:SE_RULE target rules",
+        default="0.03:0.5:task,0.03:0.5:domain,0.03:0:task,0.02:0.5:task,0.01:0.5:task,0:0.5:task",
+        help="comma-separated COST_WEIGHT:SE_RULE[:GROUP_BY] target rules (default grouping: the preset's)",
     )
     ap.add_argument("--splits", default="validation,test")
     ap.add_argument(
@@ -135,17 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     train = load_tasks(dataset, split="train", limit=base.train_limit, seed=base.seed)
     reward = _reward_config(base)  # the evaluation reward: the preset's cost weight
     splits = {s: load_tasks(dataset, split=s, seed=0) for s in args.splits.split(",")}
-    rules = [tuple(float(x) for x in r.split(":")) for r in args.rules.split(",")]
+    rules: list[tuple[float, float, str]] = []
+    for r in args.rules.split(","):
+        cw, se, *by = r.split(":")
+        rules.append((float(cw), float(se), by[0] if by else base.warm_group_by))
 
     policies: list[tuple[str, Policy, dict[str, Any]]] = []
-    for cw, se in rules:
-        cfg = load_preset(args.preset, cost_weight=cw, warm_se_rule=se)
+    for cw, se, by in rules:
+        cfg = load_preset(args.preset, cost_weight=cw, warm_se_rule=se, warm_group_by=by)
         targets = warm_start_targets(cfg, train, pool, progress=True)
+        groups = sorted({group_of(t, by) for t in train})
         plans = {
-            d: targets.best(next(t for t in train if t.domain == d), view.names(), None).name for d in DOMAINS
+            g: targets.best(next(t for t in train if group_of(t, by) == g), view.names(), None).name
+            for g in groups
         }
         policies.append(
-            (f"targets cw={cw:g} se={se:g}", TargetPolicy(targets, "targets"), {"targets": plans})
+            (f"targets cw={cw:g} se={se:g} {by}", TargetPolicy(targets, "targets"), {"targets": plans})
         )
     for spec in ("domain-router", "knn", "moa"):
         policies.append((spec, make_policy(spec, pool, seed=0, dataset=dataset), {}))

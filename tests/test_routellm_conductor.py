@@ -128,6 +128,18 @@ def test_group_of_by_subject_and_bad_grouping() -> None:
     gsm = Task(id="gsm8k/1", question="q", answer="1", domain="math", source="gsm8k", grader="math")
     assert group_of(gsm, "subject") == "math/gsm8k"  # no subject: the source group
     assert group_of(t, "domain") == "knowledge" and group_of(gsm, "domain") == "math"
+    assert group_of(t, "task") == "knowledge" and group_of(gsm, "task") == "math"  # no task type
+    grid = Task(
+        id="llmrouter/7",
+        question="Q: There are 3 houses in a row ...",
+        answer="2",
+        domain="reasoning",
+        source="llmrouter",
+        grader="choice",
+        metadata={"task_name": "agentverse-logicgrid"},
+    )
+    assert group_of(grid, "task") == "reasoning/agentverse-logicgrid"
+    assert group_of(grid, "domain") == "reasoning" and group_of(grid) == "reasoning/llmrouter"
     with pytest.raises(ValueError, match="group_by"):
         group_of(t, "topic")
     with pytest.raises(ConfigError, match="warm_group_by"):

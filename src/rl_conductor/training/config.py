@@ -16,7 +16,7 @@ from rl_conductor.errors import ConfigError, UnknownName, yaml_problem
 
 #: How questions are grouped into warm-start neighbourhoods (``TrainConfig.warm_group_by``,
 #: ``training.candidates.group_of``).
-GROUP_BY = ("source", "subject", "domain")
+GROUP_BY = ("source", "subject", "domain", "task")
 
 
 def _f(default: Any, help: str) -> Any:
@@ -103,7 +103,9 @@ class TrainConfig:
         "neighbourhood of the warm-start targets: source = (domain, source); subject = also the "
         "task's subject where it has one (MMLU): on routellm-replay GPT-4's edge over Mixtral "
         "differs by MMLU subject from -30 to +27 points; domain = the domain alone, for sources "
-        "the Conductor cannot tell apart from the question's first characters",
+        "the Conductor cannot tell apart from the question's first characters; task = the domain, "
+        "split by task type where a source mixes several (metadata task_name: llmrouter's "
+        "commonsense questions and logic-grid puzzles)",
     )
     warm_se_rule: float = _f(
         0.0,
