@@ -352,9 +352,10 @@ def _sft(
     cfg: TrainConfig, model_src: Path | str, records: list[dict[str, Any]], sft_dir: Path, *, progress: bool
 ) -> None:
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
 
     from rl_conductor.training.callbacks import MlflowMetrics, RichProgress
+    from rl_conductor.training.sft_loss import CompletionLossSFTTrainer
 
     args = SFTConfig(
         output_dir=str(sft_dir.parent / "sft_work"),
@@ -376,7 +377,7 @@ def _sft(
         dataloader_num_workers=0,
     )
     peft_config = _peft(cfg)
-    trainer = SFTTrainer(
+    trainer = CompletionLossSFTTrainer(
         model=str(model_src),
         args=args,
         train_dataset=Dataset.from_list(records),

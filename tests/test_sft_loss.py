@@ -1,0 +1,142 @@
+"""The completion-only SFT loss (training/sft_loss.py) is TRL's loss, computed more cheaply.
+
+What must hold: on the same batch the loss and every parameter's gradient equal those of TRL's
+own fused-head loss; prompt tokens carry no loss; outside the plain case (outputs requested,
+a PEFT model) TRL's loss is used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import SFTConfig, SFTTrainer
+
+from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.training.data import chat
+from rl_conductor.training.models import build_tiny
+from rl_conductor.training.sft_loss import CompletionLossSFTTrainer, completion_nll
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory: pytest.TempPathFactory) -> CompletionLossSFTTrainer:
+    tasks = load_tasks("gsm8k")[:40]
+    model_dir = build_tiny(
+        [t.question for t in tasks],
+        tmp_path_factory.mktemp("sft-loss") / "tiny",
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+    )
+    records = [
+        {
+            "prompt": chat(f"Plan for: {t.question[:80]}"),
+            "completion": [{"role": "assistant", "content": f"model_id = [{i % 3}]\nsubtasks = ['Solve.']"}],
+        }
+        for i, t in enumerate(tasks[:12])
+    ]
+    args = SFTConfig(
+        output_dir=str(tmp_path_factory.mktemp("sft-loss-work")),
+        per_device_train_batch_size=6,
+        completion_only_loss=True,
+        max_length=1024,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    return CompletionLossSFTTrainer(model=str(model_dir), args=args, train_dataset=Dataset.from_list(records))
+
+
+def _batch(trainer: CompletionLossSFTTrainer) -> dict[str, Any]:
+    batch = next(iter(trainer.get_train_dataloader()))
+    return {k: v for k, v in batch.items()}
+
+
+def _loss_and_grads(fn: Any, model: torch.nn.Module) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    loss = fn()
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return float(loss.detach()), grads
+
+
+def test_loss_and_gradients_equal_trls(trainer: CompletionLossSFTTrainer) -> None:
+    model = trainer.model
+    model.train()
+    batch = _batch(trainer)
+    ours, g_ours = _loss_and_grads(lambda: trainer.compute_loss(model, dict(batch)), model)
+    theirs, g_theirs = _loss_and_grads(lambda: SFTTrainer.compute_loss(trainer, model, dict(batch)), model)
+    assert ours == pytest.approx(theirs, rel=1e-5) and ours > 0
+    assert g_ours.keys() == g_theirs.keys() and len(g_ours) > 0
+    for name, g in g_ours.items():
+        torch.testing.assert_close(g, g_theirs[name], rtol=1e-4, atol=1e-6, msg=name)
+    # with the batch's token count as the divisor (what Trainer passes), still TRL's
+    n = (batch["labels"][:, 1:] != -100).sum()
+    ours_n = trainer.compute_loss(model, dict(batch), num_items_in_batch=n)
+    theirs_n = SFTTrainer.compute_loss(trainer, model, dict(batch), num_items_in_batch=n)
+    assert float(ours_n) == pytest.approx(float(theirs_n), rel=1e-5)
+
+
+def test_prompt_tokens_carry_no_loss(trainer: CompletionLossSFTTrainer) -> None:
+    model = trainer.model
+    batch = _batch(trainer)
+    loss, n, top1 = completion_nll(model, batch)
+    completion = int((batch["labels"][:, 1:] != -100).sum())
+    assert int(n) == completion and 0 < completion < int(batch["attention_mask"].sum())
+    assert 0 <= int(top1) <= completion
+    # the mean NLL of the completion tokens, from the model's full logits
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    target = batch["labels"][:, 1:]
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    manual = -(picked * (target != -100)).sum() / completion
+    assert float(loss) == pytest.approx(float(manual), rel=1e-5)
+    # a token taken out of the completion leaves the count and the loss
+    labels = batch["labels"].clone()
+    row, col = (labels[:, 1:] != -100).nonzero()[0].tolist()
+    labels[row, col + 1] = -100
+    loss2, n2, _ = completion_nll(model, {**batch, "labels": labels})
+    assert int(n2) == completion - 1 and float(loss2) != pytest.approx(float(loss), rel=1e-9)
+
+
+def test_outside_the_plain_case_trls_loss_is_used(
+    trainer: CompletionLossSFTTrainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = trainer.model
+    model.train()
+    batch = _batch(trainer)
+    calls: list[bool] = []
+    real = SFTTrainer.compute_loss
+
+    def spy(self: Any, *a: Any, **k: Any) -> Any:
+        calls.append(True)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(SFTTrainer, "compute_loss", spy)
+    trainer.compute_loss(model, dict(batch))
+    assert calls == []  # the plain case: ours
+    with pytest.warns(FutureWarning):
+        trainer.compute_loss(model, dict(batch), return_outputs=True)
+    assert calls == [True]
+    model.eval()
+    try:
+        trainer.compute_loss(model, dict(batch))  # evaluation: TRL's (and its metrics)
+    finally:
+        model.train()
+    assert calls == [True, True]
+
+
+def test_training_logs_token_accuracy(trainer: CompletionLossSFTTrainer, tmp_path: Path) -> None:
+    trainer.args.num_train_epochs = 1
+    trainer.args.logging_steps = 1
+    trainer.args.output_dir = str(tmp_path)
+    out = trainer.train()
+    assert out.training_loss > 0
+    logged = [h for h in trainer.state.log_history if "mean_token_accuracy" in h]
+    assert logged and all(0.0 <= h["mean_token_accuracy"] <= 1.0 for h in logged)
