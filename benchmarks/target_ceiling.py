@@ -31,6 +31,7 @@ preset's grouping by default; ``--model runs/x/final`` to add a trained model).
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.trace import Limits
 from rl_conductor.training.candidates import build_table, group_of
-from rl_conductor.training.config import load_preset
+from rl_conductor.training.config import GROUP_BY, load_preset
 from rl_conductor.training.train import _reward_config, warm_start_targets
 from rl_conductor.training.warmstart import ExpectedRewards
 from rl_conductor.workers.pool import PoolView, load_pool
@@ -114,6 +115,29 @@ def hindsight(tasks: list[Task], pool: Any) -> dict[str, Any]:
     return out
 
 
+def parse_rules(text: str, default_group: str, ap: argparse.ArgumentParser) -> list[tuple[float, float, str]]:
+    """``COST_WEIGHT:SE_RULE[:GROUP_BY],…`` as tuples; a malformed or repeated rule is a one-line
+    usage error before anything is built."""
+    rules: list[tuple[float, float, str]] = []
+    for r in text.split(","):
+        parts = r.strip().split(":")
+        try:
+            if len(parts) not in (2, 3):
+                raise ValueError("expected COST_WEIGHT:SE_RULE[:GROUP_BY]")
+            cw, se = float(parts[0]), float(parts[1])
+            by = parts[2] if len(parts) == 3 else default_group
+            if not (math.isfinite(cw) and math.isfinite(se) and cw >= 0 and se >= 0):
+                raise ValueError("cost weight and se rule must be finite and >= 0")
+            if by not in GROUP_BY:
+                raise ValueError(f"grouping must be one of {', '.join(GROUP_BY)}")
+        except ValueError as exc:
+            ap.error(f"--rules: bad rule {r!r}: {exc}")
+        if (cw, se, by) in rules:
+            ap.error(f"--rules: rule {r!r} is given twice")
+        rules.append((cw, se, by))
+    return rules
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -130,16 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     base = load_preset(args.preset)
+    rules = parse_rules(args.rules, base.warm_group_by, ap)
     pool = load_pool(base.pool, seed=base.seed)
     view = pool.view()
     dataset = base.dataset or str(pool.options.get("default_dataset", "paper-mix"))
     train = load_tasks(dataset, split="train", limit=base.train_limit, seed=base.seed)
     reward = _reward_config(base)  # the evaluation reward: the preset's cost weight
     splits = {s: load_tasks(dataset, split=s, seed=0) for s in args.splits.split(",")}
-    rules: list[tuple[float, float, str]] = []
-    for r in args.rules.split(","):
-        cw, se, *by = r.split(":")
-        rules.append((float(cw), float(se), by[0] if by else base.warm_group_by))
 
     policies: list[tuple[str, Policy, dict[str, Any]]] = []
     for cw, se, by in rules:

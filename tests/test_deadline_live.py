@@ -91,11 +91,7 @@ async def test_wall_time_stays_within_the_deadline_plus_margin(live_env: Path, t
         statuses = [s.status for s in _flatten(trace.steps)]
         assert wall <= deadline + MARGIN_S, (deadline, wall, statuses, [s.note for s in trace.steps])
         assert trace.latency_s <= deadline, (deadline, trace.latency_s, statuses)
-        # the randomly initialised model may sample end-of-text first: an empty answer fails its
-        # step (no other self-hosted worker to fall back to); any other failure is a defect
-        for s in _flatten(trace.steps):
-            assert s.status in {"ok", "skipped_deadline"} or (
-                s.status == "failed" and s.note.endswith("empty answer")
-            ), (s.status, s.note)
+        # (the tiny model never answers empty: servers.build_tiny_worker_model)
+        assert set(statuses) <= {"ok", "skipped_deadline"}, [s.note for s in trace.steps]
         cut += "skipped_deadline" in statuses
     assert cut >= 1  # the short deadline binds: the tiny model rambles for 256 tokens

@@ -128,7 +128,7 @@ def test_group_of_by_subject_and_bad_grouping() -> None:
     gsm = Task(id="gsm8k/1", question="q", answer="1", domain="math", source="gsm8k", grader="math")
     assert group_of(gsm, "subject") == "math/gsm8k"  # no subject: the source group
     assert group_of(t, "domain") == "knowledge" and group_of(gsm, "domain") == "math"
-    assert group_of(t, "task") == "knowledge" and group_of(gsm, "task") == "math"  # no task type
+    assert group_of(t, "task") == "knowledge/*" and group_of(gsm, "task") == "math/*"  # no task type
     grid = Task(
         id="llmrouter/7",
         question="Q: There are 3 houses in a row ...",
@@ -219,3 +219,52 @@ def test_domain_groups_pool_sources_the_conductor_cannot_tell_apart() -> None:
     )
     assert {by_domain.best(t, names, None).name for t in tasks} == {"solve:strong"}
     assert TrainConfig(warm_group_by="domain").warm_group_by == "domain"
+
+
+def _reasoning(i: int, task_name: str | None) -> Task:
+    meta = {"task_name": task_name} if task_name else {}
+    return Task(
+        id=f"lr/{i}",
+        question=f"Q{i}?",
+        answer="A",
+        domain="reasoning",
+        source="lr",
+        grader="choice",
+        metadata=meta,
+    )
+
+
+def test_task_groups_route_each_task_type_and_keep_the_domain_whole() -> None:
+    """Six logic-grid puzzles only the strong worker solves, two untyped questions both solve, two
+    commonsense questions both solve. By task the puzzles get the strong worker and the others
+    the cheap one; a task type never seen in training gets the plan of the whole domain (the
+    strong one), not that of the untyped questions, whose group has a key of its own."""
+    tasks = (
+        [_reasoning(i, "grid") for i in range(6)]
+        + [_reasoning(i, None) for i in (6, 7)]
+        + [_reasoning(i, "commonsense") for i in (8, 9)]
+    )
+    cands = [Candidate.parse_name("solve:strong"), Candidate.parse_name("solve:weak")]
+    shape = (len(tasks), 2, 1)
+    correct = np.zeros(shape, dtype=bool)
+    correct[:, 0, 0] = True
+    correct[6:, 1, 0] = True
+    cost = np.zeros(shape)
+    cost[:, 0, 0] = 0.01
+    rc = REWARD_PRESETS["cost-aware"]
+    names = ["strong", "weak"]
+    by_task = ExpectedRewards.fit(
+        _table(tasks, cands, correct, cost, "task"), rc, shrink=0.0, group_by="task"
+    )
+    assert [by_task.best(t, names, None).name for t in (tasks[0], tasks[6], tasks[8])] == [
+        "solve:strong",
+        "solve:weak",
+        "solve:weak",
+    ]
+    assert sorted(by_task.rows_by_key["reasoning"]) == list(range(10))
+    unseen = _reasoning(10, "arithmetic")
+    assert by_task.best(unseen, names, None).name == "solve:strong"
+    by_domain = ExpectedRewards.fit(
+        _table(tasks, cands, correct, cost, "domain"), rc, shrink=0.0, group_by="domain"
+    )
+    assert {by_domain.best(t, names, None).name for t in tasks} == {"solve:strong"}

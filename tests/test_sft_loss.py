@@ -45,6 +45,7 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> CompletionLossSFTTraine
         completion_only_loss=True,
         max_length=1024,
         use_cpu=True,
+        bf16=False,  # SFTConfig's default is True: mixed precision takes TRL's path (see below)
         report_to=[],
         disable_tqdm=True,
         dataloader_num_workers=0,
@@ -75,11 +76,15 @@ def test_loss_and_gradients_equal_trls(trainer: CompletionLossSFTTrainer) -> Non
     assert g_ours.keys() == g_theirs.keys() and len(g_ours) > 0
     for name, g in g_ours.items():
         torch.testing.assert_close(g, g_theirs[name], rtol=1e-4, atol=1e-6, msg=name)
-    # with the batch's token count as the divisor (what Trainer passes), still TRL's
+    # with Trainer's divisor: the tokens of every micro-batch of an accumulated step (here as if
+    # two micro-batches of this size), still TRL's
     n = (batch["labels"][:, 1:] != -100).sum()
-    ours_n = trainer.compute_loss(model, dict(batch), num_items_in_batch=n)
-    theirs_n = SFTTrainer.compute_loss(trainer, model, dict(batch), num_items_in_batch=n)
-    assert float(ours_n) == pytest.approx(float(theirs_n), rel=1e-5)
+    for items in (n, 2 * n, n + 7):
+        ours_n = trainer.compute_loss(model, dict(batch), num_items_in_batch=items)
+        theirs_n = SFTTrainer.compute_loss(trainer, model, dict(batch), num_items_in_batch=items)
+        assert float(ours_n) == pytest.approx(float(theirs_n), rel=1e-5)
+    halved = trainer.compute_loss(model, dict(batch), num_items_in_batch=2 * n)
+    assert float(halved) == pytest.approx(ours / 2)
 
 
 def test_prompt_tokens_carry_no_loss(trainer: CompletionLossSFTTrainer) -> None:
@@ -123,20 +128,44 @@ def test_outside_the_plain_case_trls_loss_is_used(
     assert calls == []  # the plain case: ours
     with pytest.warns(FutureWarning):
         trainer.compute_loss(model, dict(batch), return_outputs=True)
-    assert calls == [True]
+    assert len(calls) == 1
+    trainer.compute_loss(model, {**batch, "position_ids": torch.arange(batch["input_ids"].shape[1])[None]})
+    assert len(calls) == 2  # an input this path would drop
+    with monkeypatch.context() as m:
+        m.setattr(trainer.args, "loss_type", "dft")
+        trainer.compute_loss(model, dict(batch))
+    assert len(calls) == 3
+    with monkeypatch.context() as m:
+        m.setattr(type(trainer.accelerator), "mixed_precision", property(lambda self: "bf16"))
+        trainer.compute_loss(model, dict(batch))
+    assert len(calls) == 4  # accelerate autocasts model.forward, which this path does not call
+    with monkeypatch.context() as m:
+        m.setattr(model.config, "final_logit_softcapping", 30.0, raising=False)
+        trainer.compute_loss(model, dict(batch))
+    assert len(calls) == 5
     model.eval()
     try:
         trainer.compute_loss(model, dict(batch))  # evaluation: TRL's (and its metrics)
     finally:
         model.train()
-    assert calls == [True, True]
+    assert len(calls) == 6
 
 
-def test_training_logs_token_accuracy(trainer: CompletionLossSFTTrainer, tmp_path: Path) -> None:
+def test_training_uses_this_loss_and_logs_token_accuracy(
+    trainer: CompletionLossSFTTrainer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*a: Any, **k: Any) -> Any:
+        raise AssertionError("TRL's loss was used in training")
+
+    monkeypatch.setattr(SFTTrainer, "compute_loss", never)
     trainer.args.num_train_epochs = 1
     trainer.args.logging_steps = 1
     trainer.args.output_dir = str(tmp_path)
+    tokens = int(sum(b["attention_mask"].sum() for b in trainer.get_train_dataloader()))
+    before = trainer._total_train_tokens  # the other tests' calls count too
     out = trainer.train()
     assert out.training_loss > 0
     logged = [h for h in trainer.state.log_history if "mean_token_accuracy" in h]
     assert logged and all(0.0 <= h["mean_token_accuracy"] <= 1.0 for h in logged)
+    # every token of the epoch, prompt and padding included
+    assert logged[-1]["num_tokens"] == before + tokens

@@ -9,9 +9,13 @@ positions carry no loss, yet on 2 CPU cores that chunked head took 37 % of each 
 to the completion positions only gives the same loss — the mean negative log-likelihood of the
 completion tokens — at a fraction of the cost.
 
-Scope: a plain (not PEFT-wrapped) causal LM on padded, unpacked batches, the CPU presets' case.
-Anything else (LoRA on a GPU, packing or padding-free batches, MoE auxiliary losses) keeps TRL's
-own loss, which is built for it.
+Scope: a plain (not PEFT-wrapped) causal LM in full precision, one process, padded and unpacked
+batches of ``input_ids``/``attention_mask``/``labels``, TRL's plain NLL: the CPU presets' case.
+Anything else keeps TRL's own loss, which is built for it: LoRA, mixed precision (accelerate
+autocasts ``model.forward``, which this path does not call), several processes, packing or
+padding-free batches, MoE auxiliary losses, ``loss_type="dft"``, label smoothing, a custom
+``compute_loss_func``, models that scale or soft-cap their logits, batches with other inputs
+(position ids, images), evaluation and callers that want the outputs.
 """
 
 from __future__ import annotations
@@ -54,14 +58,25 @@ class CompletionLossSFTTrainer(SFTTrainer):
     module docstring); falls back to TRL's loss outside that case."""
 
     def _completion_only_applies(self, model: Any, inputs: dict[str, Any]) -> bool:
+        config = getattr(model, "config", None)
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        scaled = any(
+            getattr(text_config, k, None) not in (None, 1.0)
+            for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+        )
         return (
             model.training
             and not hasattr(model, "get_base_model")  # PEFT: TRL's path
+            and self.accelerator.mixed_precision == "no"
+            and self.accelerator.num_processes == 1
             and not self.aux_loss_enabled
             and not self.args.packing
             and not getattr(self.args, "padding_free", False)
-            and "labels" in inputs
-            and "attention_mask" in inputs
+            and self.args.loss_type == "nll"
+            and self.label_smoother is None
+            and self.compute_loss_func is None
+            and not scaled
+            and set(inputs) == {"input_ids", "attention_mask", "labels"}
             and callable(getattr(model, "get_decoder", None))
         )
 
@@ -77,8 +92,6 @@ class CompletionLossSFTTrainer(SFTTrainer):
                 model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
             )
         loss, n, top1 = completion_nll(model, inputs, num_items_in_batch)
-        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
-            loss = loss * (self.accelerator.num_processes // self.get_tp_size())  # as TRL does
         metrics = self._metrics["train"]
         metrics["mean_token_accuracy"].append((top1 / n).item() if n > 0 else 0.0)
         self._total_train_tokens += int(inputs["attention_mask"].sum().item())
