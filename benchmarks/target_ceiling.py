@@ -31,7 +31,6 @@ preset's grouping by default; ``--model runs/x/final`` to add a trained model).
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.trace import Limits
 from rl_conductor.training.candidates import build_table, group_of
-from rl_conductor.training.config import GROUP_BY, load_preset
+from rl_conductor.training.config import TrainConfig, load_preset
 from rl_conductor.training.train import _reward_config, warm_start_targets
 from rl_conductor.training.warmstart import ExpectedRewards
 from rl_conductor.workers.pool import PoolView, load_pool
@@ -115,26 +114,26 @@ def hindsight(tasks: list[Task], pool: Any) -> dict[str, Any]:
     return out
 
 
-def parse_rules(text: str, default_group: str, ap: argparse.ArgumentParser) -> list[tuple[float, float, str]]:
-    """``COST_WEIGHT:SE_RULE[:GROUP_BY],…`` as tuples; a malformed or repeated rule is a one-line
-    usage error before anything is built."""
-    rules: list[tuple[float, float, str]] = []
+def parse_rules(text: str, preset: str, ap: argparse.ArgumentParser) -> list[tuple[str, TrainConfig]]:
+    """``COST_WEIGHT:SE_RULE[:GROUP_BY],…`` as (label, the preset with that rule); a malformed,
+    invalid (``TrainConfig``'s own checks) or repeated rule is a one-line usage error before
+    anything is built."""
+    rules: list[tuple[str, TrainConfig]] = []
     for r in text.split(","):
         parts = r.strip().split(":")
         try:
             if len(parts) not in (2, 3):
                 raise ValueError("expected COST_WEIGHT:SE_RULE[:GROUP_BY]")
-            cw, se = float(parts[0]), float(parts[1])
-            by = parts[2] if len(parts) == 3 else default_group
-            if not (math.isfinite(cw) and math.isfinite(se) and cw >= 0 and se >= 0):
-                raise ValueError("cost weight and se rule must be finite and >= 0")
-            if by not in GROUP_BY:
-                raise ValueError(f"grouping must be one of {', '.join(GROUP_BY)}")
+            over: dict[str, Any] = {"cost_weight": float(parts[0]), "warm_se_rule": float(parts[1])}
+            if len(parts) == 3:
+                over["warm_group_by"] = parts[2]
+            cfg = load_preset(preset, **over)  # ConfigError is a ValueError
         except ValueError as exc:
             ap.error(f"--rules: bad rule {r!r}: {exc}")
-        if (cw, se, by) in rules:
+        label = f"targets cw={cfg.cost_weight:g} se={cfg.warm_se_rule:g} {cfg.warm_group_by}"
+        if any(label == seen for seen, _ in rules):
             ap.error(f"--rules: rule {r!r} is given twice")
-        rules.append((cw, se, by))
+        rules.append((label, cfg))
     return rules
 
 
@@ -153,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
+    rules = parse_rules(args.rules, args.preset, ap)
     base = load_preset(args.preset)
-    rules = parse_rules(args.rules, base.warm_group_by, ap)
     pool = load_pool(base.pool, seed=base.seed)
     view = pool.view()
     dataset = base.dataset or str(pool.options.get("default_dataset", "paper-mix"))
@@ -163,17 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     splits = {s: load_tasks(dataset, split=s, seed=0) for s in args.splits.split(",")}
 
     policies: list[tuple[str, Policy, dict[str, Any]]] = []
-    for cw, se, by in rules:
-        cfg = load_preset(args.preset, cost_weight=cw, warm_se_rule=se, warm_group_by=by)
+    for label, cfg in rules:
         targets = warm_start_targets(cfg, train, pool, progress=True)
-        groups = sorted({group_of(t, by) for t in train})
-        plans = {
-            g: targets.best(next(t for t in train if group_of(t, by) == g), view.names(), None).name
-            for g in groups
-        }
-        policies.append(
-            (f"targets cw={cw:g} se={se:g} {by}", TargetPolicy(targets, "targets"), {"targets": plans})
-        )
+        first: dict[str, Task] = {}  # one training question per neighbourhood
+        for t in train:
+            first.setdefault(group_of(t, cfg.warm_group_by), t)
+        plans = {g: targets.best(first[g], view.names(), None).name for g in sorted(first)}
+        policies.append((label, TargetPolicy(targets, "targets"), {"targets": plans}))
     for spec in ("domain-router", "knn", "moa"):
         policies.append((spec, make_policy(spec, pool, seed=0, dataset=dataset), {}))
     for m in args.model:
