@@ -36,6 +36,7 @@ POLAR = make("\\left( 3, \\frac{\\pi}{2} \\right)", "math")
         (EIGHTEEN, "The answer is 18.0"),
         (EIGHTEEN, "\\boxed{\\$18}"),
         (EIGHTEEN, "The answer is 18 dollars."),
+        (EIGHTEEN, "She makes 9 * 2 = $<<9*2=18>>18 a day\nA: 18"),  # OpenAI's GSM8K samples
         (make("70000", "math"), "#### 70,000"),
         (POLAR, "\\boxed{\\left(3, \\frac{\\pi}{2}\\right)}"),
         (make("2\\sqrt{3}", "math"), "\\boxed{\\sqrt{12}}"),
@@ -51,6 +52,7 @@ def test_math_equivalent_forms_pass(task: Task, text: str) -> None:
         (HALF, "\\boxed{0.6}"),
         (HALF, "The answer is 2"),
         (EIGHTEEN, "#### 19"),
+        (EIGHTEEN, "She makes 9 * 2 = $<<9*2=18>>18 a day\nA: 19"),
         (EIGHTEEN, "I computed 18 first, then the answer is 20."),
         (POLAR, "\\boxed{\\left(3, \\pi\\right)}"),
         (HALF, ""),

@@ -6,7 +6,9 @@ The data ships inside the package (``rl_conductor/data/tasks/*.jsonl.gz``, licen
 Splits are not the datasets' native ones: every task falls into ``train`` / ``validation`` /
 ``test`` (70 / 10 / 20) by a SHA-256 hash of its id, so the split of a task never changes and is
 the same in every dataset that contains it (``paper-mix`` included). ``llmrouter``'s own train
-and test files are merged (and de-duplicated) first.
+and test files are merged (and de-duplicated) first. A task whose ``metadata["split"]`` names a
+split is in that one instead (a recordings file's ``split`` field, :func:`split_of_task`): every
+split consumer goes through :func:`load_tasks`, which reads it.
 
 Registered datasets:
 
@@ -52,7 +54,7 @@ SPLIT_BOUNDS = (0.7, 0.8)
 #: No domain of ``paper-mix`` holds more tasks than this.
 PAPER_MIX_DOMAIN_CAP = 800
 #: Modules that register more datasets when imported; tried when a name is unknown.
-OPTIONAL_DATASET_MODULES = ("rl_conductor.tasks.routellm",)
+OPTIONAL_DATASET_MODULES = ("rl_conductor.tasks.routellm", "rl_conductor.tasks.gsm8k_six")
 
 Loader = Callable[[], list[Task]]
 _REGISTRY: dict[str, Loader] = {}
@@ -105,6 +107,12 @@ def split_of(task_id: str) -> str:
     return "test"
 
 
+def split_of_task(task: Task) -> str:
+    """The split of ``task``: its ``metadata["split"]`` when it states one, else :func:`split_of`."""
+    stated = task.metadata.get("split")
+    return stated if stated in SPLITS[:3] else split_of(task.id)
+
+
 @functools.cache
 def _load_all(name: str) -> tuple[Task, ...]:
     tasks = tuple(_REGISTRY[name]())
@@ -138,7 +146,7 @@ def load_tasks(name: str, split: str = "all", *, limit: int | None = None, seed:
 
 
 def _select(all_tasks: list[Task], split: str, limit: int | None, seed: int) -> list[Task]:
-    tasks = [t for t in all_tasks if split == "all" or split_of(t.id) == split]
+    tasks = [t for t in all_tasks if split == "all" or split_of_task(t) == split]
     if limit is not None and limit < len(tasks):
         keep = sorted(random.Random(seed).sample(range(len(tasks)), max(limit, 0)))
         tasks = [tasks[i] for i in keep]

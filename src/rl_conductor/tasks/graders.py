@@ -146,6 +146,8 @@ def _final_line(text: str) -> str | None:
 # --------------------------------------------------------------------------- math
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+#: A final line "A: <answer>" states the answer (math-verify would read "A: 18" as the ratio a/18).
+_QA_STYLE_ANSWER = re.compile(r"^A\s*:\s*(.+)$")
 _PLAIN_NUMBER = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _NUMBER_WITH_UNIT = re.compile(r"^(-?\d[\d,]*(?:\.\d+)?)\s+[A-Za-z][A-Za-z ]*$")
 
@@ -177,6 +179,10 @@ def _math_candidate(text: str) -> str | None:
     if hashes:
         return _clean_math(hashes[-1])
     said = _last_answer_is(text)
+    if said is None:  # a last line "A: 18" (question/answer style, e.g. OpenAI's GSM8K samples)
+        final = _final_line(text)
+        qa_style = _QA_STYLE_ANSWER.match(final) if final is not None else None
+        said = qa_style.group(1) if qa_style else None
     if said is not None:
         said = said.split("\n", 1)[0]
         # "The answer is 18 because ..." keeps "18"; a sentence ending ends the answer.

@@ -9,6 +9,7 @@ A recordings file is JSON Lines (optionally gzipped: ``.jsonl.gz``), one item pe
      "domain": "math",                       # math | knowledge | reasoning | code (default reasoning)
      "source": "my-logs",                    # optional (default: the file's name)
      "metadata": {"choices": ["..."]},       # optional: what the grader needs (choices, tests, ...)
+     "split": "train",                       # optional: train | validation | test (default: id hash)
      "responses": {                          # per model, at least one
         "gpt-4o": {"text": "... #### 18",    # the response (optional if `correct` is given)
                    "correct": true,           # correctness label (optional if `text` is given)
@@ -18,8 +19,11 @@ A recordings file is JSON Lines (optionally gzipped: ``.jsonl.gz``), one item pe
                    "latency_s": 1.3}}}        # optional; nominal latency model when absent
 
 A pool YAML names the file and the models (see ``docs/recordings.md``); the file's items become
-the dataset ``recordings:<path>`` (the pool's default dataset), split 70/10/20 by id hash like
-every other dataset. RouteLLM's recordings (:mod:`rl_conductor.tasks.routellm`) are one instance
+the dataset ``recordings:<path>`` (the pool's default dataset). An item's ``split`` field puts it
+in that split; items without one are split 70/10/20 by id hash like every other dataset
+(:func:`rl_conductor.tasks.datasets.split_of_task`). A path ``package:<file>`` names a file
+shipped under ``rl_conductor/data/recorded/`` (the built-in ``gsm8k-six`` pool's), so its dataset
+name is the same on every machine. RouteLLM's recordings (:mod:`rl_conductor.tasks.routellm`) are one instance
 of this shape: text and label for GSM8K, label only for MMLU
 (:func:`routellm_recordings` writes them out in this format).
 
@@ -41,6 +45,9 @@ from typing import Any
 from rl_conductor.tasks.base import Task
 
 PREFIX = "recordings:"
+#: A recordings path ``package:<file>`` names ``rl_conductor/data/recorded/<file>``.
+PACKAGE_PREFIX = "package:"
+SPLIT_NAMES = ("train", "validation", "test")
 DEFAULT_GRADER = "qa"
 DEFAULT_DOMAIN = "reasoning"
 _RESPONSE_KEYS = {"text", "correct", "input_tokens", "output_tokens", "cost_usd", "latency_s"}
@@ -152,6 +159,11 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
     metadata = row.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise RecordingsError(f"{where}: metadata must be an object")
+    split = row.get("split")
+    if split is not None:
+        if split not in SPLIT_NAMES:
+            raise RecordingsError(f"{where}: split must be one of {', '.join(SPLIT_NAMES)}, got {split!r}")
+        metadata = {**metadata, "split": split}
     task = Task(
         id=row["id"],
         question=row["question"],
@@ -190,21 +202,37 @@ def _load(path: str, mtime_ns: int) -> Recordings:
     return Recordings(path=str(p), tasks=tuple(tasks), responses=responses, models=tuple(models))
 
 
+def resolve_path(path: str | Path) -> Path:
+    """The file a recordings path names: ``package:<file>`` under ``rl_conductor/data/recorded/``,
+    anything else relative to the working directory."""
+    text = str(path)
+    if text.startswith(PACKAGE_PREFIX):
+        from importlib import resources
+
+        name = text[len(PACKAGE_PREFIX) :]
+        return Path(str(resources.files("rl_conductor").joinpath("data", "recorded", name)))
+    return Path(text).expanduser().resolve()
+
+
 def load_recordings(path: str | Path) -> Recordings:
-    """Read (and cache) a recordings file.
+    """Read (and cache) a recordings file (a path, or ``package:<file>``).
 
     Raises:
         FileNotFoundError: no such file. RecordingsError: a malformed line.
     """
-    p = Path(path).expanduser().resolve()
+    p = resolve_path(path)
     if not p.is_file():
         raise FileNotFoundError(f"recordings file {path} does not exist")
     return _load(str(p), p.stat().st_mtime_ns)
 
 
 def dataset_name(path: str | Path) -> str:
-    """The dataset name under which a recordings file's items load (``recordings:<abs path>``)."""
-    return PREFIX + str(Path(path).expanduser().resolve())
+    """The dataset name under which a recordings file's items load: ``recordings:<abs path>``,
+    or ``recordings:package:<file>`` for a shipped file (the same name on every machine)."""
+    text = str(path)
+    if text.startswith(PACKAGE_PREFIX):
+        return PREFIX + text
+    return PREFIX + str(Path(text).expanduser().resolve())
 
 
 def recordings_tasks(name: str) -> list[Task]:
@@ -226,17 +254,22 @@ def write_recordings(path: str | Path, items: Iterable[dict[str, Any]]) -> int:
 
 
 def item_dict(task: Task, responses: dict[str, RecordedResponse]) -> dict[str, Any]:
-    """One line of a recordings file for ``task``."""
-    return {
+    """One line of a recordings file for ``task`` (its ``split`` field when the task has one)."""
+    metadata = dict(task.metadata)
+    split = metadata.pop("split", None)
+    item: dict[str, Any] = {
         "id": task.id,
         "question": task.question,
         "answer": task.answer,
         "grader": task.grader,
         "domain": task.domain,
         "source": task.source,
-        "metadata": dict(task.metadata),
-        "responses": {m: r.to_dict() for m, r in responses.items()},
+        "metadata": metadata,
     }
+    if split is not None:
+        item["split"] = split
+    item["responses"] = {m: r.to_dict() for m, r in responses.items()}
+    return item
 
 
 def routellm_recordings(dataset: str = "routellm") -> Iterator[dict[str, Any]]:
