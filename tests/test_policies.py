@@ -25,7 +25,7 @@ from rl_conductor.policies.baselines import (
 )
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
-from rl_conductor.workers.base import CallContext, Hosting, Message
+from rl_conductor.workers.base import CallContext, Hosting, Message, estimate_tokens
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool
 from rl_conductor.workflow import normalize, parse
@@ -154,7 +154,7 @@ async def test_self_consistency_majority_vote(sevens: set[int], winner: str) -> 
     pool = Pool(name="one", workers=[_voter(sevens), FakeWorker(info=fake_info("other"))])
     policy = make_policy("self-consistency:voter", pool)
     assert isinstance(policy, SelfConsistency)
-    ep = await policy.run(_task("7"), pool.view(), Limits(max_steps=3))  # the vote lifts max_steps
+    ep = await policy.run(_task("7"), pool.view(), Limits(max_steps=5))
     assert len(ep.trace.steps) == 5
     assert len({c["context"].nonce for c in _fake(pool, "voter").calls}) == 5  # type: ignore[union-attr]
     assert f"\\boxed{{{winner}}}" in ep.trace.final_answer
@@ -176,24 +176,50 @@ async def test_oracle_picks_the_cheapest_correct_worker() -> None:
     pool = _pool(*POOL_SPECS)
     ep = await Oracle().run(_task("7"), pool.view(), Limits())
     assert ep.trace.final_answer == "\\boxed{7}"
-    assert ep.trace.steps[0].worker == "mid"
-    assert ep.plan.workflow.workers() == [1]
+    assert "oracle: answered with mid (correct" in ep.trace.notes[-1]
     assert all(len(_fake(pool, n).calls) == 1 for n in pool.names())
-    # its reported cost is the chosen call's only
-    assert ep.trace.cost_usd == pytest.approx(ep.trace.steps[0].cost_usd)
+    # the trace holds every call it made: its cost and calls are the real ones
+    assert ep.trace.calls == len(pool.names()) == len(ep.plan.workflow.steps)
+    assert ep.trace.cost_usd == pytest.approx(sum(s.cost_usd for s in ep.trace.steps))
+    assert ep.trace.cost_usd == pytest.approx(ep.trace.charged_usd)
+
+
+async def test_oracle_shares_one_budget_across_every_worker_it_asks() -> None:
+    """It used to run every worker with the whole budget each (issue 23: $0.0093 on $0.003)."""
+    pool = _pool(*POOL_SPECS)
+    budget = 3e-4  # "cheap" and "mid" each fit in it alone, not together
+    ep = await Oracle().run(_task("7"), pool.view(), Limits(max_cost_usd=budget))
+    spent = 0.0
+    for n in pool.names():
+        w = _fake(pool, n)
+        for c in w.calls:
+            in_tok = sum(estimate_tokens(m["content"]) for m in c["messages"])  # type: ignore[attr-defined]
+            spent += w.info.cost(in_tok, min(w.output_tokens, int(c["max_tokens"])))  # type: ignore[call-overload]
+    assert ep.trace.cost_usd == pytest.approx(spent) and spent <= budget
+    assert ep.trace.calls == sum(len(_fake(pool, n).calls) for n in pool.names())
 
 
 async def test_oracle_without_a_correct_worker_reports_the_cheapest_attempt() -> None:
     pool = _pool(*POOL_SPECS)
     ep = await Oracle().run(_task("123"), pool.view(), Limits())
-    assert ep.trace.steps[0].worker == "cheap"
+    assert "oracle: answered with cheap (no worker correct" in ep.trace.notes[-1]
+    assert ep.trace.final_answer == ep.trace.steps[0].answer and ep.trace.steps[0].worker == "cheap"
 
 
 async def test_oracle_respects_privacy() -> None:
     pool = _pool(*POOL_SPECS, hosting=["external", "external", "self", "external"])
     ep = await Oracle().run(_task("7"), pool.view(), Limits(sensitivity="private"))
-    assert ep.trace.steps[0].worker == "dear"
+    assert ep.trace.steps[0].worker == "dear" and len(ep.trace.steps) == 1
     assert [len(_fake(pool, n).calls) for n in pool.names()] == [0, 0, 1, 0]
+
+
+async def test_self_consistency_respects_max_steps() -> None:
+    """It used to lift max_steps to its five samples (issue 23, finding 10)."""
+    pool = Pool(name="one", workers=[_voter({0})])
+    ep = await make_policy("self-consistency:voter", pool).run(_task("7"), pool.view(), Limits(max_steps=1))
+    assert len(ep.trace.steps) == 1 and len(_fake(pool, "voter").calls) == 1
+    assert ep.trace.notes == ["self-consistency: 1 of 5 samples (max_steps)"]
+    assert "\\boxed{7}" in ep.trace.final_answer
 
 
 async def test_oracle_with_no_permitted_worker_returns_an_empty_answer() -> None:

@@ -6,11 +6,16 @@
   By default the three highest-priced workers propose and the highest-priced aggregates;
   ``moa:a,b,c>agg`` names them.
 * ``self-consistency:<worker>`` — five independent samples of one worker and a majority vote over
-  their extracted answers (ties go to the earliest sample).
-* ``oracle`` — runs every worker alone and keeps the cheapest correct one (it reads the gold
-  answer, so it is an upper bound for single-worker routing, not a usable policy); when no
-  worker is right it reports the cheapest worker's attempt. Its cost is that of the chosen
-  call only.
+  their extracted answers (ties go to the earliest sample). The samples are steps: a request's
+  ``max_steps`` caps them (``max_steps: 1`` is one sample, and the trace notes it).
+* ``oracle`` — runs every permitted worker alone and answers with the cheapest correct one (it
+  reads the gold answer, so it is an upper bound for single-worker routing, not a usable
+  policy); when no worker is right it answers with the cheapest worker's attempt. Its trace
+  holds every call it made, so its cost is what all of them cost (the chosen call's cost is in
+  the trace's notes). Each worker runs as a single-worker call (its own step 0, as ``single``
+  would); under a ``max_cost_usd`` they run one after another, cheapest first, each on what the
+  earlier ones left, so all of them together stay within the one budget. It is a reference
+  bound, so ``max_steps`` does not limit how many workers it asks.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ import asyncio
 import hashlib
 import random
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from rl_conductor.executor import execute
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
+from rl_conductor.trace import Limits, Trace
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
@@ -132,15 +138,18 @@ class SelfConsistency(Policy):
 
     async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
         w = _ordinal(view, self.worker)
-        return _plan(Workflow(steps=tuple(Step(w, SOLVE, ()) for _ in range(self.samples))))
+        n = min(self.samples, limits.max_steps)  # each sample is a step the request pays for
+        return _plan(Workflow(steps=tuple(Step(w, SOLVE, ()) for _ in range(n))))
 
     async def run(self, task: Task, view: PoolView, limits: Limits) -> Episode:
         from rl_conductor.tasks.graders import extract_answer
 
         plan = await self.plan(task, view, limits)
-        # the vote is not a step: lift max_steps so all samples run
-        run_limits = Limits(**{**limits.__dict__, "max_steps": max(limits.max_steps, self.samples)})
-        trace = await execute(plan.workflow, task, view, run_limits)
+        trace = await execute(plan.workflow, task, view, limits)
+        if len(plan.workflow.steps) < self.samples:
+            trace.notes.append(
+                f"self-consistency: {len(plan.workflow.steps)} of {self.samples} samples (max_steps)"
+            )
         answers = [(s.answer, extract_answer(task, s.answer)) for s in trace.steps if s.status == "ok"]
         keyed = [key for _, key in answers if key is not None]
         if keyed:
@@ -164,18 +173,52 @@ class Oracle(Policy):
     async def run(self, task: Task, view: PoolView, limits: Limits) -> Episode:
         from rl_conductor.reward import grade_trace
 
-        permitted = [
-            j
-            for j in range(len(view))
-            if limits.permits(view.worker(j).info.name, view.worker(j).info.hosting)
-        ]
+        permitted = sorted(
+            (
+                j
+                for j in range(len(view))
+                if limits.permits(view.worker(j).info.name, view.worker(j).info.hosting)
+            ),
+            key=lambda j: (view.worker(j).info.price_out, view.worker(j).info.price_in, j),
+        )
         if not permitted:  # nothing may see the request: the executor records the skipped step
             return await super().run(task, view, limits)
         wfs = [Workflow(steps=(Step(j, SOLVE, ()),)) for j in permitted]
-        traces = await asyncio.gather(*(execute(wf, task, view, limits) for wf in wfs))
-        graded = [(t, wf, grade_trace(task, t)) for t, wf in zip(traces, wfs, strict=True)]
-        correct = [g for g in graded if g[2]]
-        pick = min(correct or graded, key=lambda g: g[0].cost_usd)
-        plan = _plan(pick[1])
-        pick[0].workflow_text = plan.text
-        return Episode(plan=plan, trace=pick[0])
+        if limits.max_cost_usd is None:
+            traces = list(await asyncio.gather(*(execute(wf, task, view, limits) for wf in wfs)))
+        else:
+            # one budget for every call: each worker spends only what the earlier ones left (and,
+            # under a deadline, runs in the time they left)
+            traces = []
+            for wf in wfs:
+                left = limits.max_cost_usd - sum(t.cost_usd for t in traces)
+                elapsed = sum(t.latency_s for t in traces)
+                if left <= 0 or (limits.max_latency_s is not None and elapsed >= limits.max_latency_s):
+                    break
+                sub = replace(limits, max_cost_usd=left)
+                if limits.max_latency_s is not None:
+                    sub = replace(sub, max_latency_s=limits.max_latency_s - elapsed)
+                t = await execute(wf, task, view, sub)
+                for rec in t.steps:
+                    rec.started_s += elapsed
+                traces.append(t)
+        graded = [(t, wf, grade_trace(task, t)) for t, wf in zip(traces, wfs, strict=False)]
+        correct = [g for g in graded if g[0].final_answer and g[2]]
+        answered = [g for g in graded if g[0].final_answer]
+        pick = min(correct or answered or graded, key=lambda g: g[0].cost_usd)
+        asked = Workflow(steps=tuple(wf.steps[0] for wf in wfs[: len(traces)]))
+        plan = _plan(asked)
+        trace = Trace(task_id=task.id)
+        trace.steps = [replace(t.steps[0], index=i) for i, t in enumerate(traces)]
+        trace.final_answer = pick[0].final_answer
+        trace.stopped_reason = pick[0].stopped_reason
+        trace.charged_usd = sum(t.charged_usd for t in traces)
+        sequential = limits.max_cost_usd is not None
+        trace.wall_s = (sum if sequential else max)(t.wall_s for t in traces)
+        chosen = pick[0].steps[0]
+        trace.notes.append(
+            f"oracle: answered with {chosen.worker or chosen.requested_worker} "
+            f"({'correct' if pick[2] else 'no worker correct'}; that call cost ${pick[0].cost_usd:.6g})"
+        )
+        trace.workflow_text = plan.text
+        return Episode(plan=plan, trace=trace)

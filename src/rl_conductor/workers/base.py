@@ -52,6 +52,8 @@ class CallContext:
         instruction: the step's subtask.
         visible_answers: the answers of the earlier steps this step sees, in order.
         nonce: distinguishes repeated calls of one worker on one item (self-consistency samples).
+        sensitivity: the request's (``Limits.sensitivity``); a ``"private"`` call is never
+            written to a store other requests read (:mod:`rl_conductor.workers.cache`).
     """
 
     task: Task
@@ -59,6 +61,7 @@ class CallContext:
     instruction: str = ""
     visible_answers: tuple[str, ...] = ()
     nonce: int = 0
+    sensitivity: str = "public"
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,15 @@ class WorkerInfo:
     def cost(self, input_tokens: int, output_tokens: int) -> float:
         return (input_tokens * self.price_in + output_tokens * self.price_out) / 1_000_000
 
+    def input_token_bound(self, messages: Sequence[Message]) -> int:
+        """At most how many input tokens a call of ``messages`` can be billed for (budget
+        reservations): :func:`utf8_token_bound` for a server's tokenizer, or, for the kinds that
+        count their own input with :func:`estimate_tokens` (fake, simulated, replay), the tighter
+        :func:`estimate_token_bound`."""
+        if self.kind in LOCALLY_COUNTED_KINDS:
+            return estimate_token_bound(messages)
+        return utf8_token_bound(messages)
+
     def price_tier(self) -> str:
         """Coarse price label shown to the Conductor ($, $$, $$$)."""
         blended = self.price_in + 3 * self.price_out
@@ -153,6 +165,36 @@ class Worker(Protocol):
         temperature: float,
         context: CallContext | None = None,
     ) -> Completion: ...
+
+
+#: Tokens a chat format may add per message (role markers, separators, the reply's priming):
+#: OpenAI documents 3-4 per message plus 3, Anthropic and Gemini a few; 16 is a wide margin.
+MESSAGE_OVERHEAD_TOKENS = 16
+#: Worker kinds whose input tokens are :func:`estimate_tokens` of the text (counted here, not by
+#: a server): their reservation may use :func:`estimate_token_bound`.
+LOCALLY_COUNTED_KINDS = frozenset({"fake", "simulated", "replay"})
+_ESTIMATE_CHARS_PER_TOKEN = 2.5
+
+
+def utf8_token_bound(messages: Sequence[Message]) -> int:
+    """An upper bound of the input tokens any byte-level tokenizer can make of ``messages``.
+
+    A byte-level BPE (GPT, Claude, Llama, Qwen) starts from one token per UTF-8 byte and only
+    merges, and a SentencePiece model with byte fallback (Gemini, Gemma) emits a piece per
+    character or one per byte of it, so no text yields more tokens than it has UTF-8 bytes:
+    3 per CJK character, 4 per emoji. Plus :data:`MESSAGE_OVERHEAD_TOKENS` per message for the
+    chat format (a role joined to the system field costs its separator, well within that)."""
+    return sum(len(m.get("content", "").encode("utf-8")) for m in messages) + MESSAGE_OVERHEAD_TOKENS * len(
+        messages
+    )
+
+
+def estimate_token_bound(messages: Sequence[Message]) -> int:
+    """An upper bound of :func:`estimate_tokens` summed over ``messages`` (characters / 2.5 + 16
+    a message; ``estimate_tokens`` is characters / 4, rounded): only for workers that count
+    their input with it (:data:`LOCALLY_COUNTED_KINDS`)."""
+    chars = sum(len(m.get("content", "")) for m in messages)
+    return math.ceil(chars / _ESTIMATE_CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS * len(messages)
 
 
 def estimate_tokens(text: str) -> int:

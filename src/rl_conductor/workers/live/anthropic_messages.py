@@ -8,10 +8,18 @@ Pool entry::
       api_key_env: ANTHROPIC_API_KEY       # required
       base_url: https://api.anthropic.com  # the default; the SDK appends /v1/messages
 
+Extended thinking (``thinking_budget_tokens: N``, at least 1,024) sends ``thinking: {type:
+enabled, budget_tokens: b}`` with ``b = min(N, max_tokens - 64)``: Anthropic bills thinking as
+output tokens, inside ``usage.output_tokens``, and ``budget_tokens`` must stay below
+``max_tokens``, so the ``max_tokens`` the executor reserved still bounds every billed output
+token; a call whose ``max_tokens`` leaves less than 1,024 for thinking is sent without it.
+
 ``temperature`` is not sent by default: this SDK version (anthropic 2.x) no longer takes it for
 the current models; ``send_temperature: true`` sends it in the body for servers that still do.
 System messages go to the API's ``system`` field; the rest keep their order. Usage comes from
-``usage.input_tokens`` / ``usage.output_tokens``; ``stop_reason: max_tokens`` is reported as
+``usage.input_tokens`` plus ``cache_creation_input_tokens`` and ``cache_read_input_tokens``
+(prompt caching reports those apart from ``input_tokens``; they are charged at the input price)
+and ``usage.output_tokens`` (thinking included); ``stop_reason: max_tokens`` is reported as
 ``finish_reason: length`` (cut at ``max_tokens``), any other stop as ``stop``.
 """
 
@@ -24,13 +32,16 @@ from typing import Any
 import anthropic
 import httpx2
 
+from rl_conductor.trace import MIN_OUTPUT_TOKENS
 from rl_conductor.workers.base import Message, WorkerError
-from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, wrap_cache
+from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, usage_count, wrap_cache
 from rl_conductor.workers.live.resilience import MalformedResponseError, classify_sdk_error
 from rl_conductor.workers.live.secrets import redact
 from rl_conductor.workers.pool import PoolConfigError, register_kind
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
+#: the smallest ``budget_tokens`` the Messages API accepts
+MIN_THINKING_BUDGET = 1024
 
 
 @dataclass(kw_only=True)
@@ -38,6 +49,8 @@ class AnthropicWorker(LiveWorker):
     """A worker behind the Anthropic Messages API."""
 
     send_temperature: bool = False
+    #: most extended-thinking tokens a call may spend (None: thinking is not requested)
+    thinking_budget_tokens: int | None = None
 
     def _make_client(self, http_client: httpx2.AsyncClient) -> Any:
         return anthropic.AsyncAnthropic(
@@ -60,6 +73,10 @@ class AnthropicWorker(LiveWorker):
         kwargs: dict[str, Any] = {"system": system} if system else {}
         if self.send_temperature:
             kwargs["extra_body"] = {"temperature": temperature}
+        if self.thinking_budget_tokens is not None:
+            budget = min(self.thinking_budget_tokens, max_tokens - MIN_OUTPUT_TOKENS)
+            if budget >= MIN_THINKING_BUDGET:
+                kwargs["thinking"] = {"type": "enabled", "budget_tokens": budget}
         resp = await client.messages.create(model=self.model, max_tokens=max_tokens, messages=chat, **kwargs)
         try:
             parts = [b.text for b in resp.content if getattr(b, "type", "") == "text"]
@@ -71,12 +88,12 @@ class AnthropicWorker(LiveWorker):
         if not all(isinstance(p, str) for p in parts):
             raise MalformedResponseError(f"{self.info.name}: a text block holds no text")
         usage = getattr(resp, "usage", None)
-        in_tok = getattr(usage, "input_tokens", None) if usage is not None else None
-        out_tok = getattr(usage, "output_tokens", None) if usage is not None else None
+        in_tok = usage_count(usage, "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        out_tok = usage_count(usage, "output_tokens")
         return WireResult(
             text="".join(parts),
-            input_tokens=in_tok if isinstance(in_tok, int) else None,
-            output_tokens=out_tok if isinstance(out_tok, int) else None,
+            input_tokens=in_tok,
+            output_tokens=out_tok,
             finish_reason="length" if stop == "max_tokens" else ("stop" if stop else ""),
         )
 
@@ -92,4 +109,15 @@ def build_anthropic(spec: dict[str, Any], options: dict[str, Any]) -> Any:
     send = spec.get("send_temperature", False)
     if not isinstance(send, bool):
         raise PoolConfigError(f"worker {spec['name']!r}: send_temperature must be true or false")
-    return wrap_cache(AnthropicWorker(send_temperature=send, **settings), spec, options)
+    thinking = spec.get("thinking_budget_tokens")
+    if thinking is not None:
+        if isinstance(thinking, bool) or not isinstance(thinking, int) or thinking < MIN_THINKING_BUDGET:
+            raise PoolConfigError(
+                f"worker {spec['name']!r}: thinking_budget_tokens must be an integer >= {MIN_THINKING_BUDGET}"
+            )
+        if send:
+            raise PoolConfigError(
+                f"worker {spec['name']!r}: extended thinking takes no temperature; drop send_temperature"
+            )
+    worker = AnthropicWorker(send_temperature=send, thinking_budget_tokens=thinking, **settings)
+    return wrap_cache(worker, spec, options)

@@ -7,8 +7,10 @@ the SDK's exceptions into transient or permanent errors (:meth:`LiveWorker._clas
 
 * a per-attempt timeout, retries (``resilience.RetryPolicy``), a circuit breaker;
 * the spend guard's reservation before the call and charge after it;
-* tokens from the API's usage fields; where a server reports none, an estimate (about 4
-  characters a token) marked ``Completion.tokens_estimated``; cost from the pool's prices;
+* billed tokens from the API's usage fields, every kind the vendor bills (reasoning, thinking,
+  prompt-cache reads and writes); where a server reports none, the worst case it could bill
+  (the input bound and ``max_tokens``) marked ``Completion.tokens_estimated``; cost from the
+  pool's prices;
 * ``finish_reason`` ("stop" / "length") carried to the trace, so truncated or empty output is
   marked on the step rather than crashing anything;
 * error messages passed through :func:`.secrets.redact`.
@@ -39,7 +41,6 @@ from rl_conductor.workers.base import (
     Message,
     WorkerError,
     WorkerInfo,
-    estimate_tokens,
 )
 from rl_conductor.workers.live.resilience import (
     CircuitBreaker,
@@ -62,13 +63,23 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 class WireResult:
     """One successful response, as read from the wire.
 
-    ``input_tokens`` / ``output_tokens`` are None where the server reported no usage.
+    ``input_tokens`` / ``output_tokens`` are every billed token of each side (reasoning and
+    thinking are output; prompt-cache reads and writes are input), None where the server
+    reported no usage.
     """
 
     text: str
     input_tokens: int | None
     output_tokens: int | None
     finish_reason: str = ""
+
+
+def usage_count(usage: Any, *names: str) -> int | None:
+    """The sum of the integer usage fields ``names`` of an SDK usage object (a missing or
+    non-integer field counts 0); None when none of them is an integer."""
+    found = [getattr(usage, n, None) for n in names] if usage is not None else []
+    ints = [v for v in found if isinstance(v, int) and not isinstance(v, bool)]
+    return sum(ints) if ints else None
 
 
 @dataclass(frozen=True)
@@ -222,13 +233,18 @@ class LiveWorker(abc.ABC):
             raise
         latency = time.perf_counter() - t0
         self.breaker.record_success()
+        # a server that reports no usage is charged the worst case it could bill (the input bound
+        # and every output token it was allowed, hidden reasoning included), marked as estimated
         estimated = result.input_tokens is None or result.output_tokens is None
-        in_tok = (
-            result.input_tokens
-            if result.input_tokens is not None
-            else sum(estimate_tokens(m.get("content", "")) for m in msgs)
-        )
-        out_tok = result.output_tokens if result.output_tokens is not None else estimate_tokens(result.text)
+        in_tok = result.input_tokens if result.input_tokens is not None else self.info.input_token_bound(msgs)
+        out_tok = result.output_tokens if result.output_tokens is not None else max_tokens
+        if out_tok > max_tokens:
+            log.error(
+                "%s: the server reports %d output tokens billed for a call capped at %d",
+                name,
+                out_tok,
+                max_tokens,
+            )
         cost = self.info.cost(in_tok, out_tok)
         if self.spend is not None:
             self.spend.settle(reservation, cost)

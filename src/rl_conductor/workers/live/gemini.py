@@ -10,8 +10,12 @@ Pool entry::
       api_version: v1beta                                       # the default
 
 Messages map to ``contents`` (``assistant`` becomes the API's ``model`` role) and system
-messages to ``system_instruction``. Usage comes from ``usageMetadata.promptTokenCount`` /
-``candidatesTokenCount``; ``finishReason: MAX_TOKENS`` is reported as ``finish_reason: length``.
+messages to ``system_instruction``. Usage comes from ``usageMetadata.promptTokenCount`` (which
+includes ``cachedContentTokenCount``; charged at the full input price) and, as output,
+``candidatesTokenCount`` plus ``thoughtsTokenCount``: the thinking models bill their thoughts as
+output tokens, and ``maxOutputTokens`` caps thoughts and answer together (a call whose thoughts
+use it all ends ``MAX_TOKENS`` with no text, an empty step that is still charged).
+``finishReason: MAX_TOKENS`` is reported as ``finish_reason: length``.
 The SDK's own retries are off (``retry_options`` unset): retries are :mod:`.resilience`'s.
 """
 
@@ -27,7 +31,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from rl_conductor.workers.base import Message, WorkerError
-from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, wrap_cache
+from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, usage_count, wrap_cache
 from rl_conductor.workers.live.resilience import (
     MalformedResponseError,
     TransientWorkerError,
@@ -82,12 +86,15 @@ class GeminiWorker(LiveWorker):
         finish = cand.finish_reason
         finish_name = getattr(finish, "name", str(finish or ""))
         usage = getattr(resp, "usage_metadata", None)
-        in_tok = getattr(usage, "prompt_token_count", None) if usage is not None else None
-        out_tok = getattr(usage, "candidates_token_count", None) if usage is not None else None
+        in_tok = usage_count(usage, "prompt_token_count", "tool_use_prompt_token_count")
+        # thoughts are billed as output; a response with only thoughts omits candidatesTokenCount
+        out_tok = usage_count(usage, "candidates_token_count", "thoughts_token_count")
+        if out_tok is None and in_tok is not None:
+            out_tok = 0
         return WireResult(
             text=text,
-            input_tokens=in_tok if isinstance(in_tok, int) else None,
-            output_tokens=out_tok if isinstance(out_tok, int) else None,
+            input_tokens=in_tok,
+            output_tokens=out_tok,
             finish_reason="length" if finish_name == "MAX_TOKENS" else ("stop" if finish_name else ""),
         )
 

@@ -17,7 +17,11 @@ Pool entry::
       retries: {attempts: 3, initial_s: 0.5, max_s: 8}
       circuit: {failure_threshold: 5, reset_after_s: 30}
 
-Usage comes from ``usage.prompt_tokens`` / ``usage.completion_tokens``; ``finish_reason``
+Usage comes from ``usage.prompt_tokens`` / ``usage.completion_tokens``: the completion count
+already includes ``completion_tokens_details.reasoning_tokens`` (billed as output, bounded by the
+``max_tokens`` / ``max_completion_tokens`` sent), and the prompt count includes
+``prompt_tokens_details.cached_tokens``, charged at the full input price (no discount is
+assumed, so the charge never falls below the bill); ``finish_reason``
 ``length`` marks an answer cut at ``max_tokens``. The SDK's own retries are off: retries are
 :mod:`.resilience`'s, so that they are the same for every API.
 """
@@ -32,7 +36,7 @@ import httpx2
 import openai
 
 from rl_conductor.workers.base import Message, WorkerError
-from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, wrap_cache
+from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, usage_count, wrap_cache
 from rl_conductor.workers.live.resilience import MalformedResponseError, classify_sdk_error
 from rl_conductor.workers.live.secrets import redact
 from rl_conductor.workers.pool import PoolConfigError, register_kind
@@ -78,12 +82,17 @@ class OpenAIChatWorker(LiveWorker):
         if text is not None and not isinstance(text, str):
             raise MalformedResponseError(f"{self.info.name}: message content is not text")
         usage = getattr(resp, "usage", None)
-        in_tok = getattr(usage, "prompt_tokens", None) if usage is not None else None
-        out_tok = getattr(usage, "completion_tokens", None) if usage is not None else None
+        in_tok = usage_count(usage, "prompt_tokens")
+        out_tok = usage_count(usage, "completion_tokens")
+        # completion_tokens already include completion_tokens_details.reasoning_tokens (OpenAI,
+        # vLLM); a server reporting more reasoning than completion tokens is charged the larger
+        reasoning = usage_count(getattr(usage, "completion_tokens_details", None), "reasoning_tokens")
+        if out_tok is not None and reasoning is not None:
+            out_tok = max(out_tok, reasoning)
         return WireResult(
             text=text or "",
-            input_tokens=in_tok if isinstance(in_tok, int) else None,
-            output_tokens=out_tok if isinstance(out_tok, int) else None,
+            input_tokens=in_tok,
+            output_tokens=out_tok,
             finish_reason=str(finish),
         )
 

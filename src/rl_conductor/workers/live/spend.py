@@ -2,7 +2,7 @@
 
 The executor's ``max_cost_usd`` bounds one request; a run makes thousands. A :class:`SpendGuard`
 shared by every live worker of a pool (pool option ``max_usd``) reserves each call's worst case
-(a conservative input-token estimate plus ``max_tokens`` of output, at the worker's prices)
+(an input-token upper bound for any text plus ``max_tokens`` of output, at the worker's prices)
 before the call goes out and charges the reported cost after it. A call whose worst case would
 cross the ceiling is refused with :class:`SpendLimitError` and never sent, so the total spent
 never crosses ``max_usd``; every later call is refused the same way, and the run finishes
@@ -21,19 +21,16 @@ from typing import Any
 
 from rl_conductor.workers.base import Message, WorkerError, WorkerInfo
 
-_CHARS_PER_TOKEN = 2.5  # conservative, as the executor's reservation
-_MESSAGE_OVERHEAD_TOKENS = 16
-
 
 class SpendLimitError(WorkerError):
     """The run's spend ceiling would be crossed by this call; it was not sent."""
 
 
 def worst_case_cost(info: WorkerInfo, messages: list[Message], max_tokens: int) -> float:
-    """Upper bound of what one call may cost."""
-    chars = sum(len(m.get("content", "")) for m in messages)
-    in_tokens = math.ceil(chars / _CHARS_PER_TOKEN) + _MESSAGE_OVERHEAD_TOKENS * len(messages)
-    return info.cost(in_tokens, max(0, max_tokens))
+    """Upper bound of what one call may cost: ``info.input_token_bound`` input tokens (UTF-8
+    bytes + 16 a message for a server's tokenizer) and ``max_tokens`` output, which caps every
+    billed output token, reasoning and thinking included (docs/live-workers.md)."""
+    return info.cost(info.input_token_bound(messages), max(0, max_tokens))
 
 
 @dataclass

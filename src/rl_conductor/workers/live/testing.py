@@ -60,10 +60,22 @@ def success_body(
     *,
     input_tokens: int | None = 9,
     output_tokens: int | None = 12,
+    reasoning_tokens: int = 0,
+    cached_tokens: int = 0,
     truncated: bool = False,
     model: str = "test-model",
 ) -> dict[str, Any]:
-    """A successful response in ``vendor``'s format (usage omitted where tokens are None)."""
+    """A successful response in ``vendor``'s format (usage omitted where tokens are None).
+
+    ``input_tokens`` is every prompt token billed, ``cached_tokens`` of them read from the
+    vendor's prompt cache; ``output_tokens`` the answer's tokens and ``reasoning_tokens`` the
+    thinking billed beside them, each in the vendor's own fields: OpenAI counts reasoning inside
+    ``completion_tokens`` (``completion_tokens_details.reasoning_tokens``) and cached tokens inside
+    ``prompt_tokens``; Anthropic counts thinking inside ``output_tokens`` (with a ``thinking``
+    block) and cache reads apart from ``input_tokens``; Gemini reports ``thoughtsTokenCount``
+    apart from ``candidatesTokenCount`` (with a ``thought`` part) and cached tokens inside
+    ``promptTokenCount``."""
+    usage = input_tokens is not None and output_tokens is not None
     if vendor == "openai":
         body: dict[str, Any] = {
             "id": "chatcmpl-123",
@@ -80,43 +92,165 @@ def success_body(
                 }
             ],
         }
-        if input_tokens is not None and output_tokens is not None:
+        if usage:
+            assert input_tokens is not None and output_tokens is not None
             body["usage"] = {
                 "prompt_tokens": input_tokens,
-                "completion_tokens": output_tokens,
-                "total_tokens": input_tokens + output_tokens,
+                "completion_tokens": output_tokens + reasoning_tokens,
+                "total_tokens": input_tokens + output_tokens + reasoning_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens, "audio_tokens": 0},
+                "completion_tokens_details": {
+                    "reasoning_tokens": reasoning_tokens,
+                    "audio_tokens": 0,
+                    "accepted_prediction_tokens": 0,
+                    "rejected_prediction_tokens": 0,
+                },
             }
         return body
     if vendor == "anthropic":
+        content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+        if reasoning_tokens:
+            content.insert(0, {"type": "thinking", "thinking": "Let me think.", "signature": "c2lnbmF0dXJl"})
         body = {
             "id": "msg_013Zva2CMHLNnXjNJJKqJ2EF",
             "type": "message",
             "role": "assistant",
             "model": model,
-            "content": [{"type": "text", "text": text}],
+            "content": content,
             "stop_reason": "max_tokens" if truncated else "end_turn",
             "stop_sequence": None,
         }
-        if input_tokens is not None and output_tokens is not None:
-            body["usage"] = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+        if usage:
+            assert input_tokens is not None and output_tokens is not None
+            body["usage"] = {
+                "input_tokens": input_tokens - cached_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": cached_tokens,
+                "output_tokens": output_tokens + reasoning_tokens,
+            }
         return body
+    parts: list[dict[str, Any]] = [{"text": text}]
+    if reasoning_tokens:
+        parts.insert(0, {"text": "Let me think.", "thought": True})
     body = {
         "candidates": [
             {
-                "content": {"parts": [{"text": text}], "role": "model"},
+                "content": {"parts": parts, "role": "model"},
                 "finishReason": "MAX_TOKENS" if truncated else "STOP",
                 "index": 0,
             }
         ],
         "modelVersion": model,
     }
-    if input_tokens is not None and output_tokens is not None:
-        body["usageMetadata"] = {
+    if usage:
+        assert input_tokens is not None and output_tokens is not None
+        meta: dict[str, Any] = {
             "promptTokenCount": input_tokens,
             "candidatesTokenCount": output_tokens,
-            "totalTokenCount": input_tokens + output_tokens,
+            "totalTokenCount": input_tokens + output_tokens + reasoning_tokens,
         }
+        if reasoning_tokens:
+            meta["thoughtsTokenCount"] = reasoning_tokens
+        if cached_tokens:
+            meta["cachedContentTokenCount"] = cached_tokens
+        body["usageMetadata"] = meta
     return body
+
+
+def request_messages(vendor: Vendor, body: Any) -> list[tuple[str, str]]:
+    """The (role, text) of every message in a request body of ``vendor``'s format (system text
+    first where the vendor sends it apart), for servers that count tokens like a vendor."""
+    if not isinstance(body, dict):
+        return []
+    out: list[tuple[str, str]] = []
+    if vendor == "openai":
+        return [(str(m.get("role", "")), str(m.get("content") or "")) for m in body.get("messages", [])]
+    if vendor == "anthropic":
+        system = body.get("system")
+        if system:
+            out.append(("system", system if isinstance(system, str) else json.dumps(system)))
+        for m in body.get("messages", []):
+            content = m.get("content", "")
+            out.append((str(m.get("role", "")), content if isinstance(content, str) else json.dumps(content)))
+        return out
+    system = body.get("systemInstruction") or body.get("system_instruction")
+    if isinstance(system, dict):
+        out.append(("system", "".join(str(p.get("text", "")) for p in system.get("parts", []))))
+    for c in body.get("contents", []):
+        out.append((str(c.get("role", "")), "".join(str(p.get("text", "")) for p in c.get("parts", []))))
+    return out
+
+
+def request_max_tokens(vendor: Vendor, body: Any) -> int | None:
+    """The output cap a request of ``vendor``'s format asks for (None where it names none)."""
+    if not isinstance(body, dict):
+        return None
+    if vendor == "gemini":
+        value = (body.get("generationConfig") or {}).get("maxOutputTokens")
+    else:
+        value = body.get("max_completion_tokens", body.get("max_tokens"))
+    return value if isinstance(value, int) else None
+
+
+def count_bytes(text: str) -> int:
+    """Tokens of ``text`` for a tokenizer at its worst: one per UTF-8 byte (byte-level BPE with no
+    merge at all), 3 per CJK character, 4 per emoji."""
+    return len(text.encode("utf-8"))
+
+
+def count_chars(text: str) -> int:
+    """Tokens of ``text`` for a tokenizer that spends one per character."""
+    return len(text)
+
+
+def count_words(text: str) -> int:
+    """Tokens of ``text`` for a typical English tokenizer (about 4 characters a token)."""
+    return max(1, round(len(text) / 4)) if text else 0
+
+
+@dataclass
+class BillingServer:
+    """A reply function (``ScriptedServer(default=...)``) that bills like a vendor at its worst.
+
+    Each request's input is counted with ``count`` plus ``overhead`` tokens a message; its output
+    is ``output_share`` of the ``max_tokens`` the request allowed, ``reasoning_share`` of that as
+    reasoning / thinking (each in the vendor's own usage fields, see :func:`success_body`), and
+    ``cached_share`` of the input reported as read from a prompt cache. ``billed`` keeps the
+    (input, output) tokens billed per request, so a test can price what the vendor would charge.
+    """
+
+    vendor: Vendor
+    count: Callable[[str], int] = count_bytes
+    overhead: int = 4
+    output_share: float = 1.0
+    reasoning_share: float = 0.5
+    cached_share: float = 0.0
+    text: str = "The answer is \\boxed{42}."
+    billed: list[tuple[int, int]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __call__(self, req: Request) -> Reply:
+        messages = request_messages(self.vendor, req.body)
+        in_tok = sum(self.count(text) + self.overhead for _, text in messages)
+        cap = request_max_tokens(self.vendor, req.body) or 0
+        out_tok = int(cap * self.output_share)
+        reasoning = int(out_tok * self.reasoning_share)
+        with self._lock:
+            self.billed.append((in_tok, out_tok))
+        return ok(
+            self.vendor,
+            self.text,
+            input_tokens=in_tok,
+            output_tokens=out_tok - reasoning,
+            reasoning_tokens=reasoning,
+            cached_tokens=int(in_tok * self.cached_share),
+            truncated=out_tok >= cap,
+        )
+
+    def cost(self, price_in: float, price_out: float) -> float:
+        """What the vendor would bill for every request so far, at these prices (USD per 1M)."""
+        with self._lock:
+            return sum(i * price_in + o * price_out for i, o in self.billed) / 1e6
 
 
 _STATUS_NAMES = {
