@@ -2,7 +2,7 @@
 
 The one serving path, shared by the MLflow pyfunc model (``tracking.registry.ConductorPyfunc``)
 and the KServe predictor: a request names a question and optional limits; the response carries
-the answer, the workflow, per-step usage (every attempt, in every round), the rounds and the
+the answer, the workflow, per-step usage (every attempt, recursion sub-steps included) and the
 total cost. A request may state a deadline (``max_latency_s``, seconds): the executor skips or
 shortens steps that cannot answer in time, and the response's ``deadline_cut`` says whether it
 did (the steps' ``skipped_deadline`` statuses and ``deadline:`` notes say which and how).
@@ -30,18 +30,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rl_conductor.reward import deadline_shortened
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits, StepRecord
-from rl_conductor.validation import InvalidValue, integer_at_least, positive_finite
+from rl_conductor.validation import MAX_SECONDS, MAX_USD, InvalidValue, integer_at_least, positive_finite
 
 if TYPE_CHECKING:
     from rl_conductor.policies.base import Episode
     from rl_conductor.workers.pool import Pool, PoolView
-
-
-#: Largest budget one request may state (USD), for every front door (HTTP and pyfunc): anything
-#: above is a client bug, not a budget.
-MAX_REQUEST_USD = 10_000.0
-#: Longest deadline one request may state (seconds): a day is a client bug, not a deadline.
-MAX_REQUEST_SECONDS = 3_600.0
 
 
 class RequestError(ValueError):
@@ -81,11 +74,9 @@ class ConductorRequest(BaseModel):
         if v is None:
             return v
         try:
-            return positive_finite("max_cost_usd", v, MAX_REQUEST_USD)
+            return positive_finite("max_cost_usd", v, MAX_USD)
         except InvalidValue:
-            raise ValueError(
-                f"must be a finite number of USD > 0 and <= {MAX_REQUEST_USD:g}, got {v!r}"
-            ) from None
+            raise ValueError(f"must be a finite number of USD > 0 and <= {MAX_USD:g}, got {v!r}") from None
 
     @field_validator("max_latency_s", mode="before")
     @classmethod
@@ -93,10 +84,10 @@ class ConductorRequest(BaseModel):
         if v is None:
             return v
         try:
-            return positive_finite("max_latency_s", v, MAX_REQUEST_SECONDS)
+            return positive_finite("max_latency_s", v, MAX_SECONDS)
         except InvalidValue:
             raise ValueError(
-                f"must be a finite number of seconds > 0 and <= {MAX_REQUEST_SECONDS:g}, got {v!r}"
+                f"must be a finite number of seconds > 0 and <= {MAX_SECONDS:g}, got {v!r}"
             ) from None
 
     @field_validator("max_steps", mode="before")
@@ -188,16 +179,18 @@ def request_task(request: ConductorRequest) -> Task:
 
 
 def step_document(s: StepRecord) -> dict[str, Any]:
-    """One step of a response: its status, the worker that decided it ("" when none was called)
-    and every attempt; the steps of a response add up to its ``cost_usd``."""
+    """One step of a response: its status, the worker that decided it ("" when none was called),
+    every attempt, and for a recursion step its inner steps. ``cost_usd`` and the token counts
+    include the inner steps, so the steps of a response add up to its ``cost_usd``."""
+    inner = [step_document(x) for x in s.substeps]
     return {
         "index": s.index,
         "worker": s.worker,
         "requested_worker": s.requested_worker,
         "status": s.status,
-        "input_tokens": s.input_tokens,
-        "output_tokens": s.output_tokens,
-        "cost_usd": s.cost_usd,
+        "input_tokens": s.input_tokens + sum(x["input_tokens"] for x in inner),
+        "output_tokens": s.output_tokens + sum(x["output_tokens"] for x in inner),
+        "cost_usd": s.cost_usd + sum(x["cost_usd"] for x in inner),
         "latency_s": s.latency_s,
         "note": s.note,
         "attempts": [
@@ -211,6 +204,7 @@ def step_document(s: StepRecord) -> dict[str, Any]:
             }
             for a in s.attempts
         ],
+        "substeps": inner,
     }
 
 
