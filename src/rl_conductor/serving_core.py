@@ -30,11 +30,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rl_conductor.reward import deadline_shortened
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits, StepRecord
-from rl_conductor.validation import MAX_SECONDS, MAX_USD, InvalidValue, integer_at_least, positive_finite
+from rl_conductor.validation import InvalidValue, integer_at_least, positive_finite
 
 if TYPE_CHECKING:
     from rl_conductor.policies.base import Episode
     from rl_conductor.workers.pool import Pool, PoolView
+
+
+#: Largest budget one request may state (USD), for every front door (HTTP and pyfunc): anything
+#: above is a client bug, not a budget.
+MAX_REQUEST_USD = 10_000.0
+#: Longest deadline one request may state (seconds): a day is a client bug, not a deadline.
+MAX_REQUEST_SECONDS = 3_600.0
 
 
 class RequestError(ValueError):
@@ -74,9 +81,11 @@ class ConductorRequest(BaseModel):
         if v is None:
             return v
         try:
-            return positive_finite("max_cost_usd", v, MAX_USD)
+            return positive_finite("max_cost_usd", v, MAX_REQUEST_USD)
         except InvalidValue:
-            raise ValueError(f"must be a finite number of USD > 0 and <= {MAX_USD:g}, got {v!r}") from None
+            raise ValueError(
+                f"must be a finite number of USD > 0 and <= {MAX_REQUEST_USD:g}, got {v!r}"
+            ) from None
 
     @field_validator("max_latency_s", mode="before")
     @classmethod
@@ -84,10 +93,10 @@ class ConductorRequest(BaseModel):
         if v is None:
             return v
         try:
-            return positive_finite("max_latency_s", v, MAX_SECONDS)
+            return positive_finite("max_latency_s", v, MAX_REQUEST_SECONDS)
         except InvalidValue:
             raise ValueError(
-                f"must be a finite number of seconds > 0 and <= {MAX_SECONDS:g}, got {v!r}"
+                f"must be a finite number of seconds > 0 and <= {MAX_REQUEST_SECONDS:g}, got {v!r}"
             ) from None
 
     @field_validator("max_steps", mode="before")

@@ -10,9 +10,14 @@ check raises :class:`WireError`, whose message names the field, and the adapters
 Deliberate simplifications:
 - The server's pool is fixed at start: a request cannot name another pool (``pool`` is rejected).
 - OpenAI messages: the question is the last ``user`` message (text, or its text parts joined);
-  earlier turns and system messages are not shown to the Conductor. ``temperature`` and
-  ``max_tokens`` are accepted for SDK compatibility and ignored: the workers' sampling settings
-  belong to the server.
+  the messages around it (system/developer prompts, earlier turns) are put in front of it under
+  a ``[Conversation so far]`` marker, so the Conductor plans for them and every worker sees them
+  as part of the question (and the budget pays for them). ``temperature`` and ``max_tokens`` /
+  ``max_completion_tokens`` apply to the workflow's final step; the other common SDK fields
+  (:data:`IGNORED_CHAT_FIELDS`) are accepted and ignored; ``n`` > 1 and tools are refused.
+- A v2 body may carry only the fields of the v2 protocol (:func:`check_v2_body`); the limits go
+  in the request's ``parameters``. A binary-extension body is turned into the same JSON request
+  (:func:`v2_binary_to_json`); the response is JSON.
 """
 
 from __future__ import annotations
@@ -32,16 +37,21 @@ from pydantic import (
     field_validator,
 )
 
-from rl_conductor.serving_core import ConductorRequest, RequestError, parse_request
+from rl_conductor.serving_core import (
+    MAX_REQUEST_SECONDS,
+    MAX_REQUEST_USD,
+    ConductorRequest,
+    RequestError,
+    parse_request,
+)
 
 #: Largest request body the server reads (bytes); bigger ones get 413.
 MAX_BODY_BYTES = 1_000_000
 #: Most instances in one v1/v2 request.
 MAX_INSTANCES = 64
-#: Largest budget one request may state (USD): anything above is a client bug, not a budget.
-MAX_BUDGET_USD = 10_000.0
-#: Longest deadline one request may state (seconds): a day is a client bug, not a deadline.
-MAX_LATENCY_S = 3_600.0
+#: The request caps (one definition, :mod:`rl_conductor.serving_core`'s).
+MAX_BUDGET_USD = MAX_REQUEST_USD
+MAX_LATENCY_S = MAX_REQUEST_SECONDS
 
 
 class WireError(ValueError):
@@ -183,6 +193,49 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"] = Field(description="only plain text answers are produced")
+
+
+#: OpenAI SDK fields accepted for compatibility and ignored (what they would tune is the
+#: workers' sampling, which the Conductor's plan and the pool decide).
+IGNORED_CHAT_FIELDS = (
+    "stop",
+    "top_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "user",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "stream_options",
+    "metadata",
+    "store",
+    "service_tier",
+    "reasoning_effort",
+    "parallel_tool_calls",
+    "modalities",
+    "prediction",
+    "web_search_options",
+    "safety_identifier",
+    "prompt_cache_key",
+    "verbosity",
+)
+#: Fields that ask for something the Conductor cannot give: a clear 400, not silence.
+_REFUSED_CHAT_FIELDS = {
+    "tools": "tool calls are not supported; the Conductor answers in text",
+    "tool_choice": "tool calls are not supported; the Conductor answers in text",
+    "functions": "function calls are not supported; the Conductor answers in text",
+    "function_call": "function calls are not supported; the Conductor answers in text",
+    "audio": "audio output is not supported",
+}
 
 
 class ChatCompletionRequest(WireLimits):
@@ -192,35 +245,194 @@ class ChatCompletionRequest(WireLimits):
     messages: list[Message] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] | None = None
+    n: StrictInt | None = None
     user: StrictStr | None = None
-    temperature: StrictFloat | StrictInt | None = None
+    temperature: StrictFloat | StrictInt | None = Field(default=None, ge=0, le=2)
     top_p: StrictFloat | StrictInt | None = None
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = None
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    stop: StrictStr | list[StrictStr] | None = None
+    presence_penalty: StrictFloat | StrictInt | None = None
+    frequency_penalty: StrictFloat | StrictInt | None = None
+    seed: StrictInt | None = None
+    logit_bias: dict[str, StrictFloat | StrictInt] | None = None
+    logprobs: bool | None = None
+    top_logprobs: StrictInt | None = None
+    response_format: ResponseFormat | None = None
+    metadata: dict[str, StrictStr] | None = None
+    store: bool | None = None
+    service_tier: StrictStr | None = None
+    reasoning_effort: StrictStr | None = None
+    parallel_tool_calls: bool | None = None
+    modalities: list[StrictStr] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    safety_identifier: StrictStr | None = None
+    prompt_cache_key: StrictStr | None = None
+    verbosity: StrictStr | None = None
 
     def question(self) -> str:
-        for m in reversed(self.messages):
-            if m.role == "user":
-                if isinstance(m.content, str):
-                    return m.content
-                return "\n".join(p.text for p in m.content)
-        raise WireError("messages: needs at least one message with role 'user'", param="messages")
+        """The last user message, with the rest of the conversation in front of it."""
+        last = next(
+            (i for i in range(len(self.messages) - 1, -1, -1) if self.messages[i].role == "user"), None
+        )
+        if last is None:
+            raise WireError("messages: needs at least one message with role 'user'", param="messages")
+        current = _text(self.messages[last])
+        context = [m for i, m in enumerate(self.messages) if i != last]
+        if not context:
+            return current
+        lines = [f"{m.role}: {_text(m)}" for m in context]
+        return "[Conversation so far]\n" + "\n\n".join(lines) + "\n\n[Current message]\n" + current
 
     def limits(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in WireLimits.model_fields}
+
+    def final_step(self) -> dict[str, Any]:
+        """Sampling settings for the workflow's final step (``temperature``, ``max_tokens``)."""
+        out: dict[str, Any] = {}
+        if self.temperature is not None:
+            out["temperature"] = float(self.temperature)
+        cap = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        if cap is not None:
+            out["max_tokens"] = int(cap)
+        return out
+
+
+def _text(message: Message) -> str:
+    if isinstance(message.content, str):
+        return message.content
+    return "\n".join(p.text for p in message.content)
 
 
 def parse_chat(body: Any) -> tuple[ChatCompletionRequest, ConductorRequest]:
     """Shape-check an OpenAI chat body and turn it into a library request."""
     if not isinstance(body, dict):
         raise WireError(f"expected a JSON object (an OpenAI chat completion request), got {_kind(body)}")
+    for name, why in _REFUSED_CHAT_FIELDS.items():
+        if body.get(name) not in (None, [], "none"):
+            raise WireError(f"{name}: {why}", param=name)
+        body = {k: v for k, v in body.items() if k != name}
+    if isinstance(body.get("n"), int) and not isinstance(body.get("n"), bool) and body["n"] != 1:
+        raise WireError(f"n: only n=1 is supported (one answer per request), got {body['n']}", param="n")
     try:
         chat = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]["loc"]
         raise WireError(_errors(exc), param=str(first[0]) if first else None) from None
     return chat, to_request({"question": chat.question(), **chat.limits()})
+
+
+#: Fields of a v2 request, of one of its input tensors, of one requested output.
+_V2_FIELDS = {"id", "inputs", "outputs", "parameters"}
+_V2_INPUT_FIELDS = {"name", "shape", "datatype", "data", "parameters"}
+_V2_OUTPUT_FIELDS = {"name", "parameters"}
+_V2_OUTPUT_PARAMETERS = {"binary_data"}
+
+
+def check_v2_body(doc: Any) -> None:
+    """Unknown or misplaced fields of a v2 JSON body are errors naming the field (KServe's own
+    model drops them, so a misplaced ``sensitivity`` would be silently ignored)."""
+    if not isinstance(doc, dict):
+        raise WireError(f"expected a JSON object (a v2 inference request), got {_kind(doc)}")
+    for key in sorted(set(doc) - _V2_FIELDS):
+        hint = " (limits such as this go in 'parameters')" if key in WireLimits.model_fields else ""
+        raise WireError(f"{key}: unknown field of a v2 request{hint}")
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list):
+        raise WireError("inputs: expected a list of tensors")
+    for i, tensor in enumerate(inputs):
+        if not isinstance(tensor, dict):
+            raise WireError(f"inputs.{i}: expected a tensor object, got {_kind(tensor)}")
+        for key in sorted(set(tensor) - _V2_INPUT_FIELDS):
+            raise WireError(f"inputs.{i}.{key}: unknown field of a v2 tensor")
+        params = tensor.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise WireError(f"inputs.{i}.parameters: expected an object, got {_kind(params)}")
+        for key in sorted(params or {}):
+            raise WireError(
+                f"inputs.{i}.parameters.{key}: unknown field (the request's limits go in its top-level "
+                "'parameters')"
+            )
+    outputs = doc.get("outputs")
+    if outputs is not None:
+        if not isinstance(outputs, list):
+            raise WireError("outputs: expected a list")
+        for i, out in enumerate(outputs):
+            if not isinstance(out, dict):
+                raise WireError(f"outputs.{i}: expected an object, got {_kind(out)}")
+            for key in sorted(set(out) - _V2_OUTPUT_FIELDS):
+                raise WireError(f"outputs.{i}.{key}: unknown field of a v2 output")
+            oparams = out.get("parameters")
+            if oparams is not None and not isinstance(oparams, dict):
+                raise WireError(f"outputs.{i}.parameters: expected an object, got {_kind(oparams)}")
+            for key in sorted(set(oparams or {}) - _V2_OUTPUT_PARAMETERS):
+                raise WireError(f"outputs.{i}.parameters.{key}: unknown field")
+
+
+def v2_binary_to_json(body: bytes, header_length: str) -> dict[str, Any]:
+    """The JSON request a v2 binary-extension body stands for: the JSON header's tensors with
+    their ``binary_data_size`` bytes decoded (BYTES: 4-byte little-endian length + UTF-8 text per
+    element). Any inconsistency is a :class:`WireError` naming what is wrong."""
+    if not header_length.strip().isdigit():
+        raise WireError(f"Inference-Header-Content-Length: expected a byte count, got {header_length!r}")
+    n = int(header_length)
+    if n > len(body):
+        raise WireError(f"Inference-Header-Content-Length: {n} is more than the body's {len(body)} bytes")
+    doc = loads(body[:n])
+    if not isinstance(doc, dict):
+        raise WireError(f"the JSON header: expected a v2 inference request object, got {_kind(doc)}")
+    params = doc.get("parameters")
+    if isinstance(params, dict):  # the response is JSON whatever the client asked
+        doc["parameters"] = {k: v for k, v in params.items() if k != "binary_data_output"}
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list):
+        raise WireError("inputs: expected a list of tensors")
+    rest = body[n:]
+    offset = 0
+    for i, tensor in enumerate(inputs):
+        if not isinstance(tensor, dict) or not isinstance(tensor.get("parameters"), dict):
+            continue
+        tparams = dict(tensor["parameters"])
+        if "binary_data_size" not in tparams:
+            continue
+        size = tparams.pop("binary_data_size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise WireError(f"inputs.{i}.parameters.binary_data_size: expected a byte count, got {size!r}")
+        if "data" in tensor:
+            raise WireError(f"inputs.{i}: has both 'data' and binary_data_size")
+        if tensor.get("datatype") != "BYTES":
+            raise WireError(f"inputs.{i}: binary data is read only for BYTES tensors")
+        if offset + size > len(rest):
+            raise WireError(
+                f"inputs.{i}.parameters.binary_data_size: {size} bytes, but only {len(rest) - offset} follow"
+            )
+        tensor["data"] = _bytes_elements(rest[offset : offset + size], f"inputs.{i}")
+        offset += size
+        if tparams:
+            tensor["parameters"] = tparams
+        else:
+            del tensor["parameters"]
+    if offset != len(rest):
+        raise WireError(f"{len(rest) - offset} bytes of binary data follow the tensors' binary_data_size")
+    return doc
+
+
+def _bytes_elements(chunk: bytes, where: str) -> list[str]:
+    out, p = [], 0
+    while p < len(chunk):
+        if p + 4 > len(chunk):
+            raise WireError(f"{where}: binary data ends inside an element's 4-byte length")
+        size = int.from_bytes(chunk[p : p + 4], "little")
+        p += 4
+        if p + size > len(chunk):
+            raise WireError(f"{where}: an element of {size} bytes overruns the tensor's binary data")
+        try:
+            out.append(chunk[p : p + size].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise WireError(f"{where}: an element is not UTF-8 text") from None
+        p += size
+    return out
 
 
 def _no_constants(name: str) -> Any:

@@ -1,0 +1,298 @@
+"""The predictor's front door: one ASGI middleware in front of KServe's app, and the HTTP protocol
+class that cuts half-sent headers.
+
+Why a middleware and not per-route code: KServe owns most routes (v1, v2, health, the model
+repository), and a request must be checked before any of them runs. :class:`RequestGuard`, in
+order:
+
+1. gives every request an id — the client's ``X-Request-ID`` when it is a sane token, else a new
+   one — returned in the response's ``X-Request-ID`` header and written in the request's log line;
+2. refuses KServe's model-repository routes (``/v2/repository/...``: load/unload would take the
+   Conductor offline) with 404;
+3. answers liveness (``/``, ``/v2/health/live``) with 503 once the model is gone, so Kubernetes
+   restarts the pod instead of keeping a live pod that answers nothing;
+4. checks the API key (:mod:`.auth`) on every route except the probes and ``/metrics``;
+5. for a POST: 415 unless JSON (or a v2 binary-extension body, which it turns into the
+   equivalent JSON request, :func:`.schemas.v2_binary_to_json`), 413 over the size cap, 408 when
+   the body does not arrive within the body timeout, 400 for JSON that is not strict or a v2
+   body with unknown fields;
+6. counts each request (not the probes) per endpoint and status class, and logs each 4xx it or
+   a handler answers as one WARNING line (no traceback).
+
+:class:`HeaderTimeoutProtocol` is uvicorn's httptools protocol with a timer from the first byte of
+a request until its headers are complete: a client that stops half-way through its headers is
+disconnected (uvicorn has a keep-alive timeout between requests, none within one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from contextvars import ContextVar
+from typing import Any
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from rl_conductor.serving import metrics as m
+from rl_conductor.serving.auth import ApiKeys
+from rl_conductor.serving.schemas import MAX_BODY_BYTES, WireError, check_v2_body, v2_binary_to_json
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger("rl_conductor.serving")
+
+#: Seconds a client may take to send a request's body.
+BODY_TIMEOUT_S = 30.0
+#: Seconds a client may take from a request's first byte to the end of its headers.
+HEADER_TIMEOUT_S = 10.0
+
+_LIVE = {"/", "/v2/health/live"}
+_READY = re.compile(r"^/v2/health/ready$|^/v2/models/[^/]+(/versions/[^/]+)?/ready$")
+_V2_INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+#: The HTTP request's id (``X-Request-ID``), for the request's log line (:mod:`.service`).
+HTTP_REQUEST_ID: ContextVar[str | None] = ContextVar("conductor_http_request_id", default=None)
+
+
+def endpoint_of(path: str) -> str:
+    """The ``endpoint`` label of a path."""
+    for prefix, label in (("/v1/", "v1"), ("/v2/", "v2"), ("/openai/", "openai"), ("/metrics", "metrics")):
+        if path.startswith(prefix):
+            return label
+    return "other"
+
+
+def is_probe(path: str) -> bool:
+    """Liveness and readiness routes (never counted as requests, never behind a key)."""
+    return path in _LIVE or bool(_READY.match(path))
+
+
+def _is_json(content_type: str) -> bool:
+    main = content_type.split(";", 1)[0].strip().lower()
+    return main == "application/json" or (main.startswith("application/") and main.endswith("+json"))
+
+
+class _Reject(Exception):
+    def __init__(self, status: int, message: str, *, close: bool = False, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.close = close
+        self.code = code
+
+
+class _Gone(Exception):
+    """The client disconnected before its body arrived."""
+
+
+class RequestGuard:
+    """ASGI middleware (see module docstring)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        keys: ApiKeys | None,
+        is_live: Callable[[], bool],
+        max_body_bytes: int = MAX_BODY_BYTES,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+    ) -> None:
+        self.app = app
+        self.keys = keys
+        self.is_live = is_live
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        endpoint = endpoint_of(path)
+        raw_headers: list[tuple[bytes, bytes]] = list(scope.get("headers", []))
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
+        given = headers.get("x-request-id", "")
+        rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        token = HTTP_REQUEST_ID.set(rid)
+        status_seen: list[int] = []
+
+        async def tagged_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_seen.append(int(message["status"]))
+                message = dict(message)
+                message["headers"] = [
+                    *[(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"],
+                    (b"x-request-id", rid.encode()),
+                ]
+            await send(message)
+
+        t0 = time.perf_counter()
+        try:
+            try:
+                if path.startswith(("/v2/repository", "/v1/repository")):
+                    raise _Reject(404, "the model repository routes are disabled on this server")
+                if path in _LIVE and not self.is_live():
+                    raise _Reject(503, "the model is not loaded; this server cannot answer")
+                needs_key = self.keys is not None and not is_probe(path) and path != "/metrics"
+                if needs_key and not self.keys.accepts(headers.get("authorization")):  # type: ignore[union-attr]
+                    raise _Reject(401, "missing or invalid API key (send Authorization: Bearer KEY)")
+                if scope.get("method") == "POST":
+                    scope, replay = await self._read_body(scope, receive, headers, endpoint, path)
+                    await self.app(scope, replay, tagged_send)
+                else:
+                    await self.app(scope, receive, tagged_send)
+            except _Reject as exc:
+                await _reject(tagged_send, exc, openai=endpoint == "openai")
+            except _Gone:
+                pass
+        finally:
+            HTTP_REQUEST_ID.reset(token)
+            status = status_seen[0] if status_seen else 0
+            if not is_probe(path) and endpoint != "metrics":
+                m.REQUESTS.labels(endpoint, f"{status // 100}xx" if status else "none").inc()
+                if 400 <= status < 500:
+                    m.ERRORS.labels("bad_request").inc()
+                    log.warning(
+                        "%s %s -> %d (request %s, %.3fs)",
+                        scope.get("method"),
+                        path,
+                        status,
+                        rid,
+                        time.perf_counter() - t0,
+                    )
+                elif status >= 500:
+                    m.ERRORS.labels("internal" if status == 500 else "unavailable").inc()
+
+    async def _read_body(
+        self, scope: Scope, receive: Receive, headers: dict[str, str], endpoint: str, path: str
+    ) -> tuple[Scope, Receive]:
+        header_length = headers.get("inference-header-content-length")
+        binary_v2 = endpoint == "v2" and header_length is not None
+        if not binary_v2 and not _is_json(headers.get("content-type", "")):
+            got = headers.get("content-type") or "none"
+            raise _Reject(415, f"content-type must be application/json, got {got}")
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            raise _Reject(413, f"body of {length} bytes exceeds {self.max_body_bytes}", close=True)
+        body = bytearray()
+        deadline = time.monotonic() + self.body_timeout_s
+        more = True
+        while more:
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                raise _Reject(
+                    408, f"the body did not arrive within {self.body_timeout_s:g} s", close=True
+                ) from None
+            if message["type"] == "http.disconnect":
+                raise _Gone  # the client left: nothing to answer
+            body += message.get("body", b"")
+            more = bool(message.get("more_body"))
+            if len(body) > self.max_body_bytes:
+                raise _Reject(413, f"body exceeds {self.max_body_bytes} bytes", close=True)
+        data = bytes(body)
+        try:
+            if binary_v2:
+                if not _V2_INFER.match(path):
+                    raise WireError(f"{path}: binary-extension bodies are read only by the v2 infer route")
+                doc: Any = v2_binary_to_json(data, header_length or "")
+                data = orjson.dumps(doc)
+                scope = dict(scope)
+                scope["headers"] = [
+                    (k, v)
+                    for k, v in scope.get("headers", [])
+                    if k.lower()
+                    not in (b"inference-header-content-length", b"content-length", b"content-type")
+                ] + [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+            else:
+                try:  # strict JSON for every route (FastAPI's own parser accepts NaN/Infinity)
+                    doc = orjson.loads(data)
+                except orjson.JSONDecodeError as exc:
+                    raise WireError(f"the body is not valid JSON: {exc}") from None
+            if _V2_INFER.match(path):
+                check_v2_body(doc)
+        except WireError as exc:
+            raise _Reject(exc.status, str(exc)) from None
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": data, "more_body": False}
+            return await receive()
+
+        return scope, replay
+
+
+async def _reject(send: Send, exc: _Reject, *, openai: bool) -> None:
+    message = str(exc)
+    if openai:
+        kind = "authentication_error" if exc.status == 401 else "invalid_request_error"
+        if exc.status >= 500:
+            kind = "server_error"
+        payload: dict[str, Any] = {
+            "error": {"message": message, "type": kind, "param": None, "code": exc.code}
+        }
+    else:
+        payload = {"error": message}
+    body = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if exc.status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="conductor"'))
+    if exc.close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class HeaderTimeoutProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol that drops a connection whose request headers are not complete
+    within :attr:`header_timeout_s` of the request's first byte (see module docstring)."""
+
+    header_timeout_s: float = HEADER_TIMEOUT_S
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._header_timer: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        self._arm()  # a client that connects and sends nothing is cut too
+
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def header_timeout_protocol(seconds: float) -> type[HeaderTimeoutProtocol]:
+    """A :class:`HeaderTimeoutProtocol` class with its own timeout (uvicorn takes a class)."""
+    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout_s": seconds})
