@@ -162,3 +162,39 @@ def test_kserve_v1_predict_and_readiness(workers: dict[str, int]) -> None:
     with urllib.request.urlopen(req, timeout=60) as resp:
         (pred,) = json.loads(resp.read())["predictions"]
     assert pred["object"] == "chat.completion" and 1 <= pred["usage"]["completion_tokens"] <= 3
+
+
+def test_pool_check_on_local_live(workers: dict[str, int], tmp_path: Path) -> None:
+    """`conductor pool check local-live` against the two real worker processes: one call each,
+    the servers' own token counts, and a worker that is not running is named (exit 1)."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "CONDUCTOR_SELF_PORT": str(workers["tiny-self"]),
+        "CONDUCTOR_EXTERNAL_PORT": str(workers["tiny-ext"]),
+        "CONDUCTOR_SELF_MODEL": "tiny-self",
+        "CONDUCTOR_EXTERNAL_MODEL": "tiny-ext",
+        "CONDUCTOR_CACHE": str(tmp_path / "cache.sqlite"),
+    }
+    cmd = [sys.executable, "-m", "rl_conductor.cli", "pool", "check", "local-live", "--json", "-"]
+    res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = {w["name"]: w for w in json.loads(res.stdout)["workers"]}
+    assert set(rows) == {"smol-self", "smol-external"}
+    for row in rows.values():
+        assert row["status"] == "ok" and row["input_tokens"] > 0 and 1 <= row["output_tokens"] <= 64
+        assert row["latency_s"] > 0 and row["cost_usd"] > 0
+    assert rows["smol-external"]["cost_usd"] > rows["smol-self"]["cost_usd"]  # priced as the pool says
+    table = subprocess.run(cmd[:-2], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert table.returncode == 0 and "smol-self" in table.stdout and "smol-external" in table.stdout
+    assert not (tmp_path / "cache.sqlite").exists()  # a check never answers from (or fills) the cache
+    from servers import free_ports
+
+    (idle,) = free_ports(1)
+    down = subprocess.run(
+        cmd, env={**env, "CONDUCTOR_EXTERNAL_PORT": str(idle)}, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert down.returncode == 1
+    rows = {w["name"]: w for w in json.loads(down.stdout)["workers"]}
+    assert rows["smol-self"]["status"] == "ok" and rows["smol-external"]["status"] == "error"
+    assert f"127.0.0.1:{idle}/openai/v1" in rows["smol-external"]["detail"]

@@ -3,9 +3,11 @@
 No API server can run here, so validation is offline: core kinds with ``kubernetes-validate
 --strict`` (its Python API), KServe ``InferenceService`` against the vendored CRD schema with
 ``additionalProperties: false`` added (a misspelt field fails). Both overlays are rendered with
-``kubectl kustomize`` exactly as ``make deploy`` renders them. The last tests parse both sides of
-each contract: pool ConfigMap vs the pool YAML the loader reads, Secret keys vs the pool's key
-variables, worker URLs vs worker InferenceService names, image/port/model name vs serving code.
+``kubectl kustomize`` and kustomize's default load restrictor, as ``kubectl apply -k``, ``make
+deploy``, Argo CD and Flux render them (no flag). The last tests parse both sides of each
+contract: pool ConfigMap vs the pool YAML the loader reads (the overlay's copy is byte-identical
+to the package's file), Secret keys vs the pool's key variables, worker URLs vs worker
+InferenceService names, image/port/model name vs serving code.
 """
 
 from __future__ import annotations
@@ -43,14 +45,9 @@ def _kubectl() -> str:
 
 @cache
 def render(overlay: str) -> tuple[dict[str, Any], ...]:
+    # the default load restrictor (LoadRestrictionsRootOnly): what `kubectl apply -k` and GitOps use
     out = subprocess.run(
-        [
-            _kubectl(),
-            "kustomize",
-            "--load-restrictor",
-            "LoadRestrictionsNone",
-            str(MANIFESTS / "overlays" / overlay),
-        ],
+        [_kubectl(), "kustomize", str(MANIFESTS / "overlays" / overlay)],
         capture_output=True,
         text=True,
         check=False,
@@ -284,6 +281,11 @@ def test_pool_configmap_is_the_pool_yaml_the_loader_reads(
     from rl_conductor.workers.pool import load_pool
 
     source = ROOT / "src" / "rl_conductor" / "configs" / "pools" / pool_file
+    copy = MANIFESTS / "overlays" / overlay / "pool.yaml"
+    assert copy.read_bytes() == source.read_bytes(), (
+        f"{copy.relative_to(ROOT)} must be a byte-identical copy of {source.relative_to(ROOT)}, the "
+        f"file the pool loader reads: cp {source.relative_to(ROOT)} {copy.relative_to(ROOT)}"
+    )
     for worker in yaml.safe_load(source.read_text())["workers"]:  # the Secret's keys, as on a cluster
         if "api_key_env" in worker:
             monkeypatch.setenv(worker["api_key_env"], "test-key-not-a-secret")

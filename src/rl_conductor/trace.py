@@ -196,6 +196,13 @@ class Trace:
         return [a.worker for a in self.attempts]
 
     @property
+    def worker_fallbacks(self) -> int:
+        """Steps where a worker failed and another was called in its place. Each such step
+        records who was asked (``requested_worker``), who answered (``worker``), every attempt
+        with its error, and ``fallback to NAME`` in its note."""
+        return sum(1 for s in self.steps if len({a.worker for a in s.attempts}) > 1)
+
+    @property
     def latency_s(self) -> float:
         """Critical-path latency from the workers' reported latencies (parallel steps overlap)."""
         return max((s.started_s + s.latency_s for s in self.steps), default=0.0)

@@ -124,5 +124,5 @@ def _root(
     _debug = debug
 
 
-pool_app = typer.Typer(help="Worker pools: inspect and calibrate.", no_args_is_help=True)
+pool_app = typer.Typer(help="Worker pools: inspect, check and calibrate.", no_args_is_help=True)
 app.add_typer(pool_app, name="pool")

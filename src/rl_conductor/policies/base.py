@@ -83,6 +83,7 @@ _REGISTRY = {
     "knn": "rl_conductor.policies.knn:KnnRouter",
     "conductor": "rl_conductor.policies.conductor:ConductorPolicy",
     "domain-router": "rl_conductor.policies.routers:DomainRouter",
+    "fixed": "rl_conductor.policies.fixed:FixedPlan",
 }
 
 
@@ -91,8 +92,10 @@ def policy_names() -> list[str]:
 
 
 def make_policy(spec: str, pool: Pool, **kwargs: Any) -> Policy:
-    """Build a policy from a spec like ``single:gpt-5``, ``moa``, ``self-consistency:gpt-5``,
-    ``random``, ``oracle``, ``knn``, ``domain-router`` or ``conductor:PATH``."""
+    """Build a policy from a spec like ``single:gpt-5``, ``moa``, ``moa:a,b>c``,
+    ``self-consistency:gpt-5``, ``random``, ``oracle``, ``knn``, ``domain-router``,
+    ``fixed:0,1`` or ``conductor:PATH``: the one parser of policy specs, used by ``conductor
+    eval``/``compare``, ``conductor serve --policy`` and the pipeline alike."""
     kind, _, arg = spec.partition(":")
     if kind not in _REGISTRY:
         raise UnknownName(f"unknown policy {spec!r}; known kinds: {', '.join(policy_names())}")

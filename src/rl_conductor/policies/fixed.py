@@ -10,10 +10,12 @@ so one spec works whatever a request's ``sensitivity`` or ``allowed_workers`` le
 
 from __future__ import annotations
 
+from typing import Any
+
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
-from rl_conductor.workers.pool import PoolView
+from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
 INSTRUCTION = "Solve the problem completely and give the final answer."
@@ -27,6 +29,11 @@ class FixedPlan(Policy):
             raise ValueError(f"a fixed plan needs one or more worker ordinals >= 0, got {ordinals}")
         self.ordinals = list(ordinals)
         self.name = "fixed:" + ",".join(map(str, ordinals))
+
+    @classmethod
+    def from_spec(cls, arg: str, pool: Pool, **_: Any) -> FixedPlan:
+        """``fixed:0,1`` as :func:`~rl_conductor.policies.base.make_policy` parses it."""
+        return cls.from_text(arg)
 
     @classmethod
     def from_text(cls, text: str) -> FixedPlan:

@@ -6,7 +6,7 @@ Why module-level objects: prometheus_client keeps one process-wide registry (the
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -33,7 +33,17 @@ REQUEST_COST = Histogram(
     buckets=(0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
 )
 WORKER_CALLS = Counter(
-    "conductor_worker_calls_total", "Worker call attempts, by worker and outcome", ["worker", "outcome"]
+    "conductor_worker_calls_total",
+    "Worker calls (a live worker's own retries inside one call), by worker and outcome: ok, error, "
+    "refused (by the worker's open circuit breaker, no request sent), cancelled (timed out)",
+    ["worker", "outcome"],
+)
+#: value of ``conductor_worker_circuit_state`` per breaker state
+CIRCUIT_VALUES = {"closed": 0, "half_open": 1, "open": 2}
+WORKER_CIRCUIT = Gauge(
+    "conductor_worker_circuit_state",
+    "Circuit breaker of a live worker: 0 closed (called), 1 half-open (one probe may go), 2 open (refused)",
+    ["worker"],
 )
 WORKER_TOKENS = Counter(
     "conductor_worker_tokens_total", "Tokens of successful worker calls", ["worker", "direction"]

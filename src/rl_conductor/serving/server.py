@@ -419,7 +419,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve a policy spec instead of a model: fixed:0,1 | single:NAME | moa ...",
     )
     parser.add_argument("--pool", required=True, help="pool name or pool YAML path")
-    parser.add_argument("--retries", type=int, default=2, help="retries of a failing worker call")
     parser.add_argument("--step_timeout_s", type=float, default=120.0, help="per worker call timeout")
     parser.add_argument("--max_batch", type=int, default=32, help="most questions planned in one generation")
     parser.add_argument("--max_body_bytes", type=int, default=MAX_BODY_BYTES, help="largest request body")
@@ -444,7 +443,6 @@ def main(argv: list[str] | None = None) -> None:
     try:
         port("--http_port", args.http_port)
         port("--grpc_port", args.grpc_port)
-        integer_at_least("--retries", args.retries, 0)
         integer_at_least("--max_batch", args.max_batch, 1)
         integer_at_least("--max_body_bytes", args.max_body_bytes, 1)
         positive_finite("--step_timeout_s", args.step_timeout_s)
@@ -461,7 +459,6 @@ def main(argv: list[str] | None = None) -> None:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
     config = ServiceConfig(
-        retries=args.retries,
         step_timeout_s=args.step_timeout_s,
         max_batch=args.max_batch,
         trace=trace,

@@ -9,9 +9,11 @@ helpers, and adds what a production endpoint needs around it:
   no lock around a request. An LM Conductor's generation is synchronous, so it runs in a worker
   thread through a continuous micro-batcher: requests that arrive while a batch generates are
   planned together in the next batch (one ``generate`` call over all their prompts).
-* **failing workers** — every worker of the pool is wrapped so that a call that raises is retried
-  (``retries`` times, exponential backoff, tenacity); the executor then replaces a worker that
-  still fails or times out with one of the same hosting class.
+* **failing workers** — no retry here: a live worker retries transient errors itself, once, with
+  the pool's ``retries`` policy (:mod:`rl_conductor.workers.live.resilience`, the one retry
+  layer); the executor then replaces a worker that still fails or times out with one of the same
+  hosting class. A call its circuit breaker refused is counted as ``outcome="refused"``, apart
+  from errors, and each worker's circuit state is a gauge.
 * **observability** — per-worker Prometheus metrics, a per-step event stream (for SSE), a
   structured log line per request (never the question text of a private request, never headers)
   and, when enabled, an MLflow trace per request with a span per step.
@@ -37,8 +39,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
-
 from rl_conductor.executor import MIN_OUTPUT_TOKENS, execute, reserve_input_tokens
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.reward import deadline_shortened, deadline_stopped
@@ -54,6 +54,7 @@ from rl_conductor.serving_core import (
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits, Trace
 from rl_conductor.workers.base import CallContext, Completion, Message, Worker, WorkerInfo
+from rl_conductor.workers.live.resilience import CircuitOpenError, breaker_of
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import worker_message
 
@@ -68,15 +69,12 @@ class ServiceConfig:
     """How the service runs requests.
 
     Attributes:
-        retries: extra attempts on the same worker after a call raises (then the executor falls
-            back to another worker of the same hosting class).
         step_timeout_s: per-call timeout the executor enforces (then it falls back).
         max_batch: most questions an LM Conductor plans in one generation.
         trace: log an MLflow trace per request (span per step) to the configured tracking store.
         experiment: MLflow experiment of the traces.
     """
 
-    retries: int = 2
     step_timeout_s: float = 120.0
     max_batch: int = 32
     trace: bool = False
@@ -84,12 +82,15 @@ class ServiceConfig:
 
 
 class ObservedWorker:
-    """A pool worker with retries, metrics and per-step events (see module docstring)."""
+    """A pool worker with metrics and per-step events (see module docstring); one call of it is
+    one call of the worker it wraps."""
 
-    def __init__(self, inner: Worker, *, retries: int) -> None:
+    def __init__(self, inner: Worker) -> None:
         self.inner = inner
         self.info: WorkerInfo = inner.info
-        self.retries = retries
+        breaker = breaker_of(inner)
+        if breaker is not None:
+            m.WORKER_CIRCUIT.labels(self.info.name).set_function(lambda: m.CIRCUIT_VALUES[breaker.state])
 
     async def complete(
         self,
@@ -101,29 +102,23 @@ class ObservedWorker:
     ) -> Completion:
         name = self.info.name
         started = time.time_ns()
-        comp: Completion | None = None
-        async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(self.retries + 1),
-            wait=wait_exponential(multiplier=0.01, max=0.5),
-            retry=retry_if_exception_type(Exception),
-            reraise=True,
-        ):
-            with attempt:
-                t0 = time.perf_counter()
-                try:
-                    comp = await self.inner.complete(
-                        messages, max_tokens=max_tokens, temperature=temperature, context=context
-                    )
-                except asyncio.CancelledError:
-                    m.WORKER_CALLS.labels(name, "cancelled").inc()  # the executor's timeout
-                    raise
-                except Exception:
-                    m.WORKER_CALLS.labels(name, "error").inc()
-                    m.ERRORS.labels("worker").inc()
-                    raise
-                finally:
-                    m.WORKER_LATENCY.labels(name).observe(time.perf_counter() - t0)
-        assert comp is not None
+        t0 = time.perf_counter()
+        try:
+            comp = await self.inner.complete(
+                messages, max_tokens=max_tokens, temperature=temperature, context=context
+            )
+        except asyncio.CancelledError:
+            m.WORKER_CALLS.labels(name, "cancelled").inc()  # the executor's timeout
+            raise
+        except CircuitOpenError:
+            m.WORKER_CALLS.labels(name, "refused").inc()  # no request was sent
+            raise
+        except Exception:
+            m.WORKER_CALLS.labels(name, "error").inc()
+            m.ERRORS.labels("worker").inc()
+            raise
+        finally:
+            m.WORKER_LATENCY.labels(name).observe(time.perf_counter() - t0)
         m.WORKER_CALLS.labels(name, "ok").inc()
         m.WORKER_TOKENS.labels(name, "input").inc(comp.input_tokens)
         m.WORKER_TOKENS.labels(name, "output").inc(comp.output_tokens)
@@ -146,11 +141,11 @@ class ObservedWorker:
         return comp
 
 
-def observed_pool(pool: Pool, *, retries: int) -> Pool:
+def observed_pool(pool: Pool) -> Pool:
     """The same pool with every worker wrapped in :class:`ObservedWorker`."""
     return Pool(
         name=pool.name,
-        workers=[ObservedWorker(w, retries=retries) for w in pool.workers],
+        workers=[ObservedWorker(w) for w in pool.workers],
         options=dict(pool.options),
     )
 
@@ -191,9 +186,9 @@ class _Planner:
 
 def cheapest_call(question: str, view: PoolView) -> tuple[float, str]:
     """The least a first step can reserve on this view (the executor's own reservation rule)."""
-    messages = [{"role": "user", "content": worker_message(question, [], "")}]
-    best = min(view.infos(), key=lambda i: i.cost(reserve_input_tokens(messages, i), MIN_OUTPUT_TOKENS))
-    return best.cost(reserve_input_tokens(messages, best), MIN_OUTPUT_TOKENS), best.name
+    in_tok = reserve_input_tokens([{"role": "user", "content": worker_message(question, [], "")}])
+    best = min(view.infos(), key=lambda i: i.cost(in_tok, MIN_OUTPUT_TOKENS))
+    return best.cost(in_tok, MIN_OUTPUT_TOKENS), best.name
 
 
 @dataclass
@@ -213,7 +208,7 @@ class ConductorService:
     def __init__(self, policy: Policy, pool: Pool, config: ServiceConfig | None = None) -> None:
         self.config = config or ServiceConfig()
         self.policy = policy
-        self.pool = observed_pool(pool, retries=self.config.retries)
+        self.pool = observed_pool(pool)
         self._planner = _Planner(policy, self.config.max_batch) if hasattr(policy, "plan_batch") else None
         self._tracer = _Tracer(self.config.experiment) if self.config.trace else None
         self._background: set[asyncio.Future[Any]] = set()
@@ -455,17 +450,12 @@ def load_policy(model: str | None, policy: str | None, pool: Pool) -> Policy:
     """The policy to serve: a trained Conductor (MLflow URI, ``s3://`` or folder) or a policy spec.
 
     ``policy`` takes any spec of :func:`rl_conductor.policies.base.make_policy` (``single:NAME``,
-    ``moa``, ...) or ``fixed:0,1`` (a fixed chain, :mod:`rl_conductor.policies.fixed`)."""
+    ``moa``, ``fixed:0,1``, ...), the parser ``conductor eval`` uses too."""
     if (model is None) == (policy is None):
         raise ValueError(
             "serve either a trained Conductor (--model URI|DIR) or a policy spec (--policy SPEC)"
         )
     if policy is not None:
-        kind, _, arg = policy.partition(":")
-        if kind == "fixed":
-            from rl_conductor.policies.fixed import FixedPlan
-
-            return FixedPlan.from_text(arg)
         from rl_conductor.policies.base import make_policy
 
         return make_policy(policy, pool)

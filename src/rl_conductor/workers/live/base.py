@@ -13,7 +13,10 @@ the SDK's exceptions into transient or permanent errors (:meth:`LiveWorker._clas
   pool's prices;
 * ``finish_reason`` ("stop" / "length") carried to the trace, so truncated or empty output is
   marked on the step rather than crashing anything;
-* error messages passed through :func:`.secrets.redact`.
+* error messages passed through :func:`.secrets.redact`; a refused key (401/403), a wrong path
+  (404) or an endpoint that does not answer names the worker, its ``base_url``, the status and
+  what to check (:func:`explain`), and a refused key or wrong path is logged as a warning once
+  per worker, so a fallback never hides a misconfigured worker.
 
 SDK clients are made per event loop (an HTTP connection pool belongs to the loop that opened
 it), unless a client is injected, which is then used as is. The three SDKs are built on
@@ -44,6 +47,7 @@ from rl_conductor.workers.base import (
 )
 from rl_conductor.workers.live.resilience import (
     CircuitBreaker,
+    PermanentWorkerError,
     RetryPolicy,
     TransientWorkerError,
     breaker_from,
@@ -57,6 +61,40 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 60.0
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+#: statuses that mean the worker is misconfigured (key or URL), not that it is busy or down
+MISCONFIGURED_STATUS = frozenset({401, 403, 404})
+OPENAI_PATHS_HINT = (
+    "llama.cpp and vLLM serve the OpenAI API under /v1 (base_url http://HOST:PORT/v1); KServe's "
+    "Hugging Face and vLLM runtimes and `conductor worker serve` under /openai/v1"
+)
+
+
+def explain(
+    err: WorkerError, *, kind: str, base_url: str | None, api_key_env: str | None, has_key: bool
+) -> WorkerError:
+    """``err`` with what to check appended when it says the worker is misconfigured (401/403:
+    the key; 404: the base URL) or unreachable (connection refused: the URL and the server), so
+    an error names the worker, the URL, the status and a fix. Other errors are returned as is."""
+    status = getattr(err, "status", None)
+    where = f"base_url {base_url}" if base_url else "the API's default base_url"
+    if isinstance(err, PermanentWorkerError) and status in (401, 403):
+        fix = (
+            f"check the key in environment variable {api_key_env}"
+            if api_key_env
+            else "the server wants an API key: set `api_key_env` to the variable that holds it"
+        )
+        if api_key_env and not has_key:
+            fix = f"environment variable {api_key_env} is empty"
+        return PermanentWorkerError(f"{err} ({where}): the server refused the API key; {fix}", status=status)
+    if isinstance(err, PermanentWorkerError) and status == 404:
+        fix = OPENAI_PATHS_HINT if kind == "openai" else "check base_url and the model name"
+        return PermanentWorkerError(f"{err} ({where}): no such route or model; {fix}", status=status)
+    if isinstance(err, TransientWorkerError) and err.status is None and not err.timed_out:
+        return TransientWorkerError(
+            f"{err} ({where}): is the server running and the host and port right?",
+            retry_after_s=err.retry_after_s,
+        )
+    return err
 
 
 @dataclass(frozen=True)
@@ -111,6 +149,8 @@ class LiveWorker(abc.ABC):
     model: str
     base_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
+    #: the environment variable the key came from (named in error messages, never its value)
+    api_key_env: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
@@ -123,6 +163,7 @@ class LiveWorker(abc.ABC):
         default_factory=lambda: dict.fromkeys(("calls", "attempts", "retries", "failures", "refused"), 0),
         repr=False,
     )
+    _warned: set[int] = field(default_factory=set, repr=False)
 
     # ------------------------------------------------------------------ subclass hooks
 
@@ -182,7 +223,13 @@ class LiveWorker(abc.ABC):
                 raise WorkerError(
                     f"{self.info.name}: {exc.__class__.__name__}: {redact(str(exc))[:300]}"
                 ) from None
-            raise err from None
+            raise explain(
+                err,
+                kind=self.info.kind,
+                base_url=self.base_url,
+                api_key_env=self.api_key_env,
+                has_key=bool(self.api_key),
+            ) from None
 
     def _on_retry(self, state: Any) -> None:
         self._counts["retries"] += 1
@@ -222,6 +269,10 @@ class LiveWorker(abc.ABC):
         except WorkerError as exc:
             self._counts["failures"] += 1
             self.breaker.record_failure()
+            status = getattr(exc, "status", None)
+            if status in MISCONFIGURED_STATUS and status not in self._warned:
+                self._warned.add(status)  # once per worker and status: loud, not a flood
+                log.warning("%s", exc)
             if self.spend is not None:
                 timed_out = isinstance(exc, TransientWorkerError) and exc.timed_out
                 self.spend.settle(reservation, reservation if timed_out else 0.0)
@@ -309,6 +360,7 @@ def common_settings(spec: dict[str, Any], options: dict[str, Any], *, needs_key:
         "model": model,
         "base_url": base_url,
         "api_key": api_key_from_env(spec, required=needs_key),
+        "api_key_env": spec.get("api_key_env"),
         "timeout_s": timeout_s,
         "retry": retry,
         "breaker": breaker,
@@ -346,20 +398,12 @@ def pool_spend_guard(pool: Any) -> SpendGuard | None:
 
 
 def wrap_cache(worker: Any, spec: dict[str, Any], options: dict[str, Any]) -> Any:
-    """Wrap ``worker`` in the pool's response cache when the pool (or entry) configures ``cache``
-    (public calls) or ``cache_private`` (a separate store for private calls; default off)."""
+    """Wrap ``worker`` in the pool's response cache when the pool (or entry) configures ``cache``."""
     cfg = spec.get("cache", options.get("cache"))
     if isinstance(cfg, str):
         cfg = expand_env(cfg, where="cache")
-    private = spec.get("cache_private", options.get("cache_private"))
-    if isinstance(private, str):
-        private = expand_env(private, where="cache_private")
-    if not cfg and not private:
+    if not cfg:
         return worker
-    from rl_conductor.workers.cache import CachedWorker, private_store_for, store_for
+    from rl_conductor.workers.cache import CachedWorker, store_for
 
-    return CachedWorker(
-        inner=worker,
-        store=store_for(cfg, options) if cfg else None,
-        private_store=private_store_for(private, cfg, options),
-    )
+    return CachedWorker(inner=worker, store=store_for(cfg, options))

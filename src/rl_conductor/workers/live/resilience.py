@@ -9,8 +9,16 @@ Order of defences for one call of a live worker:
 3. after the retries, the call fails with a :class:`~rl_conductor.workers.base.WorkerError`
    and the executor tries its fallback worker of the same hosting class;
 4. a per-worker :class:`CircuitBreaker`: after ``failure_threshold`` failed calls in a row the
-   worker refuses calls at once (no latency, no spend) for ``reset_after_s``; then one probe
-   call is let through, and its success closes the circuit again.
+   worker refuses calls at once (no latency, no spend, :class:`CircuitOpenError`) for
+   ``reset_after_s``; then one probe call (a real request) is let through: its success closes the
+   circuit, its failure opens it again for twice as long, up to ``max_reset_after_s``. So a
+   worker that comes back is called again within ``reset_after_s`` after a short outage and
+   within ``max_reset_after_s`` after a long one (defaults 2 s and 16 s), never a fixed 30 s.
+
+This is the only retry layer: nothing above a live client (the executor, the predictor) retries
+the same worker again; the executor's answer to a failed call is a *different* worker (its
+fallback). One step therefore makes at most ``attempts`` HTTP requests per worker it tries
+(default 3), and exactly one for a permanent error (400, 401, 403, 404, 422, ...).
 
 Simplification: the breaker counts failed *calls* (after retries), not attempts, and is local to
 the process (each serving replica learns on its own).
@@ -32,6 +40,12 @@ from rl_conductor.workers.base import WorkerError
 
 #: HTTP statuses worth retrying: request timeout, conflict, rate limit, and server errors.
 RETRYABLE_STATUS = frozenset({408, 409, 429})
+#: Default tries per call of one worker (``retries: {attempts: N}`` in a pool file).
+DEFAULT_ATTEMPTS = 3
+#: Circuit defaults: failed calls in a row that open it; first and longest wait before a probe.
+DEFAULT_FAILURE_THRESHOLD = 5
+DEFAULT_RESET_AFTER_S = 2.0
+DEFAULT_MAX_RESET_AFTER_S = 16.0
 
 
 class TransientWorkerError(WorkerError):
@@ -116,7 +130,7 @@ class RetryPolicy:
         max_retry_after_s: the longest ``Retry-After`` honoured (a longer one is capped).
     """
 
-    attempts: int = 3
+    attempts: int = DEFAULT_ATTEMPTS
     initial_s: float = 0.5
     max_s: float = 8.0
     jitter_s: float = 0.5
@@ -163,17 +177,22 @@ class CircuitBreaker:
 
     Attributes:
         failure_threshold: failed calls in a row that open the circuit.
-        reset_after_s: how long an open circuit refuses calls before one probe is let through.
+        reset_after_s: how long a newly opened circuit refuses calls before one probe is let
+            through (the wait after a short outage).
+        max_reset_after_s: the longest wait: each failed probe doubles the wait up to this.
         clock: monotonic seconds (injectable for tests).
     """
 
-    failure_threshold: int = 5
-    reset_after_s: float = 30.0
+    failure_threshold: int = DEFAULT_FAILURE_THRESHOLD
+    reset_after_s: float = DEFAULT_RESET_AFTER_S
+    max_reset_after_s: float = DEFAULT_MAX_RESET_AFTER_S
     clock: Callable[[], float] = time.monotonic
     failures: int = 0
     opened_at: float | None = None
     probing: bool = False
     opened_count: int = 0
+    #: how long the circuit stays open this time (``reset_after_s``, doubled per failed probe)
+    open_for_s: float = -1.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -181,12 +200,17 @@ class CircuitBreaker:
             raise ValueError("circuit failure_threshold must be >= 1")
         if self.reset_after_s < 0:
             raise ValueError("circuit reset_after_s must be >= 0")
+        if self.max_reset_after_s < self.reset_after_s:
+            # an explicit reset_after_s above the default ceiling is meant as a fixed wait
+            self.max_reset_after_s = self.reset_after_s
+        if self.open_for_s < 0:
+            self.open_for_s = self.reset_after_s
 
     @property
     def state(self) -> CircuitState:
         if self.opened_at is None:
             return "closed"
-        if self.clock() - self.opened_at < self.reset_after_s:
+        if self.clock() - self.opened_at < self.open_for_s:
             return "open"
         return "half_open"
 
@@ -200,7 +224,7 @@ class CircuitBreaker:
                 self.probing = True  # exactly one probe at a time
                 return
             assert self.opened_at is not None
-            wait = max(0.0, self.reset_after_s - (self.clock() - self.opened_at))
+            wait = max(0.0, self.open_for_s - (self.clock() - self.opened_at))
             raise CircuitOpenError(
                 f"{name}: circuit open after {self.failures} failed calls in a row; next probe in {wait:.1f}s"
             )
@@ -208,10 +232,13 @@ class CircuitBreaker:
     def record_success(self) -> None:
         with self._lock:
             self.failures, self.opened_at, self.probing = 0, None, False
+            self.open_for_s = self.reset_after_s
 
     def record_failure(self) -> None:
         with self._lock:
             self.failures += 1
+            if self.probing:  # the probe failed: the worker is still down, wait twice as long
+                self.open_for_s = min(self.max_reset_after_s, max(self.open_for_s, 1e-3) * 2)
             if self.probing or self.failures >= self.failure_threshold:
                 if self.opened_at is None or self.probing:
                     self.opened_count += 1
@@ -242,14 +269,33 @@ def retry_policy_from(spec: Mapping[str, Any], options: Mapping[str, Any]) -> Re
 
 
 def breaker_from(spec: Mapping[str, Any], options: Mapping[str, Any]) -> CircuitBreaker:
-    """``circuit:`` of a worker entry (else of the pool): failure_threshold, reset_after_s."""
+    """``circuit:`` of a worker entry (else of the pool): failure_threshold, reset_after_s,
+    max_reset_after_s."""
     raw = spec.get("circuit", options.get("circuit", {})) or {}
     if not isinstance(raw, Mapping):
         raise ValueError("`circuit` must be a mapping")
+    known = {"failure_threshold", "reset_after_s", "max_reset_after_s"}
+    unknown = set(raw) - known
+    if unknown:
+        raise ValueError(f"unknown circuit settings {sorted(unknown)}; known: {sorted(known)}")
+    reset = float(raw.get("reset_after_s", DEFAULT_RESET_AFTER_S))
     return CircuitBreaker(
-        failure_threshold=int(raw.get("failure_threshold", 5)),
-        reset_after_s=float(raw.get("reset_after_s", 30.0)),
+        failure_threshold=int(raw.get("failure_threshold", DEFAULT_FAILURE_THRESHOLD)),
+        reset_after_s=reset,
+        max_reset_after_s=float(raw.get("max_reset_after_s", max(reset, DEFAULT_MAX_RESET_AFTER_S))),
     )
+
+
+def breaker_of(worker: Any) -> CircuitBreaker | None:
+    """The circuit breaker of ``worker`` or of the worker it wraps (``.inner``: the cache, the
+    predictor's metrics wrapper); None for workers without one (simulated, replay, fake)."""
+    seen = 0
+    while worker is not None and seen < 16:
+        breaker = getattr(worker, "breaker", None)
+        if isinstance(breaker, CircuitBreaker):
+            return breaker
+        worker, seen = getattr(worker, "inner", None), seen + 1
+    return None
 
 
 def classify_sdk_error(name: str, exc: Exception, sdk: Any) -> WorkerError | None:

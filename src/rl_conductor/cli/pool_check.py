@@ -1,0 +1,72 @@
+"""``conductor pool check POOL``: call every worker of a pool once and show what came back.
+
+A thin adapter over :func:`rl_conductor.workers.check.check_pool_file`: a table of status,
+latency, usage and cost per worker (``--json PATH`` writes the report, ``-`` to stdout), and
+exit status 1 when any worker failed, so a pipeline or a person finds a wrong ``base_url`` or a
+refused key before an evaluation or a deployment does.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from rl_conductor.cli.app import pool_app
+from rl_conductor.cli.core import console
+from rl_conductor.cli.options import positive
+
+
+@pool_app.command("check")
+def pool_check(
+    pool: Annotated[str, typer.Argument(help="pool name or YAML path")],
+    timeout_s: Annotated[
+        float, typer.Option(callback=positive, help="seconds each worker has to answer (> 0)")
+    ] = 60.0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="write the report as JSON here ('-': stdout)")
+    ] = None,
+) -> None:
+    """Call each worker once with a tiny prompt; print latency, tokens and cost per worker and
+    why a worker failed (exit 1 when any did)."""
+    from rl_conductor.workers.check import CHECK_MAX_TOKENS, check_pool_file
+
+    report = check_pool_file(pool, timeout_s=timeout_s)
+    if json_out is not None and str(json_out) == "-":
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+    else:
+        table = Table(title=f"pool check: {report.pool} (one call each, max_tokens {CHECK_MAX_TOKENS})")
+        for col in ("worker", "kind", "hosting", "url", "status", "latency s", "in tok", "out tok", "cost $"):
+            right = col in ("latency s", "in tok", "out tok", "cost $")
+            table.add_column(col, justify="right" if right else "left", overflow="fold")
+        table.add_column("detail")
+        for w in report.workers:
+            style = "green" if w.ok else "red"
+            table.add_row(
+                w.name,
+                w.kind,
+                w.hosting,
+                w.url,
+                f"[{style}]{w.status}[/{style}]",
+                "-" if w.latency_s is None else f"{w.latency_s:.3f}",
+                str(w.input_tokens),
+                str(w.output_tokens),
+                f"{w.cost_usd:.6f}",
+                w.detail if len(w.detail) <= 48 else w.detail[:47] + "…",
+            )
+        console.print(table)
+        for w in report.failed:  # whole, one line each: what to fix
+            console.print(f"[red]{w.name}[/red]: {w.detail}", soft_wrap=True)
+        if json_out is not None:
+            from rl_conductor import storage
+
+            storage.write_json(str(json_out), report.to_dict())
+            console.print(f"[dim]wrote {json_out}[/dim]")
+    if not report.ok:
+        names = ", ".join(f"{w.name} ({w.status})" for w in report.failed)
+        typer.echo(f"Error: {len(report.failed)} of {len(report.workers)} workers failed: {names}", err=True)
+        raise typer.Exit(1)

@@ -1,0 +1,176 @@
+"""``conductor pool check``: each worker called once over real HTTP, failures named with a fix.
+
+The servers are :func:`~rl_conductor.workers.live.byo_server.byo_openai_server`: real loopback
+HTTP servers that answer as llama.cpp's ``llama-server`` does (routes under ``/v1`` only, 404
+``File Not Found`` elsewhere, 401 ``Invalid API Key`` without the right bearer token). The pool
+check on ``local-live`` against two real ``conductor worker serve`` processes is in
+``tests/test_local_worker.py`` (it shares that module's servers).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rl_conductor.workers.check import check_pool, check_pool_file
+from rl_conductor.workers.live.byo_server import byo_openai_server
+from rl_conductor.workers.pool import build_pool
+
+KEY = "sk-local-0123456789abcdef"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _entry(name: str, url: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "kind": "openai",
+        "model": "m",
+        "base_url": url,
+        "price_in": 1.0,
+        "price_out": 2.0,
+        "hosting": "external",
+        **extra,
+    }
+
+
+def _conductor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "rl_conductor.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=full,
+    )
+
+
+def test_pool_check_names_every_broken_worker_and_exits_1(tmp_path: Path) -> None:
+    with byo_openai_server(api_key=KEY, model="m") as srv:
+        pool = {
+            "name": "byo",
+            "cache": str(tmp_path / "cache.sqlite"),  # never used by a check
+            "workers": [
+                _entry("good", f"{srv.root}/v1", api_key_env="RLC_GOOD_KEY"),
+                _entry("wrong-path", f"{srv.root}/openai/v1", api_key_env="RLC_GOOD_KEY"),
+                _entry("wrong-key", f"{srv.root}/v1", api_key_env="RLC_WRONG_KEY"),
+                _entry("no-key", f"{srv.root}/v1", api_key_env="RLC_UNSET_KEY"),
+                _entry("down", "http://127.0.0.1:9/v1"),
+            ],
+        }
+        path = tmp_path / "byo.yaml"
+        path.write_text(yaml.safe_dump(pool))
+        env = {"RLC_GOOD_KEY": KEY, "RLC_WRONG_KEY": "sk-wrong-0123456789", "RLC_UNSET_KEY": ""}
+        res = _conductor("pool", "check", str(path), "--json", str(tmp_path / "check.json"), env=env)
+        table = _conductor("pool", "check", str(path), env=env)
+    assert res.returncode == 1, res.stdout + res.stderr
+    report = json.loads((tmp_path / "check.json").read_text())
+    rows = {w["name"]: w for w in report["workers"]}
+    assert not report["ok"] and list(rows) == ["good", "wrong-path", "wrong-key", "no-key", "down"]
+    good = rows["good"]
+    assert good["ok"] and good["input_tokens"] > 0 and good["output_tokens"] > 0 and good["cost_usd"] > 0
+    assert good["latency_s"] > 0
+    assert rows["wrong-path"]["status"] == "error" and "HTTP 404" in rows["wrong-path"]["detail"]
+    assert "llama.cpp and vLLM serve the OpenAI API under /v1" in rows["wrong-path"]["detail"]
+    assert f"{srv.root}/openai/v1" in rows["wrong-path"]["detail"]
+    assert "HTTP 401" in rows["wrong-key"]["detail"] and "RLC_WRONG_KEY" in rows["wrong-key"]["detail"]
+    assert rows["no-key"]["status"] == "config" and "RLC_UNSET_KEY is not set" in rows["no-key"]["detail"]
+    assert rows["down"]["status"] == "error" and "is the server running" in rows["down"]["detail"]
+    assert "sk-wrong" not in res.stdout + res.stderr + (tmp_path / "check.json").read_text()
+    # the table and one line per failure, then the one-line summary on stderr
+    assert table.returncode == 1 and "good" in table.stdout and "wrong-path:" in table.stdout
+    assert "4 of 5 workers failed" in table.stderr
+    # each worker was asked exactly once (no retries, no cache): good, wrong-path, wrong-key
+    assert len(srv.requests) == 2 * 3
+    assert not (tmp_path / "cache.sqlite").exists()
+
+
+def test_pool_check_exits_0_when_every_worker_answers(tmp_path: Path) -> None:
+    with byo_openai_server(model="m") as a, byo_openai_server(model="m") as b:
+        path = tmp_path / "ok.yaml"
+        path.write_text(
+            yaml.safe_dump(
+                {"name": "ok", "workers": [_entry("a", f"{a.root}/v1"), _entry("b", f"{b.root}/v1")]}
+            )
+        )
+        res = _conductor("pool", "check", str(path), "--json", "-")
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    assert report["ok"] and [w["status"] for w in report["workers"]] == ["ok", "ok"]
+
+
+def test_pool_check_of_a_missing_pool_is_a_usage_error() -> None:
+    res = _conductor("pool", "check", "no-such-pool")
+    assert res.returncode == 2 and res.stderr.startswith("Error: no pool named")
+
+
+def test_check_pool_calls_beneath_the_cache(tmp_path: Path) -> None:
+    """The library function (for the predictor's readiness): a built pool, its cache bypassed."""
+    with byo_openai_server(model="m") as srv:
+        pool = build_pool({"cache": str(tmp_path / "c.sqlite"), "workers": [_entry("a", f"{srv.root}/v1")]})
+        first, second = check_pool(pool), check_pool(pool)
+    assert first.ok and second.ok and len(srv.requests) == 2  # a cached answer proves nothing
+
+
+def test_a_pool_without_endpoints_checks_ok() -> None:
+    report = check_pool_file("paper-sim")
+    assert report.ok and {w.status for w in report.workers} == {"ok"}
+    replay = check_pool_file("routellm-replay")
+    assert replay.ok and {w.status for w in replay.workers} == {"offline"}
+
+
+# --------------------------------------------------------------------------- the BYO docs page
+
+
+def _doc_pool() -> str:
+    """The pool YAML of docs/byo-openai-server.md (its block marked ``# byo.yaml``)."""
+    text = (ROOT / "docs" / "byo-openai-server.md").read_text()
+    blocks = text.split("```yaml\n")[1:]
+    found = [b.split("```", 1)[0] for b in blocks if b.startswith("# byo.yaml")]
+    assert len(found) == 1, "docs/byo-openai-server.md must hold one ```yaml block starting '# byo.yaml'"
+    return found[0]
+
+
+@pytest.mark.parametrize("prefix", ["/v1"])
+def test_the_docs_pool_works_against_a_v1_server(tmp_path: Path, prefix: str) -> None:
+    with (
+        byo_openai_server(prefix=prefix, model="smollm2", api_key=KEY) as llama,
+        byo_openai_server(prefix=prefix, model="qwen2.5-7b", api_key=KEY) as vllm,
+    ):
+        path = tmp_path / "byo.yaml"
+        path.write_text(_doc_pool())
+        env = {
+            "LLAMA_URL": f"{llama.root}{prefix}",
+            "VLLM_URL": f"{vllm.root}{prefix}",
+            "LLAMA_API_KEY": KEY,
+            "VLLM_API_KEY": KEY,
+        }
+        res = _conductor("pool", "check", str(path), "--json", "-", env=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+        report = json.loads(res.stdout)
+        assert [w["status"] for w in report["workers"]] == ["ok", "ok"]
+        # the same file, evaluated with the page's policy specs
+        out = tmp_path / "eval.json"
+        ev = _conductor(
+            *("eval", "--pool", str(path), "--limit", "2", "--json", str(out)),
+            *("--policy", "single:llama-local", "--policy", "moa:llama-local,vllm-local>vllm-local"),
+            *("--policy", "fixed:0,1"),
+            env=env,
+        )
+        assert ev.returncode == 0, ev.stdout + ev.stderr
+        policies = [r["policy"] for r in json.loads(out.read_text())["results"]]
+        assert policies == ["single:llama-local", "moa:llama-local,vllm-local>vllm-local", "fixed:0,1"]
+        # the page's commonest mistake: KServe's /openai/v1 on a /v1 server
+        broken = _conductor(
+            "pool", "check", str(path), "--json", "-", env={**env, "LLAMA_URL": f"{llama.root}/openai/v1"}
+        )
+    assert broken.returncode == 1
+    llama_row = json.loads(broken.stdout)["workers"][0]
+    assert "HTTP 404" in llama_row["detail"] and "serve the OpenAI API under /v1" in llama_row["detail"]
