@@ -384,6 +384,45 @@ def test_total_disk_is_capped() -> None:
     assert written * per_file <= sandbox.DISK_LIMIT and errno == 28  # ENOSPC
 
 
+@pytest.mark.parametrize("folder", ["/dev/shm", "/dev"])
+def test_dev_and_dev_shm_take_no_file(folder: str) -> None:
+    """Issue 23: /dev and /dev/shm were writable tmpfs folders of no size limit (1 GiB in 2 s past
+    the 32 MiB cap, outside the memory limit). A candidate writing 64 MiB there now fails at once;
+    the device nodes still work."""
+    code = (
+        "import os\nwritten = 0\ntry:\n"
+        f"    with open('{folder}/big', 'wb') as f:\n"
+        "        for _ in range(64):\n"
+        "            f.write(b'x' * (1024 * 1024))\n"
+        "            f.flush()\n"
+        "            written += 1\n"
+        "except OSError as e:\n    print(written, e.errno)\n"
+        "print(open('/dev/null', 'wb').write(b'x'), len(open('/dev/urandom', 'rb').read(8)))"
+    )
+    r = run_python(code, timeout_s=20)
+    assert r.ok, r.stderr
+    failed, devices = r.stdout.splitlines()
+    assert failed == "0 30"  # nothing written: EROFS
+    assert devices == "1 8"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os\nos.memfd_create('m')",
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "assert libc.shmget(0, 1 << 26, 0o1600) == -1\nraise OSError(ctypes.get_errno(), 'shmget')",
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "assert libc.msgget(0, 0o1600) == -1\nraise OSError(ctypes.get_errno(), 'msgget')",
+    ],
+    ids=["memfd_create", "shmget", "msgget"],
+)
+def test_memory_no_limit_counts_is_refused(code: str) -> None:
+    """Memory files and System V segments live on unmapped, outside RLIMIT_AS and the disk cap."""
+    r = run_python(code, timeout_s=20)
+    assert not r.ok and "[Errno 1]" in r.stderr, r.stderr
+
+
 def test_sandbox_unavailable_is_an_error_not_a_weaker_mode(tmp_path: Path) -> None:
     """Inside a user namespace that may not create namespaces, bwrap fails: a clear error."""
     script = (

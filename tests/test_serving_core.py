@@ -134,17 +134,6 @@ def test_the_operator_picks_the_pool(micro: Micro, questions: list[str], tmp_pat
     assert res["workers_called"] and set(res["workers_called"]) == {"spy"}
 
 
-def test_response_step_with_substeps_adds_up() -> None:
-    from rl_conductor.serving_core import step_document
-    from rl_conductor.trace import Attempt, StepRecord
-
-    inner = StepRecord(1, "w", "verify", [0], attempts=[Attempt("w", "ok", 10, 5, 0.002)], cost_usd=0.002)
-    outer = StepRecord(1, "conductor", "review", [0], status="recursed", substeps=[inner])
-    doc = step_document(outer)
-    assert doc["cost_usd"] == pytest.approx(0.002)
-    assert doc["substeps"][0]["attempts"][0]["worker"] == "w"
-
-
 @pytest.mark.parametrize(
     "field",
     [
@@ -172,3 +161,33 @@ def test_huge_limits_are_invalid_values_not_overflows() -> None:
         with pytest.raises(InvalidValue):
             Limits(**kwargs)
     assert Limits(max_cost_usd=1e6, max_latency_s=1e7).max_cost_usd == 1e6
+
+
+def test_pyfunc_dataframe_rows_nan_means_absent_and_an_all_nan_budget_is_an_error() -> None:
+    import pandas as pd
+
+    from rl_conductor.serving_core import RequestError, parse_request
+    from rl_conductor.tracking.registry import _as_records
+
+    # dataframe_records where only some rows set a field: those columns turn float with NaN
+    frame = pd.DataFrame.from_records(
+        [{"question": "a", "max_steps": 3}, {"question": "b", "max_cost_usd": 0.01}, {"question": "c"}]
+    )
+    requests = [parse_request(r) for r in _as_records(frame)]
+    assert [r.max_steps for r in requests] == [3, 5, 5]
+    assert [r.max_cost_usd for r in requests] == [None, 0.01, None]
+    for bad in (float("nan"), float("inf")):  # sent as NaN/inf: never "no budget"
+        (row,) = _as_records(pd.DataFrame.from_records([{"question": "q", "max_cost_usd": bad}]))
+        with pytest.raises(RequestError, match="max_cost_usd"):
+            parse_request(row)
+
+
+def test_the_request_caps_are_one_definition_for_http_and_pyfunc() -> None:
+    from rl_conductor.serving import schemas
+    from rl_conductor.serving_core import MAX_REQUEST_SECONDS, MAX_REQUEST_USD, RequestError, parse_request
+
+    assert schemas.MAX_BUDGET_USD == MAX_REQUEST_USD and schemas.MAX_LATENCY_S == MAX_REQUEST_SECONDS
+    assert parse_request({"question": "q", "max_cost_usd": MAX_REQUEST_USD}).max_cost_usd == MAX_REQUEST_USD
+    for field, cap in (("max_cost_usd", MAX_REQUEST_USD), ("max_latency_s", MAX_REQUEST_SECONDS)):
+        with pytest.raises(RequestError, match=field):
+            parse_request({"question": "q", field: cap * 1.5})

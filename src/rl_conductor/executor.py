@@ -7,9 +7,12 @@ Whatever the policy wrote, it enforces:
 * **budget** — before a call it reserves the worst case the call can cost (a conservative input
   token count plus ``max_tokens`` of output, with ``max_tokens`` capped to what the unreserved
   budget affords) and charges the real cost afterwards, so ``trace.cost_usd`` never exceeds
-  ``limits.max_cost_usd`` as long as workers honour ``max_tokens`` and input tokens stay within
-  the reservation (characters / 2.5 + 16 per message: true for the offline workers, not
-  guaranteed for real tokenizers on CJK or emoji text). Every call is recorded as an
+  ``limits.max_cost_usd``. The bound holds for any text: input is reserved at
+  ``WorkerInfo.input_token_bound`` (UTF-8 bytes + 16 a message, which no byte-level tokenizer
+  exceeds; characters / 2.5 + 16 for the offline kinds, which count characters / 4), and every
+  billed output token (reasoning and thinking included) falls under the ``max_tokens`` sent
+  (docs/live-workers.md, "How money is counted"). A worker that still reports more than its
+  reservation is charged what it reported, and the attempt says so. Every call is recorded as an
   :class:`~rl_conductor.trace.Attempt` carrying what the budget was charged for it (a blank
   answer its cost, a timed-out call its whole reservation), so ``trace.cost_usd`` is exactly the
   budget's charged total. A step that cannot afford ``MIN_OUTPUT_TOKENS`` of output is skipped,
@@ -56,7 +59,7 @@ from dataclasses import dataclass, field, replace
 
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import ANSWERED, MIN_OUTPUT_TOKENS, Attempt, Limits, StepRecord, StepStatus, Trace
-from rl_conductor.workers.base import CallContext, Completion, Worker, WorkerInfo
+from rl_conductor.workers.base import CallContext, Completion, Worker, WorkerInfo, estimate_token_bound
 from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Step, Workflow, worker_message
 
@@ -71,9 +74,6 @@ __all__ = [
 #: Share of a step's time left that its output cap is planned for: the latency model gives
 #: medians, so the slack absorbs most of the scatter (an overrun is still cut at the deadline).
 DEADLINE_MARGIN = 0.8
-#: Conservative characters-per-token used to reserve input cost (real tokenizers average ~4).
-_RESERVE_CHARS_PER_TOKEN = 2.5
-_MESSAGE_OVERHEAD_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -93,10 +93,11 @@ class RecursionRequest:
 RecursionHook = Callable[[RecursionRequest], Awaitable[Trace]]
 
 
-def reserve_input_tokens(messages: list[dict[str, str]]) -> int:
-    """An upper-bound estimate of input tokens, used only for budget reservations."""
-    chars = sum(len(m.get("content", "")) for m in messages)
-    return math.ceil(chars / _RESERVE_CHARS_PER_TOKEN) + _MESSAGE_OVERHEAD_TOKENS * len(messages)
+def reserve_input_tokens(messages: list[dict[str, str]], info: WorkerInfo | None = None) -> int:
+    """The input tokens a call reserves: ``info.input_token_bound`` (UTF-8 bytes + 16 a message
+    for a server's tokenizer; characters / 2.5 + 16 for the kinds that count locally); without
+    ``info``, the local workers' bound (what the simulated pool's planning replays use)."""
+    return estimate_token_bound(messages) if info is None else info.input_token_bound(messages)
 
 
 #: Relative slack kept off every budget so float rounding in sums never crosses the limit.
@@ -212,7 +213,7 @@ async def _call(
     ``time_left`` (a deadline) bounds the call: it is the timeout when shorter than
     ``step_timeout_s``, and a completion reporting a longer latency is dropped as a timeout."""
     info = worker.info
-    in_cost = reserve_input_tokens(messages) * info.price_in / 1e6
+    in_cost = info.input_token_bound(messages) * info.price_in / 1e6
     cap = await _affordable_cap(run, info, in_cost, time_cap)
     if cap is None:
         return None, None
@@ -241,6 +242,11 @@ async def _call(
     if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) or cost < 0:
         cost = reservation  # a worker that reports no usable cost is charged its worst case
     run.budget.release(reservation, cost)
+    overrun = (
+        f"{info.name}: reported ${cost:.6g}, above its reservation of ${reservation:.6g}"
+        if cost > reservation * (1 + _BUDGET_SLACK)
+        else ""
+    )
     if time_left is not None and not comp.latency_s <= time_left:
         # the answer came after the deadline: the request stopped waiting when the time ran out
         err = f"{info.name}: deadline: answered after {comp.latency_s:.3g}s, {time_left:.3g}s were left"
@@ -262,7 +268,7 @@ async def _call(
         output_tokens=comp.output_tokens,
         cost_usd=cost,
         latency_s=comp.latency_s,
-        error="" if answered else f"{info.name}: empty answer",
+        error=overrun or ("" if answered else f"{info.name}: empty answer"),
     )
     return (comp if answered else None), attempt
 
@@ -315,6 +321,7 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
         instruction=step.instruction,
         visible_answers=tuple(a for _, _, a in visible),
         nonce=index + 100 * run.depth,
+        sensitivity=run.limits.sensitivity,
     )
     tried: set[int] = set()
     deadline = run.limits.max_latency_s
@@ -325,7 +332,9 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
         time_cap: int | None = None
         if deadline is not None:
             time_left = deadline - start - sum(a.latency_s for a in rec.attempts)
-            fits = worker.info.tokens_within(time_left * DEADLINE_MARGIN, reserve_input_tokens(messages))
+            fits = worker.info.tokens_within(
+                time_left * DEADLINE_MARGIN, worker.info.input_token_bound(messages)
+            )
             if time_left <= 0 or (fits is not None and fits < MIN_OUTPUT_TOKENS):
                 rec.status = "skipped_deadline"
                 notes.append(

@@ -2,7 +2,7 @@
 
 The one serving path, shared by the MLflow pyfunc model (``tracking.registry.ConductorPyfunc``)
 and the KServe predictor: a request names a question and optional limits; the response carries
-the answer, the workflow, per-step usage (every attempt, in every round), the rounds and the
+the answer, the workflow, per-step usage (every attempt, recursion sub-steps included) and the
 total cost. A request may state a deadline (``max_latency_s``, seconds): the executor skips or
 shortens steps that cannot answer in time, and the response's ``deadline_cut`` says whether it
 did (the steps' ``skipped_deadline`` statuses and ``deadline:`` notes say which and how).
@@ -188,16 +188,18 @@ def request_task(request: ConductorRequest) -> Task:
 
 
 def step_document(s: StepRecord) -> dict[str, Any]:
-    """One step of a response: its status, the worker that decided it ("" when none was called)
-    and every attempt; the steps of a response add up to its ``cost_usd``."""
+    """One step of a response: its status, the worker that decided it ("" when none was called),
+    every attempt, and for a recursion step its inner steps. ``cost_usd`` and the token counts
+    include the inner steps, so the steps of a response add up to its ``cost_usd``."""
+    inner = [step_document(x) for x in s.substeps]
     return {
         "index": s.index,
         "worker": s.worker,
         "requested_worker": s.requested_worker,
         "status": s.status,
-        "input_tokens": s.input_tokens,
-        "output_tokens": s.output_tokens,
-        "cost_usd": s.cost_usd,
+        "input_tokens": s.input_tokens + sum(x["input_tokens"] for x in inner),
+        "output_tokens": s.output_tokens + sum(x["output_tokens"] for x in inner),
+        "cost_usd": s.cost_usd + sum(x["cost_usd"] for x in inner),
         "latency_s": s.latency_s,
         "note": s.note,
         "attempts": [
@@ -211,6 +213,7 @@ def step_document(s: StepRecord) -> dict[str, Any]:
             }
             for a in s.attempts
         ],
+        "substeps": inner,
     }
 
 

@@ -57,19 +57,24 @@ def record_export(
     pool_out: Annotated[
         Path | None, typer.Option(help="also write a replay pool YAML over the recordings here")
     ] = None,
+    include_serving: Annotated[
+        bool, typer.Option(help="also export serving traffic (users' questions); private entries never")
+    ] = False,
 ) -> None:
     """Write the cached completions as a recordings file (docs/recordings.md), graded with the
-    project's graders, so a replay pool can retrain and re-evaluate offline."""
+    project's graders, so a replay pool can retrain and re-evaluate offline. Serving traffic is
+    left out unless --include-serving; private entries are never exported."""
     from rl_conductor.workers.cache import open_store
     from rl_conductor.workers.recordings import export_cache, replay_pool_yaml
 
     if not cache.startswith("s3://") and not Path(cache).is_file():
         raise typer.BadParameter(f"no cache at {cache} (a sqlite file written by a pool with `cache:`)")
     store = open_store(cache)
-    stats = export_cache(store, out, workers=worker)
+    stats = export_cache(store, out, workers=worker, include_serving=include_serving)
     console.print(
         f"wrote {stats['items']} items, {stats['responses']} responses of {len(stats['models'])} "
-        f"workers ({', '.join(stats['models'])}) from {stats['entries']} cache entries -> {out}"
+        f"workers ({', '.join(stats['models'])}) from {stats['entries']} cache entries -> {out} "
+        f"(left out: {stats['serving_skipped']} serving, {stats['private_skipped']} private)"
     )
     if pool_out is not None:
         pool_out.write_text(replay_pool_yaml(out, stats["model_facts"]), encoding="utf-8")

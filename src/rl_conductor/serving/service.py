@@ -186,9 +186,9 @@ class _Planner:
 
 def cheapest_call(question: str, view: PoolView) -> tuple[float, str]:
     """The least a first step can reserve on this view (the executor's own reservation rule)."""
-    in_tok = reserve_input_tokens([{"role": "user", "content": worker_message(question, [], "")}])
-    best = min(view.infos(), key=lambda i: i.cost(in_tok, MIN_OUTPUT_TOKENS))
-    return best.cost(in_tok, MIN_OUTPUT_TOKENS), best.name
+    messages = [{"role": "user", "content": worker_message(question, [], "")}]
+    best = min(view.infos(), key=lambda i: i.cost(reserve_input_tokens(messages, i), MIN_OUTPUT_TOKENS))
+    return best.cost(reserve_input_tokens(messages, best), MIN_OUTPUT_TOKENS), best.name
 
 
 @dataclass

@@ -11,13 +11,16 @@ the sandbox is a real isolation boundary, not an in-process audit hook. Each run
   read-only (``site-packages``/``dist-packages`` masked by empty read-only folders, so neither
   ``rl_conductor`` nor its data nor any installed package is importable), a fresh ``/proc`` of
   the new PID namespace (the grader's ``/proc/<pid>/environ`` does not exist there), a minimal
-  ``/dev``, a read-only root, and one writable size-limited tmpfs ``/work`` (cwd, ``HOME``,
-  ``TMPDIR``) that vanishes with the sandbox;
+  read-only ``/dev`` (its device nodes work; neither ``/dev`` nor ``/dev/shm`` takes a file), a
+  read-only root, and one writable size-limited tmpfs ``/work`` (cwd, ``HOME``, ``TMPDIR``) that
+  vanishes with the sandbox: the only place a file can be written, so its size is the disk cap;
 * a cleared environment (``--clearenv``) plus ``PATH``, ``LANG``, ``HOME``, ``TMPDIR``; ``bwrap``
   itself starts with an empty environment too, because its init process is visible inside;
 * a seccomp filter that refuses new processes (``fork``, ``vfork``, ``clone`` without
   ``CLONE_THREAD``; ``clone3`` answers ENOSYS so threads fall back to ``clone``) and
-  ``unshare``/``setns``/``ptrace``: threads work, subprocesses and fork bombs do not;
+  ``unshare``/``setns``/``ptrace``: threads work, subprocesses and fork bombs do not; and that
+  refuses the kinds of memory no limit here counts (``memfd_create``, System V ``shmget`` and
+  ``msgget``: files and segments that live on unmapped, outside ``RLIMIT_AS`` and the disk cap);
 * hard resource limits set before any untrusted code runs (CPU seconds, address space, file
   size, open files, no core files) and a total disk cap (the tmpfs size);
 * a wall-clock limit after which the outer ``bwrap`` is SIGKILLed, which takes the whole PID
@@ -247,10 +250,12 @@ def _seccomp_filter() -> bytes:
     refused: tuple[int, ...]
     if machine in ("x86_64", "AMD64"):
         audit_arch, clone, clone3, x32 = 0xC000003E, 56, 435, True
-        refused = (57, 58, 101, 272, 308)  # fork vfork ptrace unshare setns
+        # fork vfork ptrace unshare setns; memfd_create shmget msgget (memory outside the disk
+        # cap and, once unmapped, outside RLIMIT_AS)
+        refused = (57, 58, 101, 272, 308, 319, 29, 68)
     elif machine in ("aarch64", "arm64"):
         audit_arch, clone, clone3, x32 = 0xC00000B7, 220, 435, False
-        refused = (117, 97, 268)  # ptrace unshare setns
+        refused = (117, 97, 268, 279, 194, 186)  # ptrace unshare setns; memfd_create shmget msgget
     else:
         raise SandboxUnavailableError(
             f"no seccomp filter for architecture {machine!r} (x86_64, aarch64 only)"
@@ -366,6 +371,10 @@ def _bwrap_command(data_fds: dict[str, int], seccomp_fd: int, argv: list[str]) -
         "--proc",
         "/proc",
         "--dev",
+        "/dev",
+        # read-only: the device nodes still work (a read-only mount stops writes to files, not to
+        # devices), but /dev and /dev/shm, tmpfs folders of no size limit, take no file
+        "--remount-ro",
         "/dev",
     ]
     for path, fd in data_fds.items():

@@ -95,10 +95,22 @@ class ConductorPyfunc(PythonModel):
 def _as_records(model_input: Any) -> list[Any]:
     """pyfunc hands over a DataFrame, a dict, a list or a string; answer_batch gets a list."""
     if hasattr(model_input, "to_dict"):  # pandas DataFrame
-        # a column that some rows leave out holds NaN in those rows: that field was not given
-        # (outside a DataFrame, a NaN is an error: serving_core rejects it)
+        # A column that some rows leave out holds NaN in those rows: that field was not given
+        # there. A column that is NaN in every row was sent as NaN (a field no row gives has no
+        # column), which stays NaN and is an error, as outside a DataFrame. Such a column also
+        # turns integers into floats (3 -> 3.0): integral floats of integer fields are integers.
         rows = model_input.to_dict(orient="records")
-        return [{k: v for k, v in row.items() if not (isinstance(v, float) and v != v)} for row in rows]
+        all_nan = {c for c in model_input.columns if bool(model_input[c].isna().all())}
+
+        def clean(k: str, v: Any) -> Any:
+            if k == "max_steps" and isinstance(v, float) and v.is_integer():
+                return int(v)
+            return v
+
+        return [
+            {k: clean(k, v) for k, v in row.items() if k in all_nan or not (isinstance(v, float) and v != v)}
+            for row in rows
+        ]
     if isinstance(model_input, Mapping):
         return [dict(model_input)]
     if isinstance(model_input, str):

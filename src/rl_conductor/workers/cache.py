@@ -18,6 +18,16 @@ Stores (pool option ``cache``)::
     cache: s3://bucket/prefix                    # one JSON object per entry, via rl_conductor.storage
     cache: {backend: sqlite, path: …}            # the long form (backend: sqlite | s3, uri: …)
 
+Private requests (``CallContext.sensitivity == "private"``) never enter the ``cache`` store, nor
+are answered from it: a shared store would keep their text where every later request (and
+``record export``) reads it, and a hit would tell a public request, by its speed, that someone
+asked the same privately. By default a private call is not cached at all. A pool may give
+private calls a store of their own (``cache_private``, same forms as ``cache``; default off),
+which must not be the ``cache`` store; its entries are marked ``sensitivity: private`` and only
+private calls read it (so only private requests can learn from its timing), and ``record
+export`` never exports them. Every entry records its origin: ``serving`` for a request's
+question (task source ``request``), ``run`` for a training or evaluation item.
+
 Simplifications: two identical calls in flight at once both miss (and both are paid); the S3
 store reads every object to list rows, which is fine for exports, not for millions of entries.
 """
@@ -203,7 +213,7 @@ def shared_state(options: dict[str, Any]) -> SharedState:
     return state
 
 
-def store_for(cfg: Any, options: dict[str, Any]) -> CacheStore:
+def store_for(cfg: Any, options: dict[str, Any], *, option: str = "cache") -> CacheStore:
     """The pool's shared store for ``cfg`` (one per distinct setting)."""
     from rl_conductor.workers.pool import PoolConfigError
 
@@ -213,8 +223,34 @@ def store_for(cfg: Any, options: dict[str, Any]) -> CacheStore:
         try:
             stores[key] = open_store(cfg)
         except ValueError as exc:
-            raise PoolConfigError(f"cache: {exc}") from None
+            raise PoolConfigError(f"{option}: {exc}") from None
     return stores[key]
+
+
+def _where(cfg: Any) -> str:
+    """Where a ``cache`` setting stores its entries (to tell two settings naming one store)."""
+    if cfg is True:
+        return str(Path(DEFAULT_SQLITE).resolve())
+    if isinstance(cfg, dict):
+        cfg = cfg.get("uri", cfg.get("path")) or DEFAULT_SQLITE
+    text = str(cfg)
+    return text.rstrip("/") if text.startswith("s3://") else str(Path(text).expanduser().resolve())
+
+
+def private_store_for(cfg: Any, shared: Any, options: dict[str, Any]) -> CacheStore | None:
+    """The pool's store for private calls (pool option ``cache_private``), None when off; a
+    setting naming the shared ``cache`` store (or a place inside it) is refused."""
+    from rl_conductor.workers.pool import PoolConfigError
+
+    if not cfg:
+        return None
+    if shared:
+        mine, theirs = _where(cfg), _where(shared)
+        if mine == theirs or mine.startswith(theirs.rstrip("/") + "/") or theirs.startswith(mine + "/"):
+            raise PoolConfigError(
+                f"cache_private: {mine} is the shared cache's store; private entries need their own"
+            )
+    return store_for(cfg, options, option="cache_private")
 
 
 @dataclass
@@ -222,7 +258,9 @@ class CachedWorker:
     """A worker whose completions are cached in ``store`` (see the module docstring)."""
 
     inner: Worker
-    store: CacheStore
+    store: CacheStore | None
+    #: where private calls are cached (None: they are not cached at all)
+    private_store: CacheStore | None = None
     hits: int = 0
     misses: int = 0
 
@@ -244,6 +282,12 @@ class CachedWorker:
         context: CallContext | None = None,
     ) -> Completion:
         info = self.inner.info
+        private = context is not None and context.sensitivity == "private"
+        store = self.private_store if private else self.store
+        if store is None:  # a private call without a private store: never cached, never looked up
+            return await self.inner.complete(
+                messages, max_tokens=max_tokens, temperature=temperature, context=context
+            )
         model = str(getattr(self.inner, "model", info.name))
         key = cache_key(
             info.name,
@@ -253,10 +297,10 @@ class CachedWorker:
             temperature=temperature,
             nonce=context.nonce if context is not None else 0,
         )
-        row = self.store.get(key)
-        if row is not None:
+        row = store.get(key)
+        if row is not None and (row.get("sensitivity", "public") == "private") == private:
             self.hits += 1
-            self.store.hits += 1
+            store.hits += 1
             return Completion(
                 text=row["text"],
                 input_tokens=int(row["input_tokens"]),
@@ -269,11 +313,11 @@ class CachedWorker:
                 tokens_estimated=bool(row.get("tokens_estimated", False)),
             )
         self.misses += 1
-        self.store.misses += 1
+        store.misses += 1
         comp = await self.inner.complete(
             messages, max_tokens=max_tokens, temperature=temperature, context=context
         )
-        self.store.put(key, _entry(key, info, model, messages, max_tokens, temperature, context, comp))
+        store.put(key, _entry(key, info, model, messages, max_tokens, temperature, context, comp))
         return comp
 
 
@@ -298,6 +342,8 @@ def _entry(
             "description": info.description,
         },
         "created": time.time(),
+        "sensitivity": "private" if context is not None and context.sensitivity == "private" else "public",
+        "origin": "serving" if context is not None and context.task.source == "request" else "run",
         "messages": [dict(m) for m in messages],
         "max_tokens": max_tokens,
         "temperature": temperature,

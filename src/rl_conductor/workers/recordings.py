@@ -9,8 +9,13 @@ item the same way whatever a workflow shows it, so one response per (item, worke
 the one closest to answering the bare question: the lowest step index, then the fewest earlier
 answers visible, then the lowest nonce, then the earliest. Its text, tokens, cost and latency
 are kept as recorded; ``correct`` is the project's grade of that text against the item's gold
-(absent when the item has no gold answer). Cache entries made without a task (free-text
-calls, e.g. from serving) are skipped: they have no item to belong to.
+(absent when the item has no gold answer).
+
+What is left out: entries made without a task (free-text calls: no item to belong to); entries
+of serving traffic (a request's question, task source ``request``, or ``origin: serving``)
+unless ``include_serving`` is set, since those are users' questions rather than benchmark items;
+and private entries (``sensitivity: private``), always: a private request's text never leaves the
+store it was kept in. The counts say how many of each were left out.
 """
 
 from __future__ import annotations
@@ -35,19 +40,35 @@ def _rank(entry: dict[str, Any]) -> tuple[int, int, int, float]:
     )
 
 
+def is_serving(entry: dict[str, Any]) -> bool:
+    """Whether a cache entry came from serving traffic (a request's question)."""
+    task = entry.get("task") or {}
+    return entry.get("origin") == "serving" or (isinstance(task, dict) and task.get("source") == "request")
+
+
 def export_cache(
-    store: CacheStore, out: str | Path, *, workers: Iterable[str] | None = None
+    store: CacheStore,
+    out: str | Path,
+    *,
+    workers: Iterable[str] | None = None,
+    include_serving: bool = False,
 ) -> dict[str, Any]:
-    """Write the cache's completions as a recordings file at ``out``; returns counts and, per
-    worker, the facts a replay pool needs (prices, hosting, description)."""
+    """Write the cache's completions as a recordings file at ``out``; returns counts (what was
+    left out too) and, per worker, the facts a replay pool needs (prices, hosting, description)."""
     from rl_conductor.tasks.graders import grade
 
     keep = set(workers) if workers else None
     picked: dict[tuple[str, str], dict[str, Any]] = {}
     tasks: dict[str, Task] = {}
-    entries = 0
+    entries = private = serving = 0
     for entry in store.rows():
         entries += 1
+        if entry.get("sensitivity", "public") != "public":
+            private += 1
+            continue
+        if is_serving(entry) and not include_serving:
+            serving += 1
+            continue
         if not entry.get("task") or (keep is not None and entry["worker"] not in keep):
             continue
         task = Task.from_dict(entry["task"])
@@ -78,6 +99,8 @@ def export_cache(
     write_recordings(out, items)
     return {
         "entries": entries,
+        "private_skipped": private,
+        "serving_skipped": serving,
         "items": len(items),
         "responses": responses,
         "models": sorted(facts),

@@ -398,12 +398,20 @@ def pool_spend_guard(pool: Any) -> SpendGuard | None:
 
 
 def wrap_cache(worker: Any, spec: dict[str, Any], options: dict[str, Any]) -> Any:
-    """Wrap ``worker`` in the pool's response cache when the pool (or entry) configures ``cache``."""
+    """Wrap ``worker`` in the pool's response cache when the pool (or entry) configures ``cache``
+    (public calls) or ``cache_private`` (a separate store for private calls; default off)."""
     cfg = spec.get("cache", options.get("cache"))
     if isinstance(cfg, str):
         cfg = expand_env(cfg, where="cache")
-    if not cfg:
+    private = spec.get("cache_private", options.get("cache_private"))
+    if isinstance(private, str):
+        private = expand_env(private, where="cache_private")
+    if not cfg and not private:
         return worker
-    from rl_conductor.workers.cache import CachedWorker, store_for
+    from rl_conductor.workers.cache import CachedWorker, private_store_for, store_for
 
-    return CachedWorker(inner=worker, store=store_for(cfg, options))
+    return CachedWorker(
+        inner=worker,
+        store=store_for(cfg, options) if cfg else None,
+        private_store=private_store_for(private, cfg, options),
+    )
