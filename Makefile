@@ -68,15 +68,14 @@ serve: install ## serve MODEL (default: make run's champion) on POOL (paper-sim)
 	$(BIN)/conductor serve --model $(MODEL) --pool $(POOL) --http_port $(PORT) --enable_grpc false
 
 OVERLAY ?= dev
-# The pool ConfigMap is generated from the pool YAML under src/ (outside the overlay), hence the
-# load restrictor; `kubectl apply -k` has no such flag, so render and pipe.
-KUSTOMIZE := kubectl kustomize --load-restrictor LoadRestrictionsNone
+# Plain kustomize (default load restrictor), as Argo CD and Flux render: each overlay's pool.yaml
+# is a byte-identical copy of the pool file the loader reads (tests/test_manifests.py checks it).
 
 manifests: ## render the Kubernetes manifests of OVERLAY (dev | prod) to stdout
-	@$(KUSTOMIZE) manifests/overlays/$(OVERLAY)
+	@kubectl kustomize manifests/overlays/$(OVERLAY)
 
 deploy: ## apply OVERLAY (dev | prod) to the current kubectl context (see docs/deploy.md)
-	$(KUSTOMIZE) manifests/overlays/$(OVERLAY) | kubectl apply -f -
+	kubectl apply -k manifests/overlays/$(OVERLAY)
 
 clean: ## remove the venv and local state
 	rm -rf $(VENV) .conductor .pytest_cache .ruff_cache .mypy_cache
