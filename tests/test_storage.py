@@ -157,3 +157,115 @@ def test_unreachable_endpoint_is_a_storage_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
     with pytest.raises(StorageError, match=f"cannot reach S3 at http://127.0.0.1:{port}"):
         storage.read_bytes("s3://bucket/key")
+
+
+# --------------------------------------------------------------------------- hostile object keys
+
+
+def test_download_keeps_keys_seaweedfs_accepts_inside_the_folder(s3_bucket: str, tmp_path: Path) -> None:
+    """Issue 23: ``download_dir`` joined keys unchecked. The hostile keys a real SeaweedFS stores
+    (``model//abs/path``: it folds the double slash; ``%2e%2e`` is a literal name) land inside."""
+    bucket, _ = storage.split_s3(s3_bucket)
+    client = storage._s3()
+    outside = tmp_path / "outside"
+    for key in (f"model/{outside}/planted.txt", "model/%2e%2e/enc.txt", "model/ok.txt"):
+        client.put_object(Bucket=bucket, Key=key.replace("model/", "model//", 1), Body=b"x")
+    dst = tmp_path / "dst"
+    storage.download_dir(f"{s3_bucket}/model", dst)
+    assert not outside.exists()
+    assert sorted(_read_tree(dst)) == sorted(["%2e%2e/enc.txt", "ok.txt", f"{outside}/planted.txt"[1:]])
+
+
+class _LyingS3:
+    """An S3 endpoint (ListObjectsV2, HeadObject, GetObject) whose listing holds keys as AWS S3
+    stores them but SeaweedFS refuses to (``..`` and ``.`` segments, a leading ``/``)."""
+
+    def __init__(self, keys: list[str]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from xml.sax.saxutils import escape
+
+        self.fetched: list[str] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+            def _object(self, body: bool) -> None:
+                from urllib.parse import unquote, urlsplit
+
+                server.fetched.append(unquote(urlsplit(self.path).path))
+                self.send_response(200)
+                self.send_header("Content-Length", "5")
+                self.send_header("ETag", '"e"')
+                self.send_header("Last-Modified", "Mon, 01 Jan 2024 00:00:00 GMT")
+                self.end_headers()
+                if body:
+                    self.wfile.write(b"owned")
+
+            def do_HEAD(self) -> None:
+                self._object(False)
+
+            def do_GET(self) -> None:
+                if "list-type=2" not in self.path:
+                    return self._object(True)
+                items = "".join(
+                    f'<Contents><Key>{escape(k)}</Key><Size>5</Size><ETag>"e"</ETag>'
+                    "<LastModified>2024-01-01T00:00:00.000Z</LastModified><StorageClass>STANDARD</StorageClass>"
+                    "</Contents>"
+                    for k in keys
+                )
+                xml = (
+                    '<?xml version="1.0" encoding="UTF-8"?><ListBucketResult '
+                    'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>b</Name><Prefix>model/</Prefix>'
+                    f"<KeyCount>{len(keys)}</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>"
+                    f"{items}</ListBucketResult>"
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(xml)))
+                self.end_headers()
+                self.wfile.write(xml)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "model/../escaped.txt",
+        "model/a/../../escaped.txt",
+        "model//ABS/escaped.txt",
+        "model/./x.txt",
+        "model/a\\..\\..\\escaped.txt",
+        "model/a/",
+    ],
+)
+def test_download_refuses_keys_that_leave_the_folder(
+    hostile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dst = outside / "dst"
+    key = hostile.replace("ABS", str(outside).lstrip("/"))
+    s3 = _LyingS3(["model/fine.txt", key, "model/later.txt"])
+    try:
+        for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            monkeypatch.setenv(var, s3.endpoint)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        if hostile.endswith("/"):  # a "folder marker" is skipped, not written: the rest downloads
+            storage.download_dir("s3://b/model", dst)
+            assert sorted(_read_tree(dst)) == ["fine.txt", "later.txt"]
+            return
+        with pytest.raises(StorageError, match="refusing object key"):
+            storage.download_dir("s3://b/model", dst)
+    finally:
+        s3.httpd.shutdown()
+        s3.httpd.server_close()
+    assert s3.fetched == []  # every key is checked before anything is fetched
+    assert sorted(p.name for p in outside.rglob("*")) == []

@@ -367,10 +367,36 @@ def upload_dir(local_dir: str | os.PathLike[str], uri: str) -> list[str]:
     return rels
 
 
+def local_target(root: Path, rel: str, *, source: str) -> Path:
+    """Where an object's relative key ``rel`` lands below the local folder ``root``.
+
+    Object keys are not paths: S3 (AWS, MinIO) stores ``a/../../x``, ``a//etc/passwd`` or
+    ``/x`` as they are, and a key joined to a folder unchecked writes wherever it points. A key
+    with an empty, ``.`` or ``..`` segment, a leading ``/``, a backslash or a NUL byte is
+    refused with :class:`StorageError` naming it, as is any key whose path (symlinks followed)
+    leaves ``root``."""
+    parts = rel.split("/")
+    if not rel or any(p in ("", ".", "..") for p in parts) or "\\" in rel or "\0" in rel:
+        raise StorageError(
+            f"refusing object key {rel!r} below {source}: a key with an empty, '.' or '..' part, a "
+            f"leading '/', a backslash or a NUL would be written outside {root}",
+            source,
+        )
+    target = root / Path(*parts)
+    base = root.resolve()
+    if not target.resolve().is_relative_to(base):
+        raise StorageError(f"refusing object key {rel!r} below {source}: it resolves outside {root}", source)
+    return target
+
+
 def download_dir(uri: str, local_dir: str | os.PathLike[str]) -> str:
     """Copy every file below ``uri`` into ``local_dir`` (created); returns ``local_dir``.
 
-    Raises NotFoundError when there is nothing below ``uri``.
+    Every key is checked before anything is written (:func:`local_target`): a hostile key
+    refuses the whole download.
+
+    Raises NotFoundError when there is nothing below ``uri``; StorageError for a key that would
+    land outside ``local_dir``.
     """
     uri = str(uri)
     dst = Path(local_dir)
@@ -384,9 +410,9 @@ def download_dir(uri: str, local_dir: str | os.PathLike[str]) -> str:
         raise NotFoundError(f"nothing stored below {uri}", uri)
     bucket, key = split_s3(uri)
     prefix = _prefix(key)
+    targets = [(rel, local_target(dst, rel, source=uri)) for rel, _size in objects]
     client = _s3()
-    for rel, _size in objects:
-        target = dst / rel
+    for rel, target in targets:
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             client.download_file(bucket, prefix + rel, str(target))
