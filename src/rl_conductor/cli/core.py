@@ -218,8 +218,8 @@ def eval_cmd(
     policy: Annotated[
         list[str],
         typer.Option(
-            help="single:<worker> | random | moa | self-consistency:<worker> | oracle | knn | "
-            "domain-router | conductor:DIR (repeatable)"
+            help="single:<worker> | random | moa | moa:a,b>agg | self-consistency:<worker> | oracle | "
+            "knn | domain-router | fixed:0,1 | conductor:DIR (repeatable; the specs `serve --policy` takes)"
         ),
     ],
     pool: Annotated[str, typer.Option(help="pool name or YAML path")] = "paper-sim",
