@@ -119,6 +119,19 @@ def test_check_pool_calls_beneath_the_cache(tmp_path: Path) -> None:
     assert first.ok and second.ok and len(srv.requests) == 2  # a cached answer proves nothing
 
 
+def test_ensure_pool_ready_names_the_worker_that_does_not_answer() -> None:
+    from rl_conductor.workers.check import PoolNotReady, ensure_pool_ready
+
+    with byo_openai_server(model="m") as srv:
+        good = build_pool({"name": "ready", "workers": [_entry("a", f"{srv.root}/v1")]})
+        assert ensure_pool_ready(good).ok
+        bad = build_pool(
+            {"name": "half", "workers": [_entry("a", f"{srv.root}/v1"), _entry("b", f"{srv.root}/openai/v1")]}
+        )
+        with pytest.raises(PoolNotReady, match=r"pool half: 1 of 2 workers failed: b \(error: HTTP 404"):
+            ensure_pool_ready(bad)
+
+
 def test_a_pool_without_endpoints_checks_ok() -> None:
     report = check_pool_file("paper-sim")
     assert report.ok and {w.status for w in report.workers} == {"ok"}

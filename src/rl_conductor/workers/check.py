@@ -6,8 +6,9 @@ steps and fallbacks in the middle of an evaluation or of served traffic. :func:`
 (``conductor pool check POOL``) builds each worker on its own, so one worker's missing key does
 not hide the others, and calls each once, without the response cache (a cached answer proves
 nothing about the endpoint) and without retries (the report shows the first answer's status).
-:func:`check_pool` does the same for a pool already built (the predictor's optional readiness
-check), calling each worker beneath its cache.
+:func:`check_pool` does the same for a pool already built, calling each worker beneath its
+cache; :func:`ensure_pool_ready` raises unless all answered (the predictor's optional readiness
+check).
 
 What a check costs: one call of ``CHECK_MAX_TOKENS`` output tokens per worker, priced as any
 call (the report shows the cost). The offline simulated and fake kinds are called too (they
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from rl_conductor.errors import ConfigError
+from rl_conductor.errors import ConfigError, UserError
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.base import CallContext, Worker
 
@@ -176,6 +177,23 @@ def check_pool(pool: Any, *, timeout_s: float = DEFAULT_CHECK_TIMEOUT_S) -> Pool
     return _run(check_pool_async(pool, timeout_s=timeout_s))  # type: ignore[no-any-return]
 
 
+class PoolNotReady(UserError):
+    """A readiness check found workers that do not answer; the message names each and why."""
+
+
+def ensure_pool_ready(pool: Any, *, timeout_s: float = DEFAULT_CHECK_TIMEOUT_S) -> PoolReport:
+    """:func:`check_pool`, raising :class:`PoolNotReady` (exit status 1 from the CLI, one line)
+    unless every worker answered: what a predictor calls in ``load()`` behind an opt-in flag, so
+    that it turns ready only once its pool has answered."""
+    report = check_pool(pool, timeout_s=timeout_s)
+    if not report.ok:
+        why = "; ".join(f"{w.name} ({w.status}: {w.detail})" for w in report.failed)
+        raise PoolNotReady(
+            f"pool {report.pool}: {len(report.failed)} of {len(report.workers)} workers failed: {why}"
+        )
+    return report
+
+
 def _unbuilt(spec: Any, exc: Exception) -> WorkerCheck:
     spec = spec if isinstance(spec, dict) else {}
     return WorkerCheck(
@@ -224,10 +242,12 @@ def check_pool_file(
 __all__ = [
     "CHECK_MAX_TOKENS",
     "CHECK_PROMPT",
+    "PoolNotReady",
     "PoolReport",
     "WorkerCheck",
     "check_pool",
     "check_pool_async",
     "check_pool_file",
     "check_worker",
+    "ensure_pool_ready",
 ]
