@@ -234,3 +234,25 @@ def test_conductor_eval_accepts_a_fixed_policy(tmp_path: Any) -> None:
     )
     assert res.exit_code == 0, res.output
     assert "fixed:0,1" in out.read_text()
+
+
+async def test_an_evaluation_counts_worker_fallbacks() -> None:
+    """A wrong key behind `single:NAME`: the row's calls went to another worker; the summary says so."""
+    from rl_conductor.evaluation.runner import evaluate_async
+
+    with (
+        byo_openai_server(api_key="sk-right-0123456789", model="m") as guarded,
+        byo_openai_server(model="m") as open_server,
+    ):
+        pool = build_pool(
+            {
+                "workers": [
+                    _spec("keyless", f"{guarded.root}/v1", model="m", hosting="external"),
+                    _spec("spare", f"{open_server.root}/v1", model="m", hosting="external", price_out=0.3),
+                ]
+            }
+        )
+        res = await evaluate_async(make_policy("single:keyless", pool), pool.view(), [TASK], progress=False)
+    summary = res.summary()
+    assert summary["worker_fallback_rate"] == 1.0 and summary["fallback_rate"] == 0.0
+    assert summary["worker_shares"] == {"spare": 1.0}

@@ -3,7 +3,9 @@
 ``evaluate`` returns per-task records and a summary in the schema the CLI writes::
 
     {"policy", "pool", "n", "accuracy", "mean_tokens", "mean_cost_usd", "mean_calls",
-     "mean_steps", "p50_latency_s", "p95_latency_s", "parse_rate", "fallback_rate",
+     "mean_steps", "p50_latency_s", "p95_latency_s", "parse_rate", "fallback_rate" (the plan: the
+     Conductor's text did not parse), "worker_fallback_rate" (share of questions where a worker failed
+     and another of its hosting class was called instead: ``Trace.worker_fallbacks``),
      "deadline_cut_rate" (share of questions where the deadline skipped a step, capped an answer
      or cut the plan to its answering step before it ran),
      "by_domain": {domain: {...same metrics}}}
@@ -62,6 +64,7 @@ class Record:
     shape: str = ""
     sees_earlier: bool = False
     deadline_cut: bool = False
+    worker_fallback: bool = False
 
 
 #: How a step that never reached a worker (skipped before any call) is named in the views.
@@ -120,6 +123,7 @@ def summarize(records: Sequence[Record]) -> dict[str, Any]:
         "p95_latency_s": float(np.percentile(lat, 95)),
         "parse_rate": float(np.mean([r.parsed for r in records])),
         "fallback_rate": float(np.mean([r.fallback for r in records])),
+        "worker_fallback_rate": float(np.mean([r.worker_fallback for r in records])),
         "deadline_cut_rate": float(np.mean([r.deadline_cut for r in records])),
         "mean_reward": float(np.mean([r.reward for r in records])),
         **_behaviour(records),
@@ -168,6 +172,7 @@ def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
         shape=workflow_shape(t.steps),
         sees_earlier=any(s.visible for s in t.steps),
         deadline_cut=deadline_shortened(t),
+        worker_fallback=t.worker_fallbacks > 0,
     )
 
 
