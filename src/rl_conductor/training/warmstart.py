@@ -67,6 +67,19 @@ def reward_array(table: CandidateTable, config: RewardConfig) -> np.ndarray:
     return np.where(table.done, r, np.nan)
 
 
+def _group_means(
+    table: CandidateTable, item_evidence: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Group (and domain) key -> worker -> mean evidence over the key's table items that have it."""
+    sums: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for tid, d, g in zip(table.task_ids, table.domains, table.groups, strict=True):
+        for w, p in item_evidence.get(tid, {}).items():
+            sums[g][w].append(p)
+            if g != d:
+                sums[d][w].append(p)
+    return {k: {w: float(np.mean(v)) for w, v in ws.items()} for k, ws in sums.items()}
+
+
 @dataclass
 class ExpectedRewards:
     """Mean reward (and cost) per neighbourhood, candidate and budget, with the lookup rules."""
@@ -85,6 +98,13 @@ class ExpectedRewards:
     #: how a prompt's question finds its group (:func:`~rl_conductor.training.candidates.group_of`);
     #: the table's ``groups`` must have been made the same way
     group_by: str = "source"
+    #: per-question evidence (task id -> worker -> estimated probability that the worker alone is
+    #: right, :mod:`rl_conductor.policies.evidence`; out-of-fold for training questions): where a
+    #: prompt's question has it, a single's expected reward is its group's mean plus
+    #: ``evidence_weight`` x (the question's estimate - the group's mean estimate), see :meth:`best`
+    item_evidence: dict[str, dict[str, float]] = field(default_factory=dict)
+    evidence_weight: float = 0.0
+    _group_evidence: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def fit(
@@ -95,6 +115,7 @@ class ExpectedRewards:
         shrink: float = 20.0,
         se_rule: float = 0.0,
         group_by: str = "source",
+        item_evidence: dict[str, dict[str, float]] | None = None,
     ) -> ExpectedRewards:
         r = reward_array(table, config)
         cost = np.where(table.done, table.cost, np.nan)
@@ -137,6 +158,9 @@ class ExpectedRewards:
             scored=scored,
             rows_by_key=rows_by_key,
             group_by=group_by,
+            item_evidence=dict(item_evidence or {}),
+            evidence_weight=float(config.correct_weight) if item_evidence else 0.0,
+            _group_evidence=_group_means(table, item_evidence or {}),
         )
 
     def _simplest_near_best(self, key: str, col: int, options: list[tuple[Any, ...]]) -> int:
@@ -207,8 +231,9 @@ class ExpectedRewards:
             if table is None:
                 continue
             costs = self.cost_by_group[key]
+            shift = self._evidence_shift(task, key)
             options = [
-                (-float(table[j, b]), len(c.steps), float(costs[j, b]), c.name, j)
+                (-float(table[j, b]) - shift.get(c.name, 0.0), len(c.steps), float(costs[j, b]), c.name, j)
                 for j, c in enumerate(self.candidates)
                 if c.workers <= shown
                 and not np.isnan(table[j, b])
@@ -225,6 +250,15 @@ class ExpectedRewards:
         if not means:
             raise ValueError(f"no candidate uses only the shown workers {sorted(shown)}")
         return single(max(means, key=lambda w: (means[w], w)))
+
+    def _evidence_shift(self, task: Task, key: str) -> dict[str, float]:
+        """Single candidate name -> how much more (or less) reward than its group's mean the
+        question's own evidence predicts (empty without evidence for it or for the group)."""
+        mine = self.item_evidence.get(task.id)
+        group = self._group_evidence.get(key)
+        if not mine or not group or self.evidence_weight <= 0:
+            return {}
+        return {single(w).name: self.evidence_weight * (p - group[w]) for w, p in mine.items() if w in group}
 
     def target(
         self, task: Task, names: Sequence[str], budget: float | None, deadline: float | None = None
