@@ -49,7 +49,7 @@ def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # -- the issue's table ---------------------------------------------------------------------------
 ISSUE_ROWS = [
-    (["eval", "--policy", "nonsense"], 2, "'nonsense'", "known kinds: conductor"),
+    (["eval", "--policy", "nonsense"], 2, "'nonsense'", "known kinds: cascade, conductor"),
     (["eval", "--policy", "single:nobody"], 2, "'nobody'", "it has ['gpt-5'"),
     (["eval", "--policy", "single:gpt-5", "--pool", "nopool"], 2, "'nopool'", "built-in pools"),
     (

@@ -1,6 +1,7 @@
 """The LM Conductor policy on the session's micro model: real generation and parsing, retries and
-the fallback plan on garbage, batched planning, and the recursion hook (the Conductor called as a
-step of its own workflow).
+the fallback plan on garbage, batched planning, and the review after a round (a request with
+``max_rounds > 1``: the Conductor reads the workflow so far and its answers, then keeps the
+answer or adds steps).
 
 Where a test needs a particular completion (garbage, a known inner plan), the policy's generation
 method is replaced by a scripted one; everything after it (parse, fallback, execute) is real.
@@ -26,6 +27,7 @@ from rl_conductor.policies.conductor import (
 from rl_conductor.prompting import conductor_prompt, typical_cost
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.tasks.graders import extract_answer
 from rl_conductor.trace import Limits
 from rl_conductor.training.generate import generate, ids_prefix_ok
 from rl_conductor.workers.base import Hosting
@@ -99,7 +101,7 @@ async def test_greedy_plans_of_the_trained_model_parse(policy: ConductorPolicy, 
     """The SFT warm start taught the format: greedy completions mostly parse without retries."""
     pool = load_pool("paper-sim")
     view = pool.view()
-    limits = Limits(max_steps=micro.config.max_steps_per_workflow, recursion_depth=0)
+    limits = Limits(max_steps=micro.config.max_steps_per_workflow)
     tasks = load_tasks("paper-mix", split="test", limit=8, seed=3)
     strict = ConductorPolicy(micro.final_dir, retries=0)
     plans = await strict.plan_many(tasks, view, limits)
@@ -208,88 +210,75 @@ async def test_too_many_steps_or_unknown_worker_is_unparseable(
     assert plan.fallback and "out of range" in str(plan.parse_error)
 
 
-# --------------------------------------------------------------------------- recursion
+# --------------------------------------------------------------------------- rounds
 
 
-def _recursive_script(outer: str, inner: str) -> Script:
-    return Script(lambda prompt, call: inner if "Workflow so far:" in prompt else outer)
+def _review_script(first: str, review: str) -> Script:
+    return Script(lambda prompt, call: review if "Workflow so far:" in prompt else first)
 
 
-async def test_recursion_runs_an_inner_workflow_one_level_deeper(
+async def test_a_second_round_adds_steps_that_see_the_first(
     policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pool = _pool()  # 2 workers: id 2 is the Conductor itself
-    script = _recursive_script(_plan_text([0, 2]), _plan_text([1]))
-    monkeypatch.setattr(policy, "_generate", script)
-    ep = await policy.run(_task(), pool.view(), Limits(recursion_depth=1))
-    assert not ep.plan.fallback
-    first, review = ep.trace.steps
-    assert first.worker == "w0" and first.status == "ok"
-    assert review.worker == "conductor" and review.status == "recursed"
-    assert [s.worker for s in review.substeps] == ["w1"]
-    assert ep.trace.final_answer == "\\boxed{w1}"
-    assert ep.trace.calls == 2
-    inner_prompt = script.calls[1]["prompts"][0]
-    assert "Answer so far: \\boxed{w0}" in inner_prompt  # the inner call sees the answer so far
-    assert "model_id = [0, 2]" in inner_prompt  # ... and the parent workflow
-    fake = pool.get("w1")
-    assert isinstance(fake, FakeWorker) and len(fake.calls) == 1
-
-
-@pytest.mark.parametrize("depth", [1, 2])
-async def test_recursion_stops_at_the_configured_depth(
-    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch, depth: int
-) -> None:
-    """An inner plan that names the Conductor again recurses while ``recursion_depth`` allows; at
-    the deepest level "yourself" is neither offered nor parsed (one recursion setting)."""
     pool = _pool()
-    script = _recursive_script(_plan_text([0, 2]), _plan_text([1, 2]))
+    # the review adds one step on w1 that sees step 0 (numbered after the steps so far)
+    script = _review_script(_plan_text([0]), _plan_text([1], ["[0]"]))
     monkeypatch.setattr(policy, "_generate", script)
-    ep = await policy.run(_task(), pool.view(), Limits(recursion_depth=depth))
-    level = ep.trace.steps[1]
-    for _ in range(depth - 1):
-        assert level.status == "recursed" and [s.worker for s in level.substeps] == ["w1", "conductor"]
-        level = level.substeps[1]
-    # the deepest level's plan names the Conductor: unparseable there, so the answer is kept
-    assert level.status == "recursed" and level.substeps == [] and "kept the previous answer" in level.note
-    deepest = script.calls[-1]["prompts"][0]
-    assert "Workflow so far:" in deepest and "yourself" not in deepest
-    assert "2: yourself" in script.calls[0]["prompts"][0]
-    assert ep.trace.final_answer == ("\\boxed{w1}" if depth > 1 else "\\boxed{w0}")
+    ep = await policy.run(_task(), pool.view(), Limits(max_rounds=2))
+    assert [s.worker for s in ep.trace.steps] == ["w0", "w1"]
+    assert ep.trace.steps[1].visible == [0]
+    assert ep.trace.final_answer == "\\boxed{w1}" and ep.trace.calls == 2
+    first, second = ep.trace.rounds
+    assert (first.decision, first.steps, second.decision, second.steps) == ("plan", [0], "continue", [1])
+    key = extract_answer(_task(), "\\boxed{w0}")  # the math grader's key (math-verify)
+    assert key and second.answers == [key] and second.agree is None and len(second.seen) == 16
+    review_prompt = script.calls[1]["prompts"][0]
+    assert "[0] model 0, sees []: step 0 -> " + key in review_prompt
+    assert "One answer so far." in review_prompt
+    fake = pool.get("w1")
+    assert isinstance(fake, FakeWorker) and "[Step 0] Answer:\n\\boxed{w0}" in fake.calls[0]["messages"][0]["content"]
 
 
-async def test_no_recursion_allowed_makes_a_self_call_unparseable(
-    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(policy, "_generate", _recursive_script(_plan_text([0, 2]), _plan_text([1])))
-    ep = await policy.run(_task(), _pool().view(), Limits(recursion_depth=0))
-    assert ep.plan.fallback and "out of range" in str(ep.plan.parse_error)
-    assert all(s.worker != "conductor" for s in ep.trace.steps)
+async def test_one_round_never_reviews(policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = _review_script(_plan_text([0]), _plan_text([1]))
+    monkeypatch.setattr(policy, "_generate", script)
+    ep = await policy.run(_task(), _pool().view(), Limits())
+    assert len(script.calls) == 1 and ep.trace.rounds == [] and ep.trace.calls == 1
 
 
-async def test_an_empty_inner_plan_keeps_the_answer(
+async def test_an_empty_review_keeps_the_answer(
     policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     empty = "model_id = []\nsubtasks = []\naccess_list = []"
-    monkeypatch.setattr(policy, "_generate", _recursive_script(_plan_text([0, 2]), empty))
-    ep = await policy.run(_task(), _pool().view(), Limits(recursion_depth=1))
-    review = ep.trace.steps[1]
-    assert review.status == "recursed" and review.substeps == []
-    assert ep.trace.final_answer == "\\boxed{w0}" and ep.trace.calls == 1
-    # an empty plan is only acceptable inside a recursive call
+    monkeypatch.setattr(policy, "_generate", _review_script(_plan_text([0, 1], ["[]", "[]"]), empty))
+    ep = await policy.run(_task(), _pool().view(), Limits(max_rounds=3))
+    assert [r.decision for r in ep.trace.rounds] == ["plan", "keep"]
+    assert ep.trace.rounds[1].agree is False  # w0 and w1 answered differently
+    assert ep.trace.final_answer == "\\boxed{w1}" and ep.trace.calls == 2
+    # an empty plan is only acceptable in a review
     monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call: empty))
     assert (await policy.plan(_task(), _pool().view(), Limits())).fallback
 
 
-async def test_recursion_shares_the_budget(policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_unparseable_review_keeps_the_answer(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(policy, "_generate", _review_script(_plan_text([0]), "no lists here"))
+    ep = await policy.run(_task(), _pool().view(), Limits(max_rounds=2))
+    assert [r.decision for r in ep.trace.rounds] == ["plan", "keep"] and ep.trace.calls == 1
+
+
+async def test_later_rounds_share_the_budget(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pool = _pool()
-    monkeypatch.setattr(policy, "_generate", _recursive_script(_plan_text([0, 2]), _plan_text([1, 1, 1])))
-    # room for the first call and about one more: the inner workflow is stopped by the budget
-    limits = Limits(recursion_depth=1, max_cost_usd=0.0008)
+    monkeypatch.setattr(policy, "_generate", _review_script(_plan_text([0]), _plan_text([1, 1, 1])))
+    # room for the first call and about one more: the second round is stopped by the budget
+    limits = Limits(max_rounds=2, max_cost_usd=0.0008)
     ep = await policy.run(_task(), pool.view(), limits)
     assert ep.trace.cost_usd <= 0.0008
-    inner = ep.trace.steps[1].substeps
-    assert inner and any(s.status == "skipped_budget" for s in inner)
+    later = [ep.trace.steps[i] for i in ep.trace.rounds[1].steps]
+    assert later and any(s.status == "skipped_budget" for s in later)
 
 
 # --------------------------------------------------------------------------- budget masking
@@ -328,7 +317,6 @@ def test_allowed_ids_masks_only_workers_over_the_budget() -> None:
     assert allowed_ids(view, Limits()) is None  # no budget: decoding as trained
     between = (costs[1] + costs[2]) / 2
     assert allowed_ids(view, Limits(max_cost_usd=between)) == frozenset({0, 1})
-    assert allowed_ids(view, Limits(max_cost_usd=between, recursion_depth=1)) == frozenset({0, 1, 4})
     assert allowed_ids(view, Limits(max_cost_usd=costs[-1])) is None  # every worker affordable
     assert allowed_ids(view, Limits(max_cost_usd=costs[0] / 2)) is None  # none: nothing to prefer
     # a private request is not masked: the executor replaces a forbidden worker (and says so)
@@ -402,8 +390,6 @@ def test_plan_seconds_is_the_typical_critical_path() -> None:
     apart = parse(_plan_text([1, 0], ["[]", "[]"]), pool_size=2, max_steps=5)
     assert plan_seconds(chain, view) == pytest.approx(slow + fast)  # the second step waits
     assert plan_seconds(apart, view) == pytest.approx(slow)  # independent steps overlap
-    me = parse(_plan_text([2]), pool_size=2, max_steps=5, allow_recursion=True)
-    assert plan_seconds(me, view) == float("inf")
 
 
 def typical_seconds_of(view: Any, j: int) -> float:

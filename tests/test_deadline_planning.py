@@ -23,7 +23,7 @@ from rl_conductor.evaluation.report import (
 from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.executor import execute
 from rl_conductor.policies.baselines import SingleWorker
-from rl_conductor.prompting import conductor_prompt, recursive_prompt, template
+from rl_conductor.prompting import conductor_prompt, template
 from rl_conductor.reward import (
     REWARD_PRESETS,
     RewardConfig,
@@ -64,15 +64,13 @@ def _old_prompt(view_pool: Pool, limits: Limits) -> str:
     for i, info in enumerate(view_pool.view().infos()):
         where = "self-hosted" if info.hosting == "self" else "external"
         lines.append(f"{i}: {info.description or 'general assistant'} ({info.price_tier()}, {where})")
-    if limits.allows_recursion():
-        lines.append(f"{len(lines)}: yourself (review the workflow)")
     budget = "" if limits.max_cost_usd is None else f"Budget: ${limits.max_cost_usd:.3f} for all calls.\n"
     return template().format(
         max_steps=limits.max_steps, workers="\n".join(lines), budget=budget, question=TASK.question
     )
 
 
-@pytest.mark.parametrize("limits", [Limits(), Limits(max_cost_usd=0.01), Limits(recursion_depth=1)])
+@pytest.mark.parametrize("limits", [Limits(), Limits(max_cost_usd=0.01), Limits(max_rounds=2)])
 def test_prompt_without_a_deadline_is_byte_identical_to_before(limits: Limits) -> None:
     pool = load_pool("paper-sim")
     assert conductor_prompt(TASK, pool.view(), limits) == _old_prompt(pool, limits)
@@ -89,9 +87,6 @@ def test_prompt_carries_the_deadline_and_each_workers_typical_time() -> None:
     worker_lines = [ln for ln in with_deadline.splitlines() if ln[:1].isdigit() and ": " in ln]
     assert len(worker_lines) == len(pool.workers)
     assert all(", ~" in ln and ln.endswith((" s)", " s, too slow)")) for ln in worker_lines)
-    wf = Workflow(steps=[Step(worker=0, instruction="solve", access=())])
-    inner = recursive_prompt(TASK, pool.view(), Limits(max_latency_s=5.5), wf, "42")
-    assert "Deadline: 5.5 s" in inner
 
 
 def test_prompt_flags_the_workers_a_budget_cannot_afford_a_typical_answer_of() -> None:

@@ -1,10 +1,11 @@
-"""The executor: concurrency, dependencies, messages, budgets, privacy, failures and recursion.
+"""The executor: concurrency, dependencies, messages, budgets, privacy, failures and rounds.
 
 Workers are the library's :class:`FakeWorker` (fixed latency, scripted answers and failures),
 which record every call they receive, so the tests can check who was called, when, and with
 what message. A hypothesis property runs random workflows on random pools under random limits
 and checks the executor's guarantees: never over budget, never an external worker on a private
-request, never a worker outside ``allowed_workers``.
+request, never a worker outside ``allowed_workers``, never more calls than ``max_calls`` — in
+every round, whatever a review hook adds (or when it raises).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rl_conductor.executor import RecursionRequest, execute, reserve_input_tokens
+from rl_conductor.executor import Continuation, RoundRequest, execute, reserve_input_tokens
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import MIN_OUTPUT_TOKENS, STEP_STATUSES, Limits, StepRecord, Trace
+from rl_conductor.trace import MIN_OUTPUT_TOKENS, STEP_STATUSES, Limits, Trace
 from rl_conductor.validation import InvalidValue
 from rl_conductor.workers.base import CallContext, Completion, Hosting, Message
 from rl_conductor.workers.fake import FakeWorker, fake_info
@@ -151,6 +152,8 @@ class _Scenario:
     workflow: Workflow
     limits: Limits
     hook_raises: bool
+    #: what the review hook adds after each round (worker, access) per step; global access
+    added: tuple[tuple[tuple[int, str | tuple[int, ...]], ...], ...] = ()
 
 
 def _scenario_worker(draw: st.DrawFn, i: int) -> FakeWorker:
@@ -177,7 +180,7 @@ def _scenario_worker(draw: st.DrawFn, i: int) -> FakeWorker:
 def _scenarios(draw: st.DrawFn) -> _Scenario:
     n = draw(st.integers(1, 5))
     workers = [_scenario_worker(draw, i) for i in range(n)]
-    depth_limit = draw(st.integers(0, 2))
+    rounds = draw(st.integers(1, 3))
     k = draw(st.integers(1, 5))
     steps = []
     for i in range(k):
@@ -190,8 +193,7 @@ def _scenarios(draw: st.DrawFn) -> _Scenario:
                 ),
             )
         )
-        # n names the Conductor itself: only where recursion is on (else the workflow is invalid)
-        worker = draw(st.integers(0, n if depth_limit else n - 1))
+        worker = draw(st.integers(0, n - 1))
         steps.append(Step(worker, draw(st.sampled_from(["solve", "check {x} [y]", "x" * 3000])), access))
     names = [w.info.name for w in workers]
     allowed = draw(st.one_of(st.none(), st.sets(st.sampled_from(names)).map(frozenset)))
@@ -200,10 +202,22 @@ def _scenarios(draw: st.DrawFn) -> _Scenario:
         allowed_workers=allowed,
         sensitivity=draw(st.sampled_from(["public", "private"])),
         max_tokens=draw(st.sampled_from([64, 65, 100, 4096])),
-        recursion_depth=depth_limit,
+        max_rounds=rounds,
+        max_calls=draw(st.one_of(st.none(), st.integers(1, 8))),
         step_timeout_s=0.05,
     )
-    return _Scenario(workers, Workflow(steps=tuple(steps)), limits, draw(st.booleans()))
+    # per later round, the steps a review adds: workers of the view, access "all", none or a
+    # reference to the step just before (always earlier in the whole workflow)
+    added = draw(
+        st.lists(
+            st.lists(st.tuples(st.integers(0, n - 1), st.sampled_from(["all", (), "prev"])), max_size=3).map(
+                tuple
+            ),
+            min_size=2,
+            max_size=2,
+        ).map(tuple)
+    )
+    return _Scenario(workers, Workflow(steps=tuple(steps)), limits, draw(st.booleans()), added)
 
 
 async def test_settled_reservations_do_not_block_a_later_step() -> None:
@@ -219,23 +233,25 @@ async def test_settled_reservations_do_not_block_a_later_step() -> None:
     assert trace.final_answer == "answer from b"
 
 
-def _flatten(trace_steps: list[StepRecord]) -> list[StepRecord]:
-    out: list[StepRecord] = []
-    for s in trace_steps:
-        out.append(s)
-        out.extend(_flatten(s.substeps))
-    return out
-
-
 def _check_trace(trace: Trace, workers: list[FakeWorker], limits: Limits) -> None:
     """The executor's promises, for any workflow, pool, failures and limits."""
     by_name = {w.info.name: w for w in workers}
-    records = _flatten(trace.steps)
+    records = trace.steps
     # cost: what the budget was charged is exactly what the trace reports, within the limit
     assert trace.cost_usd == pytest.approx(trace.charged_usd, rel=1e-9, abs=1e-15)
     assert trace.cost_usd >= 0 and math.isfinite(trace.cost_usd)
     if limits.max_cost_usd is not None:
         assert trace.cost_usd <= limits.max_cost_usd
+    if limits.max_calls is not None:
+        assert len(trace.attempts) <= limits.max_calls
+    # rounds: one record per round, the steps of all rounds in order, costs adding up
+    if trace.rounds:
+        assert [r.index for r in trace.rounds] == list(range(1, len(trace.rounds) + 1))
+        assert len(trace.rounds) <= limits.max_rounds
+        assert sorted(i for r in trace.rounds for i in r.steps) == list(range(len(trace.steps)))
+        assert sum(r.cost_usd for r in trace.rounds) == pytest.approx(trace.cost_usd, rel=1e-9, abs=1e-15)
+    else:
+        assert limits.max_rounds == 1
     # every call a worker received is an attempt in the trace, and no other
     calls = sorted(name for name, w in by_name.items() for _ in w.calls)
     assert sorted(trace.workers_called) == calls
@@ -251,17 +267,17 @@ def _check_trace(trace: Trace, workers: list[FakeWorker], limits: Limits) -> Non
         assert rec.cost_usd == pytest.approx(sum(a.cost_usd for a in rec.attempts))
         for a in rec.attempts:
             info = by_name[a.worker].info
-            # no attempt of any kind (first try, fallback, recursion) names a forbidden worker
+            # no attempt of any kind (first try, fallback, later round) names a forbidden worker
             assert limits.permits(info.name, info.hosting)
             if a.status in ("ok", "empty"):
                 assert a.cost_usd == pytest.approx(info.cost(a.input_tokens, a.output_tokens))
-        if rec.worker and rec.worker != "conductor":
+        if rec.worker:
             assert rec.worker == rec.attempts[-1].worker  # the audit names who decided the step
-        elif rec.status in ("ok", "failed") and rec.worker != "conductor":
+        elif rec.status in ("ok", "failed"):
             raise AssertionError(f"step {rec.index} is {rec.status} without a worker")
         if rec.status == "ok":
             assert rec.attempts[-1].status == "ok"
-    answered = [r for r in trace.steps if r.status in ("ok", "recursed") and r.answer]
+    answered = [r for r in trace.steps if r.status == "ok" and r.answer]
     assert trace.final_answer == (answered[-1].answer if answered else "")
 
 
@@ -270,25 +286,30 @@ def _check_trace(trace: Trace, workers: list[FakeWorker], limits: Limits) -> Non
 def test_limits_are_never_violated(scenario: _Scenario) -> None:
     workers, wf, limits = scenario.workers, scenario.workflow, scenario.limits
     view = _view(*workers)
-    me = len(view)
+    seen: list[RoundRequest] = []
 
-    async def hook(req: RecursionRequest) -> Trace:
-        # an inner plan with steps after its own recursion, on a worker drawn from the outer plan
-        steps = [Step(0, "verify", "all")]
-        if req.limits.allows_recursion(req.depth):
-            steps.append(Step(me, "again", "all"))
-        steps.append(Step(len(view) - 1, "after", "all"))
-        inner = await execute(
-            Workflow(steps=tuple(steps)), req.task, view, req.limits, recursion=hook, depth=req.depth
+    async def review(req: RoundRequest) -> Continuation:
+        seen.append(req)
+        if scenario.hook_raises and req.round == 3:
+            raise RuntimeError("the policy broke in its second review")
+        first = len(req.workflow.steps)
+        steps = tuple(
+            Step(w, "again", (first + k - 1,) if acc == "prev" else acc)  # type: ignore[arg-type]
+            for k, (w, acc) in enumerate(scenario.added[req.round - 2])
         )
-        if scenario.hook_raises and req.depth == 1:
-            raise RuntimeError("the policy broke after running its inner workflow")
-        return inner
+        return Continuation(workflow=Workflow(steps=steps), text="review")
 
     async def go() -> Trace:
-        return await asyncio.wait_for(execute(wf, TASK, view, limits, recursion=hook), timeout=10)
+        return await asyncio.wait_for(execute(wf, TASK, view, limits, review=review), timeout=10)
 
-    _check_trace(asyncio.run(go()), workers, limits)
+    trace = asyncio.run(go())
+    for req in seen:
+        # what a review is told is left: never more than the request has left
+        if limits.max_cost_usd is not None:
+            assert req.limits.max_cost_usd is not None and req.limits.max_cost_usd <= limits.max_cost_usd
+        if limits.max_calls is not None:
+            assert req.limits.max_steps <= limits.max_calls
+    _check_trace(trace, workers, limits)
 
 
 # ----------------------------------------------------------------------------- budgets and skipping
@@ -437,164 +458,6 @@ async def test_workflow_is_truncated_to_max_steps() -> None:
     assert any("truncated" in n for n in trace.notes)
 
 
-# ----------------------------------------------------------------------------- recursion
-
-
-class _Recorder:
-    """A recursion hook that runs a fixed inner workflow, naming the Conductor again while the
-    limits allow it (as the LM Conductor's hook parses with ``limits.allows_recursion``)."""
-
-    def __init__(self, view: PoolView, inner: Workflow) -> None:
-        self.view, self.inner = view, inner
-        self.requests: list[RecursionRequest] = []
-
-    async def __call__(self, req: RecursionRequest) -> Trace:
-        self.requests.append(req)
-        me = len(self.view)
-        steps = tuple(s for s in self.inner.steps if s.worker != me or req.limits.allows_recursion(req.depth))
-        return await execute(
-            Workflow(steps=steps), req.task, self.view, req.limits, recursion=self, depth=req.depth
-        )
-
-
-@pytest.mark.parametrize("depth_limit", [1, 2])
-async def test_recursion_hook_and_depth_limit(depth_limit: int) -> None:
-    w = _worker("w", responder=lambda m, ctx: f"ANSWER-{ctx.step_index}-nonce{ctx.nonce}")  # type: ignore[union-attr]
-    view = _view(w)
-    me = len(view)
-    outer = Workflow(steps=(Step(0, "solve", ()), Step(me, "reconsider", "all")))
-    inner = Workflow(steps=(Step(0, "verify", "all"), Step(me, "reconsider again", "all")))
-    hook = _Recorder(view, inner)
-    trace = await execute(outer, TASK, view, Limits(recursion_depth=depth_limit), recursion=hook)
-
-    assert len(hook.requests) == depth_limit
-    for d, req in enumerate(hook.requests, start=1):
-        assert req.depth == d
-        assert req.step_index == 1
-    first = hook.requests[0]
-    assert first.parent is outer
-    assert first.answer_so_far == "ANSWER-0-nonce0"
-    assert first.visible == ((0, "solve", "ANSWER-0-nonce0"),)
-    if len(hook.requests) > 1:
-        assert hook.requests[-1].parent.steps == inner.steps
-    rec = trace.steps[1]
-    assert rec.status == "recursed"
-    # each level adds one call
-    assert len(w.calls) == 1 + depth_limit
-    assert trace.calls == 1 + depth_limit
-    assert trace.final_answer == f"ANSWER-0-nonce{100 * depth_limit}"
-    assert len(rec.substeps) == (2 if depth_limit > 1 else 1)
-    assert trace.cost_usd == pytest.approx(
-        sum(w.info.cost(c.input_tokens, c.output_tokens) for c in _flatten(trace.steps) if c.status == "ok")
-    )
-    assert trace.cost_usd == pytest.approx(trace.charged_usd)
-
-
-async def test_conductor_step_is_rejected_where_recursion_is_off() -> None:
-    """Finding 1: with recursion_depth=0 the "yourself" id is no free step; it is an invalid plan."""
-    w = _worker("w")
-    view = _view(w)
-    wf = Workflow(steps=(Step(len(view), "do nothing", ()),))
-    hook = _Recorder(view, Workflow(steps=()))
-    with pytest.raises(ValueError, match="names the Conductor"):
-        await execute(wf, TASK, view, Limits(recursion_depth=0), recursion=hook)
-    with pytest.raises(ValueError, match="no recursion hook"):
-        await execute(wf, TASK, view, Limits(recursion_depth=1))
-    assert w.calls == [] and hook.requests == []
-
-
-async def test_recursion_that_keeps_the_answer() -> None:
-    w = _worker("w")
-    view = _view(w)
-
-    async def keep(req: RecursionRequest) -> Trace:
-        return Trace(task_id=req.task.id)  # an empty inner workflow
-
-    wf = Workflow(steps=(Step(0, "solve", ()), Step(len(view), "reconsider", "all")))
-    trace = await execute(wf, TASK, view, Limits(recursion_depth=1), recursion=keep)
-    assert trace.steps[1].status == "recursed"
-    assert trace.final_answer == "answer from w"
-    assert "kept the previous answer" in trace.steps[1].note
-
-
-async def test_recursion_inherits_the_remaining_budget() -> None:
-    w = _worker("w", price_in=0.0, price_out=10.0, output_tokens=4096)
-    view = _view(w)
-    seen: list[float | None] = []
-
-    async def hook(req: RecursionRequest) -> Trace:
-        seen.append(req.limits.max_cost_usd)
-        return await execute(
-            Workflow(steps=(Step(0, "verify", ()),)), req.task, view, req.limits, depth=req.depth
-        )
-
-    wf = Workflow(steps=(Step(0, "solve", ()), Step(len(view), "reconsider", "all")))
-    limits = Limits(max_cost_usd=0.01, max_tokens=200, recursion_depth=1)
-    trace = await execute(wf, TASK, view, limits, recursion=hook)
-    assert seen == [pytest.approx(0.01 * (1 - 1e-9) - 200 * 10 / 1e6)]
-    assert trace.cost_usd <= 0.01
-    assert trace.cost_usd == pytest.approx(2 * 200 * 10 / 1e6)
-
-
-async def test_recursion_cost_is_charged_to_the_parent_budget() -> None:
-    """Mutant: dropping the charge of a recursion's inner cost let a later step overspend."""
-    w = _worker("w", price_in=0.0, price_out=10.0, output_tokens=4096, responder=_step_answer)
-    view = _view(w)
-
-    async def hook(req: RecursionRequest) -> Trace:
-        return await execute(
-            Workflow(steps=(Step(0, "verify", ()),)), req.task, view, req.limits, depth=req.depth
-        )
-
-    # each call spends 400 tokens x $10/M = $0.004: after two, $0.002 is left, 200 tokens' worth
-    wf = Workflow(steps=(Step(0, "solve", ()), Step(len(view), "reconsider", "all"), Step(0, "after", "all")))
-    limits = Limits(max_cost_usd=0.01, max_tokens=400, recursion_depth=1)
-    trace = await execute(wf, TASK, view, limits, recursion=hook)
-    assert [s.status for s in trace.steps] == ["ok", "recursed", "ok"]
-    assert [int(c["max_tokens"]) for c in w.calls][:2] == [400, 400]  # type: ignore[call-overload]
-    assert 199 <= int(w.calls[2]["max_tokens"]) <= 200  # type: ignore[call-overload]
-    assert trace.cost_usd <= 0.01
-    assert trace.charged_usd == pytest.approx(trace.cost_usd)
-
-
-async def test_step_after_a_recursion_sees_its_answer() -> None:
-    """Mutant: a step after a recursion step no longer saw the recursion's answer."""
-    w = _worker("w", responder=_step_answer)
-    view = _view(w)
-
-    async def hook(req: RecursionRequest) -> Trace:
-        return await execute(
-            Workflow(steps=(Step(0, "inner", ()),)), req.task, view, req.limits, depth=req.depth
-        )
-
-    wf = Workflow(steps=(Step(0, "solve", ()), Step(len(view), "reconsider", "all"), Step(0, "after", (1,))))
-    trace = await execute(wf, TASK, view, Limits(recursion_depth=1), recursion=hook)
-    assert trace.steps[1].answer == "ANSWER-0"  # the inner step's answer
-    assert trace.steps[2].visible == [1]
-    last = w.calls[-1]
-    assert "[Step 1] Subtask: reconsider" in _message(last) and "ANSWER-0" in _message(last)
-
-
-async def test_recursion_hook_exception_fails_the_step_and_keeps_its_cost() -> None:
-    """Worth checking: an exception from the hook escaped execute while siblings kept calling."""
-    w = _worker("w", price_in=1.0, price_out=2.0, responder=_step_answer)
-    sibling = _worker("sib", latency_s=0.05)
-    view = _view(w, sibling)
-
-    async def broken(req: RecursionRequest) -> Trace:
-        await execute(Workflow(steps=(Step(0, "inner", ()),)), req.task, view, req.limits, depth=req.depth)
-        raise RuntimeError("generation failed")
-
-    wf = Workflow(steps=(Step(0, "solve", ()), Step(len(view), "reconsider", (0,)), Step(1, "side", ())))
-    trace = await execute(wf, TASK, view, Limits(max_cost_usd=1.0, recursion_depth=1), recursion=broken)
-    rec = trace.steps[1]
-    assert rec.status == "failed" and "generation failed" in rec.note
-    assert [a.worker for a in rec.substeps[0].attempts] == ["w"]  # the inner call is still recorded
-    assert trace.steps[2].status == "ok"
-    assert len(w.calls) == 2
-    assert trace.cost_usd == pytest.approx(trace.charged_usd) and trace.cost_usd > 0
-
-
 async def test_execute_cancelled_stops_steps_in_flight() -> None:
     slow = _worker("slow", latency_s=5.0)
     task = asyncio.ensure_future(
@@ -625,7 +488,9 @@ async def test_execute_cancelled_stops_steps_in_flight() -> None:
         ("max_steps", 0),
         ("step_timeout_s", float("nan")),
         ("temperature", -0.1),
-        ("recursion_depth", -1),
+        ("max_rounds", 0),
+        ("max_rounds", True),
+        ("max_calls", 0),
         ("sensitivity", "secret"),
         ("allowed_workers", ["a"]),
     ],
@@ -638,8 +503,8 @@ def test_limits_reject_values_no_request_could_mean(field: str, value: object) -
 
 def test_limits_accept_the_boundaries() -> None:
     lim = Limits(max_cost_usd=1e-9, max_tokens=MIN_OUTPUT_TOKENS, max_steps=1, temperature=0.0)
-    assert lim.max_tokens == MIN_OUTPUT_TOKENS and not lim.allows_recursion()
-    assert Limits(recursion_depth=2).allows_recursion(1) and not Limits(recursion_depth=2).allows_recursion(2)
+    assert lim.max_tokens == MIN_OUTPUT_TOKENS and lim.max_rounds == 1 and lim.max_calls is None
+    assert Limits(max_rounds=3, max_calls=1).max_rounds == 3
 
 
 def test_pool_rejects_a_worker_that_cannot_start_a_call() -> None:
@@ -791,24 +656,6 @@ def _price_reserving_everything(limit: float, instruction: str) -> float:
     raise AssertionError("no float price reserves exactly the budget")
 
 
-async def test_recursion_waits_for_a_sibling_that_holds_the_whole_budget() -> None:
-    """A recursion step that finds nothing left while a sibling holds a reservation waits for it
-    to settle (its real cost is below the reservation) instead of being skipped."""
-    limit = 1e-3
-    w = _worker("w", price_in=_price_reserving_everything(limit, "a"), price_out=0.0, latency_s=0.01)
-    view = _view(w)
-    seen: list[float | None] = []
-
-    async def hook(req: RecursionRequest) -> Trace:
-        seen.append(req.limits.max_cost_usd)
-        return Trace(task_id=req.task.id)
-
-    wf = Workflow(steps=(Step(0, "a", ()), Step(len(view), "r", ())))
-    trace = await execute(wf, TASK, view, Limits(max_cost_usd=limit, recursion_depth=1), recursion=hook)
-    assert [s.status for s in trace.steps] == ["ok", "recursed"]
-    assert seen and seen[0] is not None and seen[0] > 0
-
-
 class _LengthWorker:
     """Reports a truncated answer with estimated token counts (as a live worker may)."""
 
@@ -836,41 +683,6 @@ async def test_truncation_and_estimated_tokens_are_recorded() -> None:
     rec = trace.steps[0]
     assert rec.finish_reason == "length" and rec.tokens_estimated
     assert "output truncated at max_tokens" in rec.note
-
-
-async def test_recursion_record_order_visibility_and_timing() -> None:
-    slow = _worker("slow", latency_s=0.05, responder=_step_answer)
-    fast = _worker("fast", latency_s=0.01, responder=_step_answer)
-    view = _view(slow, fast)
-
-    async def hook(req: RecursionRequest) -> Trace:
-        inner = Workflow(steps=(Step(0, "x", ()), Step(1, "y", ())))  # step 1 settles first
-        return await execute(inner, req.task, view, req.limits, depth=req.depth)
-
-    wf = Workflow(steps=(Step(1, "solve", ()), Step(len(view), "reconsider", "all"), Step(1, "after", (1,))))
-    trace = await execute(wf, TASK, view, Limits(recursion_depth=1), recursion=hook)
-    rec = trace.steps[1]
-    assert rec.visible == [0]
-    assert [s.index for s in rec.substeps] == [0, 1]  # index order, not completion order
-    assert rec.latency_s == pytest.approx(0.05)
-    assert trace.steps[2].started_s == pytest.approx(rec.started_s + rec.latency_s)
-
-
-async def test_inner_calls_are_charged_even_if_the_hook_returns_another_trace() -> None:
-    """A hook that runs an inner workflow but returns a different trace cannot hide its spending."""
-    w = _worker("w", price_in=1.0, price_out=2.0)
-    view = _view(w)
-
-    async def hook(req: RecursionRequest) -> Trace:
-        await execute(Workflow(steps=(Step(0, "inner", ()),)), req.task, view, req.limits, depth=req.depth)
-        return Trace(task_id=req.task.id)  # "keep the answer", after having spent money
-
-    wf = Workflow(steps=(Step(0, "solve", ()), Step(len(view), "reconsider", "all")))
-    trace = await execute(wf, TASK, view, Limits(max_cost_usd=1.0, recursion_depth=1), recursion=hook)
-    assert trace.workers_called == ["w", "w"] and len(w.calls) == 2
-    assert trace.cost_usd == pytest.approx(trace.charged_usd)
-    assert trace.cost_usd == pytest.approx(sum(a.cost_usd for a in trace.attempts))
-    assert trace.cost_usd > trace.steps[0].cost_usd
 
 
 async def test_a_run_that_completes_has_no_stopped_reason() -> None:

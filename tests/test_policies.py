@@ -252,6 +252,14 @@ SUMMARY_KEYS = {
     "fallback_rate",
     "deadline_cut_rate",
     "mean_reward",
+    "mean_rounds",
+    "worker_fallback_rate",
+    "failed_call_rate",
+    "call_errors",
+    "reward",
+    "multi_round_rate",
+    "multi_round_rate_agree",
+    "multi_round_rate_disagree",
     "verify_rate",
     "worker_shares",
     "shapes",
@@ -273,7 +281,7 @@ def test_evaluate_summary_schema_and_by_domain() -> None:
     assert set(s["by_domain"]) == {"knowledge", "math"}
     assert s["by_domain"]["math"]["n"] == 2 and s["by_domain"]["math"]["accuracy"] == 0.5
     assert s["by_domain"]["knowledge"]["accuracy"] == 1.0
-    assert set(s["by_domain"]["math"]) == SUMMARY_KEYS - {"policy", "pool", "by_domain"}
+    assert set(s["by_domain"]["math"]) == SUMMARY_KEYS - {"policy", "pool", "by_domain", "reward"}
     assert [r.task_id for r in result.records] == ["math/1", "math/2", "know/1"]
     assert all(r.workers == ["mid"] for r in result.records)
     assert s["worker_shares"] == {"mid": 1.0} and s["shapes"] == {"mid": 1.0} and s["verify_rate"] == 0.0

@@ -3,23 +3,20 @@ and grading of real traces produced by the executor on fake workers."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from rl_conductor import reward as reward_module
 from rl_conductor.executor import execute
-from rl_conductor.prompting import conductor_prompt, recursive_prompt
+from rl_conductor.prompting import conductor_prompt
 from rl_conductor.reward import REWARD_PRESETS, RewardConfig, budget_stopped, compute_reward, grade_trace
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits, StepRecord, Trace
-from rl_conductor.training.data import make_specs, sft_records
 from rl_conductor.training.rewards import ConductorReward
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool
-from rl_conductor.workflow import Step, Workflow, parse
+from rl_conductor.workflow import Step, Workflow
 
 PAPER = REWARD_PRESETS["paper"]
 COST_AWARE = REWARD_PRESETS["cost-aware"]
@@ -143,57 +140,26 @@ def _paper_sim_reward(tmp_pool: Pool) -> ConductorReward:
     return ConductorReward(tmp_pool, {TASK.id: TASK}, PAPER, Limits(max_steps=5))
 
 
-async def test_training_reward_gives_yourself_only_plans_nothing() -> None:
-    """Finding 1 end to end: with recursion off, `model_id = [size]` is unparseable (reward 0),
-    and a real wrong call earns more than doing nothing."""
+async def test_training_reward_gives_an_out_of_view_id_nothing() -> None:
+    """Finding 1 end to end: ``model_id = [size]`` (once the Conductor's own id) is unparseable
+    (reward 0), and a real wrong call earns more than doing nothing; rollouts run one round."""
     wrong = FakeWorker(info=fake_info("wrong", price_in=1.0, price_out=2.0), answer="\\boxed{41}")
     pool = Pool(name="p", workers=[wrong, FakeWorker(info=fake_info("other"), answer="\\boxed{40}")])
     reward = _paper_sim_reward(pool)
-    yourself = 'model_id = [2]\nsubtasks = ["review"]\naccess_list = [[]]'
+    beyond = 'model_id = [2]\nsubtasks = ["review"]\naccess_list = [[]]'
     real = 'model_id = [0]\nsubtasks = ["solve"]\naccess_list = [[]]'
     got = await reward(
-        [None, None], [yourself, real], task_id=[TASK.id] * 2, view=[[0, 1]] * 2, budget=[-1.0] * 2
+        [None, None], [beyond, real], task_id=[TASK.id] * 2, view=[[0, 1]] * 2, budget=[-1.0] * 2
     )
     assert got[0] == 0.0
     assert got[1] == pytest.approx(0.5)
     assert wrong.calls and len(wrong.calls) == 1
-    with pytest.raises(ValueError, match="recursion_depth=0"):
-        ConductorReward(pool, {}, PAPER, Limits(recursion_depth=1))
+    with pytest.raises(ValueError, match="max_rounds=2"):
+        ConductorReward(pool, {}, PAPER, Limits(max_rounds=2))
 
 
-def test_prompt_lists_yourself_only_where_recursion_is_allowed() -> None:
+def test_prompt_never_offers_an_id_beyond_the_view() -> None:
     view = Pool(name="p", workers=[FakeWorker(info=fake_info("a")), FakeWorker(info=fake_info("b"))]).view()
-    off = conductor_prompt(TASK, view, Limits(recursion_depth=0))
-    on = conductor_prompt(TASK, view, Limits(recursion_depth=1))
-    assert "yourself" not in off and "2: yourself" in on
-    parent = Workflow(steps=(Step(0, "solve", ()),))
-    assert "yourself" not in recursive_prompt(TASK, view, Limits(recursion_depth=1), parent, "41", depth=1)
-    assert "yourself" in recursive_prompt(TASK, view, Limits(recursion_depth=2), parent, "41", depth=1)
-
-
-def test_sft_data_has_no_yourself_steps_when_recursion_is_off() -> None:
-    pool = Pool(name="p", workers=[FakeWorker(info=fake_info(f"w{i}")) for i in range(3)])
-    specs = make_specs(
-        [TASK], pool, 200, rng=random.Random(0), budget_prob=0.0, budgets=[], random_pool_prob=0.5
-    )
-    off = sft_records(specs, pool, Limits(), rng=random.Random(1), recursion_prob=0.9, max_question_chars=200)
-    on = sft_records(
-        specs,
-        pool,
-        Limits(recursion_depth=1),
-        rng=random.Random(1),
-        recursion_prob=0.9,
-        max_question_chars=200,
-    )
-
-    def yourself_steps(records: list[dict[str, object]]) -> int:
-        n = 0
-        for spec, rec in zip(specs, records, strict=True):
-            text = rec["completion"][0]["content"]  # type: ignore[index]
-            wf = parse(text, pool_size=len(spec.view), allow_recursion=True)
-            n += sum(s.worker == len(spec.view) for s in wf.steps)
-            assert ("yourself" in rec["prompt"][0]["content"]) == (records is on)  # type: ignore[index]
-        return n
-
-    assert yourself_steps(off) == 0
-    assert yourself_steps(on) > 0
+    for limits in (Limits(), Limits(max_rounds=3)):
+        text = conductor_prompt(TASK, view, limits)
+        assert "1: " in text and "2: " not in text and "yourself" not in text

@@ -143,30 +143,18 @@ def _tasks(n: int) -> list[Task]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    seed=st.integers(0, 2**32 - 1),
-    pool_size=st.integers(1, 12),
-    max_steps=st.integers(1, 6),
-    recursion_prob=st.sampled_from([0.0, 0.3, 1.0]),
-)
-def test_synth_workflow_always_renders_to_a_parseable_plan(
-    seed: int, pool_size: int, max_steps: int, recursion_prob: float
-) -> None:
-    wf = synth_workflow(random.Random(seed), pool_size, max_steps=max_steps, recursion_prob=recursion_prob)
+@given(seed=st.integers(0, 2**32 - 1), pool_size=st.integers(1, 12), max_steps=st.integers(1, 6))
+def test_synth_workflow_always_renders_to_a_parseable_plan(seed: int, pool_size: int, max_steps: int) -> None:
+    wf = synth_workflow(random.Random(seed), pool_size, max_steps=max_steps)
     assert 1 <= len(wf.steps) <= max_steps
-    assert all(0 <= s.worker <= pool_size for s in wf.steps)
-    assert wf.steps[0].worker < pool_size  # the first step never calls the Conductor itself
-    if recursion_prob == 1.0:
-        assert all(s.worker == pool_size for s in wf.steps[1:])
-    if recursion_prob == 0.0:
-        assert all(s.worker < pool_size for s in wf.steps)
-    parsed = parse(render(wf), pool_size=pool_size, max_steps=max_steps, allow_recursion=True)
+    assert all(0 <= s.worker < pool_size for s in wf.steps)
+    parsed = parse(render(wf), pool_size=pool_size, max_steps=max_steps)
     assert normalize(parsed) == normalize(wf)
 
 
 def test_synth_workflow_varies_length_workers_and_access() -> None:
     rng = random.Random(0)
-    wfs = [synth_workflow(rng, 7, max_steps=5, recursion_prob=0.0) for _ in range(400)]
+    wfs = [synth_workflow(rng, 7, max_steps=5) for _ in range(400)]
     assert {len(w.steps) for w in wfs} == {1, 2, 3, 4, 5}
     assert {s.worker for w in wfs for s in w.steps} == set(range(7))
     kinds = {
@@ -206,7 +194,7 @@ def test_grpo_and_sft_records_carry_what_the_reward_and_trainer_need() -> None:
         PromptSpec(task=tasks[0], view=(3, 1), budget=0.02),
         PromptSpec(task=tasks[1], view=(0, 1, 2, 3), budget=None),
     ]
-    base = Limits(max_steps=3, recursion_depth=0)
+    base = Limits(max_steps=3)
     grpo = grpo_records(specs, pool, base, max_question_chars=200)
     assert [set(r) for r in grpo] == [{"prompt", "task_id", "view", "budget", "deadline"}] * 2
     assert [r["task_id"] for r in grpo] == ["t/0", "t/1"]
@@ -215,10 +203,10 @@ def test_grpo_and_sft_records_carry_what_the_reward_and_trainer_need() -> None:
     first, second = (r["prompt"][0]["content"] for r in grpo)
     assert [r["prompt"][0]["role"] for r in grpo] == ["user", "user"]
     assert "Budget: $0.020" in first and "Budget" not in second
-    # recursion is off in training: the prompt lists the view's ids and never "yourself"
+    # the prompt lists the view's ids and nothing beyond them
     assert "1: general" in first and "3: " in second and "yourself" not in first + second
     assert "at most 3 steps" in first and "What is 0 + 0?" in first
-    sft = sft_records(specs, pool, base, rng=random.Random(0), recursion_prob=0.0, max_question_chars=200)
+    sft = sft_records(specs, pool, base, rng=random.Random(0), max_question_chars=200)
     for spec, rec in zip(specs, sft, strict=True):
         assert rec["completion"][0]["role"] == "assistant"
         wf = parse(rec["completion"][0]["content"], pool_size=len(spec.view), max_steps=3)
@@ -251,7 +239,7 @@ def test_make_specs_without_deadlines_draws_exactly_as_before() -> None:
     assert [(s.task.id, s.view, s.budget) for s in new] == old
     assert all(s.deadline is None for s in new)
     assert rng_new.random() == rng_old.random()  # the stream is left where it was, too
-    base = Limits(max_steps=3, recursion_depth=0)
+    base = Limits(max_steps=3)
     assert all(s.limits(base).max_latency_s is None for s in new)
     assert all(r["deadline"] == -1.0 for r in grpo_records(new, pool, base, max_question_chars=100))
 
@@ -272,15 +260,13 @@ def test_make_specs_draws_deadlines_into_limits_prompts_and_columns() -> None:
     drawn = [s.deadline for s in specs if s.deadline is not None]
     assert 60 < len(drawn) < 140  # about half
     assert all(5.0 <= d <= 60.0 for d in drawn) and len(set(drawn)) > 20
-    base = Limits(max_steps=3, recursion_depth=0)
+    base = Limits(max_steps=3)
     grpo = grpo_records(specs, pool, base, max_question_chars=100)
     for s, r in zip(specs, grpo, strict=True):
         assert s.limits(base).max_latency_s == s.deadline
         assert r["deadline"] == (-1.0 if s.deadline is None else s.deadline)
         assert ("Deadline:" in r["prompt"][0]["content"]) == (s.deadline is not None)
-    sft = sft_records(
-        specs[:20], pool, base, rng=random.Random(0), recursion_prob=0.0, max_question_chars=100
-    )
+    sft = sft_records(specs[:20], pool, base, rng=random.Random(0), max_question_chars=100)
     assert all(
         ("Deadline:" in r["prompt"][0]["content"]) == (s.deadline is not None)
         for s, r in zip(specs, sft, strict=False)
@@ -338,9 +324,7 @@ def _call(
 
 def _reward(preset: str) -> ConductorReward:
     tasks = {t.id: t for t in _tasks(4)}
-    return ConductorReward(
-        _reward_pool(), tasks, REWARD_PRESETS[preset], Limits(max_steps=5, recursion_depth=0)
-    )
+    return ConductorReward(_reward_pool(), tasks, REWARD_PRESETS[preset], Limits(max_steps=5))
 
 
 def test_reward_follows_trls_contract() -> None:
@@ -398,7 +382,7 @@ def test_deadline_column_runs_the_rollout_under_the_deadline_and_penalises_a_cut
         workers=[FakeWorker(info=fast, responder=right), FakeWorker(info=slow, responder=right)],
     )
     cfg = REWARD_PRESETS["cost-aware"]
-    reward = ConductorReward(pool, {t.id: t for t in _tasks(4)}, cfg, Limits(max_steps=5, recursion_depth=0))
+    reward = ConductorReward(pool, {t.id: t for t in _tasks(4)}, cfg, Limits(max_steps=5))
 
     def call(texts: list[str], deadline: float | None) -> Any:
         n, logged = len(texts), {}
@@ -450,12 +434,12 @@ def test_train_writes_a_servable_final_folder(micro: Micro) -> None:
         assert (final / name).is_file(), name
     assert sorted(p.name for p in (final / "prompts").iterdir()) == [
         "conductor.txt",
-        "conductor_recursive.txt",
+        "conductor_review.txt",
         "worker.txt",
     ]
     meta = json.loads((final / "conductor.json").read_text())
     assert meta["pool"] == "paper-sim" and len(meta["pool_workers"]) == 7
-    assert meta["max_steps"] == 2 and meta["max_question_chars"] == 120
+    assert meta["max_steps"] == 2 and meta["max_question_chars"] == 120 and meta["max_rounds"] == 1
     assert TrainConfig.from_dict(meta["train_config"]) == micro.config
     assert not (final / "optimizer.pt").exists()  # training state stays in grpo/
     from transformers import AutoTokenizer

@@ -57,12 +57,12 @@ _instruction = (
 
 @st.composite
 def workflows(draw: st.DrawFn, *, max_steps: int = DEFAULT_MAX_STEPS) -> tuple[Workflow, int]:
-    """A valid workflow of 1..max_steps steps and the pool size it refers to (id == size: recursion)."""
+    """A valid workflow of 1..max_steps steps and the pool size it refers to."""
     pool_size = draw(st.integers(1, 7))
     n = draw(st.integers(1, max_steps))
     steps = []
     for i in range(n):
-        worker = draw(st.integers(0, pool_size))
+        worker = draw(st.integers(0, pool_size - 1))
         if i == 0:
             access: object = draw(st.sampled_from([(), "all"]))
         else:
@@ -186,7 +186,7 @@ def test_mutated_workflow_text_raises_only_parse_error(
     for _ in range(rounds):
         text = _mutate(text, rng)
     try:
-        got = parse(text, pool_size=pool_size, allow_recursion=True)
+        got = parse(text, pool_size=pool_size)
     except ParseError:
         return
     _well_formed(got, pool_size, DEFAULT_MAX_STEPS)
@@ -197,13 +197,13 @@ def test_mutated_workflow_text_raises_only_parse_error(
 def test_render_parse_round_trip(case: tuple[Workflow, int], reasoning: str) -> None:
     wf, pool_size = case
     text = render(wf, reasoning=reasoning)
-    got = parse(text, pool_size=pool_size, allow_recursion=True)
+    got = parse(text, pool_size=pool_size)
     assert normalize(got) == normalize(wf)
     assert got.reasoning == reasoning.strip()
     # a parsed workflow renders to itself exactly (the canonical spelling is a fixed point)
-    assert render(parse(render(got), pool_size=pool_size, allow_recursion=True)) == render(got)
+    assert render(parse(render(got), pool_size=pool_size)) == render(got)
     # and parses back to itself: parse(render(w)) == w for every w that parse returns
-    assert parse(render(got), pool_size=pool_size, allow_recursion=True) == got
+    assert parse(render(got), pool_size=pool_size) == got
 
 
 def test_round_trip_keeps_all_spelling_and_explicit_lists() -> None:
@@ -273,18 +273,24 @@ def test_all_means_every_earlier_step_and_self_reference_is_an_error() -> None:
         parse(_text("[0, 0]", "['a', 'b']", "[[], [0, 1]]"), pool_size=1)
 
 
-def test_recursion_id_accepted_only_when_allowed() -> None:
-    """Finding 1: the "yourself" id is a parse error unless recursion is on (off by default)."""
+def test_an_id_beyond_the_view_is_out_of_range() -> None:
+    """Finding 1: the pool size (once "yourself") is no worker id."""
     text = _text("[0, 3]", "['solve', 'reconsider']", '[[], "all"]')
-    assert parse(text, pool_size=3, allow_recursion=True).steps[1].worker == 3
-    with pytest.raises(ParseError, match=r"out of range 0\.\.2"):
-        parse(text, pool_size=3, allow_recursion=False)
     with pytest.raises(ParseError, match=r"out of range 0\.\.2"):
         parse(text, pool_size=3)
     with pytest.raises(ParseError, match=r"out of range 0\.\.2"):
         parse(_text("[3]", "['do nothing']", "[[]]"), pool_size=3)
-    with pytest.raises(ParseError, match="out of range"):
-        parse(_text("[0, 4]", "['a', 'b']", "[[], []]"), pool_size=3, allow_recursion=True)
+
+
+def test_a_continuation_is_numbered_after_the_steps_so_far() -> None:
+    """A later round's steps may see any earlier step of the request, none of their own later ones."""
+    text = _text("[1, 0]", "['check', 'decide']", '[[0, 2], "all"]')
+    wf = parse(text, pool_size=2, first_index=3)
+    assert wf.steps[0].visible(3) == (0, 2) and wf.steps[1].visible(4) == (0, 1, 2, 3)
+    with pytest.raises(ParseError, match="refers to step 3"):
+        parse(_text("[1]", "['check']", "[[3]]"), pool_size=2, first_index=3)
+    with pytest.raises(ParseError, match="refers to step 0"):
+        parse(text, pool_size=2)  # without the offset, the first step sees nothing
 
 
 def test_too_many_steps() -> None:

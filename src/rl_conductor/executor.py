@@ -25,13 +25,14 @@ Whatever the policy wrote, it enforces:
   the same hosting class (the closest in price); after that the step is ``failed`` and its
   dependents run without it. ``StepRecord.worker`` is the worker whose attempt decided the step
   ("" when none was called), so the audit never names a worker that did not see the request.
-* **recursion** — worker id ``len(view)`` names the Conductor itself, valid only while
-  ``depth < limits.recursion_depth`` and with a ``recursion`` hook; otherwise the workflow is
-  rejected, as ``parse`` rejects it (one recursion setting for parsing, prompt and executor).
-  The hook (the policy) gets the parent workflow and the answers so far and returns the inner
-  trace. The inner run is charged to a hold of the whole remaining budget (parallel siblings
-  wait for it) and its records are kept even when the hook raises; an exception from the hook
-  makes the step ``failed`` instead of escaping ``execute``.
+* **rounds** — with ``limits.max_rounds > 1`` and a ``review`` hook (the policy), after a round
+  the hook gets the workflow so far, every step's record and the answer so far
+  (:class:`RoundRequest`) and returns the steps to add (:class:`Continuation`; none keeps the
+  answer). The added steps are numbered after the earlier ones and may see any of them; they
+  start when the round before has finished, on the same budget, deadline and privacy rule, and a
+  round is cut to the calls ``limits.max_calls`` leaves. No review starts when the budget, the
+  deadline or the calls are spent. Each round is a :class:`~rl_conductor.trace.RoundRecord` on the
+  trace. A one-round request runs exactly the one workflow and records no rounds.
 
 * **deadline** — with ``limits.max_latency_s`` each step's time left is the deadline minus its
   start on the critical path. Before a call the worker's latency model (``WorkerInfo.ttft_s``,
@@ -42,7 +43,6 @@ Whatever the policy wrote, it enforces:
   is also the call's timeout, and an answer reported later than the time left is dropped (the
   attempt is a ``timeout`` lasting exactly the time left, charged its cost), so a trace's
   critical-path latency never exceeds the deadline. Independent steps still run in parallel.
-  A recursion step passes its time left to the inner run as that run's deadline.
 
 Latency is reported two ways: ``Trace.wall_s`` (measured) and ``Trace.latency_s`` (critical path
 of the workers' reported latencies, which is what simulated pools model).
@@ -51,14 +51,23 @@ of the workers' reported latencies, which is what simulated pools model).
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import hashlib
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import ANSWERED, MIN_OUTPUT_TOKENS, Attempt, Limits, StepRecord, StepStatus, Trace
+from rl_conductor.trace import (
+    ANSWERED,
+    MIN_OUTPUT_TOKENS,
+    Attempt,
+    Limits,
+    RoundRecord,
+    StepRecord,
+    StepStatus,
+    Trace,
+)
 from rl_conductor.workers.base import CallContext, Completion, Worker, WorkerInfo, estimate_token_bound
 from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Step, Workflow, worker_message
@@ -66,8 +75,9 @@ from rl_conductor.workflow import Step, Workflow, worker_message
 __all__ = [
     "DEADLINE_MARGIN",
     "MIN_OUTPUT_TOKENS",
-    "RecursionHook",
-    "RecursionRequest",
+    "Continuation",
+    "ReviewHook",
+    "RoundRequest",
     "execute",
     "reserve_input_tokens",
 ]
@@ -77,20 +87,39 @@ DEADLINE_MARGIN = 0.8
 
 
 @dataclass(frozen=True)
-class RecursionRequest:
-    """What the Conductor sees when it is called as a step of its own workflow."""
+class RoundRequest:
+    """What a policy sees after a round: the workflow so far and what each of its steps did.
+
+    ``limits`` are the request's, with what is left of them: ``max_cost_usd`` the budget not
+    spent, ``max_latency_s`` the time left before the deadline, ``max_steps`` at most the calls
+    ``max_calls`` leaves. ``round`` is the round being planned (2 = the first review)."""
 
     task: Task
-    parent: Workflow
-    step_index: int
-    visible: tuple[tuple[int, str, str], ...]  # (index, subtask, answer) of steps this step sees
-    answer_so_far: str
+    view: PoolView
+    workflow: Workflow
+    records: tuple[StepRecord, ...]
+    answer: str
+    round: int
     limits: Limits
-    depth: int
 
 
-#: ``hook(request) -> (inner workflow, inner trace)``; an empty inner workflow keeps the answer.
-RecursionHook = Callable[[RecursionRequest], Awaitable[Trace]]
+@dataclass(frozen=True)
+class Continuation:
+    """A policy's decision after a round: the steps to add (none = keep the answer so far).
+
+    A step's access list names steps of the whole workflow: ``"all"`` is every earlier step of
+    every round, explicit indices count from the first round's first step. ``seen`` is the prompt
+    (or whatever text) the decision was made from; the trace keeps its digest only."""
+
+    workflow: Workflow
+    text: str = ""
+    seen: str = ""
+    answers: tuple[str | None, ...] = ()
+    agree: bool | None = None
+
+
+#: ``review(request) -> continuation``: the policy's decision after a round.
+ReviewHook = Callable[[RoundRequest], Awaitable[Continuation]]
 
 
 def reserve_input_tokens(messages: list[dict[str, str]], info: WorkerInfo | None = None) -> int:
@@ -129,32 +158,30 @@ class _Budget:
 
 
 @dataclass
-class _Inner:
-    """What a recursion step shares with the run its hook starts: the held budget, and a sink
-    that receives each inner step's record as it settles (kept even if the hook raises)."""
-
-    depth: int
-    budget: _Budget
-    records: list[StepRecord] = field(default_factory=list)
-    joined: bool = False
-
-
-#: Set by a recursion step while its hook runs; the hook's ``execute`` at that depth joins it.
-_INNER: contextvars.ContextVar[_Inner | None] = contextvars.ContextVar("rl_conductor_inner", default=None)
-
-
-@dataclass
 class _Run:
     task: Task
     workflow: Workflow
     view: PoolView
     limits: Limits
-    recursion: RecursionHook | None
-    depth: int
     budget: _Budget
-    sink: list[StepRecord] | None = None  # a recursion step's record sink (see _Inner)
+    #: when the round now running started (its steps start no earlier: the review saw all before)
+    round_start: float = 0.0
+    #: calls promised so far against ``limits.max_calls``: one per accepted step, plus fallbacks
+    calls_committed: int = 0
     finish: dict[int, float] = field(default_factory=dict)  # simulated finish time per step
     t0: float = field(default_factory=time.perf_counter)
+
+    def calls_left(self) -> int | None:
+        cap = self.limits.max_calls
+        return None if cap is None else max(cap - self.calls_committed, 0)
+
+    def take_spare_call(self) -> bool:
+        """Commit one more call (a fallback) if the call cap leaves one."""
+        left = self.calls_left()
+        if left is not None and left <= 0:
+            return False
+        self.calls_committed += 1
+        return True
 
 
 def _permitted(view: PoolView, limits: Limits, ordinal: int) -> bool:
@@ -290,10 +317,8 @@ def _fallback(run: _Run, failed: WorkerInfo, tried: set[int]) -> int | None:
 async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecord]) -> StepRecord:
     visible_idx = [i for i in step.visible(index) if done[i].status in ANSWERED]
     visible = [(i, run.workflow.steps[i].instruction, done[i].answer) for i in visible_idx]
-    start = max((run.finish.get(i, 0.0) for i in step.visible(index)), default=0.0)
-
-    if step.worker == len(run.view):
-        return await _run_recursion(run, index, step, visible, start)
+    start = max((run.finish.get(i, 0.0) for i in step.visible(index)), default=run.round_start)
+    start = max(start, run.round_start)
 
     requested = run.view.worker(step.worker).info.name
     rec = StepRecord(
@@ -320,7 +345,7 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
         step_index=index,
         instruction=step.instruction,
         visible_answers=tuple(a for _, _, a in visible),
-        nonce=index + 100 * run.depth,
+        nonce=index,
         sensitivity=run.limits.sensitivity,
     )
     tried: set[int] = set()
@@ -364,6 +389,9 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
         )
         # a fallback of the same hosting class, never one the request forbids
         ordinal = _fallback(run, worker.info, tried)
+        if ordinal is not None and not run.take_spare_call():
+            notes.append(f"call cap of {run.limits.max_calls} reached: no fallback")
+            ordinal = None
         if ordinal is not None:
             notes.append(f"fallback to {run.view.worker(ordinal).info.name}")
     rec.input_tokens = sum(a.input_tokens for a in rec.attempts)
@@ -375,83 +403,15 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
     return rec
 
 
-async def _run_recursion(
-    run: _Run, index: int, step: Step, visible: list[tuple[int, str, str]], start: float
-) -> StepRecord:
-    rec = StepRecord(
-        index=index,
-        worker="conductor",
-        instruction=step.instruction,
-        visible=[v[0] for v in visible],
-        started_s=start,
-        status="recursed",
-        requested_worker="conductor",
-    )
-    hook = run.recursion
-    assert hook is not None  # execute() rejects a Conductor step it cannot run
-    prev = visible[-1][2] if visible else ""
-    avail = run.budget.available()
-    while math.isfinite(avail) and avail <= 0 and run.budget.holds:
-        run.budget.changed.clear()
-        await run.budget.changed.wait()
-        avail = run.budget.available()
-    run.finish[index] = start
-    if math.isfinite(avail) and avail <= 0:
-        rec.status, rec.worker, rec.note = "skipped_budget", "", "budget exhausted before the recursion"
-        return rec
-    deadline = run.limits.max_latency_s
-    if deadline is not None and deadline - start <= 0:
-        rec.status, rec.worker, rec.note = "skipped_deadline", "", "deadline reached before the recursion"
-        return rec
-    hold = avail if math.isfinite(avail) else 0.0
-    sub_limits = replace(
-        run.limits,
-        max_cost_usd=hold if math.isfinite(avail) else None,
-        max_latency_s=None if deadline is None else deadline - start,  # the inner run's deadline
-    )
-    shared = _Inner(depth=run.depth + 1, budget=_Budget(sub_limits.max_cost_usd))
-    run.budget.reserve(hold)
-    token = _INNER.set(shared)
-    charge: float | None = None
-    try:
-        inner = await hook(
-            RecursionRequest(
-                task=run.task,
-                parent=run.workflow,
-                step_index=index,
-                visible=tuple(visible),
-                answer_so_far=prev,
-                limits=sub_limits,
-                depth=run.depth + 1,
-            )
-        )
-        # a hook whose inner run went through this executor was charged on the held budget; one
-        # that ran elsewhere reports its cost in the trace it returns
-        charge = shared.budget.spent if shared.joined else inner.cost_usd
-    except Exception as exc:  # the policy failed: this step fails, the rest of the run goes on
-        rec.status, rec.answer = "failed", ""
-        rec.substeps = list(shared.records)
-        rec.note = f"recursion failed: {exc.__class__.__name__}: {str(exc)[:200]}"
-        return rec
-    finally:
-        _INNER.reset(token)
-        run.budget.release(hold, shared.budget.spent if charge is None else charge)
-    rec.substeps = (
-        list(inner.steps) if not shared.joined or _same(inner.steps, shared.records) else list(shared.records)
-    )
-    rec.answer = inner.final_answer or prev
-    rec.note = (
-        "inner workflow kept the previous answer"
-        if not inner.steps
-        else f"inner workflow of {len(inner.steps)} steps"
-    )
-    rec.latency_s = inner.latency_s
-    run.finish[index] = start + inner.latency_s
-    return rec
-
-
-def _same(a: list[StepRecord], b: list[StepRecord]) -> bool:
-    return sorted(map(id, a)) == sorted(map(id, b))
+def _check_steps(steps: Sequence[Step], view: PoolView, first: int) -> str | None:
+    """Why steps numbered from ``first`` cannot run on ``view`` (None when they can)."""
+    for k, s in enumerate(steps):
+        i = first + k
+        if not 0 <= s.worker < len(view):
+            return f"step worker id {s.worker} is outside the view of {len(view)} workers"
+        if not all(0 <= d < i for d in s.visible(i)):
+            return f"step {i} may only see earlier steps, not {s.access}"
+    return None
 
 
 async def execute(
@@ -460,48 +420,142 @@ async def execute(
     view: PoolView,
     limits: Limits | None = None,
     *,
-    recursion: RecursionHook | None = None,
-    depth: int = 0,
+    review: ReviewHook | None = None,
 ) -> Trace:
     """Execute ``workflow`` for ``task`` on ``view`` within ``limits`` and return its trace.
 
+    With ``limits.max_rounds > 1`` and a ``review`` hook, later rounds follow (module docstring).
+
     Raises:
         ValueError: for a workflow these limits make invalid (a worker id outside the view, a
-            step that sees a later one, the Conductor's id where recursion is off or no hook).
+            step that sees a later one).
     """
     limits = limits or Limits()
-    steps = workflow.steps[: limits.max_steps]
+    keep = limits.max_steps if limits.max_calls is None else min(limits.max_steps, limits.max_calls)
+    steps = workflow.steps[:keep]
     trace = Trace(task_id=task.id)
     if len(workflow.steps) > limits.max_steps:
         trace.notes.append(f"workflow truncated to {limits.max_steps} steps")
-    for i, s in enumerate(steps):
-        if s.worker == len(view) and not (limits.allows_recursion(depth) and recursion is not None):
-            why = (
-                "no recursion hook was given"
-                if recursion is None
-                else f"recursion_depth={limits.recursion_depth} allows none at depth {depth}"
-            )
-            raise ValueError(f"step {i} names the Conductor itself (id {len(view)}) but {why}")
-        if not 0 <= s.worker <= len(view):
-            raise ValueError(f"step worker id {s.worker} is outside the view of {len(view)} workers")
-        if not all(0 <= d < i for d in s.visible(i)):
-            raise ValueError(f"step {i} may only see earlier steps, not {s.access}")
-    shared = _INNER.get()
-    if shared is not None and shared.depth == depth:
-        # started by a recursion step's hook: spend from its hold and report every record to it
-        shared.joined = True
-        run = _Run(task, workflow, view, limits, recursion, depth, shared.budget, sink=shared.records)
-    else:
-        run = _Run(task, workflow, view, limits, recursion, depth, _Budget(limits.max_cost_usd))
-
+    if len(workflow.steps) > keep and keep < limits.max_steps:
+        trace.notes.append(f"workflow truncated to {keep} steps (call cap)")
+    why = _check_steps(steps, view, 0)
+    if why is not None:
+        raise ValueError(why)
+    run = _Run(task, Workflow(steps=tuple(steps)), view, limits, _Budget(limits.max_cost_usd))
+    run.calls_committed = len(steps)
     done: dict[int, StepRecord] = {}
+    await _run_steps(run, range(len(steps)), done)
+    if review is not None and limits.max_rounds > 1:
+        first = [done[i] for i in range(len(steps))]
+        trace.rounds.append(
+            RoundRecord(
+                index=1,
+                decision="plan",
+                steps=list(range(len(steps))),
+                cost_usd=sum(r.cost_usd for r in first),
+                latency_s=max((r.started_s + r.latency_s for r in first), default=0.0),
+            )
+        )
+        await _later_rounds(run, review, done, trace)
 
-    def settle(i: int, rec: StepRecord) -> None:
-        done[i] = rec
-        if run.sink is not None:
-            run.sink.append(rec)
+    trace.steps = [done[i] for i in range(len(run.workflow.steps))]
+    trace.final_answer = _answer_so_far(trace.steps)
+    if trace.steps and trace.steps[-1].status not in ANSWERED:
+        trace.stopped_reason = trace.steps[-1].status
+    trace.charged_usd = run.budget.spent
+    trace.wall_s = time.perf_counter() - run.t0
+    return trace
 
-    pending = set(range(len(steps)))
+
+def _answer_so_far(records: Sequence[StepRecord]) -> str:
+    """The latest answered step's answer ("" when none answered)."""
+    answered = [r for r in records if r.status in ANSWERED and r.answer]
+    return answered[-1].answer if answered else ""
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16] if text else ""
+
+
+def _no_round(run: _Run, round_end: float) -> str:
+    """Why no further round can start ("" when one can)."""
+    if run.budget.available() <= 0:
+        return "budget spent"
+    deadline = run.limits.max_latency_s
+    if deadline is not None and deadline - round_end <= 0:
+        return "deadline reached"
+    if run.calls_left() == 0:
+        return f"call cap of {run.limits.max_calls} reached"
+    return ""
+
+
+async def _later_rounds(run: _Run, review: ReviewHook, done: dict[int, StepRecord], trace: Trace) -> None:
+    """Rounds 2..``max_rounds``: review, then run the steps the policy added (module docstring)."""
+    limits = run.limits
+    for number in range(2, limits.max_rounds + 1):
+        round_end = max(run.finish.values(), default=0.0)
+        why = _no_round(run, round_end)
+        if why:
+            trace.rounds.append(RoundRecord(index=number, decision="stop", reason=why))
+            return
+        avail = run.budget.available()
+        calls = run.calls_left()
+        left = replace(
+            limits,
+            max_cost_usd=avail if math.isfinite(avail) else None,
+            max_latency_s=None if limits.max_latency_s is None else limits.max_latency_s - round_end,
+            max_steps=limits.max_steps if calls is None else min(limits.max_steps, calls),
+        )
+        records = tuple(done[i] for i in range(len(run.workflow.steps)))
+        request = RoundRequest(
+            task=run.task,
+            view=run.view,
+            workflow=run.workflow,
+            records=records,
+            answer=_answer_so_far(records),
+            round=number,
+            limits=left,
+        )
+        try:
+            cont = await review(request)
+        except Exception as exc:  # the policy failed: the answer so far stands
+            reason = f"review failed: {exc.__class__.__name__}: {str(exc)[:200]}"
+            trace.rounds.append(RoundRecord(index=number, decision="stop", reason=reason))
+            return
+        record = RoundRecord(
+            index=number,
+            decision="keep",
+            plan_text=cont.text,
+            seen=_digest(cont.seen),
+            answers=list(cont.answers),
+            agree=cont.agree,
+        )
+        trace.rounds.append(record)
+        added = cont.workflow.steps[: left.max_steps]
+        if not added:
+            return
+        first = len(run.workflow.steps)
+        bad = _check_steps(added, run.view, first)
+        if bad is not None:
+            record.decision, record.reason = "stop", f"invalid continuation: {bad}"
+            return
+        if len(cont.workflow.steps) > len(added):
+            record.reason = f"continuation truncated to {len(added)} steps"
+        run.workflow = Workflow(steps=run.workflow.steps + tuple(added))
+        run.round_start = round_end
+        run.calls_committed += len(added)
+        indices = range(first, first + len(added))
+        await _run_steps(run, indices, done)
+        record.decision, record.steps = "continue", list(indices)
+        record.cost_usd = sum(done[i].cost_usd for i in indices)
+        record.latency_s = max(run.finish.values(), default=round_end) - round_end
+
+
+async def _run_steps(run: _Run, indices: range, done: dict[int, StepRecord]) -> None:
+    """Run the steps ``indices`` of ``run.workflow`` (earlier ones are in ``done``): each starts
+    once the steps it sees have settled, independent ones concurrently."""
+    steps = run.workflow.steps
+    pending = set(indices)
     running: dict[asyncio.Task[StepRecord], int] = {}
     try:
         while pending or running:
@@ -510,17 +564,14 @@ async def execute(
                 if all(d in done for d in deps):
                     skipped = [done[d].status for d in deps if done[d].status in _SKIPS_DEPENDENTS]
                     if skipped:
-                        settle(
-                            i,
-                            StepRecord(
-                                index=i,
-                                worker="",
-                                instruction=steps[i].instruction,
-                                visible=[],
-                                status=skipped[0],
-                                note="a step it depends on was skipped",
-                                requested_worker=_name(view, steps[i].worker),
-                            ),
+                        done[i] = StepRecord(
+                            index=i,
+                            worker="",
+                            instruction=steps[i].instruction,
+                            visible=[],
+                            status=skipped[0],
+                            note="a step it depends on was skipped",
+                            requested_worker=run.view.worker(steps[i].worker).info.name,
                         )
                         pending.discard(i)
                         continue
@@ -531,7 +582,7 @@ async def execute(
             finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             for fut in finished:
                 i = running.pop(fut)
-                settle(i, fut.result())
+                done[i] = fut.result()
     finally:
         # an error (or a cancellation) stops the steps still in flight: no orphan keeps calling
         for fut in running:
@@ -539,20 +590,7 @@ async def execute(
         if running:
             await asyncio.gather(*running, return_exceptions=True)
 
-    trace.steps = [done[i] for i in range(len(steps))]
-    answered = [r for r in trace.steps if r.status in ANSWERED and r.answer]
-    trace.final_answer = answered[-1].answer if answered else ""
-    if trace.steps and trace.steps[-1].status not in ANSWERED:
-        trace.stopped_reason = trace.steps[-1].status
-    trace.charged_usd = run.budget.spent
-    trace.wall_s = time.perf_counter() - run.t0
-    return trace
-
 
 #: A step depending on one skipped for these reasons is skipped the same way (its input is missing
 #: because the request ran out of money or time, not because a worker failed).
 _SKIPS_DEPENDENTS: tuple[StepStatus, ...] = ("skipped_budget", "skipped_deadline")
-
-
-def _name(view: PoolView, ordinal: int) -> str:
-    return "conductor" if ordinal == len(view) else view.worker(ordinal).info.name

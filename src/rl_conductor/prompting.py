@@ -8,22 +8,29 @@ model) in its line, so the Conductor can plan fewer sequential steps or faster w
 is short. Without a deadline the prompt is byte-identical to the one trained models were trained
 on. Under a budget, workers whose typical answer costs more than the budget say so
 (``over budget``); under a deadline, workers whose typical answer takes longer say ``too slow``.
-The "yourself" line (the Conductor's own id) appears only where the limits allow
-recursion at that depth, so the prompt never offers an id that parsing would reject.
+After a round (a request with ``max_rounds > 1``), the review prompt
+(``conductor_review.txt``) shows the same lines, the budget and time that are left, and the
+workflow so far with each step's extracted answer and whether the answers agree
+(:mod:`rl_conductor.rounds`).
 Questions are cut to ``max_question_chars`` so the prompt fits the tiny model's
 context; the cut is marked.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
+from typing import TYPE_CHECKING
 
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.base import WorkerInfo
 from rl_conductor.workers.pool import PoolView
-from rl_conductor.workflow import Workflow, render
+
+if TYPE_CHECKING:
+    from rl_conductor.executor import RoundRequest
+    from rl_conductor.rounds import RoundSummary
 
 DEFAULT_MAX_QUESTION_CHARS = 700
 
@@ -63,13 +70,15 @@ def over_budget(info: WorkerInfo, budget: float | None) -> bool:
 def worker_lines(
     view: PoolView,
     *,
-    recursion: bool,
     deadline: float | None = None,
     budget: float | None = None,
+    evidence: Mapping[str, float] | None = None,
 ) -> str:
     """``i: description (price tier, self-hosted|external)`` per worker (with ``, ~N s`` — its
     typical answer time — under a ``deadline``, and ``, over budget`` when a typical answer of it
-    costs more than ``budget``), then, when ``recursion`` is allowed, the Conductor.
+    costs more than ``budget``). With ``evidence`` (worker name → estimated probability that it
+    alone answers this question right, :mod:`rl_conductor.policies.evidence`) each worker it
+    covers ends with ``; ~N% right`` (a multiple of 5); without, the lines are as before.
 
     The flag says in words what the executor would do anyway (cap such a call's output to what
     the budget affords, or skip it): a small model learns "avoid the flagged workers" from a few
@@ -85,10 +94,18 @@ def worker_lines(
         slow = ", too slow" if secs is not None and deadline is not None and secs > deadline else ""
         over = ", over budget" if over_budget(info, budget) else ""
         what = info.description or "general assistant"
-        lines.append(f"{i}: {what} ({info.price_tier()}, {where}{speed}{slow}{over})")
-    if recursion:
-        lines.append(f"{len(view)}: yourself (review the workflow)")
+        seen = (
+            ""
+            if evidence is None or info.name not in evidence
+            else f"; ~{percent(evidence[info.name])}% right"
+        )
+        lines.append(f"{i}: {what} ({info.price_tier()}, {where}{speed}{slow}{over}){seen}")
     return "\n".join(lines)
+
+
+def percent(p: float) -> int:
+    """An evidence estimate as the prompt shows it: a whole multiple of 5 %."""
+    return int(5 * round(20 * min(max(float(p), 0.0), 1.0)))
 
 
 def budget_line(limits: Limits) -> str:
@@ -103,50 +120,73 @@ def deadline_line(limits: Limits) -> str:
     return f"Deadline: {limits.max_latency_s:.3g} s for the whole workflow (chained steps add up).\n"
 
 
-def cut(question: str, max_chars: int) -> str:
+#: How a long question is cut to ``max_question_chars``: ``head`` keeps its start (the topic);
+#: ``ends`` keeps its first two fifths and its last three (on few-shot prompts the start is a head
+#: shared by every item, and the item itself is at the end).
+QUESTION_CUTS = ("head", "ends")
+
+
+def cut(question: str, max_chars: int, how: str = "head") -> str:
     q = question.strip()
-    return q if len(q) <= max_chars else q[: max_chars - 5].rstrip() + " [...]"
+    if len(q) <= max_chars:
+        return q
+    if how == "ends":
+        head = (max_chars - 7) * 2 // 5
+        tail = max_chars - 7 - head
+        return q[:head].rstrip() + " [...] " + q[len(q) - tail :].lstrip()
+    if how != "head":
+        raise ValueError(f"question cut must be one of {QUESTION_CUTS}, not {how!r}")
+    return q[: max_chars - 5].rstrip() + " [...]"
 
 
 def conductor_prompt(
-    task: Task, view: PoolView, limits: Limits, *, max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS
+    task: Task,
+    view: PoolView,
+    limits: Limits,
+    *,
+    max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
+    evidence: Mapping[str, float] | None = None,
+    question_cut: str = "head",
 ) -> str:
-    """The user message the Conductor answers with a workflow."""
+    """The user message the Conductor answers with a workflow (``evidence``: see
+    :func:`worker_lines`; ``question_cut``: see :data:`QUESTION_CUTS`)."""
     return template().format(
         max_steps=limits.max_steps,
         workers=worker_lines(
             view,
-            recursion=limits.allows_recursion(),
             deadline=limits.max_latency_s,
             budget=limits.max_cost_usd,
+            evidence=evidence,
         ),
         budget=budget_line(limits),
-        question=cut(task.question, max_question_chars),
+        question=cut(task.question, max_question_chars, question_cut),
     )
 
 
-def recursive_prompt(
-    task: Task,
-    view: PoolView,
-    limits: Limits,
-    parent: Workflow,
-    answer: str,
+def review_prompt(
+    request: RoundRequest,
+    summary: RoundSummary,
     *,
-    depth: int = 1,
     max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
 ) -> str:
-    """The prompt of a recursive call at ``depth`` (1 = called from the top-level workflow): the
-    parent workflow and the answer so far."""
-    return template("conductor_recursive.txt").format(
+    """The prompt of a review after a round: the workers, what is left of the limits, the
+    question, each step so far (its worker id, what it saw, its subtask, its extracted answer or
+    what became of it) and whether the answers agree."""
+    view, limits = request.view, request.limits
+    answers = dict(zip(summary.steps, summary.answers, strict=True))
+    lines = []
+    for i, (step, rec) in enumerate(zip(request.workflow.steps, request.records, strict=True)):
+        sees = "all" if step.access == "all" and i else str(list(step.visible(i)))
+        if i in answers:
+            got = "no answer found" if answers[i] is None else cut(str(answers[i]), 80)
+        else:
+            got = rec.status
+        lines.append(f"[{i}] model {step.worker}, sees {sees}: {cut(step.instruction, 80)} -> {got}")
+    return template("conductor_review.txt").format(
         max_steps=limits.max_steps,
-        workers=worker_lines(
-            view,
-            recursion=limits.allows_recursion(depth),
-            deadline=limits.max_latency_s,
-            budget=limits.max_cost_usd,
-        ),
+        workers=worker_lines(view, deadline=limits.max_latency_s, budget=limits.max_cost_usd),
         budget=budget_line(limits),
-        question=cut(task.question, max_question_chars),
-        parent=render(parent, reasoning=""),
-        answer=cut(answer, 400),
+        question=cut(request.task.question, max_question_chars),
+        so_far="\n".join(lines),
+        agreement=summary.line(),
     )

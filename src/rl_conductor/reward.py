@@ -24,7 +24,7 @@ import hashlib
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Trace
@@ -64,6 +64,28 @@ REWARD_PRESETS: dict[str, RewardConfig] = {
     "paper": RewardConfig(cost_weight=0.0, budget_penalty=0.0, deadline_penalty=0.0),
     "cost-aware": RewardConfig(),
 }
+
+
+def reward_config(
+    preset: str = "cost-aware", *, cost_weight: float | None = None, cost_scale: float | None = None
+) -> RewardConfig:
+    """The reward of ``preset`` with the given terms overridden (None: the preset's): the one
+    place a reward is built from settings, for training, evaluation, the routers' fits and the
+    pipeline's gate alike."""
+    if preset not in REWARD_PRESETS:
+        raise ValueError(f"unknown reward preset {preset!r}; known: {', '.join(sorted(REWARD_PRESETS))}")
+    over = {k: v for k, v in (("cost_weight", cost_weight), ("cost_scale", cost_scale)) if v is not None}
+    return replace(REWARD_PRESETS[preset], **over)
+
+
+def reward_from_dict(data: dict[str, float]) -> RewardConfig:
+    """A :class:`RewardConfig` from its ``to_dict`` (as ``conductor.json`` records it); unknown
+    keys are an error, missing ones take the defaults."""
+    known = {f.name for f in fields(RewardConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown reward terms {unknown}; known: {sorted(known)}")
+    return RewardConfig(**{k: float(v) for k, v in data.items()})
 
 
 def grade_trace(task: Task, trace: Trace) -> bool:
@@ -131,16 +153,12 @@ def compute_reward(
 
 def budget_stopped(trace: Trace) -> bool:
     """True when a stated budget stopped the workflow before all its steps ran."""
-    from rl_conductor.trace import _flatten
-
-    return any(s.status == "skipped_budget" for s in _flatten(trace.steps))
+    return any(s.status == "skipped_budget" for s in trace.steps)
 
 
 def deadline_stopped(trace: Trace) -> bool:
-    """True when a stated deadline skipped a step (``skipped_deadline``), nested ones included."""
-    from rl_conductor.trace import _flatten
-
-    return any(s.status == "skipped_deadline" for s in _flatten(trace.steps))
+    """True when a stated deadline skipped a step (``skipped_deadline``), in any round."""
+    return any(s.status == "skipped_deadline" for s in trace.steps)
 
 
 #: How the executor notes a step whose output it capped to fit the time left.
@@ -154,11 +172,9 @@ def deadline_shortened(trace: Trace) -> bool:
     (``Trace.plan_cut``). What a response's ``deadline_cut`` and a summary's
     ``deadline_cut_rate`` report; the reward penalises only skipped steps
     (:func:`deadline_stopped`): a cut answer that is worse already earns less."""
-    from rl_conductor.trace import _flatten
-
     if deadline_stopped(trace) or trace.plan_cut:
         return True
-    for s in _flatten(trace.steps):
+    for s in trace.steps:
         m = _DEADLINE_CAP_NOTE.search(s.note)
         if m and (s.finish_reason == "length" or s.output_tokens >= int(m.group(1))):
             return True

@@ -2,7 +2,7 @@
 
 The one serving path, shared by the MLflow pyfunc model (``tracking.registry.ConductorPyfunc``)
 and the KServe predictor: a request names a question and optional limits; the response carries
-the answer, the workflow, per-step usage (every attempt, recursion sub-steps included) and the
+the answer, the workflow, per-step usage (every attempt, in every round), the rounds and the
 total cost. A request may state a deadline (``max_latency_s``, seconds): the executor skips or
 shortens steps that cannot answer in time, and the response's ``deadline_cut`` says whether it
 did (the steps' ``skipped_deadline`` statuses and ``deadline:`` notes say which and how).
@@ -21,6 +21,7 @@ import hashlib
 import threading
 import unicodedata
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,11 @@ MAX_REQUEST_USD = 10_000.0
 MAX_REQUEST_SECONDS = 3_600.0
 
 
+#: Most rounds and worker calls one request may ask for: more is a client bug, not a request.
+MAX_ROUNDS = 5
+MAX_CALLS = 50
+
+
 class RequestError(ValueError):
     """A request is malformed; the message says which field and why."""
 
@@ -65,6 +71,9 @@ class ConductorRequest(BaseModel):
     sensitivity: str = "public"
     allowed_workers: list[str] | None = None
     max_steps: int = Field(default=5, ge=1, le=10)
+    #: None = the served model's (its ``conductor.json``, else 1)
+    max_rounds: int | None = Field(default=None, ge=1, le=MAX_ROUNDS)
+    max_calls: int | None = Field(default=None, ge=1, le=MAX_CALLS)
 
     @field_validator("question")
     @classmethod
@@ -99,12 +108,14 @@ class ConductorRequest(BaseModel):
                 f"must be a finite number of seconds > 0 and <= {MAX_REQUEST_SECONDS:g}, got {v!r}"
             ) from None
 
-    @field_validator("max_steps", mode="before")
+    @field_validator("max_steps", "max_rounds", "max_calls", mode="before")
     @classmethod
     def _steps(cls, v: Any) -> Any:
         # strictly an integer: lax mode reads true as 1 and "3" as 3
+        if v is None:
+            return v
         try:
-            return integer_at_least("max_steps", v, 1)
+            return integer_at_least("count", v, 1)
         except InvalidValue:
             raise ValueError(f"must be an integer >= 1, got {v!r}") from None
 
@@ -150,14 +161,17 @@ def _pool(name: str) -> Any:
 _LOCK = threading.Lock()
 
 
-def request_limits(request: ConductorRequest) -> Limits:
-    """The executor's :class:`Limits` for a validated request."""
+def request_limits(request: ConductorRequest, *, default_rounds: int = 1) -> Limits:
+    """The executor's :class:`Limits` for a validated request (``default_rounds`` where it states
+    no ``max_rounds``: the served model's)."""
     return Limits(
         max_cost_usd=request.max_cost_usd,
         max_latency_s=request.max_latency_s,
         sensitivity=request.sensitivity,  # type: ignore[arg-type]
         allowed_workers=frozenset(request.allowed_workers) if request.allowed_workers is not None else None,
         max_steps=request.max_steps,
+        max_rounds=request.max_rounds or default_rounds,
+        max_calls=request.max_calls,
     )
 
 
@@ -188,18 +202,16 @@ def request_task(request: ConductorRequest) -> Task:
 
 
 def step_document(s: StepRecord) -> dict[str, Any]:
-    """One step of a response: its status, the worker that decided it ("" when none was called),
-    every attempt, and for a recursion step its inner steps. ``cost_usd`` and the token counts
-    include the inner steps, so the steps of a response add up to its ``cost_usd``."""
-    inner = [step_document(x) for x in s.substeps]
+    """One step of a response: its status, the worker that decided it ("" when none was called)
+    and every attempt; the steps of a response add up to its ``cost_usd``."""
     return {
         "index": s.index,
         "worker": s.worker,
         "requested_worker": s.requested_worker,
         "status": s.status,
-        "input_tokens": s.input_tokens + sum(x["input_tokens"] for x in inner),
-        "output_tokens": s.output_tokens + sum(x["output_tokens"] for x in inner),
-        "cost_usd": s.cost_usd + sum(x["cost_usd"] for x in inner),
+        "input_tokens": s.input_tokens,
+        "output_tokens": s.output_tokens,
+        "cost_usd": s.cost_usd,
         "latency_s": s.latency_s,
         "note": s.note,
         "attempts": [
@@ -213,23 +225,29 @@ def step_document(s: StepRecord) -> dict[str, Any]:
             }
             for a in s.attempts
         ],
-        "substeps": inner,
     }
 
 
 def response_document(view: PoolView, episode: Episode) -> dict[str, Any]:
-    """The response for one executed request: answer, workflow, per-step usage, totals."""
+    """The response for one executed request: answer, workflow (every round's steps), per-step
+    usage, the rounds (what the Conductor saw and decided after each, what each cost), totals."""
     trace = episode.trace
+    planned = [
+        {
+            "worker": view.worker(s.worker).info.name,
+            "instruction": s.instruction,
+            "access": list(s.visible(i)),
+        }
+        for i, s in enumerate(episode.plan.workflow.steps)
+    ]
+    later = [
+        {"worker": r.requested_worker, "instruction": r.instruction, "access": list(r.visible)}
+        for r in trace.steps[len(planned) :]
+    ]
     return {
         "answer": trace.final_answer,
-        "workflow": [
-            {
-                "worker": view.worker(s.worker).info.name if s.worker < len(view) else "conductor",
-                "instruction": s.instruction,
-                "access": list(s.visible(i)),
-            }
-            for i, s in enumerate(episode.plan.workflow.steps)
-        ],
+        "workflow": planned + later,
+        "rounds": [asdict(r) for r in trace.rounds],
         "steps": [step_document(s) for s in trace.steps],
         "workers_called": trace.workers_called,
         "cost_usd": trace.cost_usd,
@@ -251,7 +269,7 @@ async def answer_async(
     Conductor was trained on (its ``conductor.json``)."""
     policy = _policy(str(model_dir))
     pool_ = _pool(pool or str(policy.meta.get("pool", "paper-sim")))
-    limits = request_limits(request)
+    limits = request_limits(request, default_rounds=int(policy.meta.get("max_rounds", 1)))
     # show the Conductor only workers the request permits
     view = permitted_view(pool_, request, limits)
     episode = (await policy.run_many([request_task(request)], view, limits))[0]

@@ -2,10 +2,11 @@
 
 ``Limits`` validates itself, so every front door (CLI, pipeline, pyfunc, KServe, training) gets
 the same rules from one place: a budget is a finite number above zero, ``max_tokens`` is at
-least what the executor needs to start a call, and ``recursion_depth`` is the one setting that
-decides whether the Conductor may name itself (parsing, the prompt, SFT data and the executor
-all read it). A :class:`StepRecord` keeps every attempt of its step, so the money a trace
-reports is the money the budget was charged and the audit lists every worker that saw the request.
+least what the executor needs to start a call, and ``max_rounds`` is the one setting that
+decides whether the policy may look at its workflow's answers and add steps (the executor, the
+prompt and every front door read it). A :class:`StepRecord` keeps every attempt of its step, so
+the money a trace reports is the money the budget was charged and the audit lists every worker
+that saw the request; a :class:`RoundRecord` says what the policy saw and decided after each round.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ Sensitivity = Literal["public", "private"]
 MIN_OUTPUT_TOKENS = 64
 
 #: What became of a step.
-StepStatus = Literal["ok", "skipped_budget", "skipped_deadline", "skipped_forbidden", "failed", "recursed"]
+StepStatus = Literal["ok", "skipped_budget", "skipped_deadline", "skipped_forbidden", "failed"]
 STEP_STATUSES: tuple[str, ...] = get_args(StepStatus)
 #: Statuses whose step produced an answer later steps can see.
-ANSWERED: tuple[StepStatus, ...] = ("ok", "recursed")
+ANSWERED: tuple[StepStatus, ...] = ("ok",)
 
 #: What became of one call to a worker: answered, raised, timed out, or answered with blank text.
 AttemptStatus = Literal["ok", "error", "timeout", "empty"]
@@ -43,14 +44,18 @@ class Limits:
             the time left affords, and an answer arriving after the deadline is dropped.
         allowed_workers: worker names that may be called (None = all).
         sensitivity: ``"private"`` keeps the request on ``hosting: self`` workers only.
-        max_steps: most steps a workflow may run.
+        max_steps: most steps a workflow may run in one round.
         step_timeout_s: per-call timeout; a timed-out (or failed) call is replaced by a
             fallback worker of the same hosting class, else the step fails.
         max_tokens: max output tokens per worker call (at least ``MIN_OUTPUT_TOKENS``).
         temperature: worker sampling temperature (paper: 0.2).
-        recursion_depth: how deep the Conductor may call itself (0 = never). The one recursion
-            setting: with 0 the "yourself" id is a parse error, absent from the prompt and the
-            SFT data, and a workflow naming it is rejected by the executor.
+        max_rounds: how many rounds the request allows (1 = plan once and run it). After each
+            round but the last, the policy sees the workflow so far and its answers and either
+            keeps the answer or adds at most ``max_steps`` steps, within the same budget,
+            deadline, privacy rule and call cap.
+        max_calls: most worker calls (attempts, fallbacks included) of the whole request across
+            rounds (None = no cap beyond ``max_steps`` per round): a later round is cut to the
+            steps the calls left afford, and no round starts when none are left.
 
     Raises:
         InvalidValue: (a ``ValueError``) for a value no request could mean, naming the field.
@@ -63,8 +68,9 @@ class Limits:
     step_timeout_s: float = 120.0
     max_tokens: int = 4096
     temperature: float = 0.2
-    recursion_depth: int = 0
     max_latency_s: float | None = None
+    max_rounds: int = 1
+    max_calls: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_cost_usd is not None:
@@ -84,11 +90,9 @@ class Limits:
         validation.positive_finite("step_timeout_s", self.step_timeout_s, validation.MAX_SECONDS)
         validation.integer_at_least("max_tokens", self.max_tokens, MIN_OUTPUT_TOKENS)
         validation.non_negative_finite("temperature", self.temperature)
-        validation.integer_at_least("recursion_depth", self.recursion_depth, 0)
-
-    def allows_recursion(self, depth: int = 0) -> bool:
-        """Whether a workflow run at ``depth`` (0 = the top level) may name the Conductor."""
-        return depth < self.recursion_depth
+        validation.integer_at_least("max_rounds", self.max_rounds, 1)
+        if self.max_calls is not None:
+            validation.integer_at_least("max_calls", self.max_calls, 1)
 
     def permits(self, name: str, hosting: str) -> bool:
         if self.allowed_workers is not None and name not in self.allowed_workers:
@@ -119,7 +123,7 @@ class StepRecord:
     ``worker`` is the worker whose attempt decided the step (the one that answered, else the
     last one tried; empty when none was called), ``requested_worker`` the one the plan named.
     ``attempts`` lists every call made for the step; the step's tokens, cost and latency are
-    their totals. A recursion step's inner calls are in ``substeps``."""
+    their totals."""
 
     index: int
     worker: str
@@ -138,13 +142,40 @@ class StepRecord:
     finish_reason: str = ""
     #: the token counts are estimates (the worker's server reported no usage)
     tokens_estimated: bool = False
-    substeps: list[StepRecord] = field(default_factory=list)
     requested_worker: str = ""
     attempts: list[Attempt] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.status not in STEP_STATUSES:
             raise ValueError(f"step status {self.status!r} is not one of {STEP_STATUSES}")
+
+
+RoundDecision = Literal["plan", "continue", "keep", "stop"]
+
+
+@dataclass
+class RoundRecord:
+    """One round of a request: what the policy saw, what it decided, what the round cost.
+
+    Round 1 is the plan made from the request alone (``decision`` ``"plan"``). Each later round
+    starts with a review: ``"continue"`` added the steps ``steps`` (indices into the trace's
+    steps), ``"keep"`` kept the answer so far, ``"stop"`` means no review was possible (``reason``
+    says why: budget or deadline spent, call cap reached, the policy failed or wrote an invalid
+    continuation). ``seen`` is a digest (sha256, 16 hex) of the prompt the policy decided from (""
+    for a policy without one; the text itself is not kept, as it holds the request's question),
+    ``answers`` the extracted answers of the steps answered before the decision and ``agree``
+    whether they agree (None with fewer than two)."""
+
+    index: int
+    decision: RoundDecision
+    steps: list[int] = field(default_factory=list)
+    reason: str = ""
+    plan_text: str = ""
+    seen: str = ""
+    answers: list[str | None] = field(default_factory=list)
+    agree: bool | None = None
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
 
 
 @dataclass
@@ -163,18 +194,20 @@ class Trace:
     notes: list[str] = field(default_factory=list)
     #: what the executor's budget was charged in all (equals ``cost_usd``; kept to check that)
     charged_usd: float = 0.0
+    #: each round of a request that allowed more than one (empty for a one-round request)
+    rounds: list[RoundRecord] = field(default_factory=list)
 
     @property
     def cost_usd(self) -> float:
-        return sum(s.cost_usd + sum(x.cost_usd for x in _flatten(s.substeps)) for s in self.steps)
+        return sum(s.cost_usd for s in self.steps)
 
     @property
     def input_tokens(self) -> int:
-        return sum(s.input_tokens + sum(x.input_tokens for x in _flatten(s.substeps)) for s in self.steps)
+        return sum(s.input_tokens for s in self.steps)
 
     @property
     def output_tokens(self) -> int:
-        return sum(s.output_tokens + sum(x.output_tokens for x in _flatten(s.substeps)) for s in self.steps)
+        return sum(s.output_tokens for s in self.steps)
 
     @property
     def tokens(self) -> int:
@@ -182,13 +215,18 @@ class Trace:
 
     @property
     def calls(self) -> int:
-        """Steps a worker answered (recursion counts its inner steps)."""
-        return sum(1 for s in _flatten(self.steps) if s.status == "ok")
+        """Steps a worker answered, in every round."""
+        return sum(1 for s in self.steps if s.status == "ok")
 
     @property
     def attempts(self) -> list[Attempt]:
-        """Every call made to a worker, first tries, fallbacks and recursion alike."""
-        return [a for s in _flatten(self.steps) for a in s.attempts]
+        """Every call made to a worker, first tries and fallbacks alike, in every round."""
+        return [a for s in self.steps for a in s.attempts]
+
+    @property
+    def rounds_run(self) -> int:
+        """Rounds whose steps ran: 1, plus one per review that added steps."""
+        return 1 + sum(1 for r in self.rounds if r.decision == "continue")
 
     @property
     def workers_called(self) -> list[str]:
@@ -217,11 +255,3 @@ class Trace:
             latency_s=self.latency_s,
         )
         return d
-
-
-def _flatten(records: list[StepRecord]) -> list[StepRecord]:
-    out: list[StepRecord] = []
-    for r in records:
-        out.append(r)
-        out.extend(_flatten(r.substeps))
-    return out

@@ -8,9 +8,9 @@ The Conductor writes, after optional free-text reasoning, three equal-length Pyt
     access_list = [[], "all"]
 
 ``access_list`` entries are ``"all"`` (see every earlier step), ``[]`` (see none) or a list of
-earlier step indices (an extension of the paper). A worker id equal to the pool size names the
-Conductor itself (recursion), accepted only with ``allow_recursion=True``, which callers derive
-from the one recursion setting, ``Limits.recursion_depth``. Parsing uses ``ast.literal_eval`` on
+earlier step indices (an extension of the paper). Worker ids run from 0 to the pool size - 1. A
+later round's continuation is parsed with ``first_index`` = the steps so far, so its steps are
+numbered after them and may see any of them. Parsing uses ``ast.literal_eval`` on
 bracket-matched list literals, never ``eval``; anything malformed raises :class:`ParseError`
 with a message saying what is wrong. When a list name occurs several times (a model that
 "thinks out loud"), the last occurrence wins; occurrences inside another list (an instruction
@@ -184,19 +184,18 @@ def parse(
     *,
     pool_size: int,
     max_steps: int = DEFAULT_MAX_STEPS,
-    allow_recursion: bool = False,
     allow_empty: bool = False,
+    first_index: int = 0,
 ) -> Workflow:
     """Parse a Conductor completion into a :class:`Workflow`.
 
     Args:
         text: the completion: optional reasoning, then the three lists.
-        pool_size: number of workers shown to the Conductor; id ``pool_size`` means "myself".
+        pool_size: number of workers shown to the Conductor (ids ``0 .. pool_size - 1``).
         max_steps: upper bound on the number of steps.
-        allow_recursion: whether id ``pool_size`` ("yourself") is accepted; pass
-            ``limits.allows_recursion(depth)``. Off by default, so a caller that forgets the
-            setting cannot turn a "call nobody" plan into a valid workflow.
-        allow_empty: accept three empty lists (a recursive call that keeps the parent's answer).
+        allow_empty: accept three empty lists (a later round's review that keeps the answer).
+        first_index: the index of the first step (a later round's continuation: the number of
+            steps so far); access lists may name any step before each step's own index.
 
     Raises:
         ParseError: with a message naming the problem.
@@ -214,7 +213,7 @@ def parse(
         raise ParseError("the workflow has no steps")
     if len(ids) > max_steps:
         raise ParseError(f"the workflow has {len(ids)} steps; at most {max_steps} are allowed")
-    top = pool_size if allow_recursion else pool_size - 1
+    top = pool_size - 1
     steps: list[Step] = []
     for i, (wid, sub, acc) in enumerate(zip(ids, subtasks, access, strict=True)):
         if isinstance(wid, bool) or not isinstance(wid, int):
@@ -225,7 +224,8 @@ def parse(
             raise ParseError(f"subtasks[{i}] must be a string, got {type(sub).__name__}")
         if not sub.strip():
             raise ParseError(f"subtasks[{i}] is empty")
-        steps.append(Step(worker=wid, instruction=sub.strip(), access=_parse_access(acc, i)))
+        access = _parse_access(acc, first_index + i)
+        steps.append(Step(worker=wid, instruction=sub.strip(), access=access))
     reasoning = text[: min(m.start() for n in LIST_NAMES for m in [_ASSIGN[n].search(text)] if m)].strip()
     return Workflow(steps=tuple(steps), reasoning=reasoning)
 
@@ -243,7 +243,7 @@ def render(workflow: Workflow, *, reasoning: str | None = None) -> str:
 
     ``parse(render(w)) == w`` for every workflow ``parse`` can return (stripped, non-empty
     instructions; a first step whose access is ``()``, which is how ``parse`` reads a first step's
-    ``"all"``), given ``allow_recursion`` when ``w`` names the Conductor."""
+    ``"all"``)."""
     r = workflow.reasoning if reasoning is None else reasoning
     ids = "[" + ", ".join(str(s.worker) for s in workflow.steps) + "]"
     subs = "[" + ", ".join(repr(s.instruction) for s in workflow.steps) + "]"

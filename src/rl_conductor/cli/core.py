@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rl_conductor.cli.app import app, pool_app
-from rl_conductor.cli.options import choice, count, positive
+from rl_conductor.cli.options import choice, count, non_negative, positive
 
 # a fixed width when not on a terminal (CI logs, pipes), so tables keep their columns whole
 console = Console(stderr=False, width=None if Console().is_terminal else 130)
@@ -26,7 +26,12 @@ def _write_json(path: Path | None, payload: Any) -> None:
 
 
 def _limits(
-    max_cost_usd: float | None, sensitivity: str, allowed: str | None, max_latency_s: float | None = None
+    max_cost_usd: float | None,
+    sensitivity: str,
+    allowed: str | None,
+    max_latency_s: float | None = None,
+    max_rounds: int = 1,
+    max_calls: int | None = None,
 ) -> Any:
     from rl_conductor import validation
     from rl_conductor.trace import Limits
@@ -39,6 +44,8 @@ def _limits(
         max_latency_s=max_latency_s,
         sensitivity=sensitivity,  # type: ignore[arg-type]
         allowed_workers=frozenset(a for a in allowed.split(",") if a) if allowed else None,
+        max_rounds=max_rounds,
+        max_calls=max_calls,
     )
 
 
@@ -51,6 +58,88 @@ SplitOpt = Annotated[str, typer.Option(callback=choice(*SPLITS), help=" | ".join
 
 def _dataset_for(pool: Any, dataset: str | None) -> str:
     return dataset or str(pool.options.get("default_dataset", "paper-mix"))
+
+
+CostWeightOpt = Annotated[
+    float | None,
+    typer.Option(
+        callback=non_negative,
+        help="score every policy (and fit knn / domain-router) at this cost weight (>= 0; default: "
+        "the Conductor's own, from its conductor.json, else the preset's)",
+    ),
+]
+RewardPresetOpt = Annotated[
+    str | None,
+    typer.Option(
+        callback=choice("cost-aware", "paper"),
+        help="cost-aware | paper (default: the Conductor's own, else cost-aware)",
+    ),
+]
+MaxRoundsOpt = Annotated[
+    int,
+    typer.Option(
+        callback=count(1),
+        help="rounds a policy may use (>= 1): after each but the last, one that reviews (the "
+        "Conductor, cascade) reads the answers so far and keeps them or adds steps; 1 = plan once",
+    ),
+]
+MaxCallsOpt = Annotated[
+    int | None, typer.Option(callback=count(1), help="most worker calls per question over all rounds")
+]
+FitLimitOpt = Annotated[
+    int | None,
+    typer.Option(callback=count(1), help="fit knn / domain-router on N training questions (default: all)"),
+]
+
+
+def trained_meta(policies: list[str]) -> dict[str, Any]:
+    """The ``conductor.json`` of the first ``conductor:DIR`` policy (empty when none, or when the
+    folder has none): what it was trained on and with which reward."""
+    from rl_conductor.policies.conductor import CONFIG_FILE, model_source
+
+    for spec in policies:
+        kind, _, arg = spec.partition(":")
+        if kind != "conductor" or not arg:
+            continue
+        src = model_source(arg)
+        if isinstance(src, Path) and (src / CONFIG_FILE).is_file():
+            import json
+
+            meta: dict[str, Any] = json.loads((src / CONFIG_FILE).read_text(encoding="utf-8"))
+            return meta
+        return {}
+    return {}
+
+
+def trained_reward(meta: dict[str, Any]) -> Any:
+    """The reward a Conductor was trained with, from its ``conductor.json`` (None: unknown):
+    ``reward`` as recorded, or for older models rebuilt from ``train_config``."""
+    from rl_conductor.reward import reward_config, reward_from_dict
+
+    if isinstance(meta.get("reward"), dict):
+        return reward_from_dict(meta["reward"])
+    cfg = meta.get("train_config")
+    if isinstance(cfg, dict) and cfg.get("reward_preset"):
+        return reward_config(
+            str(cfg["reward_preset"]), cost_weight=cfg.get("cost_weight"), cost_scale=cfg.get("cost_scale")
+        )
+    return None
+
+
+def eval_reward(policies: list[str], reward_preset: str | None, cost_weight: float | None) -> Any:
+    """The reward every policy of an evaluation is scored (and every router fitted) with: the
+    options where given, on top of the Conductor's own reward (the first ``conductor:DIR``'s
+    ``conductor.json``), else the cost-aware preset."""
+    from dataclasses import replace
+
+    from rl_conductor.reward import reward_config
+
+    if reward_preset is not None:
+        return reward_config(reward_preset, cost_weight=cost_weight)
+    own = trained_reward(trained_meta(policies))
+    if own is None:
+        return reward_config("cost-aware", cost_weight=cost_weight)
+    return own if cost_weight is None else replace(own, cost_weight=cost_weight)
 
 
 @pool_app.command("list")
@@ -187,30 +276,55 @@ def run_eval(
     allowed: str | None = None,
     concurrency: int = 32,
     progress: bool = True,
+    reward_preset: str | None = None,
+    cost_weight: float | None = None,
+    fit_limit: int | None = None,
+    max_rounds: int = 1,
+    max_calls: int | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate policies on one task set; returns their summaries (library entry used by the CLI,
-    the KFP evaluation component and benchmarks)."""
+    the KFP evaluation component and benchmarks).
+
+    Every policy is scored with one reward (:func:`eval_reward`: the options, else the
+    Conductor's own), and ``knn`` / ``domain-router`` are fitted at that reward on every training
+    question (``fit_limit``: a seeded sample of that many)."""
     from rl_conductor.evaluation.runner import evaluate
     from rl_conductor.policies.base import make_policy
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.workers.pool import load_pool
 
-    lim = _limits(max_cost_usd, sensitivity, allowed, max_latency_s)
+    lim = _limits(max_cost_usd, sensitivity, allowed, max_latency_s, max_rounds, max_calls)
     p = load_pool(pool, seed=seed)
     for name in sorted(lim.allowed_workers or ()):
         p.index(name)  # an unknown name would silently allow nobody: UnknownWorker lists the pool's
     ds = _dataset_for(p, dataset)
     tasks = load_tasks(ds, split=split, limit=limit, seed=seed)
     view = p.view()
+    rc = eval_reward(policies, reward_preset, cost_weight)
     # every spec is built before any runs, so a bad one fails before minutes of evaluation
-    built = [make_policy(spec, p, seed=seed, dataset=ds) for spec in policies]
+    built = [
+        make_policy(spec, p, seed=seed, dataset=ds, reward_config=rc, fit_limit=fit_limit)
+        for spec in policies
+    ]
     out = []
     for pol in built:
-        res = evaluate(pol, view, tasks, lim, concurrency=concurrency, progress=progress)
+        res = evaluate(pol, view, tasks, lim, concurrency=concurrency, progress=progress, reward_config=rc)
         summary = res.summary()
         summary.update(dataset=ds, split=split)
         out.append(summary)
     return out
+
+
+def fail_if_nothing_answered(summaries: list[dict[str, Any]]) -> None:
+    """Exit 1 naming each policy whose every worker call failed (its 0 % measures a broken pool
+    or recordings file, not the policy)."""
+    from rl_conductor.evaluation.runner import every_call_failed
+
+    reasons = [r for r in map(every_call_failed, summaries) if r]
+    for reason in reasons:
+        typer.echo(f"error: {reason}", err=True)
+    if reasons:
+        raise typer.Exit(1)
 
 
 @app.command("eval")
@@ -222,8 +336,13 @@ def eval_cmd(
             "knn | domain-router | fixed:0,1 | conductor:DIR (repeatable; the specs `serve --policy` takes)"
         ),
     ],
-    pool: Annotated[str, typer.Option(help="pool name or YAML path")] = "paper-sim",
-    dataset: Annotated[str | None, typer.Option(help="dataset (default: the pool's)")] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(help="pool name or YAML path (default: the Conductor's training pool, else paper-sim)"),
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option(help="dataset (default: the Conductor's with its pool, else the pool's)")
+    ] = None,
     split: SplitOpt = "test",
     limit: LimitOpt = None,
     seed: SeedOpt = 0,
@@ -240,10 +359,20 @@ def eval_cmd(
     allowed_workers: Annotated[str | None, typer.Option(help="comma-separated worker names")] = None,
     concurrency: Annotated[int, typer.Option(callback=count(1), help="tasks in flight (>= 1)")] = 32,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the summary JSON here")] = None,
+    cost_weight: CostWeightOpt = None,
+    reward_preset: RewardPresetOpt = None,
+    fit_limit: FitLimitOpt = None,
+    max_rounds: MaxRoundsOpt = 1,
+    max_calls: MaxCallsOpt = None,
 ) -> None:
-    """Evaluate one or more policies on a pool and print a table."""
+    """Evaluate one or more policies on a pool and print a table.
+
+    Every policy is scored with one reward (the Conductor's own by default) and the routers are
+    fitted at it. With a ``conductor:DIR`` policy, ``--pool`` and ``--dataset`` default to what it
+    was trained on (its ``conductor.json``). Exits 1 when every worker call of a policy failed."""
     from rl_conductor.evaluation.report import behaviour_table, domain_table, print_table
 
+    pool, dataset = _trained_defaults(policy, pool, dataset)
     summaries = run_eval(
         policy,
         pool=pool,
@@ -256,12 +385,38 @@ def eval_cmd(
         sensitivity=sensitivity,
         allowed=allowed_workers,
         concurrency=concurrency,
+        reward_preset=reward_preset,
+        cost_weight=cost_weight,
+        fit_limit=fit_limit,
+        max_rounds=max_rounds,
+        max_calls=max_calls,
     )
     print_table(summaries, title=f"{pool} / {summaries[0]['dataset']} / {split}")
     for s in summaries:
         console.print(domain_table(s))
     console.print(behaviour_table(summaries))
+    console.print(_reward_line(summaries[0]))
     _write_json(json_out, summaries[0] if len(summaries) == 1 else {"results": summaries})
+    fail_if_nothing_answered(summaries)
+
+
+def _reward_line(summary: dict[str, Any]) -> str:
+    r = summary.get("reward") or {}
+    weight, scale = r.get("cost_weight", "?"), r.get("cost_scale", "?")
+    return f"reward: cost weight {weight} per ${scale} (every policy scored and every router fitted at it)"
+
+
+def _trained_defaults(policies: list[str], pool: str | None, dataset: str | None) -> tuple[str, str | None]:
+    """``--pool`` / ``--dataset`` when not given: the Conductor's training pool and dataset (its
+    ``conductor.json``), else ``paper-sim`` and the pool's default dataset."""
+    meta = trained_meta(policies) if pool is None or dataset is None else {}
+    if pool is None:
+        pool = str(meta.get("pool") or "paper-sim")
+        trained_on = str(meta.get("dataset") or "")
+        # a pipeline's prepared-<id> dataset exists only inside that pipeline's steps
+        if dataset is None and meta.get("pool") and trained_on and not trained_on.startswith("prepared-"):
+            dataset = trained_on
+    return pool, dataset
 
 
 def baseline_specs(pool: str) -> list[str]:
@@ -311,8 +466,17 @@ def compare_cmd(
     behaviour: Annotated[
         bool, typer.Option(help="print per domain which workers each policy calls and its workflow shapes")
     ] = True,
+    cost_weight: CostWeightOpt = None,
+    reward_preset: RewardPresetOpt = None,
+    fit_limit: FitLimitOpt = None,
+    max_rounds: MaxRoundsOpt = 1,
 ) -> None:
-    """Evaluate every baseline (and extra policies) side by side; table, JSON and Pareto chart."""
+    """Evaluate every baseline (and extra policies) side by side; table, JSON and Pareto chart.
+
+    Every policy is scored with one reward — ``--cost-weight`` / ``--reward-preset``, else the
+    reward the first ``--policy conductor:DIR`` was trained with — and knn / domain-router are
+    fitted at it on every training question (``--fit-limit N``: N of them). Exits 1 when every
+    worker call of a policy failed."""
     from rl_conductor.evaluation.report import (
         behaviour_table,
         budget_label,
@@ -348,6 +512,10 @@ def compare_cmd(
                 seed=seed,
                 max_cost_usd=amount,
                 max_latency_s=deadline,
+                reward_preset=reward_preset,
+                cost_weight=cost_weight,
+                fit_limit=fit_limit,
+                max_rounds=max_rounds,
             )
             for s in runs:
                 s["budget"] = budget_label(amount)
@@ -366,6 +534,7 @@ def compare_cmd(
         console.print(budget_table(by_budget))
     if len(times) > 1:
         console.print(deadline_table(by_deadline))
+    console.print(_reward_line(summaries[0]))
     _write_json(json_out, {"results": summaries})
     if plot:
         n = summaries[0]["n"]
@@ -380,3 +549,4 @@ def compare_cmd(
                 by_deadline, latency_png, title=f"{pool}: accuracy under deadlines ({split}, n={n})"
             )
             console.print(f"[dim]wrote {latency_png}[/dim]")
+    fail_if_nothing_answered(summaries)

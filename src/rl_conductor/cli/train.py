@@ -13,11 +13,24 @@ from rl_conductor.cli.core import console
 from rl_conductor.cli.options import count, non_negative, positive
 
 
+def preset_names() -> list[str]:
+    """The training presets shipped in ``rl_conductor/configs/train`` — what
+    :func:`rl_conductor.training.config.available_presets` lists, read without importing it (the
+    CLI builds its help before any command runs)."""
+    from importlib import resources
+
+    folder = resources.files("rl_conductor").joinpath("configs", "train")
+    return sorted(f.name[: -len(".yaml")] for f in folder.iterdir() if f.name.endswith(".yaml"))
+
+
 @app.command("train")
 def train_cmd(
     out: Annotated[Path, typer.Option(help="output folder (final model in OUT/final)")],
-    preset: Annotated[str, typer.Option(help="tiny | smol | gpu | a YAML path")] = "tiny",
-    pool: Annotated[str | None, typer.Option(help="worker pool (overrides the preset)")] = None,
+    preset: Annotated[str, typer.Option(help=" | ".join([*preset_names(), "a YAML path"]))] = "tiny",
+    pool: Annotated[
+        str | None,
+        typer.Option(help="worker pool (overrides the preset's; the dataset is then that pool's default)"),
+    ] = None,
     dataset: Annotated[str | None, typer.Option(help="training dataset (overrides the pool default)")] = None,
     model: Annotated[str | None, typer.Option(help="tiny | smol | folder | s3://… | HF id")] = None,
     grpo_steps: Annotated[
@@ -70,36 +83,60 @@ def train_cmd(
 def plan_cmd(
     model_dir: Annotated[Path, typer.Argument(help="a trained Conductor folder")],
     question: Annotated[str, typer.Argument(help="the question to plan for")],
-    pool: Annotated[str, typer.Option(help="worker pool shown to the Conductor")] = "paper-sim",
+    pool: Annotated[
+        str | None,
+        typer.Option(help="worker pool shown to the Conductor (default: the one it was trained for)"),
+    ] = None,
     max_cost_usd: Annotated[float | None, typer.Option(callback=positive, help="budget in USD (> 0)")] = None,
     execute_plan: Annotated[
         bool, typer.Option("--execute", help="also run the workflow on the pool")
     ] = False,
+    max_rounds: Annotated[
+        int | None,
+        typer.Option(
+            callback=count(1),
+            help="rounds with --execute: after each but the last the Conductor reads the answers so "
+            "far and keeps them or adds steps (default: its conductor.json's, else 1)",
+        ),
+    ] = None,
 ) -> None:
     """Print the workflow the Conductor would run for a question."""
     import asyncio
 
+    from rl_conductor.cli.core import trained_meta
     from rl_conductor.policies.conductor import ConductorPolicy
     from rl_conductor.tasks.base import Task
     from rl_conductor.trace import Limits
     from rl_conductor.workers.pool import load_pool
 
-    p = load_pool(pool)
+    p = load_pool(pool or str(trained_meta([f"conductor:{model_dir}"]).get("pool") or "paper-sim"))
     view = p.view()
     pol = ConductorPolicy(str(model_dir))
     task = Task(id="cli/question", question=question, answer="", domain="unknown", source="cli", grader="qa")
-    limits = Limits(max_cost_usd=max_cost_usd)
+    rounds = max_rounds or int(pol.meta.get("max_rounds", 1))
+    limits = Limits(max_cost_usd=max_cost_usd, max_rounds=rounds)
     plan = asyncio.run(pol.plan(task, view, limits))
     console.print("[bold]raw completion[/bold]")
     console.print(plan.text, markup=False)
     if plan.fallback:
         console.print(f"[yellow]unparseable ({plan.parse_error}); fallback plan used[/yellow]")
     for i, s in enumerate(plan.workflow.steps):
-        who = "conductor (recursion)" if s.worker == len(view) else view.worker(s.worker).info.name
+        who = view.worker(s.worker).info.name
         console.print(f"step {i}: {who} sees {list(s.visible(i))}: {s.instruction}", markup=False)
     if execute_plan:
         from rl_conductor.executor import execute
 
-        trace = asyncio.run(execute(plan.workflow, task, view, limits, recursion=pol.recursion_hook(view)))
+        trace = asyncio.run(execute(plan.workflow, task, view, limits, review=pol.review_hook(limits)))
+        for r in trace.rounds[1:]:
+            shown = ", ".join("-" if x is None else x[:40] for x in r.answers)
+            console.print(
+                f"round {r.index}: saw answers [{shown}] (agree: {r.agree}) -> {r.decision}"
+                + (f" {r.reason}" if r.reason else "")
+                + f", ${r.cost_usd:.5f}",
+                markup=False,
+            )
+            for i in r.steps:
+                s = trace.steps[i]
+                console.print(f"  step {i}: {s.worker} sees {s.visible}: {s.instruction}", markup=False)
         console.print(f"final answer: {trace.final_answer}", markup=False)
         console.print(f"cost ${trace.cost_usd:.5f}, tokens {trace.tokens}, calls {trace.calls}")

@@ -18,6 +18,9 @@ COLUMNS = [
     ("mean_calls", "calls", "{:.2f}"),
     ("p50_latency_s", "p50 s", "{:.1f}"),
     ("p95_latency_s", "p95 s", "{:.1f}"),
+    ("mean_reward", "reward", "{:.4f}"),
+    ("failed_call_rate", "failed calls %", "{:.1%}"),
+    ("multi_round_rate", "rounds>1 %", "{:.1%}"),
 ]
 
 

@@ -7,7 +7,9 @@
      Conductor's text did not parse), "worker_fallback_rate" (share of questions where a worker failed
      and another of its hosting class was called instead: ``Trace.worker_fallbacks``),
      "deadline_cut_rate" (share of questions where the deadline skipped a step, capped an answer
-     or cut the plan to its answering step before it ran),
+     or cut the plan to its answering step before it ran), "failed_call_rate" (share of worker
+     calls that failed: error, timeout or empty answer), "call_errors" (the most frequent failure
+     messages with their counts), "reward" (the reward config every record was scored with),
      "by_domain": {domain: {...same metrics}}}
 
 Accuracy is in [0, 1]; latency is the critical path of the workers' reported latencies (what the
@@ -45,6 +47,8 @@ from rl_conductor.workers.pool import PoolView
 
 #: Workflow shapes listed by name in a summary; rarer ones are counted as ``other``.
 SHAPES_KEPT = 8
+#: Distinct call failure messages kept in a summary (``call_errors``), most frequent first.
+ERRORS_KEPT = 3
 
 
 @dataclass
@@ -65,6 +69,13 @@ class Record:
     sees_earlier: bool = False
     deadline_cut: bool = False
     worker_fallback: bool = False
+    attempts: int = 0
+    failed_calls: int = 0
+    #: rounds whose steps ran (1 = the plan alone), and whether the answers the first review saw
+    #: agreed (None: no review, or fewer than two answers)
+    rounds: int = 1
+    first_agree: bool | None = None
+    errors: list[str] = field(default_factory=list)
 
 
 #: How a step that never reached a worker (skipped before any call) is named in the views.
@@ -107,11 +118,28 @@ def _behaviour(records: Sequence[Record]) -> dict[str, Any]:
     }
 
 
+def _rounds(records: Sequence[Record]) -> dict[str, Any]:
+    """``mean_rounds``, ``multi_round_rate`` (share of questions with more than one round) and
+    that share among questions whose first answers agreed / disagreed (None where there were none)."""
+
+    def share(rs: Sequence[Record]) -> float | None:
+        return float(np.mean([r.rounds > 1 for r in rs])) if rs else None
+
+    return {
+        "mean_rounds": float(np.mean([r.rounds for r in records])),
+        "multi_round_rate": share(records),
+        "multi_round_rate_agree": share([r for r in records if r.first_agree is True]),
+        "multi_round_rate_disagree": share([r for r in records if r.first_agree is False]),
+    }
+
+
 def summarize(records: Sequence[Record]) -> dict[str, Any]:
     """Aggregate metrics of a list of records (see module docstring)."""
     if not records:
         return {"n": 0}
     lat = np.array([r.latency_s for r in records])
+    attempts = sum(r.attempts for r in records)
+    errors = Counter(e for r in records for e in r.errors).most_common(ERRORS_KEPT)
     return {
         "n": len(records),
         "accuracy": float(np.mean([r.correct for r in records])),
@@ -126,6 +154,9 @@ def summarize(records: Sequence[Record]) -> dict[str, Any]:
         "worker_fallback_rate": float(np.mean([r.worker_fallback for r in records])),
         "deadline_cut_rate": float(np.mean([r.deadline_cut for r in records])),
         "mean_reward": float(np.mean([r.reward for r in records])),
+        "failed_call_rate": sum(r.failed_calls for r in records) / attempts if attempts else 0.0,
+        **_rounds(records),
+        "call_errors": {e: n for e, n in errors},
         **_behaviour(records),
     }
 
@@ -136,8 +167,11 @@ class EvalResult:
     pool: str
     records: list[Record]
 
+    reward: dict[str, float] = field(default_factory=dict)
+
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"policy": self.policy, "pool": self.pool, **summarize(self.records)}
+        out["reward"] = dict(self.reward)
         by: dict[str, list[Record]] = defaultdict(list)
         for r in self.records:
             by[r.domain].append(r)
@@ -164,7 +198,7 @@ def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
         tokens=t.tokens,
         cost_usd=t.cost_usd,
         calls=t.calls,
-        steps=len(ep.plan.workflow.steps),
+        steps=len(ep.plan.workflow.steps) + sum(len(r.steps) for r in t.rounds[1:]),
         latency_s=t.latency_s,
         parsed=ep.plan.parse_error is None,
         fallback=ep.plan.fallback,
@@ -173,6 +207,11 @@ def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
         sees_earlier=any(s.visible for s in t.steps),
         deadline_cut=deadline_shortened(t),
         worker_fallback=t.worker_fallbacks > 0,
+        rounds=t.rounds_run,
+        first_agree=t.rounds[1].agree if len(t.rounds) > 1 else None,
+        attempts=len(t.attempts),
+        failed_calls=sum(a.status != "ok" for a in t.attempts),
+        errors=[a.error or a.status for a in t.attempts if a.status != "ok"],
     )
 
 
@@ -188,28 +227,34 @@ async def evaluate_async(
     reward_config: RewardConfig | None = None,
 ) -> EvalResult:
     """Run ``policy`` on every task, ``concurrency`` tasks at a time (one ``run_many`` batch, so
-    LM policies batch their generation), and collect records in task order."""
+    LM policies batch their generation), and collect records in task order, each scored with
+    ``reward_config`` (the default reward when None). Progress: a bar on a terminal, plain lines
+    elsewhere (:mod:`rl_conductor.progress`)."""
+    from rl_conductor.progress import progress as progress_display
+
     limits = limits or Limits()
     records: list[Record] = []
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        disable=not progress,
-        transient=True,
-    ) as bar:
+    rc = reward_config or RewardConfig()
+    with progress_display(progress) as bar:
         pid = bar.add_task(description or f"eval {policy.name}", total=len(tasks))
         for start in range(0, len(tasks), concurrency):
             chunk = list(tasks[start : start + concurrency])
             episodes = await policy.run_many(chunk, view, limits)
-            rc = reward_config or RewardConfig()
             records.extend(_record(t, ep, rc) for t, ep in zip(chunk, episodes, strict=True))
             bar.advance(pid, len(chunk))
-    return EvalResult(policy=policy.name, pool=view.pool.name, records=records)
+    return EvalResult(policy=policy.name, pool=view.pool.name, records=records, reward=rc.to_dict())
+
+
+def every_call_failed(summary: dict[str, Any]) -> str | None:
+    """Why a policy's evaluation measured nothing — every worker call it made failed — or None.
+    The CLI exits non-zero with this line: a 0 % that is a broken pool must not look like a
+    result."""
+    rate, n = summary.get("failed_call_rate"), summary.get("n", 0)
+    if not n or rate is None or rate < 1.0:
+        return None
+    errors = summary.get("call_errors") or {}
+    top = next(iter(errors), "no message")
+    return f"policy {summary.get('policy')!r}: every worker call failed on all {n} questions; e.g. {top}"
 
 
 def evaluate(

@@ -99,6 +99,7 @@ REGISTERED_METRICS = (
     "verify_rate",
     "baseline_accuracy",
     "baseline_mean_cost_usd",
+    "baseline_mean_reward",
 )
 
 
@@ -455,9 +456,11 @@ def evaluate_step(
     """Run the Conductor and every baseline (routers included) on the prepared test split.
 
     ``outputs`` names local files for ``report_md``, ``report_html``, ``pareto_png`` and
-    ``results_json``; they are also copied to ``<artifact root>/<run tag>/reports/``. The kNN
-    and domain routers are fitted on the prepared train split. The best of the gate's baselines
-    (``tracking.gate.best_baseline``) is attached to the Conductor's summary as ``baseline_*``.
+    ``results_json``; they are also copied to ``<artifact root>/<run tag>/reports/``. Every
+    policy is scored with the reward the Conductor was trained with (its ``conductor.json``), and
+    the kNN and domain routers are fitted at that reward on the whole prepared train split. The
+    best of the gate's baselines at that reward (``tracking.gate.best_baseline``) is attached to
+    the Conductor's summary as ``baseline_*``.
     Under each of ``budgets`` (USD per request) the Conductor and the two routers run the same
     questions again; the report shows them side by side and ``results.json`` keeps them under
     ``budget_results``. (Single workers under a budget: ``conductor compare --budgets``; left out
@@ -484,9 +487,13 @@ def evaluate_step(
     split_id = test_split_id(tests, pool, seed)
     conductor_spec = f"conductor:{model_dir}"
     specs = [conductor_spec, *baseline_specs(pool)]
-    # every evaluation of this step: the same pool, prepared test split and seed
+    # every evaluation of this step: the same pool, prepared test split and seed, and the rounds
+    # the Conductor was trained for (``max_rounds`` in its conductor.json; the pipeline's
+    # train_overrides set it)
+    meta_path = Path(model_dir) / "conductor.json"
+    rounds = int(json.loads(meta_path.read_text()).get("max_rounds", 1)) if meta_path.is_file() else 1
     same_questions: dict[str, Any] = dict(
-        pool=pool, dataset=dataset, split="test", limit=None, seed=seed, progress=False
+        pool=pool, dataset=dataset, split="test", limit=None, seed=seed, progress=False, max_rounds=rounds
     )
 
     def evaluated(
@@ -526,6 +533,7 @@ def evaluate_step(
         "seed": seed,
         "best_baseline": baseline,
         "max_latency_s": max_latency_s,
+        "reward": conductor.get("reward"),
     }
     write_reports(
         ordered,

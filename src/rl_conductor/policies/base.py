@@ -3,6 +3,10 @@
 Every policy, learned or fixed, goes through :func:`rl_conductor.executor.execute`, so budgets,
 privacy rules and accounting are identical for all of them. A policy whose answer is not simply
 the last step's output (self-consistency votes; the oracle picks) overrides ``run``.
+
+Rounds: a policy that can look at its workflow's answers and add steps implements :meth:`review`;
+``run`` hands it to the executor as the review hook when the request allows more than one round
+(``Limits.max_rounds``). A policy without ``review`` runs one round whatever the request allows.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_conductor.errors import InvalidSpec, UnknownName, UserError
-from rl_conductor.executor import execute
+from rl_conductor.executor import Continuation, ReviewHook, RoundRequest, execute
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits, Trace
 from rl_conductor.workers.pool import Pool, PoolView
@@ -40,6 +44,8 @@ class Plan:
         trace.workflow_text, trace.fallback_plan = self.text, self.fallback
         trace.plan_cut = self.deadline_cut
         trace.notes[:0] = self.notes
+        if trace.rounds:
+            trace.rounds[0].plan_text = self.text
         return trace
 
 
@@ -62,16 +68,32 @@ class Policy(ABC):
 
     async def run(self, task: Task, view: PoolView, limits: Limits) -> Episode:
         plan = await self.plan(task, view, limits)
-        trace = await execute(plan.workflow, task, view, limits, recursion=self.recursion_hook(view))
+        trace = await execute(plan.workflow, task, view, limits, review=self.review_hook(limits))
         return Episode(plan=plan, trace=plan.annotate(trace))
 
     async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
         """Run several tasks; policies with batched planning (the LM Conductor) override this."""
         return list(await asyncio.gather(*(self.run(t, view, limits) for t in tasks)))
 
-    def recursion_hook(self, view: PoolView) -> Any:
-        """Policies that can be called as a step of their own workflow return a hook here."""
+    async def review(self, request: RoundRequest) -> Continuation | None:
+        """After a round: the steps to add (an empty workflow keeps the answer). None = this
+        policy does not review (one round only); policies that can override it."""
         return None
+
+    def reviews(self) -> bool:
+        """Whether this policy implements :meth:`review`."""
+        return type(self).review is not Policy.review
+
+    def review_hook(self, limits: Limits) -> ReviewHook | None:
+        """The executor's review hook for a request under ``limits`` (None for one round)."""
+        if limits.max_rounds <= 1 or not self.reviews():
+            return None
+
+        async def hook(request: RoundRequest) -> Continuation:
+            cont = await self.review(request)
+            return cont if cont is not None else Continuation(workflow=Workflow(steps=()))
+
+        return hook
 
 
 _REGISTRY = {
@@ -83,6 +105,7 @@ _REGISTRY = {
     "knn": "rl_conductor.policies.knn:KnnRouter",
     "conductor": "rl_conductor.policies.conductor:ConductorPolicy",
     "domain-router": "rl_conductor.policies.routers:DomainRouter",
+    "cascade": "rl_conductor.policies.cascade:Cascade",
     "fixed": "rl_conductor.policies.fixed:FixedPlan",
 }
 

@@ -12,9 +12,10 @@ the workers it can afford stands instead of a call the executor would cut short
 (``constrain=False`` decodes as trained; requests without a budget decode identically either
 way).
 
-When a workflow names the Conductor itself (id = pool size), the recursion hook renders the
-recursive prompt (parent workflow + answer so far), generates an inner workflow and executes it
-one level deeper; three empty lists keep the answer.
+Rounds: where a request allows more than one (``Limits.max_rounds``), :meth:`ConductorPolicy.review`
+renders the review prompt (the workflow so far, each step's extracted answer, whether they agree;
+:func:`~rl_conductor.prompting.review_prompt`) and generates the steps to add, numbered after the
+steps so far; three empty lists keep the answer, and an unparseable review keeps it too.
 """
 
 from __future__ import annotations
@@ -23,23 +24,27 @@ import asyncio
 import json
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rl_conductor.errors import InvalidSpec, model_not_found
-from rl_conductor.executor import RecursionRequest, execute
+from rl_conductor.executor import Continuation, RoundRequest, execute
 from rl_conductor.policies.base import Episode, Plan, Policy
+from rl_conductor.policies.evidence import EvidenceModel
 from rl_conductor.prompting import (
     DEFAULT_MAX_QUESTION_CHARS,
     conductor_prompt,
     over_budget,
     quantile_seconds,
-    recursive_prompt,
+    review_prompt,
 )
+from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, Trace
+from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import ParseError, Step, Workflow, parse, render
 
@@ -91,7 +96,7 @@ def usable_workers(view: PoolView, limits: Limits) -> list[int]:
     return affordable or permitted
 
 
-def allowed_ids(view: PoolView, limits: Limits, *, depth: int = 0) -> frozenset[int] | None:
+def allowed_ids(view: PoolView, limits: Limits) -> frozenset[int] | None:
     """The ids the Conductor may write in its plan's ``model_id`` list under ``limits``, or None
     for every id (no constraint: decoding is exactly as trained).
 
@@ -109,8 +114,6 @@ def allowed_ids(view: PoolView, limits: Limits, *, depth: int = 0) -> frozenset[
     ids = {j for j, i in enumerate(infos) if not over_budget(i, limits.max_cost_usd)}
     if not any(limits.permits(infos[j].name, infos[j].hosting) for j in ids) or len(ids) == len(view):
         return None  # nothing usable is affordable (or everything is): nothing to prefer
-    if limits.allows_recursion(depth):
-        ids.add(len(view))
     return frozenset(ids)
 
 
@@ -129,12 +132,11 @@ def plan_seconds(workflow: Workflow, view: PoolView, quantile: float = 0.5) -> f
     and takes its worker's answer time at ``quantile`` (0.5: the typical answer,
     :func:`~rl_conductor.prompting.typical_seconds`; 0.9: a slow one,
     :func:`~rl_conductor.prompting.quantile_seconds`). ``inf`` when a step's time is unknown (no
-    latency model, or the Conductor itself), so such a plan is always planned again with the
+    latency model), so such a plan is always planned again with the
     deadline in the prompt."""
     finish: list[float] = []
     for i, step in enumerate(workflow.steps):
-        info = view.worker(step.worker).info if step.worker < len(view) else None
-        secs = None if info is None else quantile_seconds(info, quantile)
+        secs = quantile_seconds(view.worker(step.worker).info, quantile)
         if secs is None:
             return math.inf
         start = max((finish[j] for j in step.visible(i)), default=0.0)
@@ -196,6 +198,17 @@ class ConductorPolicy(Policy):
         self.retry_temperature = retry_temperature
         self.max_new_tokens = int(max_new_tokens or self.meta.get("max_completion_length", 256))
         self.max_question_chars = int(self.meta.get("max_question_chars", DEFAULT_MAX_QUESTION_CHARS))
+        self.question_cut = str(self.meta.get("question_cut", "head"))
+        #: per-question evidence the model was trained to read (conductor.json ``evidence``)
+        self.evidence: EvidenceModel | None = None
+        if self.meta.get("evidence", "none") != "none":
+            if not EvidenceModel.exists(self.model_dir):
+                raise model_not_found(
+                    str(model_dir),
+                    f"conductor.json asks for {self.meta['evidence']} evidence; its files are missing",
+                )
+            self.evidence = EvidenceModel.load(self.model_dir)
+        self._embedded: dict[str, Any] = {}
         self.batch_size = batch_size
         self.seed = seed
         #: decode only worker ids the request can use (:func:`allowed_ids`); off = as trained
@@ -255,7 +268,7 @@ class ConductorPolicy(Policy):
         limits: list[Limits],
         *,
         allow_empty: bool = False,
-        depth: int = 0,
+        first_index: int = 0,
     ) -> list[Plan]:
         """Generate for every prompt, retry the unparseable ones, fall back where retries fail."""
         plans: list[Plan | None] = [None] * len(prompts)
@@ -265,7 +278,7 @@ class ConductorPolicy(Policy):
             if not todo:
                 break
             greedy = self.greedy and attempt == 0
-            masks = [allowed_ids(views[i], limits[i], depth=depth) if self.constrain else None for i in todo]
+            masks = [allowed_ids(views[i], limits[i]) if self.constrain else None for i in todo]
             texts = self._generate(
                 [prompts[i] for i in todo], greedy=greedy, seed=self.seed + attempt, allowed=masks
             )
@@ -276,8 +289,8 @@ class ConductorPolicy(Policy):
                         text,
                         pool_size=len(views[i]),
                         max_steps=limits[i].max_steps,
-                        allow_recursion=limits[i].allows_recursion(depth),
                         allow_empty=allow_empty,
+                        first_index=first_index,
                     )
                     if mask is not None and not set(wf.workers()) <= mask:
                         # a spelling the decoding mask did not follow (e.g. 0x1): retried as unparseable
@@ -317,12 +330,15 @@ class ConductorPolicy(Policy):
         prompt 62.98 / 59.86 / 23.18; p90 check, cut to the answering step first 65.40 / 61.25 /
         23.18 (p75 the same; a median check with the cut 64.71 / 61.25 / 23.18, as it keeps the
         60 s chains the executor then cuts). Set ``deadline_trim`` off to replan without cutting."""
+        evidence = self.task_evidence(tasks)
         first = [
             replace(lim, max_latency_s=None) if self.deadline_check and lim.max_latency_s is not None else lim
             for lim in limits
         ]
         plans = self._parse_all(
-            [self.prompt(t, v, lim) for t, v, lim in zip(tasks, views, first, strict=True)], views, first
+            [self.prompt(t, v, lim, e) for t, v, lim, e in zip(tasks, views, first, evidence, strict=True)],
+            views,
+            first,
         )
         again: list[int] = []
         why: dict[int, str] = {}
@@ -344,7 +360,7 @@ class ConductorPolicy(Policy):
                 again.append(i)
         if again:
             redo = self._parse_all(
-                [self.prompt(tasks[i], views[i], limits[i]) for i in again],
+                [self.prompt(tasks[i], views[i], limits[i], evidence[i]) for i in again],
                 [views[i] for i in again],
                 [limits[i] for i in again],
             )
@@ -372,9 +388,9 @@ class ConductorPolicy(Policy):
         if not self.deadline_trim or deadline is None or plan.fallback or len(steps) < 2:
             return None
         last = steps[-1].worker
-        info = view.worker(last).info if last < len(view) else None
-        if info is None or not limits.permits(info.name, info.hosting):
-            return None  # the Conductor itself, or a worker the executor would replace
+        info = view.worker(last).info
+        if not limits.permits(info.name, info.hosting):
+            return None  # a worker the executor would replace
         short = Workflow(steps=(Step(last, FALLBACK_INSTRUCTION, ()),))
         secs = plan_seconds(short, view, self.deadline_quantile)
         if secs > deadline:
@@ -383,8 +399,35 @@ class ConductorPolicy(Policy):
         return replace(plan, workflow=short, notes=(*plan.notes, note), deadline_cut=True)
 
     # -- Policy -----------------------------------------------------------------------------
-    def prompt(self, task: Task, view: PoolView, limits: Limits) -> str:
-        return conductor_prompt(task, view, limits, max_question_chars=self.max_question_chars)
+    def task_evidence(self, tasks: Sequence[Task]) -> list[dict[str, float] | None]:
+        """Per task, the evidence the prompt shows (None for each when the model reads none).
+        Questions are embedded once per policy (kept in memory: serving embeds each new one)."""
+        if self.evidence is None:
+            return [None] * len(tasks)
+        from rl_conductor.policies.knn_embed import embed
+
+        todo = list(dict.fromkeys(t.question for t in tasks if t.question not in self._embedded))
+        if todo:
+            if len(self._embedded) > 100_000:
+                self._embedded.clear()
+            self._embedded.update(zip(todo, embed(todo), strict=True))
+        emb = np.array([self._embedded[t.question] for t in tasks])
+        return [self.evidence.as_mapping(r) for r in self.evidence.predict(tasks, emb)]
+
+    def prompt(
+        self, task: Task, view: PoolView, limits: Limits, evidence: Mapping[str, float] | None = None
+    ) -> str:
+        """The prompt for ``task``; ``evidence`` defaults to this model's own (:meth:`task_evidence`)."""
+        if evidence is None and self.evidence is not None:
+            evidence = self.task_evidence([task])[0]
+        return conductor_prompt(
+            task,
+            view,
+            limits,
+            max_question_chars=self.max_question_chars,
+            evidence=evidence,
+            question_cut=self.question_cut,
+        )
 
     async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
         with self._lock:
@@ -405,31 +448,34 @@ class ConductorPolicy(Policy):
 
     async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
         plans = await self.plan_many(tasks, view, limits)
-        hook = self.recursion_hook(view)
+        hook = self.review_hook(limits)
 
         async def one(task: Task, plan: Plan) -> Episode:
-            trace = await execute(plan.workflow, task, view, limits, recursion=hook)
+            trace = await execute(plan.workflow, task, view, limits, review=hook)
             return Episode(plan=plan, trace=plan.annotate(trace))
 
         return list(await asyncio.gather(*(one(t, p) for t, p in zip(tasks, plans, strict=True))))
 
-    def recursion_hook(self, view: PoolView) -> Any:
-        async def hook(req: RecursionRequest) -> Trace:
-            prompt = recursive_prompt(
-                req.task,
-                view,
-                req.limits,
-                req.parent,
-                req.answer_so_far,
-                depth=req.depth,
-                max_question_chars=self.max_question_chars,
-            )
-            with self._lock:
-                plan = self._parse_all([prompt], [view], [req.limits], allow_empty=True, depth=req.depth)[0]
-            if plan.fallback or not plan.workflow.steps:
-                return Trace(task_id=req.task.id, final_answer=req.answer_so_far, workflow_text=plan.text)
-            inner = await execute(plan.workflow, req.task, view, req.limits, recursion=hook, depth=req.depth)
-            inner.workflow_text = plan.text
-            return inner
+    async def review(self, request: RoundRequest) -> Continuation:
+        """Read the workflow so far and its answers; keep the answer or add steps (module docstring).
 
-        return hook
+        An unparseable review keeps the answer (its fallback would be a fresh one-step plan, which
+        is no review); the continuation's text is kept on the trace's round record."""
+        summary = summarize(request)
+        prompt = review_prompt(request, summary, max_question_chars=self.max_question_chars)
+        with self._lock:
+            plan = self._parse_all(
+                [prompt],
+                [request.view],
+                [request.limits],
+                allow_empty=True,
+                first_index=len(request.workflow.steps),
+            )[0]
+        steps = () if plan.fallback else plan.workflow.steps
+        return Continuation(
+            workflow=Workflow(steps=steps),
+            text=plan.text,
+            seen=prompt,
+            answers=summary.answers,
+            agree=summary.agree,
+        )

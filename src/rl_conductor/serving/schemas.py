@@ -95,6 +95,12 @@ class WireLimits(BaseModel):
         default=None, description="worker names that may be called"
     )
     max_steps: StrictInt | None = Field(default=None, description="most steps the workflow may run")
+    max_rounds: StrictInt | None = Field(
+        default=None,
+        description="rounds the Conductor may use: after each but the last it reads the answers so "
+        "far and keeps them or adds steps (default: the served model's; 1 = plan once)",
+    )
+    max_calls: StrictInt | None = Field(default=None, description="most worker calls over all rounds")
 
     @field_validator("max_cost_usd")
     @classmethod

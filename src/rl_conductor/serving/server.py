@@ -12,11 +12,14 @@ routes, ``/metrics`` and its CLI flags; the Conductor adds
   the server starts), with ``stream: true`` as server-sent events: one chunk per finished step
   (field ``conductor_step``), then the answer, then a final chunk with ``usage`` and the whole
   response document (``conductor``);
-* a request guard (ASGI middleware) that answers 413 for bodies over the limit and 415 for a
-  POST that is not JSON, and counts requests per endpoint and status class.
+* the request guard (:mod:`.guard`: API keys, request ids, the size/time limits of a request,
+  no model-repository routes, liveness that fails once the model is gone).
 
-Every malformed request becomes a 4xx whose message names the field; only a bug is a 500.
-The top-level ``serving/`` folder (Dockerfile, entry script) is a thin wrapper over :func:`main`.
+Every malformed request becomes a 4xx whose message names the field (one WARNING log line, no
+traceback); a request no worker could answer is a 502 (504 when the deadline left no step) whose
+body says why; only a bug is a 500. A start-up problem (no API keys, a port taken, a bad host) is
+one line ``Error: ...`` and exit status 2. The top-level ``serving/`` folder (Dockerfile, entry
+script) is a thin wrapper over :func:`main`.
 """
 
 from __future__ import annotations
@@ -25,20 +28,24 @@ import argparse
 import asyncio
 import json
 import logging
+import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
 
+import anyio
 import kserve
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from kserve.errors import InvalidInput, ModelNotReady
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
 from rl_conductor.serving import metrics as m
+from rl_conductor.serving.auth import ApiKeys, AuthConfigError, load_keys
+from rl_conductor.serving.guard import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, RequestGuard, header_timeout_protocol
 from rl_conductor.serving.schemas import (
     MAX_BODY_BYTES,
     MAX_INSTANCES,
@@ -54,12 +61,42 @@ from rl_conductor.serving_core import ConductorRequest, RequestError
 
 DEFAULT_MODEL_URI = "models:/conductor@champion"
 DEFAULT_NAME = "conductor"
+#: Where the HTTP server listens unless --host says otherwise: loopback, so a local server is
+#: not reachable from the network by accident (the manifests pass --host=0.0.0.0 in the pod).
+DEFAULT_HOST = "127.0.0.1"
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+log = logging.getLogger("rl_conductor.serving")
+
+
+class BadRequest(InvalidInput):
+    """A 400 whose handler logs one WARNING line (KServe's own logs a traceback at ERROR)."""
+
+
+class WorkersFailed(Exception):
+    """No worker could answer (some) questions of a request: 502, or 504 for a deadline."""
+
+    def __init__(self, docs: list[dict[str, Any]], endpoint: str) -> None:
+        failed = [(i, d) for i, d in enumerate(docs) if d.get("error")]
+        self.status = 504 if all(d.get("deadline_cut") for _, d in failed) else 502
+        where = "" if len(docs) == 1 else f"question {failed[0][0]}: "
+        super().__init__(f"{where}{failed[0][1]['error']}")
+        self.docs = docs
+        self.endpoint = endpoint
+
+
+async def _bad_request_handler(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(status_code=400, content={"error": str(exc)})
+
+
+async def _workers_failed_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, WorkersFailed)
+    log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
+    content: dict[str, Any] = {"error": str(exc)}
+    if exc.endpoint == "v1":
+        content["predictions"] = exc.docs
+    else:
+        content["responses"] = exc.docs
+    return JSONResponse(status_code=exc.status, content=content)
 
 
 class ConductorModel(kserve.Model):
@@ -105,11 +142,14 @@ class ConductorModel(kserve.Model):
             try:
                 service.check(r)
             except RequestError as exc:
-                raise InvalidInput(f"{'instances' if endpoint == 'v1' else 'question'}.{i}: {exc}") from None
+                raise BadRequest(f"{'instances' if endpoint == 'v1' else 'question'}.{i}: {exc}") from None
         try:
-            return list(await asyncio.gather(*(service.answer(r, endpoint=endpoint) for r in requests)))
+            docs = list(await asyncio.gather(*(service.answer(r, endpoint=endpoint) for r in requests)))
         except RequestError as exc:
-            raise InvalidInput(str(exc)) from None
+            raise BadRequest(str(exc)) from None
+        if any(d.get("error") for d in docs):
+            raise WorkersFailed(docs, endpoint)
+        return docs
 
     async def predict(  # type: ignore[override]
         self, payload: Any, headers: dict[str, str] | None = None
@@ -121,7 +161,7 @@ class ConductorModel(kserve.Model):
                 payload = loads(payload)
             requests = parse_v1(payload)
         except WireError as exc:
-            raise InvalidInput(str(exc)) from None
+            raise BadRequest(str(exc)) from None
         return {"predictions": await self.answer_all(requests, "v1")}
 
     async def _predict_v2(self, payload: InferRequest) -> InferResponse:
@@ -132,7 +172,7 @@ class ConductorModel(kserve.Model):
                 to_request({"question": q, **limits}, f"question[{i}]: ") for i, q in enumerate(questions)
             ]
         except WireError as exc:
-            raise InvalidInput(str(exc)) from None
+            raise BadRequest(str(exc)) from None
         docs = await self.answer_all(requests, "v2")
         n = len(docs)
         outputs = [
@@ -167,13 +207,15 @@ def _v2_questions(payload: InferRequest) -> list[str]:
 # -- OpenAI-compatible routes ------------------------------------------------------------------
 
 
-def _openai_error(status: int, message: str, param: str | None = None) -> JSONResponse:
+def _openai_error(
+    status: int, message: str, param: str | None = None, *, code: str | None = None
+) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 404:
         kind = "not_found_error"
     return JSONResponse(
         status_code=status,
-        content={"error": {"message": message, "type": kind, "param": param, "code": None}},
+        content={"error": {"message": message, "type": kind, "param": param, "code": code}},
     )
 
 
@@ -210,13 +252,20 @@ def add_openai_routes(app: FastAPI, model: ConductorModel) -> None:
         except RequestError as exc:
             return _openai_error(400, str(exc))
         cid = f"chatcmpl-{uuid.uuid4().hex}"
+        final = chat.final_step()
         if chat.stream:
             return StreamingResponse(
-                _stream(service, req, cid, model.name),
+                _stream(service, req, cid, model.name, final),
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache"},
             )
-        doc = await service.answer(req, endpoint="openai", request_id=cid)
+        doc = await service.answer(req, endpoint="openai", request_id=cid, final_step=final)
+        if doc.get("error"):
+            status = 504 if doc.get("deadline_cut") else 502
+            log.warning("POST /openai/v1/chat/completions -> %d: %s", status, doc["error"])
+            resp = _openai_error(status, doc["error"], code="workers_failed")
+            body = json.loads(bytes(resp.body))
+            return JSONResponse(status_code=status, content={**body, "conductor": doc})
         return {
             "id": cid,
             "object": "chat.completion",
@@ -243,7 +292,7 @@ def _sse(data: dict[str, Any]) -> bytes:
 
 
 async def _stream(
-    service: ConductorService, req: ConductorRequest, cid: str, name: str
+    service: ConductorService, req: ConductorRequest, cid: str, name: str, final: dict[str, Any]
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
 
@@ -257,145 +306,84 @@ async def _stream(
         }
         return _sse({**body, **extra})
 
+    def step(event: dict[str, Any]) -> bytes:
+        return chunk({}, conductor_step={k: v for k, v in event.items() if not k.endswith("_ns")})
+
     queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     task = asyncio.ensure_future(
-        service.answer(req, endpoint="openai", on_step=queue.put_nowait, request_id=cid)
+        service.answer(req, endpoint="openai", on_step=queue.put_nowait, request_id=cid, final_step=final)
     )
+    getter: asyncio.Future[dict[str, Any]] | None = None
     try:
         yield chunk({"role": "assistant", "content": ""})
         while True:
             getter = asyncio.ensure_future(queue.get())
             done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
             if getter in done:
-                event = getter.result()
-                yield chunk({}, conductor_step={k: v for k, v in event.items() if not k.endswith("_ns")})
+                yield step(getter.result())
                 continue
             getter.cancel()
             break
         while not queue.empty():
-            event = queue.get_nowait()
-            yield chunk({}, conductor_step={k: v for k, v in event.items() if not k.endswith("_ns")})
+            yield step(queue.get_nowait())
         try:
             doc = task.result()
         except Exception as exc:  # a bug mid-stream: tell the client in OpenAI's error shape
-            logging.getLogger("rl_conductor.serving").exception("stream %s failed", cid)
+            log.exception("stream %s failed", cid)
             m.ERRORS.labels("internal").inc()
             yield _sse(
                 {"error": {"message": f"internal error: {exc.__class__.__name__}", "type": "server_error"}}
+            )
+            return
+        if doc.get("error"):  # the status line is sent: the failure is an error event
+            log.warning("POST /openai/v1/chat/completions (stream) failed: %s", doc["error"])
+            m.ERRORS.labels("unavailable").inc()
+            yield _sse(
+                {
+                    "error": {"message": doc["error"], "type": "server_error", "code": "workers_failed"},
+                    "conductor": doc,
+                }
             )
             return
         yield chunk({"content": doc["answer"]})
         yield chunk({}, "stop", usage=_usage(doc), conductor=doc)
         yield b"data: [DONE]\n\n"
     finally:
+        # the client may have left: stop the request and wait for it (its log line and cost),
+        # shielded from the cancellation that closes this generator
+        if getter is not None and not getter.done():
+            getter.cancel()
         if not task.done():
             task.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({task}, timeout=30)
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: no "exception was never retrieved" at GC
 
 
-# -- request guard ------------------------------------------------------------------------------
+# -- start-up ---------------------------------------------------------------------------------
 
 
-def _endpoint(path: str) -> str:
-    for prefix, label in (("/v1/", "v1"), ("/v2/", "v2"), ("/openai/", "openai"), ("/metrics", "metrics")):
-        if path.startswith(prefix):
-            return label
-    return "other"
-
-
-def _is_json(content_type: str) -> bool:
-    main = content_type.split(";", 1)[0].strip().lower()
-    return main == "application/json" or (main.startswith("application/") and main.endswith("+json"))
-
-
-class RequestGuard:
-    """ASGI middleware: 413 for large bodies, 415 for non-JSON POSTs, 400 for bodies that are not
-    strict JSON (no NaN/Infinity, valid UTF-8), and request metrics."""
-
-    def __init__(self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES) -> None:
-        self.app = app
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        endpoint = _endpoint(scope.get("path", ""))
-        status_seen: list[int] = []
-
-        async def counting_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status_seen.append(int(message["status"]))
-            await send(message)
-
-        try:
-            if scope.get("method") == "POST":
-                headers = {
-                    k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])
-                }
-                binary_v2 = endpoint == "v2" and "inference-header-content-length" in headers
-                if not binary_v2 and not _is_json(headers.get("content-type", "")):
-                    got = headers.get("content-type") or "none"
-                    await _reject(counting_send, 415, f"content-type must be application/json, got {got}")
-                    return
-                length = headers.get("content-length", "")
-                if length.isdigit() and int(length) > self.max_body_bytes:
-                    await _reject(counting_send, 413, f"body of {length} bytes exceeds {self.max_body_bytes}")
-                    return
-                body = bytearray()
-                more = True
-                while more:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        return
-                    body += message.get("body", b"")
-                    more = bool(message.get("more_body"))
-                    if len(body) > self.max_body_bytes:
-                        await _reject(counting_send, 413, f"body exceeds {self.max_body_bytes} bytes")
-                        return
-                if not binary_v2:
-                    try:  # strict JSON for every route (FastAPI's own parser accepts NaN/Infinity)
-                        orjson.loads(bytes(body))
-                    except orjson.JSONDecodeError as exc:
-                        await _reject(counting_send, 400, f"the body is not valid JSON: {exc}")
-                        return
-                sent = False
-
-                async def replay() -> Message:
-                    nonlocal sent
-                    if not sent:
-                        sent = True
-                        return {"type": "http.request", "body": bytes(body), "more_body": False}
-                    return await receive()
-
-                await self.app(scope, replay, counting_send)
-            else:
-                await self.app(scope, receive, counting_send)
-        finally:
-            status = status_seen[0] if status_seen else 0
-            if endpoint != "metrics":
-                m.REQUESTS.labels(endpoint, f"{status // 100}xx" if status else "none").inc()
-            if 400 <= status < 500:
-                m.ERRORS.labels("bad_request").inc()
-            elif status >= 500:
-                m.ERRORS.labels("internal").inc()
-
-
-async def _reject(send: Send, status: int, message: str) -> None:
-    body = json.dumps({"error": message}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-def install(app: FastAPI, model: ConductorModel, *, max_body_bytes: int = MAX_BODY_BYTES) -> None:
-    """Add the OpenAI routes and the request guard to KServe's app (before the server starts)."""
+def install(
+    app: FastAPI,
+    model: ConductorModel,
+    *,
+    keys: ApiKeys | None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    body_timeout_s: float = BODY_TIMEOUT_S,
+) -> None:
+    """Add the OpenAI routes, the error handlers and the request guard to KServe's app (before
+    the server starts; KServe adds its own handlers then, which the subclasses here outrank)."""
     add_openai_routes(app, model)
-    app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes)
+    app.add_exception_handler(BadRequest, _bad_request_handler)
+    app.add_exception_handler(WorkersFailed, _workers_failed_handler)
+    app.add_middleware(
+        RequestGuard,
+        keys=keys,
+        is_live=lambda: bool(model.ready and model.service is not None),
+        max_body_bytes=max_body_bytes,
+        body_timeout_s=body_timeout_s,
+    )
 
 
 # -- command line -------------------------------------------------------------------------------
@@ -421,7 +409,44 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pool", required=True, help="pool name or pool YAML path")
     parser.add_argument("--step_timeout_s", type=float, default=120.0, help="per worker call timeout")
     parser.add_argument("--max_batch", type=int, default=32, help="most questions planned in one generation")
+    parser.add_argument(
+        "--max_rounds",
+        type=int,
+        default=None,
+        help="rounds of a request that states none (default: the model's conductor.json, else 1)",
+    )
     parser.add_argument("--max_body_bytes", type=int, default=MAX_BODY_BYTES, help="largest request body")
+    parser.add_argument(
+        "--body_timeout_s",
+        type=float,
+        default=BODY_TIMEOUT_S,
+        help="seconds a client may take to send a request body (then 408 and the connection closes)",
+    )
+    parser.add_argument(
+        "--header_timeout_s",
+        type=float,
+        default=HEADER_TIMEOUT_S,
+        help="seconds a client may take to send a request's headers (then the connection closes)",
+    )
+    parser.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"address the HTTP server binds (default {DEFAULT_HOST}; 0.0.0.0 in a pod)",
+    )
+    parser.add_argument(
+        "--auth",
+        choices=["keys", "none"],
+        default="keys",
+        help="keys (default): every route but the probes and /metrics needs Authorization: Bearer KEY, "
+        "with keys from --api-key-file and/or CONDUCTOR_API_KEYS; none: no authentication (explicit)",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        "--api_key_file",
+        dest="api_key_file",
+        default=None,
+        help="file with one API key per line (a mounted Kubernetes Secret)",
+    )
     parser.add_argument(
         "--trace",
         default=None,
@@ -429,7 +454,100 @@ def build_parser() -> argparse.ArgumentParser:
         help="MLflow trace per request (default: on when MLFLOW_TRACKING_URI is set)",
     )
     parser.add_argument("--experiment", default="conductor-serving", help="MLflow experiment of the traces")
+    # gRPC is off unless asked for (KServe's default is on, on the port self-hosted workers use)
+    parser.set_defaults(enable_grpc=False)
     return parser
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"Error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _check_bind(host: str, port: int, what: str) -> None:
+    """Bind ``host:port`` once (as uvicorn will) so a taken port or a bad host is one line, exit 2."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        _fail(f"{what}: cannot resolve host {host!r}: {exc}")
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as exc:
+        _fail(f"{what}: cannot listen on {host}:{port}: {exc.strerror or exc}")
+    finally:
+        sock.close()
+
+
+def _keys(args: argparse.Namespace) -> ApiKeys | None:
+    try:
+        keys = load_keys(args.api_key_file)
+    except AuthConfigError as exc:
+        _fail(str(exc))
+    if args.auth == "none":
+        if keys is not None:
+            _fail("--auth none with API keys given: drop the keys or the flag")
+        return None
+    if keys is None:
+        _fail(
+            "no API keys: pass --api-key-file FILE or set CONDUCTOR_API_KEYS (one key or several, "
+            "comma-separated), or serve without authentication with --auth none"
+        )
+    return keys
+
+
+def _serve(server: kserve.ModelServer, model: ConductorModel, args: argparse.Namespace) -> None:
+    """KServe's ``ModelServer.start`` for one uvicorn worker, with the HTTP server's host and its
+    header timeout set (KServe binds 0.0.0.0 and has neither flag), and gRPC without the model
+    repository RPCs."""
+    from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
+    from kserve.protocol.grpc.server import GRPCServer
+    from kserve.protocol.rest.server import RESTServer
+
+    server._register_and_check_atleast_one_model_is_ready([model])
+    rest = RESTServer(
+        FASTAPI_APP_IMPORT_STRING,
+        server.dataplane,
+        server.model_repository_extension,
+        server.http_port,
+        workers=1,
+        grace_period=server.grace_period,
+        event_loop=server.event_loop,
+        timeout_keep_alive=server.timeout_keep_alive,
+    )
+    rest.config.host = args.host
+    rest.config.http = header_timeout_protocol(args.header_timeout_s)
+    server._rest_server = rest
+    server.servers.append(rest.start())
+    if server.enable_grpc:
+        grpc = GRPCServer(
+            server.grpc_port,
+            server.dataplane,
+            NoRepository(server.registered_models),
+            kwargs=vars(kserve.model_server.args),
+            grace_period=server.grace_period,
+        )
+        server._grpc_server = grpc
+        server.servers.append(grpc.start(server.max_threads))
+    server.setup_event_loop()
+    server.register_signal_handler()
+    asyncio.run(server._serve())
+
+
+class NoRepository(ModelRepositoryExtension):
+    """KServe's model repository extension with load and unload refused (gRPC's repository RPCs;
+    the HTTP routes are refused by the guard before they reach it)."""
+
+    def __init__(self, registry: Any) -> None:
+        super().__init__(model_registry=registry)
+
+    async def load(self, model_name: str) -> None:  # type: ignore[override]
+        raise ModelNotReady(model_name, "loading models through the repository API is disabled")
+
+    async def unload(self, model_name: str) -> None:  # type: ignore[override]
+        raise ModelNotReady(model_name, "unloading models through the repository API is disabled")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -444,10 +562,20 @@ def main(argv: list[str] | None = None) -> None:
         port("--http_port", args.http_port)
         port("--grpc_port", args.grpc_port)
         integer_at_least("--max_batch", args.max_batch, 1)
+        if args.max_rounds is not None:
+            integer_at_least("--max_rounds", args.max_rounds, 1)
         integer_at_least("--max_body_bytes", args.max_body_bytes, 1)
         positive_finite("--step_timeout_s", args.step_timeout_s)
+        positive_finite("--body_timeout_s", args.body_timeout_s)
+        positive_finite("--header_timeout_s", args.header_timeout_s)
     except InvalidValue as exc:
-        parser.error(str(exc))
+        _fail(str(exc))
+    keys = _keys(args)
+    if args.enable_grpc and keys is not None:
+        _fail("--enable_grpc true: the gRPC server does not check API keys; use it only with --auth none")
+    _check_bind(args.host, args.http_port, "--http_port")
+    if args.enable_grpc:
+        _check_bind(args.host, args.grpc_port, "--grpc_port")
     if args.model is None and args.policy is None:
         args.model = DEFAULT_MODEL_URI
     trace = args.trace if args.trace is not None else bool(os.environ.get("MLFLOW_TRACKING_URI"))
@@ -460,6 +588,7 @@ def main(argv: list[str] | None = None) -> None:
         logger.setLevel(logging.INFO)
     config = ServiceConfig(
         step_timeout_s=args.step_timeout_s,
+        max_rounds=args.max_rounds,
         max_batch=args.max_batch,
         trace=trace,
         experiment=args.experiment,
@@ -469,16 +598,22 @@ def main(argv: list[str] | None = None) -> None:
         model.load()
     except (OSError, ValueError, KeyError) as exc:
         source = args.model or args.policy
-        print(f"error: cannot load {source!r} with pool {args.pool!r}: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    install(kserve.model_server.app, model, max_body_bytes=args.max_body_bytes)
-    kserve.ModelServer(
+        _fail(f"cannot load {source!r} with pool {args.pool!r}: {exc}")
+    install(
+        kserve.model_server.app,
+        model,
+        keys=keys,
+        max_body_bytes=args.max_body_bytes,
+        body_timeout_s=args.body_timeout_s,
+    )
+    server = kserve.ModelServer(
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         enable_grpc=args.enable_grpc,
         workers=1,
         enable_latency_logging=False,
-    ).start([model])
+    )
+    _serve(server, model, args)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,9 @@ helpers, and adds what a production endpoint needs around it:
 * **budgets** — a budget too small for a single call is answered with a message saying so, before
   any planning.
 
-Deliberate simplifications: step events come from worker calls, so a recursive step reports its
-inner calls; the recursion hook of the LM Conductor generates on the event loop (recursion is
-rare and shallow).
+Deliberate simplifications: step events come from worker calls (a later round's steps report
+theirs like the first round's); the LM Conductor's review after a round generates on the event
+loop (one short generation per round, and rounds are few).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from rl_conductor.executor import MIN_OUTPUT_TOKENS, execute, reserve_input_toke
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.reward import deadline_shortened, deadline_stopped
 from rl_conductor.serving import metrics as m
+from rl_conductor.serving.guard import HTTP_REQUEST_ID
 from rl_conductor.serving_core import (
     ConductorRequest,
     RequestError,
@@ -62,6 +63,9 @@ log = logging.getLogger("rl_conductor.serving")
 
 StepListener = Callable[[dict[str, Any]], None]
 _LISTENER: ContextVar[StepListener | None] = ContextVar("conductor_step_listener", default=None)
+#: [index of the planned workflow's last step (None until planned), its sampling settings] for
+#: the request running; a list so that the policy's ``plan`` can fill in the index.
+_FINAL_STEP: ContextVar[list[Any] | None] = ContextVar("conductor_final_step", default=None)
 
 
 @dataclass(frozen=True)
@@ -70,12 +74,15 @@ class ServiceConfig:
 
     Attributes:
         step_timeout_s: per-call timeout the executor enforces (then it falls back).
+        max_rounds: rounds of a request that states none (None: the served model's).
         max_batch: most questions an LM Conductor plans in one generation.
         trace: log an MLflow trace per request (span per step) to the configured tracking store.
         experiment: MLflow experiment of the traces.
     """
 
     step_timeout_s: float = 120.0
+    #: rounds a request gets when it states none (None: the model's ``conductor.json``, else 1)
+    max_rounds: int | None = None
     max_batch: int = 32
     trace: bool = False
     experiment: str = "conductor-serving"
@@ -102,6 +109,17 @@ class ObservedWorker:
     ) -> Completion:
         name = self.info.name
         started = time.time_ns()
+        final = _FINAL_STEP.get()
+        if (
+            final is not None
+            and final[0] is not None
+            and context is not None
+            and context.step_index == final[0]
+        ):
+            # the client's sampling settings (OpenAI temperature / max_tokens) for the answering
+            # step; max_tokens only lowers what the executor reserved, so the budget still holds
+            temperature = final[1].get("temperature", temperature)
+            max_tokens = min(max_tokens, final[1].get("max_tokens", max_tokens))
         t0 = time.perf_counter()
         try:
             comp = await self.inner.complete(
@@ -210,11 +228,19 @@ class ConductorService:
         self.policy = policy
         self.pool = observed_pool(pool)
         self._planner = _Planner(policy, self.config.max_batch) if hasattr(policy, "plan_batch") else None
+        _mark_final_step(policy)
         self._tracer = _Tracer(self.config.experiment) if self.config.trace else None
         self._background: set[asyncio.Future[Any]] = set()
 
     def worker_names(self) -> list[str]:
         return self.pool.names()
+
+    def default_rounds(self) -> int:
+        """Rounds of a request that states none: the service's setting, else the model's."""
+        if self.config.max_rounds is not None:
+            return self.config.max_rounds
+        meta = getattr(self.policy, "meta", None)
+        return int(meta.get("max_rounds", 1)) if isinstance(meta, dict) else 1
 
     def check(self, request: ConductorRequest) -> None:
         """Raise :class:`RequestError` now for what :meth:`answer` would reject (unknown or no
@@ -228,17 +254,24 @@ class ConductorService:
         endpoint: str = "python",
         on_step: StepListener | None = None,
         request_id: str | None = None,
+        final_step: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Plan and execute one request; the response document (see ``serving_core``) plus
         ``request_id``, token totals, ``calls``, ``wall_s``, ``worker_fallback``, ``budget_stop``,
         ``deadline_cut`` and a human ``message`` when the budget, the deadline or a failure shaped
         the answer. A deadline (``max_latency_s``) covers the whole request: the time the plan
-        took is taken off what the workflow's steps may use.
+        took is taken off what the workflow's steps may use. ``final_step`` (``temperature``,
+        ``max_tokens``) applies to the planned workflow's last step. When no worker answered,
+        ``error`` says why (the HTTP adapters answer 502/504 with it). A request cancelled
+        mid-way (the client left) still gets its log line, with what its finished calls cost.
 
         Raises :class:`RequestError` when the request names unknown workers or permits none."""
         rid = request_id or uuid.uuid4().hex
         t0, t0_ns = time.perf_counter(), time.time_ns()
-        limits = replace(request_limits(request), step_timeout_s=self.config.step_timeout_s)
+        limits = replace(
+            request_limits(request, default_rounds=self.default_rounds()),
+            step_timeout_s=self.config.step_timeout_s,
+        )
         view = permitted_view(self.pool, request, limits)
         task = request_task(request)
         events = _Events(on_step)
@@ -246,19 +279,32 @@ class ConductorService:
         if limits.max_cost_usd is not None and limits.max_cost_usd < floor:
             doc = _unaffordable(limits.max_cost_usd, floor, floor_worker)
         else:
-            episode = await self._run(task, view, limits, events)
+            try:
+                episode = await self._run(task, view, limits, events, final_step or {})
+            except asyncio.CancelledError:
+                doc = _cancelled(events.items)
+                doc["request_id"] = rid
+                doc["wall_s"] = time.perf_counter() - t0
+                self._observe(endpoint, request, doc, events.items, t0_ns)
+                raise
             doc = response_document(view, episode)
             doc.update(_extras(episode.trace))
+            if not doc["answer"] and not doc["budget_stop"]:
+                doc["error"] = _failure(doc)
         doc["request_id"] = rid
         doc["wall_s"] = time.perf_counter() - t0
         self._observe(endpoint, request, doc, events.items, t0_ns)
         return doc
 
-    async def _run(self, task: Task, view: PoolView, limits: Limits, events: _Events) -> Episode:
+    async def _run(
+        self, task: Task, view: PoolView, limits: Limits, events: _Events, final_step: dict[str, Any]
+    ) -> Episode:
         token = _LISTENER.set(events)
+        final = [None, final_step] if final_step else None
+        final_token = _FINAL_STEP.set(final)
         try:
             if self._planner is None:
-                return await self.policy.run(task, view, limits)
+                return await self.policy.run(task, view, limits)  # its plan() marks the final step
             t = time.perf_counter()
             plan = await self._planner.plan(task, view, limits)
             planned_s = time.perf_counter() - t
@@ -267,11 +313,12 @@ class ConductorService:
                 # the deadline is the request's: planning already used part of it
                 left = limits.max_latency_s - planned_s
                 limits = replace(limits, max_latency_s=max(left, 1e-6))
-            trace = await execute(
-                plan.workflow, task, view, limits, recursion=self.policy.recursion_hook(view)
-            )
+            if final is not None:
+                final[0] = len(plan.workflow.steps) - 1
+            trace = await execute(plan.workflow, task, view, limits, review=self.policy.review_hook(limits))
             return Episode(plan=plan, trace=plan.annotate(trace))
         finally:
+            _FINAL_STEP.reset(final_token)
             _LISTENER.reset(token)
 
     def _observe(
@@ -287,9 +334,13 @@ class ConductorService:
         for flag in ("fallback_plan", "worker_fallback", "budget_stop", "deadline_cut"):
             if doc.get(flag):
                 m.STOPS.labels(flag).inc()
+        for flag in ("cancelled", "error"):
+            if doc.get(flag):
+                m.STOPS.labels(flag if flag == "cancelled" else "no_answer").inc()
         record: dict[str, Any] = {
             "event": "conductor.request",
             "request_id": doc["request_id"],
+            "http_request_id": HTTP_REQUEST_ID.get(),
             "endpoint": endpoint,
             "sensitivity": request.sensitivity,
             "question_sha256": hashlib.sha256(request.question.encode()).hexdigest()[:16],
@@ -305,6 +356,8 @@ class ConductorService:
             "worker_fallback": doc["worker_fallback"],
             "budget_stop": doc["budget_stop"],
             "deadline_cut": doc["deadline_cut"],
+            "cancelled": bool(doc.get("cancelled")),
+            "error": doc.get("error", ""),
         }
         if request.sensitivity == "public":
             record["question_preview"] = request.question[:80]
@@ -351,6 +404,62 @@ def _extras(trace: Trace) -> dict[str, Any]:
     }
 
 
+def _mark_final_step(policy: Policy) -> None:
+    """Wrap ``policy.plan`` (on this instance) so that a request's plan records which step is its
+    last, for the request's final-step sampling settings (see :meth:`ObservedWorker.complete`)."""
+    inner = policy.plan
+
+    async def plan(task: Task, view: PoolView, limits: Limits) -> Plan:
+        made = await inner(task, view, limits)
+        final = _FINAL_STEP.get()
+        if final is not None and final[0] is None:
+            final[0] = len(made.workflow.steps) - 1
+        return made
+
+    policy.plan = plan  # type: ignore[method-assign]
+
+
+def _failure(doc: dict[str, Any]) -> str:
+    """Why a request got no answer, for its 502/504 body: the statuses and the workers' errors."""
+    errors: list[str] = []
+
+    def walk(steps: list[dict[str, Any]]) -> None:
+        for s in steps:
+            for a in s["attempts"]:
+                if a.get("error"):
+                    errors.append(f"{a['worker']}: {a['error']}")
+            walk(s.get("substeps", []))
+
+    walk(doc["steps"])
+    if doc["deadline_cut"] and not errors:
+        return "the deadline (max_latency_s) left no worker time to answer; no answer"
+    if not errors:
+        statuses = ", ".join(f"{s['worker'] or '-'} {s['status']}" for s in doc["steps"]) or "no step ran"
+        return f"no worker gave an answer ({statuses})"
+    shown = "; ".join(dict.fromkeys(errors))
+    return "no worker could answer: " + (shown if len(shown) <= 600 else shown[:600] + "...")
+
+
+def _cancelled(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The log document of a request cancelled mid-way: the calls that finished and their cost
+    (a call cut off mid-way may still be billed by its vendor; nothing reports it here)."""
+    return {
+        "answer": "",
+        "steps": [
+            {"worker": e["worker"], "status": "ok", "cost_usd": e["cost_usd"]}
+            for e in events
+            if "worker" in e
+        ],
+        "cost_usd": sum(e["cost_usd"] for e in events),
+        "tokens": sum(e["input_tokens"] + e["output_tokens"] for e in events),
+        "fallback_plan": False,
+        "worker_fallback": False,
+        "budget_stop": False,
+        "deadline_cut": False,
+        "cancelled": True,
+    }
+
+
 def _unaffordable(budget: float, floor: float, worker: str) -> dict[str, Any]:
     return {
         "answer": "",
@@ -370,6 +479,7 @@ def _unaffordable(budget: float, floor: float, worker: str) -> dict[str, Any]:
         "deadline_cut": False,
         "notes": [],
         "workers_called": [],
+        "rounds": [],
         "message": (
             f"max_cost_usd={budget:g} cannot buy one worker call: the cheapest permitted worker "
             f"({worker}) needs at least ${floor:.6g} for this question"
@@ -431,7 +541,7 @@ class _Tracer:
                 )
                 span.end(
                     outputs={"status": step["status"]},
-                    status="OK" if step["status"] in ("ok", "recursed") else "ERROR",
+                    status="OK" if step["status"] == "ok" else "ERROR",
                     end_time_ns=ev.get("end_ns", ev.get("start_ns", start_ns)),
                 )
             root.end(

@@ -1,9 +1,10 @@
 """Graders: decide whether a free-text answer solves a Task, and extract a voting key from it.
 
-Four graders, chosen by ``Task.grader``:
+Five graders, chosen by ``Task.grader``:
 
 * ``math``: the answer is the last ``\\boxed{...}``, else the last ``#### N``, else the text after
-  the last "answer is" / "Answer:", else a short final line, else the last number. Gold and
+  the last "answer is" / "Answer:" (or a last line "A: ..."), else a short final line, else the
+  last number. Gold and
   prediction are parsed by ``math-verify`` and compared symbolically (``1/2 == 0.5 ==
   \\frac{1}{2}``, ``18 == 18.0 == $18``). An equation counts only as ``variable = value``
   or function application ``f(5) = value`` (``\\boxed{5 = 7}`` is not 7), a relation or arrow
@@ -28,6 +29,8 @@ Four graders, chosen by ``Task.grader``:
   a second sandbox (:func:`rl_conductor.tasks.sandbox.run_tests`); a pass is the test runner's
   verdict that every test ran and passed, never the candidate's exit status. When no sandbox
   can be built, grading raises ``SandboxUnavailableError``.
+* ``recorded``: items of a recordings file that give no way to grade (no gold answer, code
+  without tests) carry each recorded text's label; the grade is that label (:class:`RecordedGrader`).
 
 Graders never raise on odd input (empty, huge, binary junk, unbalanced LaTeX): they return
 False / None. Only an unknown grader name, a missing sandbox or a math helper that cannot start
@@ -42,6 +45,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import re
@@ -51,6 +55,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -836,9 +841,39 @@ def compiles(program: str) -> bool:
     return True
 
 
+# --------------------------------------------------------------------------- recorded labels
+
+
+def text_key(text: str) -> str:
+    """The key of a recorded text in ``metadata["recorded_labels"]`` (a SHA-256 prefix)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RecordedGrader:
+    """Grades as recorded: items of a recordings file with no gold answer (or code without tests)
+    carry each recorded text's correctness label (``metadata["recorded_labels"]``, keyed by
+    :func:`text_key`; :mod:`rl_conductor.tasks.recordings`). A text no model recorded is wrong:
+    there is nothing to grade it against."""
+
+    name: str = "recorded"
+
+    def grade(self, task: Task, text: str) -> bool:
+        if not isinstance(text, str):
+            return False
+        return bool((task.metadata.get("recorded_labels") or {}).get(text_key(text), False))
+
+    def extract(self, task: Task, text: str) -> str | None:
+        if not isinstance(text, str) or text_key(text) not in (task.metadata.get("recorded_labels") or {}):
+            return None
+        return text_key(text)
+
+
 # --------------------------------------------------------------------------- registry
 
-GRADERS: dict[str, Grader] = {g.name: g for g in (MathGrader(), ChoiceGrader(), QAGrader(), CodeGrader())}
+GRADERS: dict[str, Grader] = {
+    g.name: g for g in (MathGrader(), ChoiceGrader(), QAGrader(), CodeGrader(), RecordedGrader())
+}
 
 
 def _grader_for(task: Task) -> Grader:
@@ -858,3 +893,32 @@ def grade(task: Task, text: str) -> bool:
 def extract_answer(task: Task, text: str) -> str | None:
     """A normalised answer key for majority voting (None when no answer is found)."""
     return _grader_for(task).extract(task, text)
+
+
+def answers_agree(a: str, b: str, task: Task) -> bool:
+    """Whether two workers' answers to ``task`` state the same final answer: the task's grader
+    extracts both (math through math-verify), and they agree when both extract and the keys are
+    equal or, for math, symbolically equivalent. An answer with nothing to extract agrees with
+    nothing. The one comparison of the cascade baseline and of the Conductor's review prompt."""
+    return keys_agree(task, extract_answer(task, a), extract_answer(task, b))
+
+
+@functools.lru_cache(maxsize=65536)
+def _math_keys_agree(ka: str, kb: str) -> bool:
+    return _verify_strings(ka, kb) or _verify_strings(kb, ka)
+
+
+def keys_agree(task: Task, ka: str | None, kb: str | None) -> bool:
+    """:func:`answers_agree` on answers already extracted with :func:`extract_answer`."""
+    if ka is None or kb is None:
+        return False
+    if ka == kb:
+        return True
+    return _grader_for(task).name == "math" and _math_keys_agree(ka, kb)
+
+
+def agreement(task: Task, answers: Sequence[str]) -> bool | None:
+    """Whether every answer agrees with the first (:func:`answers_agree`); None for fewer than two."""
+    if len(answers) < 2:
+        return None
+    return all(answers_agree(answers[0], other, task) for other in answers[1:])

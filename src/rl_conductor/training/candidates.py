@@ -462,7 +462,7 @@ def pool_probe(pool: Pool, tasks: Sequence[Task], n: int = 12) -> str:
     cands = [single(w) for w in names] + [
         Candidate(((names[0], "plan"), (names[-1], "solve"), (names[0], "verify")))
     ]
-    jobs = [(t, c.workflow(names), Limits(recursion_depth=0)) for t in probe for c in cands]
+    jobs = [(t, c.workflow(names), Limits()) for t in probe for c in cands]
     h = hashlib.sha256()
     for tr in _execute(jobs, view):
         h.update(tr.final_answer.encode())
@@ -483,11 +483,11 @@ def unchanged_under_deadline(trace: Trace, task: Task, view: PoolView, deadline:
     worker's latency model) above the attempt's output length, and the answer within the time
     left. Exact for workers that depend on ``max_tokens`` only by truncating at their drawn
     length and whose latency is a deterministic function of the call (the simulated workers;
-    see the module docstring). False for anything it cannot replay (recursion, skipped steps)."""
+    see the module docstring). False for anything it cannot replay (skipped steps)."""
     infos = {i.name: i for i in view.infos()}
     records = {r.index: r for r in trace.steps}
     for rec in trace.steps:
-        if rec.status not in ("ok", "failed") or rec.substeps or not rec.attempts:
+        if rec.status not in ("ok", "failed") or not rec.attempts:
             return False
         visible = [(i, records[i].instruction, records[i].answer) for i in rec.visible]
         message = worker_message(task.question, visible, rec.instruction)
@@ -545,7 +545,7 @@ def build_table(
     most ``deadline_items_per_domain`` items per domain (None: all). ``workers``: processes
     (:func:`table_workers`; 1 = serial); lists under ``parallel_min_jobs`` jobs run serially."""
     n_workers = table_workers(workers)
-    base = limits or Limits(recursion_depth=0, max_steps=max_steps)
+    base = limits or Limits(max_steps=max_steps)
     view = pool.view()
     names = view.names()
     budget_list: list[float | None] = [None, *sorted({float(b) for b in budgets})]

@@ -13,10 +13,13 @@ import yaml
 
 from rl_conductor import validation
 from rl_conductor.errors import ConfigError, UnknownName, yaml_problem
+from rl_conductor.prompting import QUESTION_CUTS
 
 #: How questions are grouped into warm-start neighbourhoods (``TrainConfig.warm_group_by``,
 #: ``training.candidates.group_of``).
 GROUP_BY = ("source", "subject", "domain", "task")
+#: What per-question evidence the Conductor's prompt carries (``TrainConfig.evidence``).
+EVIDENCE = ("none", "probe")
 
 
 def _f(default: Any, help: str) -> Any:
@@ -37,6 +40,17 @@ class TrainConfig:
     seed: int = _f(0, "seed for data, pools and training")
     max_steps_per_workflow: int = _f(5, "most steps a workflow may have (paper: 5)")
     max_question_chars: int = _f(700, "questions are cut to this length in the Conductor prompt")
+    question_cut: str = _f(
+        "head",
+        "how a long question is cut: head (its start) | ends (its start and its end, for few-shot "
+        "prompts whose start every item shares)",
+    )
+    evidence: str = _f(
+        "none",
+        "per-question evidence in the prompt: none | probe (each worker's estimated chance of "
+        "answering this question right, fitted on the training split; policies/evidence.py); "
+        "with probe the warm-start targets are made per question from the same estimates",
+    )
     # tiny model shape
     tiny_vocab_size: int = _f(4096, "BPE vocabulary of the tiny model's tokenizer")
     tiny_hidden_size: int = _f(128, "hidden size of the tiny Qwen2 model")
@@ -64,13 +78,16 @@ class TrainConfig:
     balance_domains: bool = _f(
         False, "every domain gets the same share of training prompts (rare domains' plans are learnt too)"
     )
-    recursion_depth: int = _f(1, "how deep the Conductor may call itself at execution time")
+    max_rounds: int = _f(
+        1,
+        "rounds the trained Conductor plans for (conductor.json records it; eval, plan and serve "
+        "default to it); 1 = plan once, before any worker runs",
+    )
     # SFT warm start
     sft_examples: int = _f(3000, "synthesised valid workflows for the warm start")
     sft_epochs: float = _f(1.0, "epochs over the SFT examples")
     sft_learning_rate: float = _f(2e-3, "SFT learning rate")
     sft_batch_size: int = _f(32, "SFT batch size")
-    sft_recursion_prob: float = _f(0.03, "share of synthesised steps that call the Conductor itself")
     sft_targets: str = _f(
         "expected-best",
         "expected-best: each prompt's workflow with the best mean reward over its neighbourhood of "
@@ -183,6 +200,17 @@ class TrainConfig:
         if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
             raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
         validation.non_negative_finite("warm_se_rule", self.warm_se_rule)
+        if self.question_cut not in QUESTION_CUTS:
+            raise ConfigError(
+                f"question_cut must be one of {', '.join(QUESTION_CUTS)}, not {self.question_cut!r}"
+            )
+        if self.evidence not in EVIDENCE:
+            raise ConfigError(f"evidence must be one of {', '.join(EVIDENCE)}, not {self.evidence!r}")
+        if self.evidence != "none" and self.sft_targets != "expected-best":
+            raise ConfigError(
+                f"evidence: {self.evidence} is fitted on the warm start's candidate table: "
+                "set sft_targets: expected-best (or evidence: none)"
+            )
         if self.warm_group_by not in GROUP_BY:
             options = ", ".join(GROUP_BY)
             raise ConfigError(f"warm_group_by must be one of {options}, not {self.warm_group_by!r}")
@@ -222,7 +250,11 @@ def available_presets() -> list[str]:
 
 
 def load_preset(name_or_path: str, **overrides: Any) -> TrainConfig:
-    """Load a preset by name (``tiny``, ``smol``, ``gpu``) or a YAML path, then apply overrides."""
+    """Load a preset by name (:func:`available_presets`) or a YAML path, then apply overrides.
+
+    A preset's ``dataset`` belongs to its ``pool``: when ``pool`` is overridden (another pool than
+    the preset's) and ``dataset`` is not, the dataset is the new pool's default, never the
+    preset's (``--preset routellm --pool mine.yaml`` trains on ``mine.yaml``'s recordings)."""
     p = Path(name_or_path)
     if not (p.suffix in (".yaml", ".yml") and p.exists()):
         p = preset_dir() / f"{name_or_path}.yaml"
@@ -236,5 +268,8 @@ def load_preset(name_or_path: str, **overrides: Any) -> TrainConfig:
         raise ConfigError(f"training preset {str(p)!r} is not valid YAML: {yaml_problem(exc)}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"training preset {str(p)!r} must be a mapping of config keys")
+    pool = overrides.get("pool")
+    if pool is not None and pool != data.get("pool") and overrides.get("dataset") is None:
+        data.pop("dataset", None)  # the preset's dataset is its pool's: the new pool's default instead
     data.update({k: v for k, v in overrides.items() if v is not None})
     return TrainConfig.from_dict(data)

@@ -14,7 +14,7 @@ share of 0 no random state is touched, so the specs are those of the recipe with
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,14 +114,18 @@ def balanced(tasks: Sequence[Task], rng: random.Random) -> list[Task]:
     return out
 
 
-def synth_workflow(rng: random.Random, pool_size: int, *, max_steps: int, recursion_prob: float) -> Workflow:
+def synth_workflow(rng: random.Random, pool_size: int, *, max_steps: int) -> Workflow:
     """A random valid workflow: 1–max_steps steps (short ones likelier), uniform workers,
     access lists "all", [] or index lists, instructions from :data:`INSTRUCTIONS`."""
     weights = [0.45, 0.3, 0.14, 0.07, 0.04][:max_steps]
     n = rng.choices(range(1, len(weights) + 1), weights=weights)[0]
     steps = []
     for i in range(n):
-        worker = pool_size if (i > 0 and rng.random() < recursion_prob) else rng.randrange(pool_size)
+        if i > 0:
+            # a draw kept from when a later step could name the Conductor: seeded random workflows
+            # stay those every earlier version made (the ``random`` ablation, the test models)
+            rng.random()
+        worker = rng.randrange(pool_size)
         if i == 0:
             access: Any = ()
             role = rng.choice(_FIRST_ROLES)
@@ -132,9 +136,30 @@ def synth_workflow(rng: random.Random, pool_size: int, *, max_steps: int, recurs
                 if r < 0.6
                 else (() if r < 0.8 else tuple(sorted(rng.sample(range(i), rng.randint(1, i)))))
             )
-            role = "review" if worker == pool_size else (rng.choice(_LATER_ROLES) if access else "solve")
+            role = rng.choice(_LATER_ROLES) if access else "solve"
         steps.append(Step(worker=worker, instruction=rng.choice(INSTRUCTIONS[role]), access=access))
     return Workflow(steps=tuple(steps))
+
+
+def spec_prompt(
+    spec: PromptSpec,
+    view: PoolView,
+    limits: Limits,
+    max_question_chars: int,
+    evidence: Mapping[str, Mapping[str, float]] | None,
+    question_cut: str,
+) -> str:
+    """The Conductor prompt of a spec; ``evidence`` maps task ids to the per-worker estimates the
+    prompt shows (out-of-fold for training questions, :mod:`rl_conductor.policies.evidence`)."""
+    mine = None if evidence is None else evidence.get(spec.task.id)
+    return conductor_prompt(
+        spec.task,
+        view,
+        limits,
+        max_question_chars=max_question_chars,
+        evidence=mine,
+        question_cut=question_cut,
+    )
 
 
 def chat(prompt: str) -> list[dict[str, str]]:
@@ -147,7 +172,6 @@ def sft_records(
     base: Limits,
     *,
     rng: random.Random,
-    recursion_prob: float,
     max_question_chars: int,
 ) -> list[dict[str, Any]]:
     """Conversational prompt/completion pairs for TRL's SFTTrainer."""
@@ -155,9 +179,7 @@ def sft_records(
     for s in specs:
         view = s.pool_view(pool)
         lim = s.limits(base)
-        # "yourself" steps only where the limits allow recursion (never in the default training)
-        rprob = recursion_prob if lim.allows_recursion() else 0.0
-        wf = synth_workflow(rng, len(view), max_steps=lim.max_steps, recursion_prob=rprob)
+        wf = synth_workflow(rng, len(view), max_steps=lim.max_steps)
         out.append(
             {
                 "prompt": chat(conductor_prompt(s.task, view, lim, max_question_chars=max_question_chars)),
@@ -174,6 +196,8 @@ def warm_sft_records(
     targets: ExpectedRewards,
     *,
     max_question_chars: int,
+    evidence: Mapping[str, Mapping[str, float]] | None = None,
+    question_cut: str = "head",
 ) -> list[dict[str, Any]]:
     """Prompt/completion pairs whose completion is the prompt's expected-best workflow
     (:mod:`rl_conductor.training.warmstart`): only the shown workers, affordable under the
@@ -185,7 +209,7 @@ def warm_sft_records(
         wf = targets.target(s.task, view.names(), s.budget, s.deadline)
         out.append(
             {
-                "prompt": chat(conductor_prompt(s.task, view, lim, max_question_chars=max_question_chars)),
+                "prompt": chat(spec_prompt(s, view, lim, max_question_chars, evidence, question_cut)),
                 "completion": [{"role": "assistant", "content": render(wf)}],
             }
         )
@@ -193,15 +217,19 @@ def warm_sft_records(
 
 
 def grpo_records(
-    specs: Sequence[PromptSpec], pool: Pool, base: Limits, *, max_question_chars: int
+    specs: Sequence[PromptSpec],
+    pool: Pool,
+    base: Limits,
+    *,
+    max_question_chars: int,
+    evidence: Mapping[str, Mapping[str, float]] | None = None,
+    question_cut: str = "head",
 ) -> list[dict[str, Any]]:
     """Conversational prompts for GRPOTrainer; extra columns reach the reward function."""
     return [
         {
             "prompt": chat(
-                conductor_prompt(
-                    s.task, s.pool_view(pool), s.limits(base), max_question_chars=max_question_chars
-                )
+                spec_prompt(s, s.pool_view(pool), s.limits(base), max_question_chars, evidence, question_cut)
             ),
             "task_id": s.task.id,
             "view": list(s.view),

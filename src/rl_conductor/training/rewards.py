@@ -52,11 +52,11 @@ class ConductorReward:
         *,
         concurrency: int = 64,
     ) -> None:
-        if base_limits.recursion_depth:
-            # rollouts execute without the Conductor's recursion hook (the policy is being trained)
+        if base_limits.max_rounds != 1:
+            # a rollout scores one plan: a later round would need the policy being trained
             raise ValueError(
-                f"training runs with recursion_depth=0, got {base_limits.recursion_depth}: "
-                "a rollout cannot call the Conductor that is being trained"
+                f"training rollouts run one round, got max_rounds={base_limits.max_rounds}: "
+                "a rollout cannot ask the Conductor that is being trained to review"
             )
         self.pool = pool
         self.tasks = tasks
@@ -77,13 +77,7 @@ class ConductorReward:
         view = self.pool.view(view_idx)
         limits = Limits(**{**self.base_limits.__dict__, "max_cost_usd": budget, "max_latency_s": deadline})
         try:
-            # the one recursion setting: with recursion_depth=0 "yourself" is a parse error
-            wf = parse(
-                text,
-                pool_size=len(view),
-                max_steps=limits.max_steps,
-                allow_recursion=limits.allows_recursion(),
-            )
+            wf = parse(text, pool_size=len(view), max_steps=limits.max_steps)
         except ParseError:
             return {
                 "reward": 0.0,

@@ -74,15 +74,9 @@ def _quiet() -> None:
 
 
 def _reward_config(cfg: TrainConfig) -> Any:
-    from dataclasses import replace
+    from rl_conductor.reward import reward_config
 
-    from rl_conductor.reward import REWARD_PRESETS
-
-    rc = REWARD_PRESETS[cfg.reward_preset]
-    over = {
-        k: v for k, v in (("cost_weight", cfg.cost_weight), ("cost_scale", cfg.cost_scale)) if v is not None
-    }
-    return replace(rc, **over)
+    return reward_config(cfg.reward_preset, cost_weight=cfg.cost_weight, cost_scale=cfg.cost_scale)
 
 
 def _corpus(tasks: list[Any], sft: list[dict[str, Any]]) -> list[str]:
@@ -96,7 +90,9 @@ def _last_checkpoint(d: Path) -> Path | None:
     return cks[-1] if cks else None
 
 
-def save_final(model_src: Path, final_dir: Path, cfg: TrainConfig, pool_names: list[str]) -> Path:
+def save_final(
+    model_src: Path, final_dir: Path, cfg: TrainConfig, pool_names: list[str], dataset: str | None = None
+) -> Path:
     """Copy the model folder and write what serving needs next to it (conductor.json, prompts)."""
     if final_dir.exists():
         shutil.rmtree(final_dir)
@@ -109,22 +105,28 @@ def save_final(model_src: Path, final_dir: Path, cfg: TrainConfig, pool_names: l
     )
     prompts = final_dir / "prompts"
     prompts.mkdir(exist_ok=True)
-    for name in ("conductor.txt", "conductor_recursive.txt", "worker.txt"):
+    for name in ("conductor.txt", "conductor_review.txt", "worker.txt"):
         (prompts / name).write_text(resources.files("rl_conductor.prompts").joinpath(name).read_text())
-    (final_dir / "conductor.json").write_text(json.dumps(conductor_meta(cfg, pool_names), indent=2))
+    (final_dir / "conductor.json").write_text(json.dumps(conductor_meta(cfg, pool_names, dataset), indent=2))
     return final_dir
 
 
-def conductor_meta(cfg: TrainConfig, pool_names: list[str]) -> dict[str, Any]:
-    """What serving and evaluation read next to the weights (``conductor.json``)."""
+def conductor_meta(cfg: TrainConfig, pool_names: list[str], dataset: str | None = None) -> dict[str, Any]:
+    """What serving and evaluation read next to the weights (``conductor.json``): also the pool,
+    the dataset and the reward it was trained with, which ``plan`` and ``eval`` default to."""
     return {
         "format": "rl-conductor/1",
         "base_model": cfg.model,
         "pool": cfg.pool,
+        "dataset": dataset or cfg.dataset,
+        "reward": _reward_config(cfg).to_dict(),
         "pool_workers": pool_names,
         "max_question_chars": cfg.max_question_chars,
+        "question_cut": cfg.question_cut,
+        "evidence": cfg.evidence,
         "max_completion_length": cfg.max_completion_length,
         "max_steps": cfg.max_steps_per_workflow,
+        "max_rounds": cfg.max_rounds,
         "reward_preset": cfg.reward_preset,
         "train_config": cfg.to_dict(),
     }
@@ -159,7 +161,7 @@ def train(
     tasks = load_tasks(dataset, split="train", limit=cfg.train_limit, seed=cfg.seed)
     if not tasks:
         raise ValueError(f"dataset {dataset!r} has no training tasks")
-    base_limits = Limits(max_steps=cfg.max_steps_per_workflow, recursion_depth=0)
+    base_limits = Limits(max_steps=cfg.max_steps_per_workflow)
     spec_kw = dict(
         rng=rng,
         budget_prob=cfg.budget_prob,
@@ -172,10 +174,18 @@ def train(
     )
     sft_specs = make_specs(tasks, pool, cfg.sft_examples, **spec_kw)
     t0 = time.perf_counter()
+    evidence_model: Any = None
+    evidence: dict[str, dict[str, float]] | None = None
     if cfg.sft_targets == "expected-best":
-        targets = warm_start_targets(cfg, tasks, pool, progress=progress)
+        targets, evidence_model, evidence = warm_start(cfg, tasks, pool, progress=progress)
         sft = warm_sft_records(
-            sft_specs, pool, base_limits, targets, max_question_chars=cfg.max_question_chars
+            sft_specs,
+            pool,
+            base_limits,
+            targets,
+            max_question_chars=cfg.max_question_chars,
+            evidence=evidence,
+            question_cut=cfg.question_cut,
         )
         result.seconds["candidates"] = time.perf_counter() - t0
     else:
@@ -184,14 +194,20 @@ def train(
             pool,
             base_limits,
             rng=rng,
-            recursion_prob=cfg.sft_recursion_prob,
             max_question_chars=cfg.max_question_chars,
         )
     # an optimizer step consumes prompts_per_step prompts per accumulated micro-batch (TRL's
     # generation batch is per_device_train_batch_size x gradient_accumulation_steps completions)
     n_grpo = cfg.grpo_steps * cfg.prompts_per_step * cfg.gradient_accumulation_steps
     grpo_specs = make_specs(tasks, pool, max(n_grpo, 1), **spec_kw)
-    grpo = grpo_records(grpo_specs, pool, base_limits, max_question_chars=cfg.max_question_chars)
+    grpo = grpo_records(
+        grpo_specs,
+        pool,
+        base_limits,
+        max_question_chars=cfg.max_question_chars,
+        evidence=evidence,
+        question_cut=cfg.question_cut,
+    )
 
     mlflow_utils.configure(cfg.mlflow_tracking_uri)
     with mlflow_utils.start_run(
@@ -231,8 +247,10 @@ def train(
             # the SFT-only model is a Conductor too (the "before GRPO" baseline of evaluations)
             with main_process_writes() as writer:
                 if writer:
-                    meta = json.dumps(conductor_meta(cfg, pool.names()), indent=2)
+                    meta = json.dumps(conductor_meta(cfg, pool.names(), dataset), indent=2)
                     (sft_dir / "conductor.json").write_text(meta)
+                    if evidence_model is not None:
+                        evidence_model.save(sft_dir)
             result.seconds["sft"] = time.perf_counter() - t0
         # 3. GRPO
         t0 = time.perf_counter()
@@ -255,7 +273,9 @@ def train(
         ]
         with main_process_writes() as writer:
             if writer:
-                save_final(out / "grpo" / "last", result.final_dir, cfg, pool.names())
+                save_final(out / "grpo" / "last", result.final_dir, cfg, pool.names(), dataset)
+                if evidence_model is not None:
+                    evidence_model.save(result.final_dir)
         result.seconds["total"] = time.perf_counter() - t_all
         mlflow.log_metrics({f"seconds_{k}": v for k, v in result.seconds.items()})
         with main_process_writes() as writer:
@@ -295,10 +315,20 @@ def _time_limit_fired(trainer: Any) -> int | None:
 
 
 def warm_start_targets(cfg: TrainConfig, tasks: list[Any], pool: Any, *, progress: bool = False) -> Any:
+    """The expected-best targets of the warm start (:func:`warm_start`'s first value)."""
+    return warm_start(cfg, tasks, pool, progress=progress)[0]
+
+
+def warm_start(
+    cfg: TrainConfig, tasks: list[Any], pool: Any, *, progress: bool = False
+) -> tuple[Any, Any, dict[str, dict[str, float]] | None]:
     """The expected-best targets of the warm start: the candidate table (built or read from the
     cache) on ``warm_items_per_domain`` training questions per domain, averaged per
     neighbourhood under the training reward (see ``training/candidates.py`` and
-    ``training/warmstart.py``)."""
+    ``training/warmstart.py``). With ``evidence: probe`` also the evidence model fitted on the
+    table's single-worker rows and every training question's estimates (out-of-fold for the
+    table's questions, :func:`prompt_evidence`), which make the targets per question; else
+    ``(targets, None, None)``."""
     from dataclasses import replace
 
     from rl_conductor.tracking.mlflow_utils import conductor_home
@@ -323,13 +353,44 @@ def warm_start_targets(cfg: TrainConfig, tasks: list[Any], pool: Any, *, progres
     if cfg.warm_group_by != "source":  # the cached table is grouped by source; regroup its rows
         by_id = {t.id: t for t in items}
         table = replace(table, groups=[group_of(by_id[i], cfg.warm_group_by) for i in table.task_ids])
-    return ExpectedRewards.fit(
+    model, evidence = (
+        prompt_evidence(table, items, tasks, seed=cfg.seed) if cfg.evidence == "probe" else (None, None)
+    )
+    targets = ExpectedRewards.fit(
         table,
         _reward_config(cfg),
         shrink=cfg.warm_shrink,
         se_rule=cfg.warm_se_rule,
         group_by=cfg.warm_group_by,
+        item_evidence=evidence,
     )
+    return targets, model, evidence
+
+
+def prompt_evidence(
+    table: Any, items: list[Any], tasks: list[Any], *, seed: int = 0
+) -> tuple[Any, dict[str, dict[str, float]]]:
+    """The evidence model (:mod:`rl_conductor.policies.evidence`) fitted on the candidate table's
+    single-worker rows (no budget), and task id -> worker -> estimate for every training
+    question: out-of-fold for the table's questions, the fitted model's for the others (which it
+    never saw either)."""
+    from rl_conductor.policies.evidence import evidence_for, fit_evidence
+    from rl_conductor.policies.knn import cached_embeddings
+
+    singles = [(j, c.steps[0][0]) for j, c in enumerate(table.candidates) if len(c.steps) == 1]
+    by_id = {t.id: t for t in items}
+    rows = [by_id[i] for i in table.task_ids]
+    correct = (
+        table.correct[:, [j for j, _ in singles], 0].astype(bool) & table.done[:, [j for j, _ in singles], 0]
+    )
+    emb = cached_embeddings([t.question for t in rows])
+    model, oof = fit_evidence(rows, emb, [n for _, n in singles], correct, seed=seed)
+    out = {t.id: model.as_mapping(r) for t, r in zip(rows, oof, strict=True)}
+    rest = [t for t in tasks if t.id not in out]
+    if rest:
+        found = evidence_for(model, rest, cached_embeddings([t.question for t in rest]))
+        out.update({t.id: e for t, e in zip(rest, found, strict=True)})
+    return model, out
 
 
 def _save_policy(trainer: Any, path: Path, *, merge_lora: bool) -> None:

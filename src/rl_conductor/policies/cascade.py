@@ -1,0 +1,271 @@
+"""A fixed escalation cascade: two cheap answers, and a stronger worker only when they disagree.
+
+The honest baseline for adaptive rounds (FrugalGPT-style cascades, self-consistency): round 1
+asks two cheap workers (or one cheap worker twice) to solve the question independently; after
+it, the cascade reads their extracted answers (:mod:`rl_conductor.rounds`, the same summary the
+Conductor's review prompt shows) and keeps the answer when they agree, else adds one step on the
+escalation worker, which solves the question afresh (it sees no earlier answer). A cascade is two
+rounds by definition, so it runs with ``max_rounds`` of at least 2 whatever the request says (as
+self-consistency lifts ``max_steps`` to its samples); the budget, deadline and privacy rule hold
+across both rounds as for every policy.
+
+* ``cascade:a,b>c`` — ``a`` and ``b`` first, ``c`` on disagreement; ``cascade:a*2>c`` samples
+  ``a`` twice; ``cascade:a,b`` never escalates.
+* ``cascade`` or ``cascade:N`` — fitted: every worker answers N training questions
+  (``FIT_LIMIT`` by default; ``cascade:all`` takes every training question) three times alone,
+  and the (first pair, escalation) with the best mean reward at the evaluation's reward is kept.
+  The fit replays the measured answers exactly (each step's call is the one measured: same
+  message, same step index), so on a replay or simulated pool the fitted reward is the reward
+  the cascade earns on those questions. The rule "escalate when the two answers disagree" is the
+  only threshold two answers allow; an answer with nothing extractable disagrees with everything.
+
+Measurements are cached under ``.conductor/routers/`` like the routers' (:func:`pool_key`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from rl_conductor.executor import Continuation, RoundRequest, execute
+from rl_conductor.policies.base import Episode, Plan, Policy
+from rl_conductor.policies.baselines import SOLVE
+from rl_conductor.policies.routers import FIT_LIMIT, _reward_config, pool_key, training_tasks
+from rl_conductor.reward import RewardConfig, grade_trace
+from rl_conductor.rounds import summarize
+from rl_conductor.tasks.base import Task
+from rl_conductor.tasks.graders import extract_answer, keys_agree
+from rl_conductor.trace import Limits
+from rl_conductor.workers.pool import Pool, PoolView
+from rl_conductor.workflow import Step, Workflow, render
+
+__all__ = ["SAMPLES", "Cascade", "CascadeFit", "SampleOutcomes", "fit_cascade", "sample_outcomes"]
+
+#: Samples per worker and question: the first pair's two steps and the escalation step.
+SAMPLES = 3
+
+
+@dataclass
+class SampleOutcomes:
+    """Every worker alone, ``SAMPLES`` times, on every task (sample k is step k of a workflow of
+    independent solves): ``correct[i, j, k]``, ``cost[i, j, k]`` and the extracted answer."""
+
+    names: list[str]
+    task_ids: list[str]
+    correct: NDArray[np.bool_]
+    cost: NDArray[np.float64]
+    keys: list[list[list[str | None]]]
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path.with_suffix(".npz"), correct=self.correct, cost=self.cost)
+        meta = {"names": self.names, "task_ids": self.task_ids, "keys": self.keys}
+        path.with_suffix(".json").write_text(json.dumps(meta))
+
+    @classmethod
+    def load(cls, path: Path) -> SampleOutcomes:
+        arrays = np.load(path.with_suffix(".npz"))
+        meta = json.loads(path.with_suffix(".json").read_text())
+        return cls(
+            names=list(meta["names"]),
+            task_ids=list(meta["task_ids"]),
+            correct=arrays["correct"].astype(bool),
+            cost=arrays["cost"].astype(np.float64),
+            keys=meta["keys"],
+        )
+
+
+async def measure_samples(pool: Pool, tasks: Sequence[Task]) -> SampleOutcomes:
+    """Run ``SAMPLES`` independent solves of every worker on every task and grade each."""
+    view = pool.view()
+    w = len(view)
+    correct = np.zeros((len(tasks), w, SAMPLES), dtype=bool)
+    cost = np.zeros((len(tasks), w, SAMPLES), dtype=np.float64)
+    keys: list[list[list[str | None]]] = []
+    limits = Limits(max_steps=SAMPLES)
+    for start in range(0, len(tasks), 32):
+        chunk = tasks[start : start + 32]
+        wf = [Workflow(steps=tuple(Step(j, SOLVE, ()) for _ in range(SAMPLES))) for j in range(w)]
+        traces = await asyncio.gather(*(execute(wf[j], t, view, limits) for t in chunk for j in range(w)))
+        for i, t in enumerate(chunk):
+            row: list[list[str | None]] = []
+            for j in range(w):
+                tr = traces[i * w + j]
+                row.append([])
+                for k, rec in enumerate(tr.steps):
+                    text = rec.answer if rec.status == "ok" else ""
+                    one = replace(tr, steps=[rec], final_answer=text)
+                    correct[start + i, j, k] = grade_trace(t, one)
+                    cost[start + i, j, k] = rec.cost_usd
+                    row[j].append(extract_answer(t, text) if text else None)
+            keys.append(row)
+    return SampleOutcomes(view.names(), [t.id for t in tasks], correct, cost, keys)
+
+
+def sample_outcomes(pool: Pool, tasks: Sequence[Task], *, cache: bool = True) -> SampleOutcomes:
+    """:func:`measure_samples`, cached under ``.conductor/routers/``."""
+    from rl_conductor.evaluation.fingerprint import fingerprint
+    from rl_conductor.tracking.mlflow_utils import conductor_home
+
+    name = f"samples-{pool.name}-{pool_key(pool)}-{fingerprint(t.id for t in tasks)}"
+    path = conductor_home() / ".conductor" / "routers" / name
+    if cache and path.with_suffix(".json").exists() and path.with_suffix(".npz").exists():
+        return SampleOutcomes.load(path)
+    out = asyncio.run(measure_samples(pool, tasks))
+    if cache:
+        out.save(path)
+    return out
+
+
+@dataclass(frozen=True)
+class CascadeFit:
+    """One cascade's outcome on measured questions (see :func:`cascade_outcomes`)."""
+
+    first: tuple[str, str]
+    escalate: str | None
+    mean_reward: float
+    accuracy: float
+    mean_cost_usd: float
+    agree_rate: float
+
+
+def cascade_outcomes(
+    outcomes: SampleOutcomes,
+    tasks: Sequence[Task],
+    first: tuple[int, int],
+    escalate: int | None,
+    config: RewardConfig,
+) -> dict[str, NDArray[Any]]:
+    """Per question: whether the first pair agrees, and the cascade's correctness, cost, reward."""
+    a, b = first
+    agree = np.array(
+        [keys_agree(t, outcomes.keys[i][a][0], outcomes.keys[i][b][1]) for i, t in enumerate(tasks)],
+        dtype=bool,
+    )
+    correct = outcomes.correct[:, b, 1].copy()
+    cost = outcomes.cost[:, a, 0] + outcomes.cost[:, b, 1]
+    if escalate is not None:
+        up = ~agree
+        correct[up] = outcomes.correct[up, escalate, 2]
+        cost = cost + np.where(up, outcomes.cost[:, escalate, 2], 0.0)
+    penalty = np.minimum(config.max_cost_penalty, config.cost_weight * cost / config.cost_scale)
+    reward = config.format_bonus + config.correct_weight * correct.astype(np.float64) - penalty
+    return {"agree": agree, "correct": correct, "cost": cost, "reward": reward}
+
+
+def fit_cascade(
+    outcomes: SampleOutcomes, tasks: Sequence[Task], config: RewardConfig, *, cheap_only: bool = True
+) -> list[CascadeFit]:
+    """Every (first pair, escalation) on the measured questions, best mean reward first (ties: the
+    cheaper). The pair is ordered by mean cost (the cheaper asks first); with ``cheap_only`` the
+    escalation worker costs more on average than either of the pair (what makes it a cascade)."""
+    if [t.id for t in tasks] != outcomes.task_ids:
+        raise ValueError("the tasks are not the measured ones")
+    w = len(outcomes.names)
+    mean_cost = outcomes.cost[:, :, 0].mean(axis=0)
+    fits: list[CascadeFit] = []
+    for a in range(w):
+        for b in range(w):
+            if (mean_cost[a], a) > (mean_cost[b], b):
+                continue
+            ups: list[int | None] = [None]
+            ups += [e for e in range(w) if not cheap_only or mean_cost[e] > max(mean_cost[a], mean_cost[b])]
+            for e in ups:
+                out = cascade_outcomes(outcomes, tasks, (a, b), e, config)
+                fits.append(
+                    CascadeFit(
+                        first=(outcomes.names[a], outcomes.names[b]),
+                        escalate=None if e is None else outcomes.names[e],
+                        mean_reward=float(out["reward"].mean()),
+                        accuracy=float(out["correct"].mean()),
+                        mean_cost_usd=float(out["cost"].mean()),
+                        agree_rate=float(out["agree"].mean()),
+                    )
+                )
+    fits.sort(key=lambda f: (-f.mean_reward, f.mean_cost_usd))
+    return fits
+
+
+def _ordinal(view: PoolView, name: str) -> int:
+    names = view.names()
+    if name not in names:
+        raise ValueError(f"worker {name!r} is not in the pool view {names}")
+    return names.index(name)
+
+
+class Cascade(Policy):
+    """See module docstring."""
+
+    def __init__(
+        self, first: tuple[str, str], escalate: str | None, *, fitted: CascadeFit | None = None
+    ) -> None:
+        self.first = first
+        self.escalate = escalate
+        self.fitted = fitted
+        up = f">{escalate}" if escalate else ""
+        pair = f"{first[0]}*2" if first[0] == first[1] else f"{first[0]},{first[1]}"
+        self.name = f"cascade:{pair}{up}"
+
+    @classmethod
+    def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> Cascade:
+        if not arg or arg.isdigit() or arg == "all":
+            limit = None if arg == "all" else int(arg) if arg else FIT_LIMIT
+            return cls.fit(pool, kw, limit)
+        pair, _, up = arg.partition(">")
+        name, star, n = pair.partition("*")
+        if star:
+            if n != "2":
+                raise ValueError(f"a cascade samples a worker twice: {name}*2, got {pair!r}")
+            first = (name, name)
+        else:
+            parts = [p for p in pair.split(",") if p]
+            if len(parts) != 2:
+                raise ValueError(f"a cascade starts with two workers, a,b or a*2, got {pair!r}")
+            first = (parts[0], parts[1])
+        for worker in [*first, *([up] if up else [])]:
+            pool.index(worker)
+        return cls(first, up or None)
+
+    @classmethod
+    def fit(cls, pool: Pool, kw: Mapping[str, Any], limit: int | None) -> Cascade:
+        """Fitted on ``limit`` training questions (None: all) at the evaluation's reward."""
+        config = kw.get("reward_config") or _reward_config(kw)
+        tasks = training_tasks(pool, kw, limit) if limit is not None else _all_training(pool, kw)
+        best = fit_cascade(sample_outcomes(pool, tasks), tasks, config)[0]
+        return cls(best.first, best.escalate, fitted=best)
+
+    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+        a, b = (_ordinal(view, n) for n in self.first)
+        wf = Workflow(steps=(Step(a, SOLVE, ()), Step(b, SOLVE, ())))
+        return Plan(workflow=wf, text=render(wf))
+
+    async def review(self, request: RoundRequest) -> Continuation:
+        summary = summarize(request)
+        if summary.agree or self.escalate is None or request.round > 2:
+            keep = Workflow(steps=())
+            return Continuation(
+                workflow=keep, seen=summary.line(), answers=summary.answers, agree=summary.agree
+            )
+        wf = Workflow(steps=(Step(_ordinal(request.view, self.escalate), SOLVE, ()),))
+        return Continuation(
+            workflow=wf, text=render(wf), seen=summary.line(), answers=summary.answers, agree=summary.agree
+        )
+
+    async def run(self, task: Task, view: PoolView, limits: Limits) -> Episode:
+        # two rounds by definition (module docstring); at least two steps for the first pair
+        lifted = replace(limits, max_rounds=max(limits.max_rounds, 2), max_steps=max(limits.max_steps, 2))
+        return await super().run(task, view, lifted)
+
+
+def _all_training(pool: Pool, kw: Mapping[str, Any]) -> list[Task]:
+    from rl_conductor.tasks.datasets import load_tasks
+
+    dataset = str(kw.get("dataset") or pool.options.get("default_dataset", "paper-mix"))
+    return load_tasks(dataset, split="train")
