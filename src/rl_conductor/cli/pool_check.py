@@ -9,6 +9,7 @@ refused key before an evaluation or a deployment does.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -35,7 +36,14 @@ def pool_check(
     why a worker failed (exit 1 when any did)."""
     from rl_conductor.workers.check import CHECK_MAX_TOKENS, check_pool_file
 
-    report = check_pool_file(pool, timeout_s=timeout_s)
+    # each failure is printed below the table; the live client's one-time warning would repeat it
+    live_log = logging.getLogger("rl_conductor.workers.live.base")
+    level = live_log.level
+    live_log.setLevel(logging.ERROR)
+    try:
+        report = check_pool_file(pool, timeout_s=timeout_s)
+    finally:
+        live_log.setLevel(level)
     if json_out is not None and str(json_out) == "-":
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
     else:
@@ -55,7 +63,7 @@ def pool_check(
                 "-" if w.latency_s is None else f"{w.latency_s:.3f}",
                 str(w.input_tokens),
                 str(w.output_tokens),
-                f"{w.cost_usd:.6f}",
+                f"{w.cost_usd:.3g}",
                 w.detail if len(w.detail) <= 48 else w.detail[:47] + "…",
             )
         console.print(table)
