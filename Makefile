@@ -64,8 +64,8 @@ bench: install ## run the benchmarks (JSON under benchmarks/results/)
 MODEL ?= models:/conductor@champion
 POOL ?= paper-sim
 PORT ?= 8080
-serve: install ## serve MODEL (default: make run's champion) on POOL (paper-sim) with KServe on :PORT
-	$(BIN)/conductor serve --model $(MODEL) --pool $(POOL) --http_port $(PORT) --enable_grpc false
+serve: install ## serve MODEL (default: make run's champion) on POOL (paper-sim) with KServe on 127.0.0.1:PORT, no auth
+	$(BIN)/conductor serve --model $(MODEL) --pool $(POOL) --http_port $(PORT) --auth none
 
 OVERLAY ?= dev
 # Plain kustomize (default load restrictor), as Argo CD and Flux render: each overlay's pool.yaml

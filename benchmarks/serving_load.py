@@ -254,7 +254,7 @@ def main() -> None:
         runs: dict[str, dict[str, Any]] = {}
         with _server([py, __file__, "--serve-echo"], root / "echo.log", _free_port()) as url:
             runs["echo"] = asyncio.run(_load(url, args.requests, args.concurrency, args.warmup))
-        predictor = [py, "-m", "rl_conductor.serving", "--pool"]
+        predictor = [py, "-m", "rl_conductor.serving", "--auth", "none", "--host", "127.0.0.1", "--pool"]
         fixed_cmd = [*predictor, str(pool), "--policy", "fixed:0,1"]
         with _server(fixed_cmd, root / "fixed.log", _free_port()) as url:
             runs["fixed"] = asyncio.run(_load(url, args.requests, args.concurrency, args.warmup))

@@ -118,7 +118,8 @@ def predictor(
     timeout_s: float = 120.0,
     cli: bool = False,
 ) -> Iterator[Predictor]:
-    """Run ``python -m rl_conductor.serving ARGS`` (or ``conductor serve ARGS``) until the block ends."""
+    """Run ``python -m rl_conductor.serving ARGS`` (or ``conductor serve ARGS``) until the block ends
+    (``--auth none`` unless ARGS or ``env`` give API keys)."""
     (port,) = free_ports(1)
     log = log_dir / f"predictor-{port}.log"
     entry = (
@@ -126,7 +127,11 @@ def predictor(
         if cli
         else [sys.executable, "-m", "rl_conductor.serving"]
     )
-    cmd = [*entry, *args, "--http_port", str(port), "--enable_grpc", "false"]
+    cmd = [*entry, *args, "--http_port", str(port), "--enable_grpc", "false", "--host", LOOPBACK]
+    if not any(a.startswith(("--auth", "--api-key-file", "--api_key_file")) for a in args) and not (
+        env and "CONDUCTOR_API_KEYS" in env
+    ):
+        cmd += ["--auth", "none"]  # tests of authentication pass their keys
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log.open("wb") as fh:
         proc = subprocess.Popen(

@@ -197,7 +197,8 @@ def test_content_type_and_body_size_are_checked(http: httpx.Client) -> None:
     good = json.dumps({"instances": [{"question": "q"}]})
     for path in ("/v1/models/conductor:predict", "/v2/models/conductor/infer", "/openai/v1/chat/completions"):
         resp = http.post(path, content=good, headers={"content-type": "text/plain"})
-        assert resp.status_code == 415 and "application/json" in resp.json()["error"]
+        err = resp.json()["error"]  # the OpenAI route answers in OpenAI's error shape
+        assert resp.status_code == 415 and "application/json" in (err["message"] if path[1] == "o" else err)
         resp = http.post(path, content=good)  # no content type at all
         assert resp.status_code == 415
     big = json.dumps({"instances": [{"question": "x" * 1_100_000}]})
@@ -376,8 +377,10 @@ def test_10_percent_failing_worker_calls_still_answer_99_percent(tmp_path: Path)
             for w in HOSTING
             for o in ("ok", "error")
         )
-    assert all(r.status_code == 200 for r in resps)
+    # a request no worker could answer is a 502 that says why, never a 200 with no answer
+    assert all(r.status_code == 200 or (r.status_code == 502 and r.json()["error"]) for r in resps)
     docs = [r.json()["predictions"][0] for r in resps]
+    assert all(bool(d["answer"]) == (r.status_code == 200) for d, r in zip(docs, resps, strict=True))
     answered = sum(bool(d["answer"]) for d in docs)
     assert answered >= 0.99 * len(docs), f"only {answered}/{len(docs)} answered"
     assert 0.05 < errors / calls < 0.15  # failures were really injected, each call once (~10 %)
@@ -534,7 +537,7 @@ def test_conductor_serve_refuses_bad_flags_with_a_message(args: list[str], says:
     import subprocess
 
     proc = subprocess.run(
-        [sys.executable, "-m", "rl_conductor.cli", "serve", *args, "--enable_grpc", "false"],
+        [sys.executable, "-m", "rl_conductor.cli", "serve", *args, "--auth", "none"],
         capture_output=True,
         text=True,
         timeout=120,
