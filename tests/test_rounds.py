@@ -282,3 +282,56 @@ def test_the_fit_replays_what_the_cascade_earns() -> None:
     assert s["accuracy"] == pytest.approx(float(out["correct"].mean()))
     assert s["mean_cost_usd"] == pytest.approx(float(out["cost"].mean()), rel=1e-9)
     assert s["mean_reward"] == pytest.approx(best.mean_reward, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- round-2 warm-start targets
+
+
+def test_review_targets_keep_where_answers_agree_and_escalate_where_they_disagree() -> None:
+    """Two cheap workers agree on the easy questions (both right) and disagree on the hard ones
+    (both wrong); the dear worker is right on both. The target keeps the answer after agreement and
+    escalates to the dear worker after disagreement, and each record's prompt is the review prompt
+    the Conductor would see, its completion a parseable continuation."""
+    from rl_conductor.reward import REWARD_PRESETS
+    from rl_conductor.training.rounds import review_examples, review_sft_records, review_targets
+    from rl_conductor.workflow import parse
+
+    def answer(name: str):  # type: ignore[no-untyped-def]
+        def reply(messages, ctx):  # type: ignore[no-untyped-def]
+            hard = ctx.task.id.startswith("hard")
+            off = {"a": 2, "b": 1}.get(name, 0) if hard else 0  # both cheap ones wrong, apart
+            return f"\\boxed{{{int(ctx.task.answer) + off}}}"
+
+        return reply
+
+    workers = [
+        FakeWorker(info=fake_info(n, price_in=p, price_out=p), responder=answer(n))
+        for n, p in (("a", 0.1), ("b", 0.1), ("dear", 50.0))
+    ]
+    view = Pool(name="p", workers=list(workers)).view()
+    tasks = [
+        Task(
+            id=f"{kind}/{i}",
+            question=f"What is {i} + {i}?",
+            answer=str(2 * i),
+            domain="math",
+            source="t",
+            grader="math",
+        )
+        for kind in ("easy", "hard")
+        for i in range(3)
+    ]
+    first = Workflow(steps=(Step(0, "solve", ()), Step(1, "solve", ())))
+    rc = REWARD_PRESETS["cost-aware"]
+    examples = asyncio.run(review_examples(tasks, view, [first], rc))
+    assert {ex.signal for ex in examples} == {"The answers so far agree.", "The answers so far disagree."}
+    targets = review_targets(examples)
+    assert targets[(0, "The answers so far agree.")] == "keep"
+    assert targets[(0, "The answers so far disagree.")] == "+dear"
+    records = review_sft_records(examples, view)
+    assert len(records) == len(tasks)
+    for ex, rec in zip(examples, records, strict=True):
+        prompt = rec["prompt"][0]["content"]  # type: ignore[index]
+        assert "Workflow so far:" in prompt and ex.signal in prompt
+        done = parse(rec["completion"][0]["content"], pool_size=3, allow_empty=True, first_index=2)  # type: ignore[index]
+        assert done.workers() == ([] if ex.task_id.startswith("easy") else [2])

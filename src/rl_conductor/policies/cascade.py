@@ -11,8 +11,9 @@ across both rounds as for every policy.
 
 * ``cascade:a,b>c`` — ``a`` and ``b`` first, ``c`` on disagreement; ``cascade:a*2>c`` samples
   ``a`` twice; ``cascade:a,b`` never escalates.
-* ``cascade`` or ``cascade:N`` — fitted: every worker answers N training questions
-  (``FIT_LIMIT`` by default; ``cascade:all`` takes every training question) three times alone,
+* ``cascade`` or ``cascade:N`` — fitted: every worker answers N training questions (the
+  evaluation's ``fit_limit``, as for the routers, else ``FIT_LIMIT``; ``cascade:all`` takes every
+  training question) three times alone,
   and the (first pair, escalation) with the best mean reward at the evaluation's reward is kept.
   The fit replays the measured answers exactly (each step's call is the one measured: same
   message, same step index), so on a replay or simulated pool the fitted reward is the reward
@@ -216,7 +217,8 @@ class Cascade(Policy):
     @classmethod
     def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> Cascade:
         if not arg or arg.isdigit() or arg == "all":
-            limit = None if arg == "all" else int(arg) if arg else FIT_LIMIT
+            fit_limit = kw.get("fit_limit", FIT_LIMIT)
+            limit = None if arg == "all" else int(arg) if arg else fit_limit
             return cls.fit(pool, kw, limit)
         pair, _, up = arg.partition(">")
         name, star, n = pair.partition("*")
