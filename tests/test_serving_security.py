@@ -530,3 +530,28 @@ def test_manifests_turn_authentication_on_and_limit_who_reaches_the_predictor() 
     policy = kinds(docs, "NetworkPolicy")["conductor"]
     for rule in policy["spec"]["ingress"]:
         assert rule.get("from"), "an ingress rule without 'from' admits every pod and address"
+
+
+def test_grpc_when_turned_on_refuses_the_repository_rpcs(tmp_path: Path) -> None:
+    import grpc
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+    from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
+
+    from predictor import process
+
+    http_port, grpc_port = free_ports(2)
+    pool = write_pool(tmp_path / "pool.yaml")
+    cmd = [sys.executable, "-m", "rl_conductor.serving", "--policy", "fixed:0", "--pool", str(pool)]
+    cmd += ["--http_port", str(http_port), "--grpc_port", str(grpc_port), "--host", LOOPBACK]
+    cmd += ["--auth", "none", "--enable_grpc", "true"]  # gRPC checks no key: only without auth
+    ready = f"http://{LOOPBACK}:{http_port}/v2/health/ready"
+    with process(cmd, tmp_path / "grpc.log", ready), grpc.insecure_channel(f"{LOOPBACK}:{grpc_port}") as ch:
+        stub = pb_grpc.GRPCInferenceServiceStub(ch)
+        for rpc, req in (
+            (stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(model_name="conductor")),
+            (stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name="conductor")),
+        ):
+            with pytest.raises(grpc.RpcError):
+                rpc(req, timeout=30)
+        assert stub.ModelReady(pb.ModelReadyRequest(name="conductor"), timeout=30).ready
+        assert httpx.get(ready).status_code == 200
