@@ -308,6 +308,9 @@ class ScriptedServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # headers and body go out as two writes: without TCP_NODELAY the body waits for the
+            # client's delayed ACK (about 40 ms a response on Linux)
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
                 return
