@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -118,9 +118,9 @@ async def check_worker(worker: Worker, *, timeout_s: float = DEFAULT_CHECK_TIMEO
     """Call ``worker`` (beneath its cache) once with :data:`CHECK_PROMPT`."""
     real = _innermost(worker)
     info = worker.info
-    base = {"name": info.name, "kind": info.kind, "hosting": info.hosting, "url": _url(real)}
+    base = WorkerCheck(name=info.name, kind=info.kind, hosting=info.hosting, url=_url(real), status="ok")
     if info.kind in NOT_CALLABLE_KINDS:
-        return WorkerCheck(**base, status="offline", detail="answers recorded tasks only; not called")
+        return replace(base, status="offline", detail="answers recorded tasks only; not called")
     t0 = time.perf_counter()
     try:
         comp = await asyncio.wait_for(
@@ -133,22 +133,21 @@ async def check_worker(worker: Worker, *, timeout_s: float = DEFAULT_CHECK_TIMEO
             timeout=timeout_s,
         )
     except TimeoutError:
-        return WorkerCheck(
-            **base, status="timeout", latency_s=timeout_s, detail=f"no answer in {timeout_s:g}s"
-        )
+        return replace(base, status="timeout", latency_s=timeout_s, detail=f"no answer in {timeout_s:g}s")
     except Exception as exc:  # every failure is reported, named, never raised
         detail = (str(exc) or exc.__class__.__name__).removeprefix(f"{info.name}: ")
-        return WorkerCheck(**base, status="error", latency_s=time.perf_counter() - t0, detail=detail)
-    usage = {
-        "latency_s": comp.latency_s,
-        "input_tokens": comp.input_tokens,
-        "output_tokens": comp.output_tokens,
-        "cost_usd": comp.cost_usd,
-    }
+        return replace(base, status="error", latency_s=time.perf_counter() - t0, detail=detail)
+    used = replace(
+        base,
+        latency_s=comp.latency_s,
+        input_tokens=comp.input_tokens,
+        output_tokens=comp.output_tokens,
+        cost_usd=comp.cost_usd,
+    )
     if not (isinstance(comp.text, str) and comp.text.strip()):
-        return WorkerCheck(**base, status="empty", **usage, detail="answered without text")
+        return replace(used, status="empty", detail="answered without text")
     estimated = " (tokens estimated: the server reported no usage)" if comp.tokens_estimated else ""
-    return WorkerCheck(**base, status="ok", **usage, detail=f"answered {comp.text.strip()[:40]!r}{estimated}")
+    return replace(used, detail=f"answered {comp.text.strip()[:40]!r}{estimated}")
 
 
 async def check_workers(
