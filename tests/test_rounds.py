@@ -81,15 +81,16 @@ async def test_a_one_round_request_never_calls_the_review() -> None:
 
 
 async def test_a_later_round_sees_the_earlier_answers_and_starts_after_them() -> None:
-    w0 = FakeWorker(info=fake_info("w0"), answer="\\boxed{41}", latency_s=0.0)
-    w1 = FakeWorker(info=fake_info("w1", price_out=20.0), answer="\\boxed{42}", latency_s=0.0)
+    w0 = FakeWorker(info=fake_info("w0"), answer="\\boxed{41}", latency_s=0.01)
+    w1 = FakeWorker(info=fake_info("w1", price_out=20.0), answer="\\boxed{42}", latency_s=0.01)
     view = Pool(name="p", workers=[w0, w1]).view()
     seen: list[RoundRequest] = []
 
     async def review(req: RoundRequest) -> Continuation:
         seen.append(req)
         if req.round == 2:
-            return Continuation(workflow=Workflow(steps=(Step(1, "check both", "all"),)), text="t", seen="p")
+            added = (Step(1, "check both", "all"), Step(0, "fresh", ()))
+            return Continuation(workflow=Workflow(steps=added), text="t", seen="p")
         return Continuation(workflow=Workflow(steps=()))
 
     first = Workflow(steps=(Step(0, "a", ()), Step(0, "b", ())))
@@ -97,20 +98,20 @@ async def test_a_later_round_sees_the_earlier_answers_and_starts_after_them() ->
     assert [r.round for r in seen] == [2, 3]
     assert seen[0].answer == "\\boxed{41}" and len(seen[0].records) == 2
     assert seen[0].limits.max_cost_usd == pytest.approx(1.0 - trace.rounds[0].cost_usd, rel=1e-6)
-    assert len(seen[1].workflow.steps) == 3  # the second review sees every step so far
+    assert len(seen[1].workflow.steps) == 4  # the second review sees every step so far
     msg = w1.calls[0]["messages"][0]["content"]  # type: ignore[index]
     assert "[Step 0] Answer:\n\\boxed{41}" in msg and "[Step 1] Answer:\n\\boxed{41}" in msg
-    third = trace.steps[2]
-    assert third.visible == [0, 1] and third.started_s >= max(
-        s.started_s + s.latency_s for s in trace.steps[:2]
-    )
+    third, fourth = trace.steps[2:]
+    round_one_end = max(s.started_s + s.latency_s for s in trace.steps[:2])
+    assert third.visible == [0, 1] and third.started_s >= round_one_end > 0
+    assert fourth.visible == [] and fourth.started_s >= round_one_end  # it waited for the review too
     assert [(r.index, r.decision, r.steps) for r in trace.rounds] == [
         (1, "plan", [0, 1]),
-        (2, "continue", [2]),
+        (2, "continue", [2, 3]),
         (3, "keep", []),
     ]
     assert trace.rounds[1].seen and len(trace.rounds[1].seen) == 16 and trace.rounds[1].plan_text == "t"
-    assert trace.final_answer == "\\boxed{42}" and trace.rounds_run == 2
+    assert trace.final_answer == "\\boxed{41}" and trace.rounds_run == 2  # the last answered step
     assert sum(r.cost_usd for r in trace.rounds) == pytest.approx(trace.cost_usd)
 
 
@@ -120,7 +121,7 @@ async def test_no_review_when_the_budget_or_the_calls_are_spent() -> None:
 
     async def review(req: RoundRequest) -> Continuation:
         called.append(req.round)
-        return Continuation(workflow=Workflow(steps=(Step(0, "again", ()),)))
+        return Continuation(workflow=Workflow(steps=tuple(Step(0, f"again {k}", ()) for k in range(3))))
 
     one = Workflow(steps=(Step(0, "solve", ()),))
     capped = await execute(one, TASK, pool.view(), Limits(max_rounds=3, max_calls=1), review=review)
@@ -128,7 +129,7 @@ async def test_no_review_when_the_budget_or_the_calls_are_spent() -> None:
     assert "call cap" in capped.rounds[1].reason and len(capped.attempts) == 1
     # a continuation longer than the calls left is cut to them
     cut = await execute(one, TASK, pool.view(), Limits(max_rounds=2, max_calls=2), review=review)
-    assert len(cut.steps) == 2 and len(cut.attempts) == 2
+    assert len(cut.steps) == 2 and len(cut.attempts) == 2 and "truncated to 1" in cut.rounds[1].reason
 
 
 async def test_a_failing_or_invalid_review_keeps_the_answer() -> None:
