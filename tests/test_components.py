@@ -257,7 +257,7 @@ def test_weak_first_version_is_registered_but_not_champion(chain_env: Chain) -> 
     assert "stays registered but not champion" in out.reason
     row = registry.list_versions("conductor")[0]
     assert row.tags["gate.promoted"] == "false" and row.tags["gate.champion_before"] == ""
-    assert row.metrics["accuracy"] < row.metrics["baseline_accuracy"]
+    assert row.metrics["mean_reward"] < row.metrics["baseline_mean_reward"]
 
 
 def _register(chain: Chain, results: dsl.Artifact, tag: str) -> Any:

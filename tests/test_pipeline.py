@@ -130,8 +130,10 @@ def test_quick_run_fills_the_artifact_root(quick: Quick) -> None:
     assert {"domain-router", "knn"} <= {s["policy"] for s in summaries}
     assert all(s["n"] == QUICK_ARGUMENTS["eval_limit"] for s in summaries)
     best = meta["best_baseline"]
-    singles = [s for s in summaries if s["policy"].startswith("single:") or s["policy"] == "domain-router"]
-    assert best["baseline_accuracy"] == max(s["accuracy"] for s in singles)
+    # every policy scored at the Conductor's own reward; the gate's baseline is the best at it
+    assert meta["reward"] and all(s["reward"] == meta["reward"] for s in summaries)
+    gates = [s for s in summaries if s["policy"].startswith(("single:", "domain-router", "knn"))]
+    assert best["baseline_mean_reward"] == max(s["mean_reward"] for s in gates)
     assert summaries[-1]["baseline_policy"] == best["baseline_policy"]
     payload = json.loads((folder / "reports" / "results.json").read_text())
     budgeted = {s["policy"]: s for s in payload["budget_results"]}
@@ -154,7 +156,7 @@ def test_gate_compared_with_the_existing_champion(quick_env: Quick) -> None:
     assert registry.get_alias_version("conductor", "champion") == 1
     assert rows[1].test_split_id == rows[2].test_split_id == quick_env.split_id
     assert rows[2].metrics["n"] == QUICK_ARGUMENTS["eval_limit"]
-    assert rows[2].metrics["accuracy"] < rows[2].metrics["baseline_accuracy"]
+    assert rows[2].metrics["mean_reward"] < rows[2].metrics["baseline_mean_reward"]
     assert rows[2].tags["pipeline.run_tag"].startswith("conductor-training-")
 
 

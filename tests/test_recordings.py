@@ -3,6 +3,7 @@ into it, and a three-model recordings pool that trains and evaluates end to end.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -254,19 +255,166 @@ def test_three_model_recordings_train_and_evaluate_end_to_end(tmp_path: Path) ->
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CONDUCTOR_HOME": str(tmp_path)}
     cli = [sys.executable, "-m", "rl_conductor.cli"]
     out = tmp_path / "out"
-    train = subprocess.run([*cli, "train", "--out", str(out), "--preset", str(preset), "--pool", str(pool)],
+    train = subprocess.run([*cli, "train", "--out", str(out), "--preset", str(preset), "--pool", str(pool),
+                            "--cost-weight", "0.2"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     assert (out / "final" / "config.json").is_file()
+    meta = json.loads((out / "final" / "conductor.json").read_text())  # what it was trained on and for
+    assert (meta["pool"], meta["dataset"]) == (str(pool), dataset_name(rec))
+    assert meta["reward"]["cost_weight"] == 0.2
+    assert "SFT warm start" in train.stderr or "SFT warm start" in train.stdout  # progress lines, no terminal
     summary = tmp_path / "eval.json"
-    ev = subprocess.run([*cli, "eval", "--pool", str(pool), "--policy", f"conductor:{out / 'final'}",
+    # no --pool: the Conductor's own pool, dataset and reward
+    ev = subprocess.run([*cli, "eval", "--policy", f"conductor:{out / 'final'}",
                          "--policy", "single:strong", "--policy", "single:medium", "--json", str(summary)],
                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
     results = {r["policy"]: r for r in json.loads(summary.read_text())["results"]}
+    assert all(r["reward"]["cost_weight"] == 0.2 and r["pool"] == "three" for r in results.values())
+    plan = subprocess.run([*cli, "plan", str(out / "final"), "What is 2 + 2?"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
+    named = re.findall(r"^step \d+: (\S+) sees", plan.stdout, flags=re.M)
+    assert named and set(named) <= {"strong", "medium", "weak"}  # the pool it was trained for
     conductor = next(r for name, r in results.items() if name.startswith("conductor"))
     assert conductor["n"] == results["single:strong"]["n"] > 10
     assert 0 <= conductor["accuracy"] <= 1 and conductor["parse_rate"] >= 0
     # the recorded labels replay exactly on the test split
     assert results["single:strong"]["accuracy"] == pytest.approx(acc["strong"])
     assert results["single:medium"]["accuracy"] == pytest.approx(acc["medium"])
+
+
+# ------------------------------------------------------------------------------ files a user can bring
+
+
+def _byo_pool(tmp_path: Path, rows: list[dict[str, Any]], models: str = "ab") -> Path:
+    rec = _write(tmp_path / "byo.jsonl", rows)
+    pool = tmp_path / "byo.yaml"
+    pool.write_text(yaml.safe_dump({"name": "byo", "recordings": str(rec), "workers": [
+        {"name": m, "kind": "replay", "price_in": 1.0, "price_out": 1.0} for m in models]}))  # fmt: skip
+    return pool
+
+
+def test_labels_without_gold_replay_as_recorded(tmp_path: Path) -> None:
+    """Labels but no gold answer (a support log graded by people): every policy's accuracy is the
+    recorded one, not 0 % ("could not make task ... grade as recorded" inside every trace)."""
+    rows = [{"id": f"s/{i}", "question": f"Ticket {i}: how do I reset my router?", "grader": g,
+             "domain": "reasoning", "split": "test",
+             "responses": {"a": {"text": f"Hold the button for {i} seconds.", "correct": i % 2 == 0},
+                           "b": {"correct": i % 3 == 0}}}
+            for i, g in enumerate(["qa", "math", "choice"] * 4)]  # fmt: skip
+    pool = _byo_pool(tmp_path, rows)
+    tasks = load_tasks(load_pool(str(pool)).options["default_dataset"], "test")
+    assert len(tasks) == 12 and {t.grader for t in tasks} == {"recorded"}
+    runs = {s["policy"]: s for s in run_eval(["single:a", "single:b"], pool=str(pool), dataset=None,
+                                              split="test", limit=None, seed=0, progress=False)}  # fmt: skip
+    assert runs["single:a"]["accuracy"] == pytest.approx(6 / 12)
+    assert runs["single:b"]["accuracy"] == pytest.approx(4 / 12)
+    assert runs["single:a"]["failed_call_rate"] == runs["single:b"]["failed_call_rate"] == 0.0
+    # a label-only answer is an opaque stand-in: it does not tell a reader (a reviewing Conductor) the label
+    worker = load_pool(str(pool)).get("b")
+    for t in tasks:
+        text = asyncio.run(worker.complete([], max_tokens=64, temperature=0, context=CallContext(t))).text
+        assert "correct" not in text.lower() and "wrong" not in text.lower()
+        assert grade(t, text) is (int(t.id.split("/")[1]) % 3 == 0)
+    assert not grade(tasks[0], "Hold the button for 0 seconds, then unplug it.")  # not what was recorded
+
+
+def test_code_items_without_tests_replay_as_recorded_or_fail_at_load(tmp_path: Path) -> None:
+    rows = [{"id": f"c/{i}", "question": f"Write f{i}.", "grader": "code", "domain": "code", "split": "test",
+             "responses": {"a": {"text": f"```python\ndef f{i}():\n    return {i}\n```", "correct": i < 3},
+                           "b": {"correct": False}}}
+            for i in range(5)]  # fmt: skip
+    pool = _byo_pool(tmp_path, rows)
+    runs = run_eval(["single:a", "single:b"], pool=str(pool), dataset=None, split="test", limit=None, seed=0,
+                    progress=False)  # fmt: skip
+    assert [s["accuracy"] for s in runs] == [pytest.approx(3 / 5), 0.0]
+    assert all(s["failed_call_rate"] == 0.0 for s in runs)  # graded, not failed: no sandbox, no tests needed
+    rows[0]["responses"]["b"] = {"text": "def f0(): return 0"}  # no label, and no tests to grade it by
+    bad = _write(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(RecordingsError) as info:
+        load_recordings(bad)
+    message = str(info.value)
+    assert "\n" not in message and f"{bad}:1" in message
+    assert "without `metadata.tests`" in message and "add its tests (`metadata.tests`)" in message
+    assert "'b'" in message
+
+
+def test_a_split_field_decides_every_split_consumer(tmp_path: Path) -> None:
+    from rl_conductor.pipeline.steps import read_tasks, register_prepared, write_tasks
+    from rl_conductor.policies.routers import training_tasks
+
+    rows = [{**_item(i, a={"text": f"#### {i + 1}", "correct": True}), "split": s}
+            for i, s in enumerate(["train"] * 6 + ["validation"] * 2 + ["test"] * 4)]  # fmt: skip
+    pool = _byo_pool(tmp_path, rows, models="a")
+    name = load_pool(str(pool)).options["default_dataset"]
+    want = {s: [r["id"] for r in rows if r["split"] == s] for s in ("train", "validation", "test")}
+    for split, ids in want.items():
+        assert [t.id for t in load_tasks(name, split)] == ids
+    assert any(split_of(r["id"]) != r["split"] for r in rows)  # the id hash alone would split otherwise
+    assert [t.id for t in training_tasks(load_pool(str(pool)), {"dataset": name}, None)] == want["train"]
+    runs = run_eval(
+        ["single:a"], pool=str(pool), dataset=None, split="test", limit=None, seed=0, progress=False
+    )
+    assert runs[0]["n"] == 4
+    # the pipeline's prepared files keep it: a prepared train file loads whole as "train"
+    write_tasks(tmp_path / "train.jsonl", load_tasks(name, "train"))
+    prepared = register_prepared([tmp_path / "train.jsonl"])
+    assert [t.id for t in load_tasks(prepared, "train")] == want["train"]
+    assert [t.id for t in read_tasks(tmp_path / "train.jsonl")] == want["train"]
+    rows[0]["split"] = "dev"
+    with pytest.raises(RecordingsError, match=r"split must be one of train, validation, test, got 'dev'"):
+        load_recordings(_write(tmp_path / "bad.jsonl", rows))
+
+
+def test_eval_exits_non_zero_when_every_call_of_a_policy_failed(tmp_path: Path) -> None:
+    """A replay pool asked about items it has no recordings of: every call fails inside the traces.
+    That is exit 1 with the reason, not 0 % with exit 0; the share of failed calls is reported."""
+    from typer.testing import CliRunner
+
+    out = tmp_path / "eval.json"
+    args = ["eval", "--pool", "gsm8k-six", "--dataset", "mmlu_stem", "--limit", "3",
+            "--policy", "single:gpt3-6b-finetuned", "--json", str(out)]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 1, res.output
+    assert "every worker call failed on all 3 questions" in res.output
+    assert "no recording of task 'mmlu_stem/" in res.output
+    assert json.loads(out.read_text())["failed_call_rate"] == 1.0  # the summary is still written
+    ok = CliRunner().invoke(app, ["eval", "--pool", "gsm8k-six", "--limit", "3",
+                                  "--policy", "single:gpt3-6b-finetuned", "--json", str(out)])  # fmt: skip
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(out.read_text())["failed_call_rate"] == 0.0
+    assert "failed calls %" in ok.output
+
+
+def test_a_preset_never_overrides_the_pools_dataset(tmp_path: Path) -> None:
+    from rl_conductor.training.config import load_preset
+
+    pool = _byo_pool(tmp_path, [_item(1, a={"text": "#### 2"})], models="a")
+    assert load_preset("routellm").dataset == "routellm"
+    cfg = load_preset("routellm", pool=str(pool))
+    assert cfg.pool == str(pool) and cfg.dataset is None  # train() takes the pool's default dataset
+    assert load_preset("routellm", pool=str(pool), dataset="gsm8k").dataset == "gsm8k"
+    assert load_preset("routellm", pool="routellm-replay").dataset == "routellm"  # its own pool: kept
+
+
+def test_train_help_lists_every_preset() -> None:
+    from typer.testing import CliRunner
+
+    from rl_conductor.cli.train import preset_names
+    from rl_conductor.training.config import available_presets
+
+    assert preset_names() == available_presets() and "routellm" in preset_names()
+    res = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0
+    assert " | ".join(available_presets()) in res.output
+
+
+def test_progress_lines_when_output_is_not_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pool = _byo_pool(tmp_path, [_item(i, a={"text": f"#### {i + 1}"}) for i in range(40)], models="a")
+    run_eval(["single:a"], pool=str(pool), dataset=None, split="all", limit=None, seed=0, concurrency=8)
+    err = capsys.readouterr().err
+    assert "eval single:a: 40/40 (100 %)," in err  # a plain line, not a bar drawn for nobody

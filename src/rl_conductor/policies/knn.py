@@ -43,6 +43,7 @@ from rl_conductor.policies.routers import (
     SingleOutcomes,
     _reward_config,
     choose_worker,
+    fit_limit,
     reward_matrix,
     single_outcomes,
     training_tasks,
@@ -127,11 +128,12 @@ class KnnRouter(Policy):
 
     @classmethod
     def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> KnnRouter:
-        """``knn`` (fit on up to ``FIT_LIMIT`` tasks of the training split, cached),
-        ``knn:N`` (fit on up to N) or ``knn:PATH`` (a saved router)."""
+        """``knn`` (fit on every task of the training split, or ``kw["fit_limit"]`` of them;
+        measurements and embeddings cached), ``knn:N`` (fit on up to N) or ``knn:PATH`` (a saved
+        router), at ``kw``'s reward (the evaluation's: the Conductor's own by default)."""
         if arg and not arg.isdigit():
             return cls.load(arg)
-        limit = int(arg) if arg else FIT_LIMIT
+        limit = fit_limit(arg, kw, "knn")
         return cls.fit(pool, training_tasks(pool, kw, limit), reward=_reward_config(kw))
 
     # -- routing ------------------------------------------------------------------------------

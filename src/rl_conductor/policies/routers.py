@@ -36,7 +36,7 @@ from numpy.typing import NDArray
 from rl_conductor.executor import execute
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
-from rl_conductor.reward import REWARD_PRESETS, RewardConfig, grade_trace
+from rl_conductor.reward import REWARD_PRESETS, RewardConfig, grade_trace, reward_config
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, PoolView
@@ -47,12 +47,15 @@ __all__ = [
     "DomainRouter",
     "SingleOutcomes",
     "choose_worker",
+    "fit_limit",
     "measure_singles",
     "reward_matrix",
     "single_outcomes",
 ]
 
-#: Training questions measured by default (the kNN router embeds them too: ~20-40 questions/s).
+#: A moderate number of training questions to measure, for policies that sample by default. The
+#: kNN and domain routers fit on every training question (what the Conductor trained on) unless
+#: given ``:N`` or ``fit_limit``; the kNN router embeds them too (~20-40 questions/s, cached).
 FIT_LIMIT = 500
 
 
@@ -198,14 +201,28 @@ def choose_worker(
 
 
 def _reward_config(kw: Mapping[str, Any]) -> RewardConfig:
-    preset = str(kw.get("reward_preset") or "cost-aware")
-    if preset not in REWARD_PRESETS:
-        raise ValueError(f"unknown reward preset {preset!r}; known: {sorted(REWARD_PRESETS)}")
-    return REWARD_PRESETS[preset]
+    """The reward a router is fitted at: ``kw["reward_config"]`` (what the evaluation scores
+    with, e.g. the Conductor's own), else ``reward_preset`` / ``cost_weight`` (cost-aware)."""
+    given = kw.get("reward_config")
+    if given is not None:
+        return given if isinstance(given, RewardConfig) else RewardConfig(**given)
+    return reward_config(str(kw.get("reward_preset") or "cost-aware"), cost_weight=kw.get("cost_weight"))
 
 
-def training_tasks(pool: Pool, kw: Mapping[str, Any], limit: int) -> list[Task]:
-    """The seeded sample of ``limit`` training tasks of the dataset named in ``kw`` (or the pool's)."""
+def fit_limit(arg: str, kw: Mapping[str, Any], kind: str) -> int | None:
+    """How many training questions a router is fitted on: the spec's ``:N``, else
+    ``kw["fit_limit"]``, else None (every training question)."""
+    if arg and not arg.isdigit():
+        raise ValueError(f"{kind} takes a number of training tasks, got {arg!r}")
+    if arg:
+        return int(arg)
+    given = kw.get("fit_limit")
+    return None if given is None else int(given)
+
+
+def training_tasks(pool: Pool, kw: Mapping[str, Any], limit: int | None) -> list[Task]:
+    """The training tasks of the dataset named in ``kw`` (or the pool's): all of them, or a
+    seeded sample of ``limit``."""
     from rl_conductor.tasks.datasets import load_tasks
 
     dataset = str(kw.get("dataset") or pool.options.get("default_dataset", "paper-mix"))
@@ -243,10 +260,9 @@ class DomainRouter(Policy):
 
     @classmethod
     def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> DomainRouter:
-        """``domain-router`` (fit on up to ``FIT_LIMIT`` training tasks) or ``domain-router:N``."""
-        if arg and not arg.isdigit():
-            raise ValueError(f"domain-router takes a number of training tasks, got {arg!r}")
-        limit = int(arg) if arg else FIT_LIMIT
+        """``domain-router`` (fit on every training task, or ``kw["fit_limit"]`` of them) or
+        ``domain-router:N``, at ``kw``'s reward (:func:`_reward_config`)."""
+        limit = fit_limit(arg, kw, "domain-router")
         return cls.from_outcomes(single_outcomes(pool, training_tasks(pool, kw, limit)), _reward_config(kw))
 
     def choose(self, domain: str, view: PoolView, limits: Limits) -> int:

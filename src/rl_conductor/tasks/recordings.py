@@ -27,6 +27,15 @@ name is the same on every machine. RouteLLM's recordings (:mod:`rl_conductor.tas
 of this shape: text and label for GSM8K, label only for MMLU
 (:func:`routellm_recordings` writes them out in this format).
 
+Items the project cannot grade itself — no gold ``answer``, or a ``code`` item without
+``metadata.tests`` — replay as recorded: every response must then carry ``correct`` (else the
+load fails with one line saying what to add), and the item's grader becomes ``recorded``
+(:class:`rl_conductor.tasks.graders.RecordedGrader`), which returns the recorded label of the
+text a worker answered (``metadata.recorded_labels``: a digest of each recorded text, or of its
+stand-in where only a label was recorded, :func:`stand_in`; the original grader is kept as
+``metadata.recorded_grader``). A text no model recorded (for example one cut by ``max_tokens``)
+grades wrong.
+
 Validation is strict and early: a malformed line is an error naming the file and line.
 Simplification: the whole file is read at first use and cached for the process (by path and
 modification time).
@@ -36,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -45,6 +55,9 @@ from typing import Any
 from rl_conductor.tasks.base import Task
 
 PREFIX = "recordings:"
+#: The grader of items the file gives no way to grade (no gold answer; code without tests):
+#: their recorded ``correct`` labels are the grades (:class:`rl_conductor.tasks.graders.RecordedGrader`).
+RECORDED_GRADER = "recorded"
 #: A recordings path ``package:<file>`` names ``rl_conductor/data/recorded/<file>``.
 PACKAGE_PREFIX = "package:"
 SPLIT_NAMES = ("train", "validation", "test")
@@ -135,6 +148,43 @@ def parse_response(raw: Any, where: str) -> RecordedResponse:
     )
 
 
+def _why_not_gradable(grader: str, answer: Any, metadata: dict[str, Any]) -> str | None:
+    """Why the item's own grader cannot grade it (None when it can)."""
+    if grader == "code":
+        tests = metadata.get("tests")
+        return None if tests else "a code item without `metadata.tests`"
+    return None if answer is not None and str(answer).strip() else "an item without a gold `answer`"
+
+
+def _what_to_add(grader: str) -> str:
+    return "its tests (`metadata.tests`)" if grader == "code" else "a gold `answer`"
+
+
+def stand_in(task_id: str, model: str) -> str:
+    """The text a replay worker answers with where only a label was recorded and no gold exists:
+    an opaque line that says nothing about the label (a Conductor reading answers must not learn
+    it from the text); :data:`RECORDED_GRADER` grades it as recorded."""
+    digest = hashlib.sha256(f"{task_id}|{model}".encode()).hexdigest()[:12]
+    return f"[recorded answer {digest}]"
+
+
+def _labels(task_id: str, parsed: dict[str, RecordedResponse], where: str) -> dict[str, bool]:
+    """``text_key(text) -> label`` for every response's text (its stand-in when it has none)."""
+    from rl_conductor.tasks.graders import text_key
+
+    labels: dict[str, bool] = {}
+    for model, r in parsed.items():
+        key = text_key(r.text if r.text is not None else stand_in(task_id, model))
+        assert r.correct is not None  # checked by the caller
+        if labels.get(key, r.correct) != r.correct:
+            raise RecordingsError(
+                f"{where}: two models recorded the same text with different `correct` labels; "
+                "without a gold answer the text must decide"
+            )
+        labels[key] = r.correct
+    return labels
+
+
 def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict[str, RecordedResponse]]:
     """One line of a recordings file as a Task and its responses."""
     from rl_conductor.tasks.graders import GRADERS
@@ -145,17 +195,19 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
         if not isinstance(row.get(key), str) or not row[key].strip():
             raise RecordingsError(f"{where}: `{key}` is required and must be a non-empty string")
     grader = row.get("grader", DEFAULT_GRADER)
+    if grader == RECORDED_GRADER:
+        raise RecordingsError(
+            f"{where}: grader {RECORDED_GRADER!r} is the loader's: give the item's own grader and leave "
+            "`answer` out to replay the `correct` labels as recorded"
+        )
     if grader not in GRADERS:
-        raise RecordingsError(f"{where}: unknown grader {grader!r}; known: {sorted(GRADERS)}")
+        raise RecordingsError(
+            f"{where}: unknown grader {grader!r}; known: {sorted(set(GRADERS) - {RECORDED_GRADER})}"
+        )
     responses = row.get("responses")
     if not isinstance(responses, dict) or not responses:
         raise RecordingsError(f"{where}: `responses` must map model names to responses (at least one)")
     parsed = {str(m): parse_response(r, f"{where} model {m!r}") for m, r in responses.items()}
-    answer = row.get("answer")
-    if answer is None:
-        if any(r.correct is None for r in parsed.values()):
-            raise RecordingsError(f"{where}: without a gold `answer`, every response needs `correct`")
-        answer = ""
     metadata = row.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise RecordingsError(f"{where}: metadata must be an object")
@@ -164,10 +216,25 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
         if split not in SPLIT_NAMES:
             raise RecordingsError(f"{where}: split must be one of {', '.join(SPLIT_NAMES)}, got {split!r}")
         metadata = {**metadata, "split": split}
+    answer = row.get("answer")
+    gradable = _why_not_gradable(grader, answer, metadata)
+    if gradable is not None:  # no gold to grade against: the recorded labels are the grades
+        unlabelled = sorted(m for m, r in parsed.items() if r.correct is None)
+        if unlabelled:
+            raise RecordingsError(
+                f"{where}: {gradable}, so every response needs `correct` (missing for "
+                f"{', '.join(map(repr, unlabelled))}); add {_what_to_add(grader)} or those labels"
+            )
+        metadata = {
+            **metadata,
+            "recorded_grader": grader,
+            "recorded_labels": _labels(row["id"], parsed, where),
+        }
+        grader = RECORDED_GRADER
     task = Task(
         id=row["id"],
         question=row["question"],
-        answer=str(answer),
+        answer="" if answer is None else str(answer),
         domain=str(row.get("domain", DEFAULT_DOMAIN)),
         source=str(row.get("source", default_source)),
         grader=grader,
@@ -257,11 +324,15 @@ def item_dict(task: Task, responses: dict[str, RecordedResponse]) -> dict[str, A
     """One line of a recordings file for ``task`` (its ``split`` field when the task has one)."""
     metadata = dict(task.metadata)
     split = metadata.pop("split", None)
+    grader, answer = task.grader, task.answer
+    if grader == RECORDED_GRADER:  # back to what the file said: the labels are the responses'
+        grader = str(metadata.pop("recorded_grader", DEFAULT_GRADER))
+        metadata.pop("recorded_labels", None)
     item: dict[str, Any] = {
         "id": task.id,
         "question": task.question,
-        "answer": task.answer,
-        "grader": task.grader,
+        "answer": answer or None,
+        "grader": grader,
         "domain": task.domain,
         "source": task.source,
         "metadata": metadata,

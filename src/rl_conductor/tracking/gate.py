@@ -3,9 +3,12 @@
 Why: promotion moves the ``champion`` alias that serving loads, so it must follow a rule that
 can be read, tested and logged, not a person's judgement at the end of a pipeline run.
 
-The rule (``decide``): refuse a challenger below ``min_accuracy``; refuse it when its accuracy
-is below the best baseline of its *own* evaluation (``baseline_accuracy``: the best single
-worker and the ``domain-router``, measured on the same questions, see :func:`best_baseline`)
+The rule (``decide``): refuse a challenger below ``min_accuracy``; refuse it when it is below
+the best baseline of its *own* evaluation (every single worker, the ``domain-router`` and the
+``knn`` router, measured on the same questions, see :func:`best_baseline`) — by mean reward when
+both carry one (``mean_reward`` / ``baseline_mean_reward``: the evaluation scores every policy,
+and fits the routers, at the reward the Conductor was trained with, so a Conductor trained to
+trade accuracy for cost is compared on that trade), else by accuracy (``baseline_accuracy``)
 plus ``min_gain_over_baseline`` — a Conductor that a fixed router beats is registered but never
 becomes champion, the first version included; promote it when there is no champion; otherwise
 both must have been measured in the same world (same ``test_split_id``, which fingerprints the
@@ -36,8 +39,10 @@ __all__ = [
     "BASELINE_ACCURACY",
     "BASELINE_COST",
     "BASELINE_POLICY",
+    "BASELINE_REWARD",
     "COST",
     "GATE_BASELINES",
+    "REWARD",
     "SPLIT",
     "GateDecision",
     "GateThresholds",
@@ -53,9 +58,11 @@ SPLIT = registry.TEST_SPLIT_KEY
 BASELINE_ACCURACY = "baseline_accuracy"
 BASELINE_COST = "baseline_mean_cost_usd"
 BASELINE_POLICY = registry.BASELINE_POLICY_KEY
+REWARD = "mean_reward"
+BASELINE_REWARD = "baseline_mean_reward"
 #: Policies of an evaluation the challenger must not fall below: every single worker and the
-#: per-domain router (prefixes of the policy names).
-GATE_BASELINES = ("single:", "domain-router")
+#: two routers (prefixes of the policy names).
+GATE_BASELINES = ("single:", "domain-router", "knn")
 _EPS = 1e-12  # float noise must not flip an "equal" comparison
 
 
@@ -66,7 +73,8 @@ class GateThresholds:
     min_accuracy_gain: float = 0.0  # absolute accuracy points over the champion (0.02 = +2 pts)
     max_cost_ratio: float = 1.0  # challenger mean cost <= champion mean cost x this
     min_accuracy: float = 0.0  # floor for any champion, including the first one
-    min_gain_over_baseline: float = 0.0  # accuracy points over the best baseline of the evaluation
+    min_gain_over_baseline: float = 0.0  # accuracy points over the best baseline (rewards unknown)
+    min_reward_gain_over_baseline: float = 0.0  # mean reward over the best baseline (when known)
     require_baseline: bool = True  # refuse a challenger whose metrics lack the baseline's accuracy
 
     def __post_init__(self) -> None:
@@ -74,6 +82,7 @@ class GateThresholds:
         validation.positive_finite("max_cost_ratio", self.max_cost_ratio)
         validation.probability("min_accuracy", self.min_accuracy)
         validation.non_negative_finite("min_gain_over_baseline", self.min_gain_over_baseline)
+        validation.non_negative_finite("min_reward_gain_over_baseline", self.min_reward_gain_over_baseline)
         if not isinstance(self.require_baseline, bool):
             raise validation.InvalidValue("require_baseline", self.require_baseline, "true or false")
 
@@ -115,7 +124,22 @@ def decide(
             "evaluation): evaluate it with the baselines before promoting it",
         )
     versus = ""
-    if base_acc is not None:
+    reward, base_reward = _number(challenger, REWARD), _number(challenger, BASELINE_REWARD)
+    if reward is not None and base_reward is not None:
+        if reward + _EPS < base_reward + t.min_reward_gain_over_baseline:
+            gain = (
+                f" + required gain {t.min_reward_gain_over_baseline:.4f}"
+                if t.min_reward_gain_over_baseline
+                else ""
+            )
+            return GateDecision(
+                False,
+                f"mean reward {reward:.4f} is below {base_name} ({base_reward:.4f}{gain}) at the reward it "
+                "was trained with, on the same test questions: a fixed router does better, so this "
+                "Conductor stays registered but not champion",
+            )
+        versus = f", reward {reward:.4f} >= {base_name} {base_reward:.4f}"
+    elif base_acc is not None:
         if acc + _EPS < base_acc + t.min_gain_over_baseline:
             gain = f" + required gain {t.min_gain_over_baseline:.4f}" if t.min_gain_over_baseline else ""
             return GateDecision(
@@ -161,8 +185,9 @@ def decide(
 
 
 def best_baseline(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The most accurate of an evaluation's ``GATE_BASELINES`` (ties: the cheaper), as the
-    challenger's ``baseline_*`` entries; None when the evaluation ran none of them."""
+    """The best of an evaluation's ``GATE_BASELINES`` as the challenger's ``baseline_*`` entries:
+    by mean reward when every one carries it (the evaluation's one reward: the Conductor's own),
+    else by accuracy (ties: the cheaper); None when the evaluation ran none of them."""
     rows = [
         s
         for s in summaries
@@ -170,12 +195,17 @@ def best_baseline(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any] | No
     ]
     if not rows:
         return None
-    best = max(rows, key=lambda s: (float(s[ACCURACY]), -float(s.get(COST) or 0.0)))
-    return {
+    by_reward = all(_number(s, REWARD) is not None for s in rows)
+    first = REWARD if by_reward else ACCURACY
+    best = max(rows, key=lambda s: (float(s[first]), -float(s.get(COST) or 0.0)))
+    out = {
         BASELINE_POLICY: str(best["policy"]),
         BASELINE_ACCURACY: float(best[ACCURACY]),
         BASELINE_COST: float(best.get(COST) or 0.0),
     }
+    if by_reward:
+        out[BASELINE_REWARD] = float(best[REWARD])
+    return out
 
 
 def promote_if_better(

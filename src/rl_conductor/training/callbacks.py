@@ -10,7 +10,8 @@ from transformers import TrainerCallback
 
 
 class RichProgress(TrainerCallback):
-    """A rich progress bar with the latest reward/loss in its description."""
+    """A rich progress bar with the latest reward/loss in its description (plain lines when
+    output is not a terminal, :mod:`rl_conductor.progress`)."""
 
     def __init__(self, label: str, *, enabled: bool = True) -> None:
         self.label = label
@@ -24,9 +25,14 @@ class RichProgress(TrainerCallback):
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
-        )
+        from rl_conductor.progress import PlainProgress, is_terminal
+
+        if is_terminal():
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+            )
+        else:  # redirected output: periodic plain lines instead of a bar nobody sees
+            self._progress = PlainProgress()
         self._progress.start()
         self._task = self._progress.add_task(self.label, total=state.max_steps, completed=state.global_step)
 

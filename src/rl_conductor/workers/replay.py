@@ -32,7 +32,10 @@ What it deliberately simplifies, and why:
   option ``normalise: false`` returns the raw text instead. Label only (RouteLLM's MMLU): the
   answer is synthesised — for multiple choice ``Answer: X``, the gold letter when recorded
   correct, else a wrong letter chosen by a hash of (task id, model); for other graders a final
-  answer line with the gold, or :data:`WRONG_LINE`. Text only: returned as is and graded.
+  answer line with the gold, or :data:`WRONG_LINE`. Text only: returned as is and graded. An
+  item with no way to grade it (no gold, code without tests; grader ``recorded``): the recorded
+  text, or an opaque stand-in where only a label was recorded
+  (:func:`rl_conductor.tasks.recordings.stand_in`), graded by the recorded label.
 * **Tokens are estimated** where not recorded, with :func:`rl_conductor.workers.base.estimate_tokens` (about 4
   characters per token), for both models, so their costs stay on one scale. No tokenizer of
   GPT-4 (cl100k) works offline: tiktoken's wheel ships no encoding file. Mixtral's does (the
@@ -58,7 +61,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from rl_conductor.tasks.base import Task
-from rl_conductor.tasks.recordings import RecordedResponse, RecordingsError, dataset_name, load_recordings
+from rl_conductor.tasks.recordings import (
+    RECORDED_GRADER,
+    RecordedResponse,
+    RecordingsError,
+    dataset_name,
+    load_recordings,
+    stand_in,
+)
 from rl_conductor.tasks.routellm import RECORDED_MODELS, recording
 from rl_conductor.workers.base import (
     CallContext,
@@ -180,6 +190,9 @@ def replay_answer(
         raise WorkerError(
             f"replay worker {model!r}: no recording of task {task.id!r} (source {task.source!r}); {where}"
         )
+    if task.grader == RECORDED_GRADER:  # no gold: the text (or its stand-in) grades as recorded
+        text = rec.text if rec.text is not None else stand_in(task.id, model)
+        return ReplayAnswer(text=text, recorded_correct=rec.correct, synthesised=rec.text is None)
     if rec.text is None:
         assert rec.correct is not None  # the file loader requires text or a label
         return ReplayAnswer(
