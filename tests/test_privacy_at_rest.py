@@ -158,6 +158,17 @@ async def test_record_export_leaves_out_serving_traffic_and_never_exports_privat
     assert SECRET not in out.read_text(encoding="utf-8")
 
 
+def test_record_export_never_exports_serving_entries_of_unknown_sensitivity(tmp_path: Path) -> None:
+    """Entries written before private requests were kept out of the cache carry no marker: any
+    served question among them may be private, so none is exported, even with include_serving."""
+    store = SqliteCacheStore(tmp_path / "old.sqlite")
+    row = {"key": "k1", "worker": "w", "created": 1.0, "task": _task().to_dict(), "text": "x",
+           "input_tokens": 1, "output_tokens": 1, "cost_usd": 0.0, "latency_s": 0.0}  # fmt: skip
+    store.put("k1", row)
+    stats = export_cache(store, tmp_path / "rec.jsonl", include_serving=True)
+    assert (stats["items"], stats["private_skipped"]) == (0, 1)
+
+
 async def test_record_export_cli_says_what_it_left_out(tmp_path: Path) -> None:
     shared, _ = await _filled(tmp_path)
     out = tmp_path / "rec.jsonl"

@@ -15,7 +15,9 @@ What is left out: entries made without a task (free-text calls: no item to belon
 of serving traffic (a request's question, task source ``request``, or ``origin: serving``)
 unless ``include_serving`` is set, since those are users' questions rather than benchmark items;
 and private entries (``sensitivity: private``), always: a private request's text never leaves the
-store it was kept in. The counts say how many of each were left out.
+store it was kept in. Serving entries with no ``sensitivity`` at all were written before private
+requests were kept out of the shared cache, so any of them may be private: they are never
+exported either (counted with the private ones). The counts say how many of each were left out.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ def export_cache(
     entries = private = serving = 0
     for entry in store.rows():
         entries += 1
-        if entry.get("sensitivity", "public") != "public":
-            private += 1
+        marked = entry.get("sensitivity")
+        if marked not in (None, "public") or (marked is None and is_serving(entry)):
+            private += 1  # private, or a request's question from before entries were marked
             continue
         if is_serving(entry) and not include_serving:
             serving += 1
