@@ -291,6 +291,8 @@ def test_4xx_are_one_warning_line_without_traceback(http: httpx.Client, server: 
     assert resp.status_code == 400
     resp = http.post(INFER, json=v2_body("q", max_steps=0))
     assert resp.status_code == 400
+    assert http.post("/v2/models/other/infer", json=v2_body("q")).status_code == 404
+    assert http.get("/v1/models/other").status_code == 404
     log = server.log.read_text()
     assert "Traceback" not in log
     assert "/v1/models/conductor:predict -> 400" in log and f"{INFER} -> 400" in log
@@ -555,3 +557,20 @@ def test_grpc_when_turned_on_refuses_the_repository_rpcs(tmp_path: Path) -> None
                 rpc(req, timeout=30)
         assert stub.ModelReady(pb.ModelReadyRequest(name="conductor"), timeout=30).ready
         assert httpx.get(ready).status_code == 200
+
+
+def test_check_pool_refuses_to_start_on_a_pool_whose_workers_do_not_answer(tmp_path: Path) -> None:
+    broken_pool = write_pool(
+        tmp_path / "broken.yaml", workers=[{**w, "fail_rate": 1.0} for w in FAKE_WORKERS]
+    )
+    cmd = [sys.executable, "-m", "rl_conductor.cli", "serve", "--policy", "fixed:0"]
+    flags = ["--auth", "none", "--check_pool", "true"]
+    proc = subprocess.run(
+        [*cmd, "--pool", str(broken_pool), *flags], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "local-a" in lines[0], proc.stderr
+    ok_pool = write_pool(tmp_path / "ok.yaml")
+    with predictor(["--policy", "fixed:0", "--pool", str(ok_pool), "--check_pool", "true"], tmp_path) as srv:
+        assert httpx.get(f"{srv.url}/v2/health/ready").status_code == 200

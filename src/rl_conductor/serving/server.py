@@ -84,6 +84,17 @@ class WorkersFailed(Exception):
         self.endpoint = endpoint
 
 
+class _ClientErrorTracebacks(logging.Filter):
+    """Drops KServe's ERROR-with-traceback records for client errors (unknown model, invalid
+    input, ...): the guard logs each 4xx once, as one WARNING line."""
+
+    CLIENT_ERRORS = ("InvalidInput", "ModelNotFound", "ModelNotReady", "UnsupportedProtocol")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (exc is not None and type(exc).__name__ in self.CLIENT_ERRORS)
+
+
 async def _bad_request_handler(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=400, content={"error": str(exc)})
 
@@ -110,8 +121,10 @@ class ConductorModel(kserve.Model):
         model: str | None = None,
         policy: str | None = None,
         config: ServiceConfig | None = None,
+        check_pool: bool = False,
     ) -> None:
         super().__init__(name)
+        self.check_pool = check_pool
         self.pool_ref = pool
         self.model_ref = model
         self.policy_ref = policy
@@ -123,6 +136,14 @@ class ConductorModel(kserve.Model):
         from rl_conductor.workers.pool import load_pool
 
         pool = load_pool(self.pool_ref)
+        if self.check_pool:  # ready only once every worker has answered one call
+            from concurrent.futures import ThreadPoolExecutor
+
+            from rl_conductor.workers.check import ensure_pool_ready
+
+            # in a thread of its own: its event loop must not replace the one KServe starts with
+            with ThreadPoolExecutor(1) as ex:
+                ex.submit(ensure_pool_ready, pool).result()
         policy = load_policy(self.model_ref, self.policy_ref, pool)
         self.service = ConductorService(policy, pool, self.config)
         self.ready = True
@@ -375,6 +396,9 @@ def install(
     """Add the OpenAI routes, the error handlers and the request guard to KServe's app (before
     the server starts; KServe adds its own handlers then, which the subclasses here outrank)."""
     add_openai_routes(app, model)
+    kserve_log = logging.getLogger("kserve")
+    if not any(isinstance(f, _ClientErrorTracebacks) for f in kserve_log.filters):
+        kserve_log.addFilter(_ClientErrorTracebacks())
     app.add_exception_handler(BadRequest, _bad_request_handler)
     app.add_exception_handler(WorkersFailed, _workers_failed_handler)
     app.add_middleware(
@@ -446,6 +470,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="api_key_file",
         default=None,
         help="file with one API key per line (a mounted Kubernetes Secret)",
+    )
+    parser.add_argument(
+        "--check_pool",
+        default=False,
+        type=lambda s: s.lower() in ("1", "true", "yes"),
+        help="call every worker once at start and refuse to start unless all answer (default false)",
     )
     parser.add_argument(
         "--trace",
@@ -593,10 +623,14 @@ def main(argv: list[str] | None = None) -> None:
         trace=trace,
         experiment=args.experiment,
     )
-    model = ConductorModel(name, pool=args.pool, model=args.model, policy=args.policy, config=config)
+    model = ConductorModel(
+        name, pool=args.pool, model=args.model, policy=args.policy, config=config, check_pool=args.check_pool
+    )
+    from rl_conductor.errors import UserError
+
     try:
         model.load()
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, UserError) as exc:
         source = args.model or args.policy
         _fail(f"cannot load {source!r} with pool {args.pool!r}: {exc}")
     install(
