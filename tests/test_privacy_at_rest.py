@@ -11,6 +11,7 @@ unless asked and private entries always.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +181,53 @@ async def test_record_export_cli_says_what_it_left_out(tmp_path: Path) -> None:
         app, ["record", "export", "--cache", str(shared), "--out", str(out), "--include-serving"]
     )
     assert result.exit_code == 0 and "2 items" in result.output
+
+
+def test_serving_traces_keep_no_private_text(mlflow_db_template: Path, tmp_path: Path) -> None:
+    """The predictor's MLflow traces (a tracking store every operator reads) get a private
+    request's question, answer and plan text as their length only; a public one's as they are.
+    The plan text was kept whole: a Conductor's subtasks quote the question."""
+    import shutil
+
+    import mlflow
+
+    from rl_conductor.serving.service import _Tracer
+    from rl_conductor.serving_core import ConductorRequest
+    from rl_conductor.tracking import mlflow_utils
+
+    db = tmp_path / "mlflow.db"
+    shutil.copyfile(mlflow_db_template, db)
+    previous = mlflow.get_tracking_uri()
+    mlflow_utils.configure(f"sqlite:///{db}", artifact_root=str(tmp_path / "mlruns"))
+    try:
+        tracer = _Tracer("privacy-test")
+        for i, sensitivity in enumerate(("private", "public")):
+            request = ConductorRequest(question=SECRET, sensitivity=sensitivity)  # type: ignore[arg-type]
+            doc = {
+                "request_id": f"r{i}",
+                "raw_plan": f"1. local: restate '{SECRET}' and answer it",
+                "answer": ANSWER,
+                "steps": [],
+                "cost_usd": 0.0,
+                "tokens": 0,
+                "deadline_cut": False,
+                "notes": [],
+            }
+            tracer.record(request, doc, [], 1_000_000_000, 2_000_000_000)
+        mlflow.flush_trace_async_logging()
+        exp = mlflow_utils.client().get_experiment_by_name("privacy-test")
+        assert exp is not None
+        traces = mlflow.search_traces(locations=[exp.experiment_id], return_type="list")
+        by_id = {}
+        for tr in traces:
+            root = next(s for s in tr.data.spans if s.parent_id is None)
+            by_id[root.attributes["request_id"]] = json.dumps(
+                [root.inputs, root.outputs, root.attributes], ensure_ascii=False
+            )
+    finally:
+        mlflow_utils.reset()
+        mlflow.set_tracking_uri(previous)
+        mlflow.set_registry_uri(previous)
+    assert set(by_id) == {"r0", "r1"}
+    assert "QX-93" not in by_id["r0"] and "[private:" in by_id["r0"]
+    assert SECRET in by_id["r1"]  # public requests are traced as they are

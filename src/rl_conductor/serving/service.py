@@ -514,6 +514,10 @@ class _Tracer:
         answer = (
             doc["answer"] if request.sensitivity == "public" else f"[private: {len(doc['answer'])} chars]"
         )
+        # a plan's subtasks quote the question: a private request's plan is traced as its length
+        raw_plan = (
+            doc["raw_plan"] if request.sensitivity == "public" else f"[private: {len(doc['raw_plan'])} chars]"
+        )
         timing = {e["index"]: e for e in events}
         with self._lock:
             root = mlflow.start_span_no_context(
@@ -525,7 +529,7 @@ class _Tracer:
                     "max_latency_s": request.max_latency_s,
                     "sensitivity": request.sensitivity,
                 },
-                attributes={"request_id": doc["request_id"], "raw_plan": doc["raw_plan"]},
+                attributes={"request_id": doc["request_id"], "raw_plan": raw_plan},
                 experiment_id=self.experiment_id,
                 start_time_ns=start_ns,
             )
