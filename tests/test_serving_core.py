@@ -86,6 +86,21 @@ def test_answer_batch_returns_answer_workflow_steps_and_cost(micro: Micro, quest
             assert res["answer"] and res["cost_usd"] > 0 and res["tokens"] > 0
 
 
+def test_a_request_states_its_rounds_and_the_response_shows_them(micro: Micro, questions: list[str]) -> None:
+    """max_rounds 1 (the micro model's conductor.json default) records no rounds; max_rounds 2
+    records the plan and the review (the micro model's review rarely parses: it keeps then), and
+    a later round's steps are in the workflow and the steps alike."""
+    one, two = answer_batch(micro.final_dir, [questions[0], {"question": questions[0], "max_rounds": 2}])
+    assert one["rounds"] == []
+    first, review = two["rounds"]
+    assert first["decision"] == "plan" and first["steps"] == list(range(len(first["steps"])))
+    assert review["decision"] in ("keep", "continue", "stop") and review["index"] == 2
+    assert len(two["workflow"]) == len(two["steps"]) == len(first["steps"]) + len(review["steps"])
+    assert sum(r["cost_usd"] for r in two["rounds"]) == pytest.approx(two["cost_usd"])
+    with pytest.raises(RequestError, match="max_rounds"):
+        answer_batch(micro.final_dir, [{"question": questions[0], "max_rounds": 0}])
+
+
 def test_private_requests_only_reach_self_hosted_workers(micro: Micro, questions: list[str]) -> None:
     pool = load_pool("paper-sim")
     hosting = {w.info.name: w.info.hosting for w in pool.workers}
