@@ -190,3 +190,23 @@ async def test_parallel_policies_share_one_budget(
     assert billed <= budget
     assert ep.trace.cost_usd == pytest.approx(billed, rel=1e-9)
     assert ep.trace.calls == sum(len(s.requests) for s in servers) >= 1
+
+
+async def test_served_oracle_reports_what_the_vendors_bill(
+    three_vendors: tuple[list[ScriptedServer], list[BillingServer]],
+) -> None:
+    """The issue's reproduction through the predictor's service: ``--policy oracle``, $0.003."""
+    from rl_conductor.serving.service import ConductorService
+    from rl_conductor.serving_core import ConductorRequest
+
+    servers, bills = three_vendors
+    specs = [
+        _spec(v, s.base_url, name=f"{v}-w", price_in=p / 4, price_out=p)
+        for v, s, p in zip(VENDORS, servers, (10.0, 15.0, 12.0), strict=True)
+    ]
+    service = ConductorService(Oracle(), build_pool({"workers": specs}))
+    doc = await service.answer(ConductorRequest(question="What is 6 times 7?", max_cost_usd=0.003))
+    billed = sum(b.cost(s["price_in"], s["price_out"]) for b, s in zip(bills, specs, strict=True))
+    assert 0 < billed <= 0.003
+    assert doc["cost_usd"] == pytest.approx(billed, rel=1e-9)
+    assert doc["calls"] == sum(len(s.requests) for s in servers)
