@@ -258,6 +258,13 @@ def test_half_sent_headers_and_bodies_are_cut(server: Predictor) -> None:
         reply = _closed_within(sock, 30)
         assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
         assert b"did not arrive" in reply
+    with socket.create_connection((LOOPBACK, server.port)) as sock:  # endless headers
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
+        with pytest.raises(OSError):  # the server closes while we still send (reset or broken pipe)
+            for _ in range(100):
+                sock.sendall(b"X-Pad: " + b"p" * 1000 + b"\r\n")
+            assert _closed_within(sock, 30).startswith(b"HTTP/1.1 431")
+            raise ConnectionResetError  # closed cleanly after the 431: the same outcome
     with socket.create_connection((LOOPBACK, server.port)) as sock:
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
         time.sleep(0.2)

@@ -21,7 +21,8 @@ order:
 
 :class:`HeaderTimeoutProtocol` is uvicorn's httptools protocol with a timer from the first byte of
 a request until its headers are complete: a client that stops half-way through its headers is
-disconnected (uvicorn has a keep-alive timeout between requests, none within one).
+disconnected (uvicorn has a keep-alive timeout between requests, none within one), and one whose
+headers pass :data:`MAX_HEADER_BYTES` gets 431.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ log = logging.getLogger("rl_conductor.serving")
 BODY_TIMEOUT_S = 30.0
 #: Seconds a client may take from a request's first byte to the end of its headers.
 HEADER_TIMEOUT_S = 10.0
+#: Most bytes of request line and headers a request may send (then 431 and the connection closes).
+MAX_HEADER_BYTES = 64 * 1024
 
 _LIVE = {"/", "/v2/health/live"}
 _READY = re.compile(r"^/v2/health/ready$|^/v2/models/[^/]+(/versions/[^/]+)?/ready$")
@@ -263,14 +266,30 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._header_timer: asyncio.TimerHandle | None = None
+        self._header_bytes = 0
         super().connection_made(transport)
         self._arm()  # a client that connects and sends nothing is cut too
+
+    def data_received(self, data: bytes) -> None:
+        if self._header_timer is not None:  # still within a request's line and headers
+            self._header_bytes += len(data)
+            if self._header_bytes > MAX_HEADER_BYTES:
+                self._disarm()
+                body = b'{"error": "request headers too large"}'
+                self.transport.write(
+                    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                    b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+                )
+                self.transport.close()
+                return
+        super().data_received(data)
 
     def _arm(self) -> None:
         if self._header_timer is None:
             self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_late)
 
     def _disarm(self) -> None:
+        self._header_bytes = 0
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
