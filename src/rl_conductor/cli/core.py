@@ -95,16 +95,16 @@ FitLimitOpt = Annotated[
 def trained_meta(policies: list[str]) -> dict[str, Any]:
     """The ``conductor.json`` of the first ``conductor:DIR`` policy (empty when none, or when the
     folder has none): what it was trained on and with which reward."""
-    from rl_conductor.policies.conductor import CONFIG_FILE, model_source
+    import json
 
     for spec in policies:
         kind, _, arg = spec.partition(":")
         if kind != "conductor" or not arg:
             continue
+        from rl_conductor.policies.conductor import CONFIG_FILE, model_source  # only with a Conductor
+
         src = model_source(arg)
         if isinstance(src, Path) and (src / CONFIG_FILE).is_file():
-            import json
-
             meta: dict[str, Any] = json.loads((src / CONFIG_FILE).read_text(encoding="utf-8"))
             return meta
         return {}
