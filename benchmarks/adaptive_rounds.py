@@ -117,6 +117,9 @@ def main() -> None:
     specs = [f"single:{n}" for n in pool.names()] + ["knn", "domain-router", "cascade", "oracle"]
     best = fits[0]
     specs.append(f"cascade:{best.first[0]},{best.first[1]}")  # the fitted pair, never escalating
+    # the three best cascades (on the training split) that do escalate on disagreement
+    escalating = [f for f in fits if f.escalate and f.agree_rate < 1][:3]
+    specs += [f"cascade:{f.first[0]},{f.first[1]}>{f.escalate}" for f in escalating]
     summaries = run_eval(
         specs,
         pool=args.pool,
