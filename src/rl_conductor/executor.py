@@ -81,6 +81,8 @@ __all__ = [
     "execute",
     "reserve_input_tokens",
 ]
+#: Characters of each extracted answer a round record keeps (a code answer can be long).
+ANSWER_CHARS = 200
 #: Share of a step's time left that its output cap is planned for: the latency model gives
 #: medians, so the slack absorbs most of the scatter (an overrun is still cut at the deadline).
 DEADLINE_MARGIN = 0.8
@@ -527,7 +529,7 @@ async def _later_rounds(run: _Run, review: ReviewHook, done: dict[int, StepRecor
             decision="keep",
             plan_text=cont.text,
             seen=_digest(cont.seen),
-            answers=list(cont.answers),
+            answers=[a if a is None else a[:ANSWER_CHARS] for a in cont.answers],
             agree=cont.agree,
         )
         trace.rounds.append(record)

@@ -163,8 +163,8 @@ class RoundRecord:
     says why: budget or deadline spent, call cap reached, the policy failed or wrote an invalid
     continuation). ``seen`` is a digest (sha256, 16 hex) of the prompt the policy decided from (""
     for a policy without one; the text itself is not kept, as it holds the request's question),
-    ``answers`` the extracted answers of the steps answered before the decision and ``agree``
-    whether they agree (None with fewer than two)."""
+    ``answers`` the extracted answers (at most 200 characters each) of the steps answered before
+    the decision and ``agree`` whether they agree (None with fewer than two)."""
 
     index: int
     decision: RoundDecision
