@@ -383,6 +383,23 @@ def broken(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Predictor]:
         yield srv
 
 
+def test_a_batch_with_some_questions_unanswered_is_a_200_whose_documents_say_which(
+    http: httpx.Client,
+) -> None:
+    resp = http.post(
+        "/v1/models/conductor:predict",
+        json={"instances": [{"question": "q", "max_latency_s": 1e-6}, "What is 6*7?"]},
+    )
+    assert resp.status_code == 200, resp.text
+    late, answered = resp.json()["predictions"]
+    assert late["answer"] == "" and "deadline" in late["error"] and late["deadline_cut"]
+    assert answered["answer"] == "A: 42" and "error" not in answered
+    alone = http.post(
+        "/v1/models/conductor:predict", json={"instances": [{"question": "q", "max_latency_s": 1e-6}]}
+    )
+    assert alone.status_code == 504 and "deadline" in alone.json()["error"]
+
+
 def test_no_worker_answering_is_a_502_that_says_why(broken: Predictor) -> None:
     with httpx.Client(base_url=broken.url, timeout=30) as client:
         resp = client.post("/v1/models/conductor:predict", json={"instances": ["q"]})

@@ -73,7 +73,9 @@ class BadRequest(InvalidInput):
 
 
 class WorkersFailed(Exception):
-    """No worker could answer (some) questions of a request: 502, or 504 for a deadline."""
+    """No worker could answer any question of a request: 502, or 504 for a deadline. (In a batch
+    where some questions were answered, the request is a 200 and each unanswered question's
+    document carries its ``error``.)"""
 
     def __init__(self, docs: list[dict[str, Any]], endpoint: str) -> None:
         failed = [(i, d) for i, d in enumerate(docs) if d.get("error")]
@@ -168,7 +170,7 @@ class ConductorModel(kserve.Model):
             docs = list(await asyncio.gather(*(service.answer(r, endpoint=endpoint) for r in requests)))
         except RequestError as exc:
             raise BadRequest(str(exc)) from None
-        if any(d.get("error") for d in docs):
+        if all(d.get("error") for d in docs):
             raise WorkersFailed(docs, endpoint)
         return docs
 
