@@ -52,6 +52,8 @@ ISSUE_ROWS = [
     (["eval", "--policy", "nonsense"], 2, "'nonsense'", "known kinds: cascade, conductor"),
     (["eval", "--policy", "single:nobody"], 2, "'nobody'", "it has ['gpt-5'"),
     (["eval", "--policy", "single:gpt-5", "--pool", "nopool"], 2, "'nopool'", "built-in pools"),
+    (["eval", "--policy", "cascade:gpt-5,qwen3-32b", "--max-rounds", "0"], 2, "--max-rounds", ">= 1"),
+    (["eval", "--policy", "cascade:gpt-5>qwen3-32b"], 2, "'gpt-5'", "a,b or a*2"),
     (
         ["eval", "--policy", "conductor:/nonexistent"],
         2,

@@ -76,11 +76,12 @@ RewardPresetOpt = Annotated[
     ),
 ]
 MaxRoundsOpt = Annotated[
-    int,
+    int | None,
     typer.Option(
         callback=count(1),
         help="rounds a policy may use (>= 1): after each but the last, one that reviews (the "
-        "Conductor, cascade) reads the answers so far and keeps them or adds steps; 1 = plan once",
+        "Conductor, cascade) reads the answers so far and keeps them or adds steps; 1 = plan once "
+        "(default: the Conductor's conductor.json, else 1)",
     ),
 ]
 MaxCallsOpt = Annotated[
@@ -109,6 +110,12 @@ def trained_meta(policies: list[str]) -> dict[str, Any]:
             return meta
         return {}
     return {}
+
+
+def trained_rounds(policies: list[str]) -> int:
+    """The rounds the first ``conductor:DIR`` policy was trained for (its ``conductor.json``'s
+    ``max_rounds``), else 1."""
+    return int(trained_meta(policies).get("max_rounds") or 1)
 
 
 def trained_reward(meta: dict[str, Any]) -> Any:
@@ -362,7 +369,7 @@ def eval_cmd(
     cost_weight: CostWeightOpt = None,
     reward_preset: RewardPresetOpt = None,
     fit_limit: FitLimitOpt = None,
-    max_rounds: MaxRoundsOpt = 1,
+    max_rounds: MaxRoundsOpt = None,
     max_calls: MaxCallsOpt = None,
 ) -> None:
     """Evaluate one or more policies on a pool and print a table.
@@ -388,7 +395,7 @@ def eval_cmd(
         reward_preset=reward_preset,
         cost_weight=cost_weight,
         fit_limit=fit_limit,
-        max_rounds=max_rounds,
+        max_rounds=max_rounds or trained_rounds(policy),
         max_calls=max_calls,
     )
     print_table(summaries, title=f"{pool} / {summaries[0]['dataset']} / {split}")
@@ -469,7 +476,7 @@ def compare_cmd(
     cost_weight: CostWeightOpt = None,
     reward_preset: RewardPresetOpt = None,
     fit_limit: FitLimitOpt = None,
-    max_rounds: MaxRoundsOpt = 1,
+    max_rounds: MaxRoundsOpt = None,
 ) -> None:
     """Evaluate every baseline (and extra policies) side by side; table, JSON and Pareto chart.
 
@@ -515,7 +522,7 @@ def compare_cmd(
                 reward_preset=reward_preset,
                 cost_weight=cost_weight,
                 fit_limit=fit_limit,
-                max_rounds=max_rounds,
+                max_rounds=max_rounds or trained_rounds(list(extra or [])),
             )
             for s in runs:
                 s["budget"] = budget_label(amount)
