@@ -349,6 +349,7 @@ class ConductorService:
             "max_latency_s": request.max_latency_s,
             "workers": [s["worker"] for s in doc["steps"]],
             "statuses": [s["status"] for s in doc["steps"]],
+            "rounds": [r["decision"] for r in doc.get("rounds", [])],  # no answers: they are content
             "cost_usd": doc["cost_usd"],
             "tokens": doc["tokens"],
             "wall_s": round(doc["wall_s"], 6),
