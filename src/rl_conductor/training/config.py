@@ -112,6 +112,11 @@ class TrainConfig:
     )
     warm_top_k: int = _f(2, "strongest workers per domain that composed candidates are built from")
     warm_cheap_k: int = _f(1, "cheap workers per domain that composed candidates are built from")
+    warm_pair_k: int = _f(
+        4,
+        "with max_rounds > 1: the most accurate workers cheaper than the best whose pairs (two fresh "
+        "solves in parallel) are first-plan candidates valued with their best review (training/adaptive.py)",
+    )
     warm_shrink: float = _f(
         20.0, "a (domain, source) group's mean leans on its domain's mean with this many items' weight"
     )
@@ -197,6 +202,8 @@ class TrainConfig:
             raise ConfigError("max_steps_per_workflow must be >= 1")
         if self.sft_targets not in ("expected-best", "random"):
             raise ConfigError(f"sft_targets must be 'expected-best' or 'random', not {self.sft_targets!r}")
+        if self.max_rounds < 1 or self.warm_pair_k < 0:
+            raise ConfigError("max_rounds must be >= 1 and warm_pair_k >= 0")
         if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
             raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
         validation.non_negative_finite("warm_se_rule", self.warm_se_rule)

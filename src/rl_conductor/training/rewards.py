@@ -8,6 +8,12 @@ serving, under the prompt's budget and deadline (the ``budget`` and ``deadline``
 for none), so ``budget_penalty`` and ``deadline_penalty`` apply to plans those limits cut. Besides
 the reward it reports accuracy, cost, parse rate, steps, budget and deadline stops per batch
 through TRL's ``log_metric`` hook (and keeps running totals for the caller).
+
+Rounds: TRL's reward function sees completions, not the model, so a rollout cannot ask the
+Conductor being trained to review its own plan. With ``review_rule`` (``max_rounds > 1``) a
+rollout's first plan is continued by the review rule fitted on the training questions
+(:mod:`rl_conductor.training.adaptive`): GRPO then learns first plans for the review the warm
+start taught, and the review itself is learnt in SFT only.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from rl_conductor.executor import execute
@@ -51,6 +58,7 @@ class ConductorReward:
         base_limits: Limits,
         *,
         concurrency: int = 64,
+        review_rule: Mapping[tuple[str, str, str], str] | None = None,
     ) -> None:
         if base_limits.max_rounds != 1:
             # a rollout scores one plan: a later round would need the policy being trained
@@ -58,6 +66,9 @@ class ConductorReward:
                 f"training rollouts run one round, got max_rounds={base_limits.max_rounds}: "
                 "a rollout cannot ask the Conductor that is being trained to review"
             )
+        #: with rounds, a rollout's first plan is continued by the review rule fitted on the
+        #: training questions (training/adaptive.py), not by the model being trained
+        self.review_rule = dict(review_rule) if review_rule is not None else None
         self.pool = pool
         self.tasks = tasks
         self.config = config
@@ -88,7 +99,13 @@ class ConductorReward:
                 "budget_stop": 0.0,
                 "deadline_stop": 0.0,
             }
-        trace = await execute(wf, task, view, limits)
+        if self.review_rule is not None:
+            from rl_conductor.training.adaptive import rule_hook
+
+            hook = rule_hook(self.review_rule, max_question_chars=0)
+            trace = await execute(wf, task, view, replace(limits, max_rounds=2), review=hook)
+        else:
+            trace = await execute(wf, task, view, limits)
         correct = grade_trace(task, trace)
         stopped = budget_stopped(trace)
         cut = deadline_stopped(trace)

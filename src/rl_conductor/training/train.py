@@ -16,6 +16,7 @@ never writes a parseable plan learns nothing (every completion scores 0, advanta
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -42,6 +43,8 @@ class TrainResult:
     global_step: int = 0
     mlflow_run_id: str | None = None
     time_limit_fired_at_step: int | None = None  # set when the time-limit safety net stopped GRPO
+    #: SFT records by kind: first-round plans and (with max_rounds > 1) reviews
+    sft_records: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +55,7 @@ class TrainResult:
             "global_step": self.global_step,
             "mlflow_run_id": self.mlflow_run_id,
             "time_limit_fired_at_step": self.time_limit_fired_at_step,
+            "sft_records": self.sft_records,
         }
 
 
@@ -176,8 +180,9 @@ def train(
     t0 = time.perf_counter()
     evidence_model: Any = None
     evidence: dict[str, dict[str, float]] | None = None
+    rule: dict[tuple[str, str, str], str] | None = None
     if cfg.sft_targets == "expected-best":
-        targets, evidence_model, evidence = warm_start(cfg, tasks, pool, progress=progress)
+        targets, evidence_model, evidence, rule = _warm_start(cfg, tasks, pool, progress=progress)
         sft = warm_sft_records(
             sft_specs,
             pool,
@@ -187,6 +192,17 @@ def train(
             evidence=evidence,
             question_cut=cfg.question_cut,
         )
+        if rule is not None:  # rounds: the review prompt after each target first plan, and its target
+            from rl_conductor.training.adaptive import review_records
+
+            firsts = [
+                targets.target(s.task, s.pool_view(pool).names(), s.budget, s.deadline) for s in sft_specs
+            ]
+            reviews = review_records(
+                sft_specs, pool, base_limits, firsts, rule, max_question_chars=cfg.max_question_chars
+            )
+            result.sft_records["review"] = len(reviews)
+            sft = [r for pair in itertools.zip_longest(sft, reviews) for r in pair if r is not None]
         result.seconds["candidates"] = time.perf_counter() - t0
     else:
         sft = sft_records(
@@ -196,6 +212,7 @@ def train(
             rng=rng,
             max_question_chars=cfg.max_question_chars,
         )
+    result.sft_records["first_round"] = len(sft) - result.sft_records.get("review", 0)
     # an optimizer step consumes prompts_per_step prompts per accumulated micro-batch (TRL's
     # generation batch is per_device_train_batch_size x gradient_accumulation_steps completions)
     n_grpo = cfg.grpo_steps * cfg.prompts_per_step * cfg.gradient_accumulation_steps
@@ -254,7 +271,9 @@ def train(
             result.seconds["sft"] = time.perf_counter() - t0
         # 3. GRPO
         t0 = time.perf_counter()
-        reward = ConductorReward(pool, {t.id: t for t in tasks}, _reward_config(cfg), base_limits)
+        reward = ConductorReward(
+            pool, {t.id: t for t in tasks}, _reward_config(cfg), base_limits, review_rule=rule
+        )
         trainer = _grpo_trainer(
             cfg, sft_dir, Dataset.from_list(grpo), reward, out / "grpo", progress=progress
         )
@@ -322,13 +341,22 @@ def warm_start_targets(cfg: TrainConfig, tasks: list[Any], pool: Any, *, progres
 def warm_start(
     cfg: TrainConfig, tasks: list[Any], pool: Any, *, progress: bool = False
 ) -> tuple[Any, Any, dict[str, dict[str, float]] | None]:
+    """:func:`_warm_start` without the review rule."""
+    return _warm_start(cfg, tasks, pool, progress=progress)[:3]
+
+
+def _warm_start(
+    cfg: TrainConfig, tasks: list[Any], pool: Any, *, progress: bool = False
+) -> tuple[Any, Any, dict[str, dict[str, float]] | None, dict[tuple[str, str, str], str] | None]:
     """The expected-best targets of the warm start: the candidate table (built or read from the
     cache) on ``warm_items_per_domain`` training questions per domain, averaged per
     neighbourhood under the training reward (see ``training/candidates.py`` and
     ``training/warmstart.py``). With ``evidence: probe`` also the evidence model fitted on the
     table's single-worker rows and every training question's estimates (out-of-fold for the
     table's questions, :func:`prompt_evidence`), which make the targets per question; else
-    ``(targets, None, None)``."""
+    ``(targets, None, None)``. With ``max_rounds > 1`` the first plans are valued with their
+    best review (``training/adaptive.py``: pairs of cheap workers added, the rounds table cached
+    next to the candidate table) and the fitted review rule comes fourth (else None)."""
     from dataclasses import replace
 
     from rl_conductor.tracking.mlflow_utils import conductor_home
@@ -356,6 +384,21 @@ def warm_start(
     model, evidence = (
         prompt_evidence(table, items, tasks, seed=cfg.seed) if cfg.evidence == "probe" else (None, None)
     )
+    rule = None
+    if cfg.max_rounds > 1:
+        from rl_conductor.training.adaptive import adaptive_table, cached_rounds_table, fit_rule
+
+        rounds = cached_rounds_table(
+            items,
+            pool,
+            table,
+            Path(cfg.warm_cache_dir) if cfg.warm_cache_dir else default,
+            top_k=cfg.warm_top_k,
+            pair_k=cfg.warm_pair_k,
+            max_steps=cfg.max_steps_per_workflow,
+        )
+        rule = fit_rule(rounds, _reward_config(cfg))
+        table = adaptive_table(table, rounds, rule)
     targets = ExpectedRewards.fit(
         table,
         _reward_config(cfg),
@@ -364,7 +407,7 @@ def warm_start(
         group_by=cfg.warm_group_by,
         item_evidence=evidence,
     )
-    return targets, model, evidence
+    return targets, model, evidence, rule
 
 
 def prompt_evidence(

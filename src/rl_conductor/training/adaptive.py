@@ -1,0 +1,476 @@
+"""Warm-start targets for a Conductor that reviews: first plans valued by what their best review earns.
+
+Why it exists: with one round, a first plan's value is its own reward, and two cheap workers
+answering in parallel never pay (they cost two calls and answer like the better one). With a
+review they do: where their answers agree the Conductor keeps the answer, where they disagree it
+escalates to a stronger worker. So when ``TrainConfig.max_rounds > 1`` the candidate table's
+first plans are valued *with* their best continuation (issue 22, item 2):
+
+1. First plans: every single worker, and pairs of two *different* workers solving in parallel
+   (both ``access []``; on a replay pool a second sample of the same worker is the same recorded
+   answer). Pairs are drawn from the ``pair_k`` most accurate workers whose mean single cost is
+   below the most accurate worker's (per domain, from the table's single rows); the less accurate
+   one goes first, so that on agreement-or-keep the final answer is the better worker's.
+2. Continuations: keep, or one fresh solve on one of the ``top_k`` most accurate workers
+   (:func:`rl_conductor.training.rounds.continuations`, restricted). Each (question, first plan,
+   continuation) is executed through the real executor with the review hook, on the same budget
+   and deadline rule as a request: :class:`RoundsTable`, cached on disk like the candidate table.
+3. The rule: per (domain, first plan, review signal) — the signal is :mod:`rl_conductor.rounds`'s
+   agreement line (agree / disagree / one answer), what the review prompt shows — the
+   continuation with the best mean reward on the training questions (what ``policies/cascade.py``
+   fits for its one pair, here for every first plan). A first plan's value on a question is its
+   reward under that rule; :func:`adaptive_table` writes those values into the candidate table's
+   unlimited column (and adds the pairs), so :class:`~rl_conductor.training.warmstart.ExpectedRewards`
+   picks first plans as before (neighbourhoods, the standard-error rule, per-question evidence).
+
+What it deliberately simplifies: the budget and deadline columns keep their one-round values and
+pairs are not run there (a prompt with a budget or deadline gets a one-round target); singles
+and the candidate table's chains keep their one-round value and the rule "keep" after them (after
+one answer the review knows nothing a first plan could not, and measured on gsm8k-six the fitted
+"escalate always after gpt3-6b" made the per-question evidence of the singles, which is about the
+single's own answer, point at plans whose answer came from another worker); the rule is
+fitted in-sample on the table's questions, as the fixed cascade is; one review (two rounds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl_conductor.executor import Continuation, RoundRequest, execute
+from rl_conductor.policies.baselines import SOLVE
+from rl_conductor.prompting import review_prompt
+from rl_conductor.reward import RewardConfig, budget_stopped, grade_trace
+from rl_conductor.rounds import summarize
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits
+from rl_conductor.training.candidates import ROLE_TEXT, Candidate, CandidateTable, single
+from rl_conductor.training.rounds import KEEP
+from rl_conductor.workers.pool import Pool, PoolView
+from rl_conductor.workflow import Step, Workflow, render
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ADAPTIVE_VERSION",
+    "PairCandidate",
+    "RoundsTable",
+    "adaptive_table",
+    "build_rounds_table",
+    "cached_rounds_table",
+    "continuation_workflow",
+    "fit_rule",
+    "review_records",
+    "rule_hook",
+]
+
+#: Bump when the rounds table's meaning changes (part of its cache key).
+ADAPTIVE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PairCandidate(Candidate):
+    """Two fresh solves in parallel (each sees nothing): ``steps`` = ((a, "solve"), (b, "solve"))."""
+
+    @property
+    def name(self) -> str:
+        return "|".join(f"{role}:{w}" for w, role in self.steps)
+
+    def workflow(self, names: Sequence[str]) -> Workflow:
+        try:
+            ids = [list(names).index(w) for w, _ in self.steps]
+        except ValueError:
+            raise ValueError(f"candidate {self.name} uses a worker outside the view {list(names)}") from None
+        return Workflow(steps=tuple(Step(worker=j, instruction=ROLE_TEXT["solve"], access=()) for j in ids))
+
+
+def pair(a: str, b: str) -> PairCandidate:
+    return PairCandidate(((a, "solve"), (b, "solve")))
+
+
+def first_plan(name: str) -> Candidate:
+    """The first plan named ``name`` (a single or a pair)."""
+    if "|" in name:
+        a, b = (p.partition(":")[2] for p in name.split("|"))
+        return pair(a, b)
+    return Candidate.parse_name(name)
+
+
+def continuation_workflow(label: str, names: Sequence[str]) -> Workflow:
+    """Keep (no steps) or ``+worker``: one fresh solve on that worker (an ordinal of ``names``)."""
+    if label == KEEP:
+        return Workflow(steps=())
+    return Workflow(steps=(Step(list(names).index(label[1:]), SOLVE, ()),))
+
+
+@dataclass
+class RoundsTable:
+    """Outcomes of (question, first plan, continuation), arrays ``[items, firsts, conts]``;
+    ``signal[i][f]`` is the review's agreement line ("" where the first plan was not run)."""
+
+    task_ids: list[str]
+    domains: list[str]
+    firsts: list[str]
+    conts: list[str]
+    signal: list[list[str]]
+    correct: np.ndarray
+    cost: np.ndarray
+    stopped: np.ndarray
+    calls: np.ndarray
+    done: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def rewards(self, config: RewardConfig) -> np.ndarray:
+        """``compute_reward`` vectorised over the cells (NaN where not run)."""
+        r = (
+            config.format_bonus * (self.calls > 0)
+            + config.correct_weight * self.correct
+            - np.minimum(config.max_cost_penalty, config.cost_weight * self.cost / config.cost_scale)
+            - config.budget_penalty * self.stopped
+        )
+        return np.where(self.done, r, np.nan)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npz")
+        header = {k: getattr(self, k) for k in ("task_ids", "domains", "firsts", "conts", "signal", "meta")}
+        np.savez_compressed(
+            tmp,
+            correct=self.correct,
+            cost=self.cost,
+            stopped=self.stopped,
+            calls=self.calls,
+            done=self.done,
+            header=np.array(json.dumps(header)),
+        )
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> RoundsTable:
+        with np.load(path) as z:
+            h = json.loads(str(z["header"]))
+            return cls(
+                **h,
+                correct=z["correct"],
+                cost=z["cost"],
+                stopped=z["stopped"],
+                calls=z["calls"],
+                done=z["done"],
+            )
+
+
+def domain_sets(table: CandidateTable, top_k: int, pair_k: int) -> dict[str, tuple[list[str], list[str]]]:
+    """Domain -> (the continuation workers: the ``top_k`` most accurate alone; the pair workers:
+    the ``pair_k`` most accurate of those cheaper on average than the most accurate), from the
+    table's unlimited single-worker rows."""
+    singles = {c.steps[0][0]: j for j, c in enumerate(table.candidates) if len(c.steps) == 1}
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    for d in sorted(set(table.domains)):
+        rows = [i for i, x in enumerate(table.domains) if x == d]
+        acc = {w: float(table.correct[rows, j, 0].mean()) for w, j in singles.items()}
+        cost = {w: float(table.cost[rows, j, 0].mean()) for w, j in singles.items()}
+        ranked = sorted(acc, key=lambda w: (-acc[w], cost[w], w))
+        cheap = [w for w in ranked if cost[w] < cost[ranked[0]]][:pair_k]
+        out[d] = (ranked[:top_k], cheap)
+    return out
+
+
+def domain_firsts(top: Sequence[str], cheap: Sequence[str], names: Sequence[str]) -> list[Candidate]:
+    """Every single of ``names`` and every pair of two different ``cheap`` workers (ranked best
+    first: the less accurate solves first, the better one gives the answer kept)."""
+    out: list[Candidate] = [single(w) for w in names]
+    for i, b in enumerate(cheap):
+        for a in cheap[i + 1 :]:
+            out.append(pair(a, b))
+    return out
+
+
+async def _execute_cell(
+    task: Task, view: PoolView, first: Workflow, cont: Workflow, limits: Limits
+) -> tuple[str, bool, float, bool, int]:
+    seen: list[str] = []
+
+    async def review(req: RoundRequest) -> Continuation:
+        seen.append(summarize(req).line())
+        return Continuation(workflow=cont)
+
+    trace = await execute(first, task, view, replace(limits, max_rounds=2), review=review)
+    correct = grade_trace(task, trace)
+    return (seen[0] if seen else "", correct, trace.cost_usd, budget_stopped(trace), len(trace.attempts))
+
+
+async def _execute_all(
+    jobs: list[tuple[Task, Workflow, Workflow]], view: PoolView, limits: Limits
+) -> list[Any]:
+    sem = asyncio.Semaphore(256)
+
+    async def one(job: tuple[Task, Workflow, Workflow]) -> Any:
+        async with sem:
+            return await _execute_cell(job[0], view, job[1], job[2], limits)
+
+    return list(await asyncio.gather(*(one(j) for j in jobs)))
+
+
+def build_rounds_table(
+    tasks: Sequence[Task],
+    pool: Pool,
+    table: CandidateTable,
+    *,
+    top_k: int = 3,
+    pair_k: int = 4,
+    max_steps: int = 5,
+) -> RoundsTable:
+    """Execute every (question of ``table``, first plan, continuation) (module docstring)."""
+    view = pool.view()
+    names = view.names()
+    by_id = {t.id: t for t in tasks}
+    items = [by_id[i] for i in table.task_ids]
+    sets = domain_sets(table, top_k, pair_k)
+    per_domain = {d: domain_firsts(top, cheap, names) for d, (top, cheap) in sets.items()}
+    firsts = list(dict.fromkeys(c.name for cs in per_domain.values() for c in cs))
+    conts = [KEEP, *dict.fromkeys(f"+{w}" for top, _ in sets.values() for w in top)]
+    shape = (len(items), len(firsts), len(conts))
+    arrays = {
+        "correct": np.zeros(shape, dtype=bool),
+        "cost": np.zeros(shape),
+        "stopped": np.zeros(shape, dtype=bool),
+        "calls": np.zeros(shape, dtype=np.int32),
+        "done": np.zeros(shape, dtype=bool),
+    }
+    signal = [["" for _ in firsts] for _ in items]
+    jobs: list[tuple[Task, Workflow, Workflow]] = []
+    where: list[tuple[int, int, int]] = []
+    for i, t in enumerate(items):
+        top = set(sets[t.domain][0])
+        for c in per_domain[t.domain]:
+            f = firsts.index(c.name)
+            for k, label in enumerate(conts):
+                if label != KEEP and label[1:] not in top:
+                    continue
+                jobs.append((t, c.workflow(names), continuation_workflow(label, names)))
+                where.append((i, f, k))
+    log.info(
+        "rounds table: %d items x %d first plans x %d continuations, %d executions",
+        len(items),
+        len(firsts),
+        len(conts),
+        len(jobs),
+    )
+    outs = asyncio.run(_execute_all(jobs, view, Limits(max_steps=max_steps))) if jobs else []
+    for (i, f, k), (line, correct, cost, stopped, calls) in zip(where, outs, strict=True):
+        arrays["correct"][i, f, k] = correct
+        arrays["cost"][i, f, k] = cost
+        arrays["stopped"][i, f, k] = stopped
+        arrays["calls"][i, f, k] = calls
+        arrays["done"][i, f, k] = True
+        if k == 0:
+            signal[i][f] = line
+    return RoundsTable(
+        task_ids=list(table.task_ids),
+        domains=list(table.domains),
+        firsts=firsts,
+        conts=conts,
+        signal=signal,
+        meta={"top_k": top_k, "pair_k": pair_k, "version": ADAPTIVE_VERSION, "pool": pool.name},
+        **arrays,
+    )
+
+
+def cached_rounds_table(
+    tasks: Sequence[Task],
+    pool: Pool,
+    table: CandidateTable,
+    cache_dir: Path | None,
+    *,
+    top_k: int = 3,
+    pair_k: int = 4,
+    max_steps: int = 5,
+) -> RoundsTable:
+    """:func:`build_rounds_table`, read from / written to ``cache_dir`` (the key covers the
+    candidate table's questions and single-worker outcomes, the pool and the sizes)."""
+    if cache_dir is None:
+        return build_rounds_table(tasks, pool, table, top_k=top_k, pair_k=pair_k, max_steps=max_steps)
+    h = hashlib.sha256()
+    h.update(
+        json.dumps(
+            {
+                "version": ADAPTIVE_VERSION,
+                "pool": pool.name,
+                "workers": [[i.name, i.price_in, i.price_out] for i in pool.view().infos()],
+                "tasks": table.task_ids,
+                "top_k": top_k,
+                "pair_k": pair_k,
+                "max_steps": max_steps,
+                "table": table.meta,
+            },
+            sort_keys=True,
+        ).encode()
+    )
+    h.update(np.ascontiguousarray(table.correct[:, :, 0]).tobytes())
+    h.update(np.ascontiguousarray(table.cost[:, :, 0]).tobytes())
+    path = Path(cache_dir) / f"rounds-{pool.name}-{h.hexdigest()[:20]}.npz"
+    if path.exists():
+        try:
+            return RoundsTable.load(path)
+        except Exception as exc:  # a torn or foreign file: rebuild it
+            log.warning("rounds table %s unreadable (%s): rebuilding", path, exc)
+    out = build_rounds_table(tasks, pool, table, top_k=top_k, pair_k=pair_k, max_steps=max_steps)
+    out.save(path)
+    return out
+
+
+#: (domain, first plan name, signal) -> continuation label
+Rule = dict[tuple[str, str, str], str]
+
+
+def fit_rule(rounds: RoundsTable, config: RewardConfig) -> Rule:
+    """Per (domain, first plan, signal): the continuation with the best mean reward over the
+    questions in that group (ties: keep first, then the table's order)."""
+    r = rounds.rewards(config)
+    groups: dict[tuple[str, str, str], list[tuple[int, int]]] = defaultdict(list)
+    for i, d in enumerate(rounds.domains):
+        for f, name in enumerate(rounds.firsts):
+            if rounds.signal[i][f]:
+                groups[(d, name, rounds.signal[i][f])].append((i, f))
+    rule: Rule = {}
+    for key, cells in groups.items():
+        if "|" not in key[1]:
+            continue  # a single keeps (module docstring)
+        rows = np.array([i for i, _ in cells])
+        f = cells[0][1]
+        vals = r[rows, f, :]
+        ok = ~np.isnan(vals).any(axis=0)
+        means = np.where(ok, np.nan_to_num(vals).mean(axis=0), -np.inf)
+        rule[key] = rounds.conts[int(np.argmax(means))]
+    return rule
+
+
+def adaptive_table(table: CandidateTable, rounds: RoundsTable, rule: Rule) -> CandidateTable:
+    """The candidate table with the rounds table's first plans valued under ``rule`` in the
+    unlimited column (pairs appended; not run under budgets or deadlines) — module docstring."""
+    pos = {c.name: j for j, c in enumerate(table.candidates)}
+    new = [first_plan(n) for n in rounds.firsts if n not in pos]
+    cands = [*table.candidates, *new]
+    pos.update({c.name: len(table.candidates) + k for k, c in enumerate(new)})
+    n_i, _, n_b = table.correct.shape
+    extra = len(new)
+
+    def grow(a: np.ndarray, fill: Any) -> np.ndarray:
+        return np.concatenate([a, np.full((n_i, extra, n_b), fill, dtype=a.dtype)], axis=1)
+
+    out = replace(
+        table,
+        candidates=cands,
+        correct=grow(table.correct, False),
+        cost=grow(table.cost, 0.0),
+        stopped=grow(table.stopped, False),
+        tokens=grow(table.tokens, 0),
+        done=grow(table.done, False),
+        calls=grow(table.calls if table.calls is not None else table.done.astype(np.int32), 0),
+        cut=None if table.cut is None else grow(table.cut, False),
+        meta={**table.meta, "rounds": rounds.meta},
+    )
+    row = {tid: i for i, tid in enumerate(rounds.task_ids)}
+    for i, tid in enumerate(table.task_ids):
+        ri = row.get(tid)
+        if ri is None:
+            continue
+        for f, name in enumerate(rounds.firsts):
+            sig = rounds.signal[ri][f]
+            if not sig or "|" not in name:
+                continue
+            k = rounds.conts.index(rule.get((rounds.domains[ri], name, sig), KEEP))
+            if not rounds.done[ri, f, k]:
+                continue
+            j = pos[name]
+            out.correct[i, j, 0] = rounds.correct[ri, f, k]
+            out.cost[i, j, 0] = rounds.cost[ri, f, k]
+            out.stopped[i, j, 0] = rounds.stopped[ri, f, k]
+            assert out.calls is not None
+            out.calls[i, j, 0] = rounds.calls[ri, f, k]
+            out.done[i, j, 0] = True
+    return out
+
+
+def _first_name(workflow: Workflow, names: Sequence[str]) -> str | None:
+    """The first-plan name of ``workflow`` if it is a single fresh solve or a parallel pair."""
+    steps = workflow.steps
+    if len(steps) == 1:
+        return single(names[steps[0].worker]).name
+    if len(steps) == 2 and all(tuple(s.visible(i)) == () for i, s in enumerate(steps)):
+        return pair(names[steps[0].worker], names[steps[1].worker]).name
+    return None
+
+
+def rule_hook(rule: Rule, *, max_question_chars: int, seen: list[tuple[str, str]] | None = None) -> Any:
+    """A review hook that continues by ``rule`` (keep where the first plan has no rule, or the
+    continuation's worker is not shown). With ``seen``, each review's (prompt, continuation
+    rendered as the Conductor writes it) is appended."""
+
+    async def review(req: RoundRequest) -> Continuation:
+        summary = summarize(req)
+        names = req.view.names()
+        name = _first_name(req.workflow, names)
+        label = rule.get((req.task.domain, name, summary.line()), KEEP) if name else KEEP
+        if label != KEEP and label[1:] not in names:
+            label = KEEP
+        cont = continuation_workflow(label, names)
+        if seen is not None:
+            prompt = review_prompt(req, summary, max_question_chars=max_question_chars)
+            seen.append((prompt, render(cont)))
+        return Continuation(workflow=cont, text=render(cont), agree=summary.agree)
+
+    return review
+
+
+def review_records(
+    specs: Sequence[Any],
+    pool: Pool,
+    base: Limits,
+    first_targets: Sequence[Workflow],
+    rule: Rule,
+    *,
+    max_question_chars: int,
+) -> list[dict[str, Any]]:
+    """SFT pairs for the review: each spec's target first plan executed (the spec's view and
+    limits, two rounds), the review prompt the Conductor then sees, and the continuation the
+    rule picks for (first plan, signal). Specs whose first plan the rule does not cover (a chain,
+    a budget or deadline prompt) give none."""
+    from rl_conductor.training.data import chat
+
+    async def one(spec: Any, wf: Workflow) -> list[tuple[str, str]]:
+        seen: list[tuple[str, str]] = []
+        view = spec.pool_view(pool)
+        hook = rule_hook(rule, max_question_chars=max_question_chars, seen=seen)
+        await execute(wf, spec.task, view, replace(spec.limits(base), max_rounds=2), review=hook)
+        return seen
+
+    async def run_all() -> list[list[tuple[str, str]]]:
+        chosen = [
+            (s, wf)
+            for s, wf in zip(specs, first_targets, strict=True)
+            if s.budget is None
+            and s.deadline is None
+            and _first_name(wf, s.pool_view(pool).names()) is not None
+        ]
+        return list(await asyncio.gather(*(one(s, wf) for s, wf in chosen)))
+
+    out: list[dict[str, Any]] = []
+    for seen in asyncio.run(run_all()):
+        for prompt, completion in seen:
+            out.append({"prompt": chat(prompt), "completion": [{"role": "assistant", "content": completion}]})
+    return out
+
+
+def rule_summary(rule: Mapping[tuple[str, str, str], str]) -> dict[str, str]:
+    """The rule as JSON-friendly text (``domain | first plan | signal`` -> continuation)."""
+    return {" | ".join(k): v for k, v in sorted(rule.items())}

@@ -1,0 +1,181 @@
+"""A Conductor trained to use rounds (training/adaptive.py): first plans valued with their best
+review, review prompts in the SFT records, and a trained folder that reviews.
+
+The hand-built pool: two cheap workers agree on the easy questions (both right) and disagree on the
+hard ones (both wrong, apart); a dear worker is right on both. Keeping after agreement and
+escalating to the dear worker after disagreement is then optimal, and the pair with that review
+is worth more than the dear worker alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from rl_conductor.reward import REWARD_PRESETS
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits
+from rl_conductor.training.candidates import build_table
+from rl_conductor.training.config import TrainConfig
+from rl_conductor.training.data import PromptSpec, warm_sft_records
+from rl_conductor.workers.fake import FakeWorker, fake_info
+from rl_conductor.workers.pool import Pool
+from rl_conductor.workflow import parse, render
+
+AGREE = "The answers so far agree."
+DISAGREE = "The answers so far disagree."
+
+
+def _answer(name: str) -> Any:
+    def reply(messages: Any, ctx: Any) -> str:
+        hard = ctx.task.id.startswith("hard")
+        off = {"a": 2, "b": 1}.get(name, 0) if hard else 0
+        return f"\\boxed{{{int(ctx.task.answer) + off}}}"
+
+    return reply
+
+
+def _pool() -> Pool:
+    workers = [
+        FakeWorker(info=fake_info(n, price_in=p, price_out=p), responder=_answer(n))
+        for n, p in (("a", 0.1), ("b", 0.1), ("dear", 50.0))
+    ]
+    return Pool(name="hand-built-rounds", workers=list(workers))
+
+
+def _tasks() -> list[Task]:
+    return [
+        Task(
+            id=f"{kind}/{i}",
+            question=f"What is {i} + {i}?",
+            answer=str(2 * i),
+            domain="math",
+            source="t",
+            grader="math",
+        )
+        for kind in ("easy", "hard")
+        for i in range(1, 7)
+    ]
+
+
+def _cfg(tmp_path: Path, **kw: Any) -> TrainConfig:
+    return TrainConfig(
+        pool="unused",
+        warm_items_per_domain=100,
+        warm_top_k=2,
+        warm_cheap_k=1,
+        warm_pair_k=2,
+        max_steps_per_workflow=2,
+        budgets_usd=[],
+        warm_cache_dir=str(tmp_path / "cache"),
+        **kw,
+    )
+
+
+def _specs(tasks: list[Task], pool: Pool) -> list[PromptSpec]:
+    return [PromptSpec(task=t, view=tuple(range(len(pool))), budget=None) for t in tasks]
+
+
+def test_without_rounds_the_table_targets_and_sft_records_are_unchanged(tmp_path: Path) -> None:
+    from rl_conductor.training.train import _warm_start
+    from rl_conductor.training.warmstart import ExpectedRewards
+
+    pool, tasks = _pool(), _tasks()
+    targets, _, _, rule = _warm_start(_cfg(tmp_path), tasks, pool)
+    assert rule is None
+    table = build_table(tasks, pool, top_k=2, cheap_k=1, max_steps=2)
+    direct = ExpectedRewards.fit(table, REWARD_PRESETS["cost-aware"], shrink=20.0)
+    assert [c.name for c in targets.candidates] == [c.name for c in table.candidates]
+    assert not any("|" in c.name for c in targets.candidates)  # no parallel pairs without rounds
+    lim = Limits(max_steps=2)
+    specs = _specs(tasks, pool)
+    assert warm_sft_records(specs, pool, lim, targets, max_question_chars=120) == warm_sft_records(
+        specs, pool, lim, direct, max_question_chars=120
+    )
+
+
+def test_with_rounds_the_pair_is_the_target_and_reviews_keep_or_escalate(tmp_path: Path) -> None:
+    from rl_conductor.training.adaptive import review_records
+    from rl_conductor.training.train import _warm_start
+
+    pool, tasks = _pool(), _tasks()
+    targets, _, _, rule = _warm_start(_cfg(tmp_path, max_rounds=2), tasks, pool)
+    assert rule == {
+        ("math", "solve:b|solve:a", AGREE): "keep",
+        ("math", "solve:b|solve:a", DISAGREE): "+dear",
+    }
+    names = pool.names()
+    # valued with its review, the pair beats the dear worker alone (same accuracy, less cost)
+    assert targets.best(tasks[0], names, None).name == "solve:b|solve:a"
+    specs = _specs(tasks, pool)
+    firsts = [targets.target(s.task, names, None) for s in specs]
+    records = review_records(specs, pool, Limits(max_steps=2), firsts, rule, max_question_chars=120)
+    assert len(records) == len(tasks)
+    for spec, rec in zip(specs, records, strict=True):
+        prompt = rec["prompt"][0]["content"]
+        hard = spec.task.id.startswith("hard")
+        assert "Workflow so far:" in prompt and (DISAGREE if hard else AGREE) in prompt
+        done = parse(rec["completion"][0]["content"], pool_size=3, allow_empty=True, first_index=2)
+        assert done.workers() == ([2] if hard else [])
+
+
+def test_grpo_rollouts_continue_by_the_review_rule(tmp_path: Path) -> None:
+    """With the rule, a rollout of the pair pays for the escalation on hard questions only and
+    is graded on the final answer after it (without the rule the hard questions are wrong)."""
+    from rl_conductor.training.adaptive import pair
+    from rl_conductor.training.rewards import ConductorReward
+    from rl_conductor.training.train import _warm_start
+
+    pool, tasks = _pool(), _tasks()
+    _, _, _, rule = _warm_start(_cfg(tmp_path, max_rounds=2), tasks, pool)
+    rc = REWARD_PRESETS["cost-aware"]
+    text = render(pair("b", "a").workflow(pool.names()))
+    by_id = {t.id: t for t in tasks}
+    plain = ConductorReward(pool, by_id, rc, Limits(max_steps=2))
+    ruled = ConductorReward(pool, by_id, rc, Limits(max_steps=2), review_rule=rule)
+    for t in tasks:
+        one = asyncio.run(plain.score(text, t, range(3), None))
+        two = asyncio.run(ruled.score(text, t, range(3), None))
+        hard = t.id.startswith("hard")
+        assert one["correct"] == (0.0 if hard else 1.0)
+        assert two["correct"] == 1.0
+        assert (two["cost"] > one["cost"]) == hard
+
+
+def test_a_micro_run_with_two_rounds_trains_a_conductor_that_reviews(tmp_path: Path) -> None:
+    from _tiny import micro_config
+    from rl_conductor.policies.conductor import ConductorPolicy
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.training.train import train
+    from rl_conductor.workers.pool import load_pool
+
+    cfg = micro_config(
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        pool="gsm8k-six",
+        sft_targets="expected-best",
+        max_rounds=2,
+        warm_items_per_domain=48,
+        warm_top_k=2,
+        warm_cheap_k=1,
+        budgets_usd=[],
+        budget_prob=0.0,
+        random_pool_prob=0.0,
+        grpo_steps=1,
+        warm_cache_dir=str(tmp_path / "cache"),
+    )
+    result = train(cfg, tmp_path / "out", progress=False)
+    meta = json.loads((result.final_dir / "conductor.json").read_text())
+    assert meta["max_rounds"] == 2
+    # the warm start taught reviews: a review prompt after first-round targets it has a rule for
+    counts = json.loads((tmp_path / "out" / "metrics.json").read_text())["sft_records"]
+    assert counts["first_round"] == cfg.sft_examples and 0 < counts["review"] <= cfg.sft_examples
+    policy = ConductorPolicy(result.final_dir)
+    assert policy.reviews()
+    pool = load_pool("gsm8k-six")
+    task = load_tasks("gsm8k-six", split="validation", limit=1)[0]
+    episode = asyncio.run(policy.run(task, pool.view(), Limits(max_steps=2, max_rounds=2)))
+    rounds = episode.trace.rounds
+    # round 2 began with the trained Conductor's review (keep or continue) of what round 1 answered
+    assert len(rounds) == 2 and rounds[1].decision in ("keep", "continue") and rounds[1].seen
