@@ -236,7 +236,10 @@ async def test_a_second_round_adds_steps_that_see_the_first(
     assert "[0] model 0, sees []: step 0 -> " + key in review_prompt
     assert "One answer so far." in review_prompt
     fake = pool.get("w1")
-    assert isinstance(fake, FakeWorker) and "[Step 0] Answer:\n\\boxed{w0}" in fake.calls[0]["messages"][0]["content"]
+    assert (
+        isinstance(fake, FakeWorker)
+        and "[Step 0] Answer:\n\\boxed{w0}" in fake.calls[0]["messages"][0]["content"]
+    )
 
 
 async def test_one_round_never_reviews(policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
