@@ -93,8 +93,10 @@ def main() -> None:
             out[f"knn-{k}"] = tr["R"][idx].mean(axis=1).argmax(axis=1)
         p = model.predict(s["tasks"], s["emb"])
         cost = _domain_mean(tr["dom"], s["dom"], tr["C"])
-        est = rc.format_bonus + rc.correct_weight * p - np.minimum(
-            rc.max_cost_penalty, rc.cost_weight * cost / rc.cost_scale
+        est = (
+            rc.format_bonus
+            + rc.correct_weight * p
+            - np.minimum(rc.max_cost_penalty, rc.cost_weight * cost / rc.cost_scale)
         )
         out["evidence"] = est.argmax(axis=1)
         y, c = s["Y"], s["C"]
