@@ -7,6 +7,7 @@ a log line and a cost, loud failures (502 with the reason), OpenAI fields and co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
@@ -265,6 +266,20 @@ def test_half_sent_headers_and_bodies_are_cut(server: Predictor) -> None:
                 sock.sendall(b"X-Pad: " + b"p" * 1000 + b"\r\n")
             assert _closed_within(sock, 30).startswith(b"HTTP/1.1 431")
             raise ConnectionResetError  # closed cleanly after the 431: the same outcome
+    with socket.create_connection((LOOPBACK, server.port)) as sock:  # small headers, large body
+        head = b"POST /v1/models/conductor:predict HTTP/1.1\r\nHost: x\r\n" + auth
+        head += b"Content-Type: application/json\r\nContent-Length: 1100000\r\n\r\n"
+        # one write: the server's first read carries the headers and far more than 64 KiB of body,
+        # which is the body's size (413), not the headers' (431)
+        with contextlib.suppress(OSError):  # it may answer and close while we still send
+            sock.sendall(head + b'{"instances": [{"question": "' + b"x" * 300_000)
+        sock.settimeout(30)
+        reply = b""
+        with contextlib.suppress(ConnectionResetError):  # closed with our body unread: a reset
+            while chunk := sock.recv(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+        assert b"exceeds 1000000" in reply
     with socket.create_connection((LOOPBACK, server.port)) as sock:
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
         time.sleep(0.2)

@@ -202,7 +202,8 @@ def test_content_type_and_body_size_are_checked(http: httpx.Client) -> None:
         resp = http.post(path, content=good)  # no content type at all
         assert resp.status_code == 415
     big = json.dumps({"instances": [{"question": "x" * 1_100_000}]})
-    assert http.post("/v1/models/conductor:predict", content=big, headers=JSON_HEADERS).status_code == 413
+    resp = http.post("/v1/models/conductor:predict", content=big, headers=JSON_HEADERS)
+    assert resp.status_code == 413 and "exceeds 1000000" in resp.json()["error"]  # not 431: headers are small
 
     def chunked() -> Iterator[bytes]:  # no content-length: the guard counts what arrives
         yield b'{"instances": [{"question": "'
@@ -211,7 +212,7 @@ def test_content_type_and_body_size_are_checked(http: httpx.Client) -> None:
         yield b'"}]}'
 
     resp = http.post("/v1/models/conductor:predict", content=chunked(), headers=JSON_HEADERS)
-    assert resp.status_code == 413
+    assert resp.status_code == 413 and "exceeds 1000000 bytes" in resp.json()["error"]
     resp = http.post(
         "/v1/models/conductor:predict",
         content=good,

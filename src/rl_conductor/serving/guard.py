@@ -267,12 +267,18 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._header_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0
+        self._header_tail = b""  # the last bytes counted, for an end of headers split across reads
         super().connection_made(transport)
         self._arm()  # a client that connects and sends nothing is cut too
 
     def data_received(self, data: bytes) -> None:
         if self._header_timer is not None:  # still within a request's line and headers
-            self._header_bytes += len(data)
+            # count the bytes up to the end of the headers only: a read that also carries the
+            # start of a large body is the body's business (413), not the headers' (431)
+            seen = self._header_tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._header_bytes += len(data) if end < 0 else end + 4 - len(self._header_tail)
+            self._header_tail = seen[-3:]
             if self._header_bytes > MAX_HEADER_BYTES:
                 self._disarm()
                 body = b'{"error": "request headers too large"}'
@@ -290,6 +296,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def _disarm(self) -> None:
         self._header_bytes = 0
+        self._header_tail = b""
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
