@@ -187,7 +187,7 @@ def test_grading_works_outside_the_main_thread() -> None:
 def test_unknown_grader_is_a_programming_error() -> None:
     with pytest.raises(KeyError, match="unknown grader"):
         grade(make("1", "nope"), "1")
-    assert set(GRADERS) == {"math", "choice", "qa", "code"}
+    assert set(GRADERS) == {"math", "choice", "qa", "code", "recorded"}  # recorded: replay as labelled
 
 
 _odd_text = st.one_of(
