@@ -233,3 +233,16 @@ def test_trained_conductor_reads_its_evidence(tmp_path: Path) -> None:
     (broken / "evidence.npz").unlink()
     with pytest.raises(ModelNotFound, match="evidence"):
         ConductorPolicy(broken)
+
+
+def test_long_texts_are_embedded_by_their_start_and_their_end() -> None:
+    """Few-shot prompts share a long start; what is embedded of them keeps the item at the end,
+    so two items behind the same head embed apart (the kNN router and the evidence alike)."""
+    from rl_conductor.policies.knn_embed import MAX_CHARS, embed, index_text
+
+    head = "Example: 2 + 2 = 4. " * 60
+    a, b = head + "What is the capital of Peru?", head + "How many legs has a spider?"
+    assert index_text("short") == "short"
+    assert index_text(a).endswith("capital of Peru?") and len(index_text(a)) <= MAX_CHARS + 5
+    ea, eb = embed([a, b])
+    assert float(ea @ eb) < 0.95

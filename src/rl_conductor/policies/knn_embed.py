@@ -9,7 +9,9 @@ then L2 normalisation, so a dot product is the cosine similarity.
 
 Deliberate simplifications: plain transformers instead of sentence-transformers (same numbers,
 a lighter import); texts longer than 128 word pieces are truncated (the original model allows
-256; the start of a question carries its topic, and it halves the cost);
+256; it halves the cost), and a text over 600 characters is embedded as its start and its end,
+and the window drops word pieces from the start (:func:`index_text`: the start carries a
+question's topic, the end the item of a few-shot prompt);
 the model is loaded once per process and kept (thread-safe lazily, CPU unless told otherwise).
 """
 
@@ -27,6 +29,21 @@ if TYPE_CHECKING:
 
 EMBED_DIM = 384
 MAX_TOKENS = 128
+#: Texts longer than this are embedded as their first third and their last two thirds, and the
+#: word-piece window drops tokens from the start when that is still too long: the start carries a
+#: question's topic, but on few-shot prompts it is a head shared by every item while the item
+#: itself is at the end, which must always be kept.
+MAX_CHARS = 600
+
+
+def index_text(text: str) -> str:
+    """What of ``text`` is embedded (see :data:`MAX_CHARS`)."""
+    if len(text) <= MAX_CHARS:
+        return text
+    head = MAX_CHARS // 3
+    return text[:head] + " ... " + text[len(text) - (MAX_CHARS - head) :]
+
+
 _LOCK = threading.Lock()
 
 
@@ -48,6 +65,7 @@ def _load(device: str) -> tuple[Any, Any]:
 
     path = model_dir()
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer.truncation_side = "left"  # keep a long text's end (index_text)
     model = AutoModel.from_pretrained(path, local_files_only=True).to(device)
     model.eval()
     return model, tokenizer
@@ -72,7 +90,7 @@ def embed(texts: list[str], batch_size: int = 64, *, device: str = "cpu") -> NDA
         for start in range(0, len(order), batch_size):
             index = order[start : start + batch_size]
             batch = tokenizer(
-                [texts[i] for i in index],
+                [index_text(texts[i]) for i in index],
                 padding=True,
                 truncation=True,
                 max_length=MAX_TOKENS,
