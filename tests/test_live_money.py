@@ -21,13 +21,17 @@ from rl_conductor.policies.baselines import MixtureOfAgents, Oracle
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.live.base import pool_spend_guard
-from rl_conductor.workers.live.spend import SpendLimitError
+from rl_conductor.workers.live.spend import SpendLimitError, worst_case_cost
 from rl_conductor.workers.live.testing import (
     BillingServer,
+    Reply,
     ScriptedServer,
     count_bytes,
     count_chars,
+    error,
     ok,
+    request_max_tokens,
+    request_messages,
     scripted_server,
 )
 from rl_conductor.workers.pool import build_pool
@@ -210,3 +214,61 @@ async def test_served_oracle_reports_what_the_vendors_bill(
     assert 0 < billed <= 0.003
     assert doc["cost_usd"] == pytest.approx(billed, rel=1e-9)
     assert doc["calls"] == sum(len(s.requests) for s in servers)
+
+
+# -- attempts that time out may still be billed ------------------------------------------------
+
+SLOW = 3.0  # seconds a stalled reply takes: far past the client's per-attempt timeout
+
+
+def _attempt_bound(srv: ScriptedServer, worker: Any, index: int) -> float:
+    """What the ``index``-th request the server received may be billed at worst."""
+    body = srv.requests[index].body
+    msgs = [{"role": r, "content": c} for r, c in request_messages("openai", body)]
+    return worst_case_cost(worker.info, msgs, request_max_tokens("openai", body) or 0)
+
+
+async def _one_step(srv: ScriptedServer, *, attempts: int, step_timeout_s: float = 30.0) -> tuple[Any, Any]:
+    spec = _spec("openai", srv.base_url, retries={"attempts": attempts, "initial_s": 0.0, "jitter_s": 0.0})
+    pool = build_pool({"workers": [{**spec, "timeout_s": 0.5}]})
+    wf = Workflow([Step(0, "Solve the problem.", [])])
+    limits = Limits(max_tokens=256, step_timeout_s=step_timeout_s)
+    return await execute(wf, _task("What is 6 times 7?"), pool.view(), limits), pool.workers[0]
+
+
+async def test_a_timed_out_attempt_that_is_retried_is_charged_its_worst_case() -> None:
+    """The first request times out (the vendor may bill it), the retry answers: the step is
+    charged the answer's cost and the first request's worst case. Before: only the answer's."""
+    answer = ok("openai", "42", input_tokens=30, output_tokens=5)
+    with scripted_server("openai", [Reply(200, answer.body, delay_s=SLOW), answer]) as srv:
+        trace, worker = await _one_step(srv, attempts=2)
+    assert len(srv.requests) == 2 and trace.steps[0].status == "ok"
+    answered = (30 * PRICE_IN + 5 * PRICE_OUT) / 1e6
+    assert trace.cost_usd == pytest.approx(answered + _attempt_bound(srv, worker, 0), rel=1e-9)
+    assert trace.attempts[0].cost_usd == pytest.approx(trace.cost_usd, rel=1e-9)
+
+
+async def test_a_call_failing_after_timed_out_attempts_is_charged_each_of_them() -> None:
+    """Two requests sent, both timed out, the call ends in an error: charged both worst cases
+    (before: $0, the error's). A 5xx that follows is not billed."""
+    stalled = Reply(200, ok("openai", "42").body, delay_s=SLOW)
+    with scripted_server("openai", [stalled, stalled, error("openai", 503)]) as srv:
+        trace, worker = await _one_step(srv, attempts=3)
+    assert len(srv.requests) == 3 and trace.steps[0].status == "failed"
+    bound = _attempt_bound(srv, worker, 0)
+    assert bound > 0
+    assert trace.cost_usd == pytest.approx(2 * bound, rel=1e-9)
+    assert [a.status for a in trace.attempts] == ["error"]
+
+
+async def test_the_step_timeout_charges_every_request_sent() -> None:
+    """The first request times out at the client's 0.5 s, the retry is still waiting when the
+    step's 1.2 s run out: two requests may be billed, and both are charged (before: one)."""
+    stalled = Reply(200, ok("openai", "42").body, delay_s=SLOW)
+    with scripted_server("openai", [stalled, stalled]) as srv:
+        trace, worker = await _one_step(srv, attempts=2, step_timeout_s=1.2)
+    assert [a.status for a in trace.attempts] == ["timeout"]
+    # the retry was sent (it may not have reached the server yet on a busy machine: charged alike)
+    assert 1 <= len(srv.requests) <= 2
+    bound = _attempt_bound(srv, worker, 0)
+    assert trace.cost_usd == pytest.approx(2 * bound, rel=1e-9)

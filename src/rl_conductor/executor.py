@@ -14,10 +14,12 @@ Whatever the policy wrote, it enforces:
   (docs/live-workers.md, "How money is counted"). A worker that still reports more than its
   reservation is charged what it reported, and the attempt says so. Every call is recorded as an
   :class:`~rl_conductor.trace.Attempt` carrying what the budget was charged for it (a blank
-  answer its cost, a timed-out call its whole reservation), so ``trace.cost_usd`` is exactly the
-  budget's charged total. A step that cannot afford ``MIN_OUTPUT_TOKENS`` of output is skipped,
-  its dependents too, and the best answer so far (the latest completed step) becomes the final
-  answer.
+  answer its cost, a timed-out call its whole reservation, plus the worst case of each request a
+  live worker sent and saw time out before retrying: the vendor may bill those too,
+  ``workers.base.UNANSWERED_BILLS``), so ``trace.cost_usd`` is exactly the budget's charged
+  total and never under-states a possible bill. A step that cannot afford ``MIN_OUTPUT_TOKENS``
+  of output is skipped, its dependents too, and the best answer so far (the latest completed
+  step) becomes the final answer.
 * **allowed workers and sensitivity** — a forbidden worker (not in ``allowed_workers``, or external
   on a ``private`` request) is replaced by the permitted worker of the view whose price is
   closest; with none permitted the step is skipped. Private requests never reach an external worker.
@@ -68,7 +70,14 @@ from rl_conductor.trace import (
     StepStatus,
     Trace,
 )
-from rl_conductor.workers.base import CallContext, Completion, Worker, WorkerInfo, estimate_token_bound
+from rl_conductor.workers.base import (
+    UNANSWERED_BILLS,
+    CallContext,
+    Completion,
+    Worker,
+    WorkerInfo,
+    estimate_token_bound,
+)
 from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Step, Workflow, worker_message
 
@@ -249,6 +258,10 @@ async def _call(
     reservation = in_cost + cap * info.price_out / 1e6
     run.budget.reserve(reservation)
     timeout = run.limits.step_timeout_s if time_left is None else min(run.limits.step_timeout_s, time_left)
+    # attempts the worker sent that timed out (its own retries) may be billed: it notes each one's
+    # worst case here, and the call is charged them on top of whatever else it is charged
+    unanswered: list[float] = []
+    token = UNANSWERED_BILLS.set(unanswered)
     try:
         comp = await asyncio.wait_for(
             worker.complete(messages, max_tokens=cap, temperature=run.limits.temperature, context=ctx),
@@ -256,20 +269,26 @@ async def _call(
         )
     except TimeoutError:
         # a timed-out call may still be billed: keep its reservation counted as spent
-        run.budget.release(reservation, reservation)
+        charge = reservation + sum(unanswered)
+        run.budget.release(reservation, charge)
         why = "deadline: no answer in the time left" if timeout < run.limits.step_timeout_s else "timed out"
         err = f"{info.name}: {why} ({timeout:g}s)"
-        return None, Attempt(info.name, "timeout", cost_usd=reservation, latency_s=timeout, error=err)
+        return None, Attempt(info.name, "timeout", cost_usd=charge, latency_s=timeout, error=err)
     except asyncio.CancelledError:
-        run.budget.release(reservation, reservation)  # cancelled mid-call: it may still be billed
+        # cancelled mid-call: it may still be billed
+        run.budget.release(reservation, reservation + sum(unanswered))
         raise
     except Exception as exc:  # any worker failure is recorded and replaced
-        run.budget.release(reservation, 0.0)
+        charge = sum(unanswered)  # an error answer is not billed; a timed-out attempt may be
+        run.budget.release(reservation, charge)
         err = f"{info.name}: {exc.__class__.__name__}: {str(exc)[:200]}"
-        return None, Attempt(info.name, "error", error=err)
+        return None, Attempt(info.name, "error", cost_usd=charge, error=err)
+    finally:
+        UNANSWERED_BILLS.reset(token)
     cost = comp.cost_usd
     if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) or cost < 0:
         cost = reservation  # a worker that reports no usable cost is charged its worst case
+    cost += sum(unanswered)
     run.budget.release(reservation, cost)
     overrun = (
         f"{info.name}: reported ${cost:.6g}, above its reservation of ${reservation:.6g}"

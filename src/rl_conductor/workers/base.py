@@ -12,6 +12,7 @@ import asyncio
 import math
 import statistics
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -226,6 +227,20 @@ async def offline_completion(
         latency_s=latency_s,
         worker=info.name,
     )
+
+
+#: Where a worker notes what its unanswered attempts may still be billed (USD each): a request
+#: that timed out was sent, and the vendor may bill it although no answer came back. The executor
+#: sets a list here around each call (the call's task shares it) and charges what is noted on top
+#: of the call's own cost, whether the call then answers, fails or is cut by the step timeout.
+UNANSWERED_BILLS: ContextVar[list[float] | None] = ContextVar("conductor_unanswered_bills", default=None)
+
+
+def note_unanswered_bill(usd: float) -> None:
+    """Note an attempt that got no answer but may be billed (no-op outside an executor call)."""
+    bills = UNANSWERED_BILLS.get()
+    if bills is not None:
+        bills.append(usd)
 
 
 class WorkerError(RuntimeError):

@@ -44,6 +44,7 @@ from rl_conductor.workers.base import (
     Message,
     WorkerError,
     WorkerInfo,
+    note_unanswered_bill,
 )
 from rl_conductor.workers.live.resilience import (
     CircuitBreaker,
@@ -252,10 +253,12 @@ class LiveWorker(abc.ABC):
             self._counts["refused"] += 1
             raise
         msgs = list(messages)
+        bound = worst_case_cost(self.info, msgs, max_tokens)  # what one attempt may be billed
+        timed_out_usd = 0.0  # attempts sent that timed out: the vendor may bill them all the same
         reservation = 0.0
         if self.spend is not None:
             try:
-                reservation = self.spend.reserve(name, worst_case_cost(self.info, msgs, max_tokens))
+                reservation = self.spend.reserve(name, bound)
             except SpendLimitError:
                 self.breaker.release_probe()
                 raise
@@ -264,7 +267,13 @@ class LiveWorker(abc.ABC):
             result: WireResult | None = None
             async for attempt in self.retry.retrying(self._on_retry, self.sleep):
                 with attempt:
-                    result = await self._attempt(msgs, max_tokens, temperature)
+                    try:
+                        result = await self._attempt(msgs, max_tokens, temperature)
+                    except TransientWorkerError as exc:
+                        if exc.timed_out:  # charged its worst case, by the executor too
+                            timed_out_usd += bound
+                            note_unanswered_bill(bound)
+                        raise
             assert result is not None
         except WorkerError as exc:
             self._counts["failures"] += 1
@@ -274,13 +283,12 @@ class LiveWorker(abc.ABC):
                 self._warned.add(status)  # once per worker and status: loud, not a flood
                 log.warning("%s", exc)
             if self.spend is not None:
-                timed_out = isinstance(exc, TransientWorkerError) and exc.timed_out
-                self.spend.settle(reservation, reservation if timed_out else 0.0)
+                self.spend.settle(reservation, timed_out_usd)
             raise
         except BaseException:
             self.breaker.release_probe()
-            if self.spend is not None:
-                self.spend.settle(reservation, reservation)
+            if self.spend is not None:  # cancelled mid-attempt: that one may be billed too
+                self.spend.settle(reservation, reservation + timed_out_usd)
             raise
         latency = time.perf_counter() - t0
         self.breaker.record_success()
@@ -298,7 +306,7 @@ class LiveWorker(abc.ABC):
             )
         cost = self.info.cost(in_tok, out_tok)
         if self.spend is not None:
-            self.spend.settle(reservation, cost)
+            self.spend.settle(reservation, cost + timed_out_usd)
         return Completion(
             text=result.text,
             input_tokens=in_tok,
