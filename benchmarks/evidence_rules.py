@@ -63,9 +63,11 @@ def main() -> None:
     dataset = args.dataset or str(pool.options.get("default_dataset", "paper-mix"))
     rc = replace(REWARD_PRESETS[args.reward_preset], cost_weight=args.cost_weight)
     data: dict[str, dict[str, Any]] = {}
+    names: list[str] = []
     for split in SPLITS:
         tasks = load_tasks(dataset, split=split)
         out = single_outcomes(pool, tasks)
+        names = out.names
         data[split] = {
             "tasks": tasks,
             "emb": cached_embeddings([t.question for t in tasks]),
@@ -74,7 +76,6 @@ def main() -> None:
             "Y": out.correct,
             "dom": np.array([t.domain for t in tasks]),
         }
-    names = single_outcomes(pool, data["train"]["tasks"]).names
     tr = data["train"]
     model, _ = fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"])
 
