@@ -359,6 +359,13 @@ def test_openai_sdk_common_fields_are_accepted_and_n_above_1_is_a_clear_400(serv
             messages=[{"role": "user", "content": "q"}],
             tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
         )
+    # a limit misplaced in OpenAI's free-form metadata would be silently ignored: refused
+    with pytest.raises(openai.BadRequestError, match="sensitivity is a top-level field"):
+        client.chat.completions.create(
+            model="conductor",
+            messages=[{"role": "user", "content": "q"}],
+            metadata={"sensitivity": "private"},
+        )
 
 
 def test_the_whole_conversation_reaches_the_workers(server: Predictor) -> None:

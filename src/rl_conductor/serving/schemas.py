@@ -277,6 +277,19 @@ class ChatCompletionRequest(WireLimits):
     prompt_cache_key: StrictStr | None = None
     verbosity: StrictStr | None = None
 
+    @field_validator("metadata")
+    @classmethod
+    def _no_limits_in_metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        # OpenAI's metadata is free-form tags; a limit placed there would be silently ignored (a
+        # "private" request answered as public): refuse it and say where it goes
+        misplaced = sorted(k for k in v or {} if k.strip().lower() in WireLimits.model_fields)
+        if misplaced:
+            raise ValueError(
+                f"{', '.join(misplaced)} is a top-level field of the request (extra_body in the "
+                "OpenAI SDK), not metadata"
+            )
+        return v
+
     def question(self) -> str:
         """The last user message, with the rest of the conversation in front of it."""
         last = next(
