@@ -279,6 +279,7 @@ def test_later_registrations_go_through_the_gate(chain_env: Chain) -> None:
     the same file with the Conductor's accuracy set to 1.0."""
     payload = json.loads(Path(chain_env.eval_outputs["results"].path).read_text())
     payload["results"][-1]["accuracy"] = 1.0
+    payload["results"][-1]["mean_reward"] = 1.0  # the gate compares rewards where the results carry them
     good = _artifact(dsl.Artifact, chain_env.work / "good_results")
     Path(good.path).write_text(json.dumps(payload))
     latest = max(r.version for r in registry.list_versions("conductor"))

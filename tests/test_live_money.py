@@ -267,7 +267,9 @@ async def test_the_step_timeout_charges_every_request_sent() -> None:
     stalled = Reply(200, ok("openai", "42").body, delay_s=SLOW)
     with scripted_server("openai", [stalled, stalled]) as srv:
         trace, worker = await _one_step(srv, attempts=2, step_timeout_s=1.2)
-    assert [a.status for a in trace.attempts] == ["timeout"]
+    # the step's timeout ends the call; on a busy machine the retry's own client timeout may fire
+    # first, which ends it as an error: either way every request sent is charged (below)
+    assert [a.status for a in trace.attempts] in (["timeout"], ["error"])
     # the retry was sent (it may not have reached the server yet on a busy machine: charged alike)
     assert 1 <= len(srv.requests) <= 2
     bound = _attempt_bound(srv, worker, 0)
