@@ -25,6 +25,7 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Trace
@@ -149,6 +150,16 @@ def compute_reward(
     if deadline_exceeded:
         r -= config.deadline_penalty
     return r
+
+
+def parsed_rewards(correct: Any, cost: Any, config: RewardConfig) -> Any:
+    """:func:`compute_reward` over arrays of outcomes (numpy), for plans that parsed, called a worker
+    and neither overspent nor missed a deadline: the format bonus, the correct term, the capped
+    cost term."""
+    import numpy as np
+
+    penalty = np.minimum(config.max_cost_penalty, config.cost_weight * np.asarray(cost) / config.cost_scale)
+    return config.format_bonus + config.correct_weight * np.asarray(correct, dtype=np.float64) - penalty
 
 
 def budget_stopped(trace: Trace) -> bool:

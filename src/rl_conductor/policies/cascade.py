@@ -39,7 +39,7 @@ from rl_conductor.executor import Continuation, RoundRequest, execute
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.policies.routers import FIT_LIMIT, _reward_config, pool_key, training_tasks
-from rl_conductor.reward import RewardConfig, grade_trace
+from rl_conductor.reward import RewardConfig, grade_trace, parsed_rewards
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.graders import extract_answer, keys_agree
@@ -156,8 +156,7 @@ def cascade_outcomes(
         up = ~agree
         correct[up] = outcomes.correct[up, escalate, 2]
         cost = cost + np.where(up, outcomes.cost[:, escalate, 2], 0.0)
-    penalty = np.minimum(config.max_cost_penalty, config.cost_weight * cost / config.cost_scale)
-    reward = config.format_bonus + config.correct_weight * correct.astype(np.float64) - penalty
+    reward = parsed_rewards(correct, cost, config)
     return {"agree": agree, "correct": correct, "cost": cost, "reward": reward}
 
 
