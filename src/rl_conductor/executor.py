@@ -57,6 +57,7 @@ import hashlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 
 from rl_conductor.tasks.base import Task
@@ -82,8 +83,10 @@ from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Step, Workflow, worker_message
 
 __all__ = [
+    "CHARGES",
     "DEADLINE_MARGIN",
     "MIN_OUTPUT_TOKENS",
+    "Charge",
     "Continuation",
     "ReviewHook",
     "RoundRequest",
@@ -142,6 +145,23 @@ def reserve_input_tokens(messages: list[dict[str, str]], info: WorkerInfo | None
 
 #: Relative slack kept off every budget so float rounding in sums never crosses the limit.
 _BUDGET_SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What one call was charged when it settled: ``outcome`` is ``ok``, ``empty``, ``timeout``,
+    ``error`` or ``cancelled`` (the request was cancelled while the call was in flight: the call
+    was sent and may be billed, so it is charged its reservation)."""
+
+    worker: str
+    outcome: str
+    usd: float
+
+
+#: A list the caller of :func:`execute` may set: every call's :class:`Charge` is appended to it as
+#: the call settles, cancelled calls included, so a request cancelled mid-way (its client left)
+#: still knows what it was charged although :func:`execute` never returns its trace.
+CHARGES: ContextVar[list[Charge] | None] = ContextVar("conductor_charges", default=None)
 
 
 @dataclass
@@ -237,6 +257,14 @@ async def _affordable_cap(
         await run.budget.changed.wait()
 
 
+def _settle(run: _Run, info: WorkerInfo, reservation: float, charge: float, outcome: str) -> None:
+    """Release a call's reservation, charge it, and note the charge in :data:`CHARGES`."""
+    run.budget.release(reservation, charge)
+    charges = CHARGES.get()
+    if charges is not None:
+        charges.append(Charge(info.name, outcome, charge))
+
+
 async def _call(
     run: _Run,
     worker: Worker,
@@ -270,17 +298,17 @@ async def _call(
     except TimeoutError:
         # a timed-out call may still be billed: keep its reservation counted as spent
         charge = reservation + sum(unanswered)
-        run.budget.release(reservation, charge)
+        _settle(run, info, reservation, charge, "timeout")
         why = "deadline: no answer in the time left" if timeout < run.limits.step_timeout_s else "timed out"
         err = f"{info.name}: {why} ({timeout:g}s)"
         return None, Attempt(info.name, "timeout", cost_usd=charge, latency_s=timeout, error=err)
     except asyncio.CancelledError:
         # cancelled mid-call: it may still be billed
-        run.budget.release(reservation, reservation + sum(unanswered))
+        _settle(run, info, reservation, reservation + sum(unanswered), "cancelled")
         raise
     except Exception as exc:  # any worker failure is recorded and replaced
         charge = sum(unanswered)  # an error answer is not billed; a timed-out attempt may be
-        run.budget.release(reservation, charge)
+        _settle(run, info, reservation, charge, "error")
         err = f"{info.name}: {exc.__class__.__name__}: {str(exc)[:200]}"
         return None, Attempt(info.name, "error", cost_usd=charge, error=err)
     finally:
@@ -289,13 +317,15 @@ async def _call(
     if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) or cost < 0:
         cost = reservation  # a worker that reports no usable cost is charged its worst case
     cost += sum(unanswered)
-    run.budget.release(reservation, cost)
+    answered = isinstance(comp.text, str) and bool(comp.text.strip())
+    late = time_left is not None and not comp.latency_s <= time_left
+    _settle(run, info, reservation, cost, "timeout" if late else "ok" if answered else "empty")
     overrun = (
         f"{info.name}: reported ${cost:.6g}, above its reservation of ${reservation:.6g}"
         if cost > reservation * (1 + _BUDGET_SLACK)
         else ""
     )
-    if time_left is not None and not comp.latency_s <= time_left:
+    if late:
         # the answer came after the deadline: the request stopped waiting when the time ran out
         err = f"{info.name}: deadline: answered after {comp.latency_s:.3g}s, {time_left:.3g}s were left"
         attempt = Attempt(
@@ -308,7 +338,6 @@ async def _call(
             error=err,
         )
         return None, attempt
-    answered = isinstance(comp.text, str) and bool(comp.text.strip())
     attempt = Attempt(
         info.name,
         "ok" if answered else "empty",

@@ -39,7 +39,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rl_conductor.executor import MIN_OUTPUT_TOKENS, execute, reserve_input_tokens
+from rl_conductor.executor import CHARGES, MIN_OUTPUT_TOKENS, Charge, execute, reserve_input_tokens
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.reward import deadline_shortened, deadline_stopped
 from rl_conductor.serving import metrics as m
@@ -263,7 +263,8 @@ class ConductorService:
         took is taken off what the workflow's steps may use. ``final_step`` (``temperature``,
         ``max_tokens``) applies to the planned workflow's last step. When no worker answered,
         ``error`` says why (the HTTP adapters answer 502/504 with it). A request cancelled
-        mid-way (the client left) still gets its log line, with what its finished calls cost.
+        mid-way (the client left) still gets its log line, with what every call was charged (a call
+        in flight at the cancellation: its reservation, since it was sent and may be billed).
 
         Raises :class:`RequestError` when the request names unknown workers or permits none."""
         rid = request_id or uuid.uuid4().hex
@@ -279,14 +280,18 @@ class ConductorService:
         if limits.max_cost_usd is not None and limits.max_cost_usd < floor:
             doc = _unaffordable(limits.max_cost_usd, floor, floor_worker)
         else:
+            charges: list[Charge] = []
+            charges_token = CHARGES.set(charges)
             try:
                 episode = await self._run(task, view, limits, events, final_step or {})
             except asyncio.CancelledError:
-                doc = _cancelled(events.items)
+                doc = _cancelled(events.items, charges)
                 doc["request_id"] = rid
                 doc["wall_s"] = time.perf_counter() - t0
                 self._observe(endpoint, request, doc, events.items, t0_ns)
                 raise
+            finally:
+                CHARGES.reset(charges_token)
             doc = response_document(view, episode)
             doc.update(_extras(episode.trace))
             if not doc["answer"] and not doc["budget_stop"]:
@@ -441,18 +446,30 @@ def _failure(doc: dict[str, Any]) -> str:
     return "no worker could answer: " + (shown if len(shown) <= 600 else shown[:600] + "...")
 
 
-def _cancelled(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """The log document of a request cancelled mid-way: the calls that finished and their cost
-    (a call cut off mid-way may still be billed by its vendor; nothing reports it here)."""
+def _cancelled(events: list[dict[str, Any]], charges: list[Charge]) -> dict[str, Any]:
+    """The log document of a request cancelled mid-way (its client left): every call it made, as
+    the executor charged it. A call still in flight when the request was cancelled was sent, and
+    its vendor may bill it, so it is charged its reservation (status ``cancelled``) and counted in
+    the worker's cost metric too (:class:`ObservedWorker` counts only the calls that answered)."""
+    for c in charges:
+        if c.outcome == "cancelled":
+            m.WORKER_COST.labels(c.worker).inc(c.usd)
     return {
         "answer": "",
         "steps": [
-            {"worker": e["worker"], "status": "ok", "cost_usd": e["cost_usd"]}
-            for e in events
-            if "worker" in e
+            {
+                "index": i,
+                "worker": c.worker,
+                "status": c.outcome,
+                "cost_usd": c.usd,
+                "note": "cancelled request",
+            }
+            for i, c in enumerate(charges)
         ],
-        "cost_usd": sum(e["cost_usd"] for e in events),
-        "tokens": sum(e["input_tokens"] + e["output_tokens"] for e in events),
+        "raw_plan": "",
+        "notes": ["the request was cancelled (the client left)"],
+        "cost_usd": sum(c.usd for c in charges),
+        "tokens": sum(e["input_tokens"] + e["output_tokens"] for e in events if "worker" in e),
         "fallback_plan": False,
         "worker_fallback": False,
         "budget_stop": False,
