@@ -7,7 +7,7 @@ script scores, on the test split at one reward (``--cost-weight``, chosen so tha
 accurate model alone is not reward-optimal on the training split), every single worker, the kNN
 and domain routers (fitted at that reward on every training question), the oracle, and the
 fitted cascade (``policies/cascade.py``: the best (first pair, escalation) on the training split),
-through ``conductor eval``'s library entry (``cli.core.run_eval``), with ``max_rounds`` 2.
+through ``conductor eval``'s library entry (``evaluation.suite.run_eval``), with ``max_rounds`` 2.
 
 The hindsight table: for each cheap first plan (a single worker, or a pair of workers, each
 cheaper on average than the most accurate worker alone), how often its answers agree (a single:
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from rl_conductor.cli.core import run_eval
+from rl_conductor.evaluation.suite import run_eval
 from rl_conductor.policies.cascade import fit_cascade, measure_samples
 from rl_conductor.reward import REWARD_PRESETS, RewardConfig
 from rl_conductor.tasks.datasets import load_tasks

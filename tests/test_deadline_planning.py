@@ -229,7 +229,7 @@ def test_deadline_views_side_by_side(tmp_path: Path) -> None:
 def test_compare_runs_the_same_questions_under_each_deadline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("rl_conductor.cli.core.baseline_specs", lambda pool: ["single:gpt-5", "moa"])
+    monkeypatch.setattr("rl_conductor.evaluation.suite.baseline_specs", lambda pool: ["single:gpt-5", "moa"])
     out = tmp_path / "cmp.json"
     args = ["compare", "--pool", "paper-sim", "--limit", "6", "--deadlines", "none,5", "--json", str(out)]
     result = CliRunner().invoke(app, [*args, "--plot", str(tmp_path / "p.png"), "--no-behaviour"])

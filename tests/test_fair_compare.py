@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from rl_conductor.cli import app
-from rl_conductor.cli.core import eval_reward, run_eval, trained_reward
+from rl_conductor.evaluation.suite import eval_reward, run_eval, trained_reward
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.knn import KnnRouter
 from rl_conductor.reward import RewardConfig, compute_reward, reward_config

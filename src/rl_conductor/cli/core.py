@@ -25,39 +25,11 @@ def _write_json(path: Path | None, payload: Any) -> None:
     console.print(f"[dim]wrote {path}[/dim]")
 
 
-def _limits(
-    max_cost_usd: float | None,
-    sensitivity: str,
-    allowed: str | None,
-    max_latency_s: float | None = None,
-    max_rounds: int = 1,
-    max_calls: int | None = None,
-) -> Any:
-    from rl_conductor import validation
-    from rl_conductor.trace import Limits
-
-    validation.one_of("sensitivity", sensitivity, SENSITIVITIES)
-    if max_cost_usd is not None:
-        validation.positive_finite("max_cost_usd", max_cost_usd)
-    return Limits(
-        max_cost_usd=max_cost_usd,
-        max_latency_s=max_latency_s,
-        sensitivity=sensitivity,  # type: ignore[arg-type]
-        allowed_workers=frozenset(a for a in allowed.split(",") if a) if allowed else None,
-        max_rounds=max_rounds,
-        max_calls=max_calls,
-    )
-
-
 SENSITIVITIES = ("public", "private")
 SPLITS = ("train", "validation", "test", "all")  # rl_conductor.tasks.datasets.SPLITS, kept import-free
 SeedOpt = Annotated[int, typer.Option(callback=count(0), help="random seed (>= 0)")]
 LimitOpt = Annotated[int | None, typer.Option(callback=count(1), help="at most N tasks")]
 SplitOpt = Annotated[str, typer.Option(callback=choice(*SPLITS), help=" | ".join(SPLITS))]
-
-
-def _dataset_for(pool: Any, dataset: str | None) -> str:
-    return dataset or str(pool.options.get("default_dataset", "paper-mix"))
 
 
 CostWeightOpt = Annotated[
@@ -91,62 +63,6 @@ FitLimitOpt = Annotated[
     int | None,
     typer.Option(callback=count(1), help="fit knn / domain-router on N training questions (default: all)"),
 ]
-
-
-def trained_meta(policies: list[str]) -> dict[str, Any]:
-    """The ``conductor.json`` of the first ``conductor:DIR`` policy (empty when none, or when the
-    folder has none): what it was trained on and with which reward."""
-    import json
-
-    for spec in policies:
-        kind, _, arg = spec.partition(":")
-        if kind != "conductor" or not arg:
-            continue
-        from rl_conductor.policies.conductor import CONFIG_FILE, model_source  # only with a Conductor
-
-        src = model_source(arg)
-        if isinstance(src, Path) and (src / CONFIG_FILE).is_file():
-            meta: dict[str, Any] = json.loads((src / CONFIG_FILE).read_text(encoding="utf-8"))
-            return meta
-        return {}
-    return {}
-
-
-def trained_rounds(policies: list[str]) -> int:
-    """The rounds the first ``conductor:DIR`` policy was trained for (its ``conductor.json``'s
-    ``max_rounds``), else 1."""
-    return int(trained_meta(policies).get("max_rounds") or 1)
-
-
-def trained_reward(meta: dict[str, Any]) -> Any:
-    """The reward a Conductor was trained with, from its ``conductor.json`` (None: unknown):
-    ``reward`` as recorded, or for older models rebuilt from ``train_config``."""
-    from rl_conductor.reward import reward_config, reward_from_dict
-
-    if isinstance(meta.get("reward"), dict):
-        return reward_from_dict(meta["reward"])
-    cfg = meta.get("train_config")
-    if isinstance(cfg, dict) and cfg.get("reward_preset"):
-        return reward_config(
-            str(cfg["reward_preset"]), cost_weight=cfg.get("cost_weight"), cost_scale=cfg.get("cost_scale")
-        )
-    return None
-
-
-def eval_reward(policies: list[str], reward_preset: str | None, cost_weight: float | None) -> Any:
-    """The reward every policy of an evaluation is scored (and every router fitted) with: the
-    options where given, on top of the Conductor's own reward (the first ``conductor:DIR``'s
-    ``conductor.json``), else the cost-aware preset."""
-    from dataclasses import replace
-
-    from rl_conductor.reward import reward_config
-
-    if reward_preset is not None:
-        return reward_config(reward_preset, cost_weight=cost_weight)
-    own = trained_reward(trained_meta(policies))
-    if own is None:
-        return reward_config("cost-aware", cost_weight=cost_weight)
-    return own if cost_weight is None else replace(own, cost_weight=cost_weight)
 
 
 @pool_app.command("list")
@@ -205,6 +121,7 @@ def pool_calibrate(
 ) -> None:
     """Compare each simulated worker's accuracy per domain with its calibration target, and the
     best fixed workflow per domain with the paper's Conductor."""
+    from rl_conductor.evaluation.suite import dataset_for
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.workers.calibrate import (
         COLLABORATION_TOLERANCE,
@@ -217,7 +134,7 @@ def pool_calibrate(
     from rl_conductor.workers.pool import load_pool
 
     p = load_pool(pool, seed=seed)
-    tasks = load_tasks(_dataset_for(p, dataset), split="all")
+    tasks = load_tasks(dataset_for(p, dataset), split="all")
     rows = calibrate(p, tasks, n=n)
     t = Table(title=f"calibration of {p.name} (n={n})")
     for col in ("worker", "domain", "target %", "simulated %", "diff", "n"):
@@ -267,59 +184,6 @@ def pool_calibrate(
         )
         if single > SINGLE_TOLERANCE or joint > COLLABORATION_TOLERANCE:
             raise typer.Exit(1)
-
-
-def run_eval(
-    policies: list[str],
-    *,
-    pool: str,
-    dataset: str | None,
-    split: str,
-    limit: int | None,
-    seed: int,
-    max_cost_usd: float | None = None,
-    max_latency_s: float | None = None,
-    sensitivity: str = "public",
-    allowed: str | None = None,
-    concurrency: int = 32,
-    progress: bool = True,
-    reward_preset: str | None = None,
-    cost_weight: float | None = None,
-    fit_limit: int | None = None,
-    max_rounds: int = 1,
-    max_calls: int | None = None,
-) -> list[dict[str, Any]]:
-    """Evaluate policies on one task set; returns their summaries (library entry used by the CLI,
-    the KFP evaluation component and benchmarks).
-
-    Every policy is scored with one reward (:func:`eval_reward`: the options, else the
-    Conductor's own), and ``knn`` / ``domain-router`` are fitted at that reward on every training
-    question (``fit_limit``: a seeded sample of that many)."""
-    from rl_conductor.evaluation.runner import evaluate
-    from rl_conductor.policies.base import make_policy
-    from rl_conductor.tasks.datasets import load_tasks
-    from rl_conductor.workers.pool import load_pool
-
-    lim = _limits(max_cost_usd, sensitivity, allowed, max_latency_s, max_rounds, max_calls)
-    p = load_pool(pool, seed=seed)
-    for name in sorted(lim.allowed_workers or ()):
-        p.index(name)  # an unknown name would silently allow nobody: UnknownWorker lists the pool's
-    ds = _dataset_for(p, dataset)
-    tasks = load_tasks(ds, split=split, limit=limit, seed=seed)
-    view = p.view()
-    rc = eval_reward(policies, reward_preset, cost_weight)
-    # every spec is built before any runs, so a bad one fails before minutes of evaluation
-    built = [
-        make_policy(spec, p, seed=seed, dataset=ds, reward_config=rc, fit_limit=fit_limit)
-        for spec in policies
-    ]
-    out = []
-    for pol in built:
-        res = evaluate(pol, view, tasks, lim, concurrency=concurrency, progress=progress, reward_config=rc)
-        summary = res.summary()
-        summary.update(dataset=ds, split=split)
-        out.append(summary)
-    return out
 
 
 def fail_if_nothing_answered(summaries: list[dict[str, Any]]) -> None:
@@ -378,8 +242,9 @@ def eval_cmd(
     fitted at it. With a ``conductor:DIR`` policy, ``--pool`` and ``--dataset`` default to what it
     was trained on (its ``conductor.json``). Exits 1 when every worker call of a policy failed."""
     from rl_conductor.evaluation.report import behaviour_table, domain_table, print_table
+    from rl_conductor.evaluation.suite import run_eval, trained_defaults, trained_rounds
 
-    pool, dataset = _trained_defaults(policy, pool, dataset)
+    pool, dataset = trained_defaults(policy, pool, dataset)
     summaries = run_eval(
         policy,
         pool=pool,
@@ -411,38 +276,6 @@ def _reward_line(summary: dict[str, Any]) -> str:
     r = summary.get("reward") or {}
     weight, scale = r.get("cost_weight", "?"), r.get("cost_scale", "?")
     return f"reward: cost weight {weight} per ${scale} (every policy scored and every router fitted at it)"
-
-
-def _trained_defaults(policies: list[str], pool: str | None, dataset: str | None) -> tuple[str, str | None]:
-    """``--pool`` / ``--dataset`` when not given: the Conductor's training pool and dataset (its
-    ``conductor.json``), else ``paper-sim`` and the pool's default dataset."""
-    meta = trained_meta(policies) if pool is None or dataset is None else {}
-    if pool is None:
-        pool = str(meta.get("pool") or "paper-sim")
-        trained_on = str(meta.get("dataset") or "")
-        # a pipeline's prepared-<id> dataset exists only inside that pipeline's steps
-        if dataset is None and meta.get("pool") and trained_on and not trained_on.startswith("prepared-"):
-            dataset = trained_on
-    return pool, dataset
-
-
-def baseline_specs(pool: str) -> list[str]:
-    """Every single worker, the domain and kNN routers (fitted on the training split), random,
-    MoA, self-consistency of the strongest-priced worker, oracle."""
-    from rl_conductor.workers.pool import load_pool
-
-    p = load_pool(pool)
-    names = p.names()
-    top = max(p.workers, key=lambda w: w.info.price_out).info.name
-    return [
-        *(f"single:{n}" for n in names),
-        "domain-router",
-        "knn",
-        "random",
-        "moa",
-        f"self-consistency:{top}",
-        "oracle",
-    ]
 
 
 @app.command("compare")
@@ -497,6 +330,7 @@ def compare_cmd(
         parse_deadlines,
         print_table,
     )
+    from rl_conductor.evaluation.suite import baseline_specs, run_eval, trained_rounds
 
     try:
         amounts = parse_budgets(budgets) if budgets else [None]

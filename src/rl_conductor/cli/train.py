@@ -103,7 +103,7 @@ def plan_cmd(
     """Print the workflow the Conductor would run for a question."""
     import asyncio
 
-    from rl_conductor.cli.core import trained_meta
+    from rl_conductor.evaluation.suite import trained_meta
     from rl_conductor.policies.conductor import ConductorPolicy
     from rl_conductor.tasks.base import Task
     from rl_conductor.trace import Limits

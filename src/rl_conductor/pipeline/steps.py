@@ -471,7 +471,7 @@ def evaluate_step(
     request of the whole evaluation (None: none), so the gate compares the Conductor with the
     baselines under the deadline it will be served with.
     """
-    from rl_conductor.cli.core import baseline_specs, run_eval
+    from rl_conductor.evaluation.suite import baseline_specs, run_eval
     from rl_conductor.pipeline.report import write_reports
     from rl_conductor.tracking.gate import best_baseline
     from rl_conductor.validation import positive_finite

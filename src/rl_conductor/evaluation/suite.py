@@ -1,0 +1,188 @@
+"""Evaluate policy specs on one task set: the library entry behind ``conductor eval``/``compare``,
+the KFP evaluation step and the benchmarks.
+
+Why here and not in the CLI: the pipeline and the benchmarks evaluate exactly as the CLI does, and
+the CLI sits above the pipeline; so the evaluation entry lives in the evaluation layer and both
+call it. Every policy of one evaluation is scored with one reward (:func:`eval_reward`: the
+caller's options, else the reward the first ``conductor:DIR`` was trained with, as its
+``conductor.json`` records it), and ``knn`` / ``domain-router`` are fitted at that reward.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rl_conductor import validation
+from rl_conductor.evaluation.runner import evaluate
+from rl_conductor.policies.base import make_policy
+from rl_conductor.policies.conductor import CONFIG_FILE, model_source
+from rl_conductor.reward import RewardConfig, reward_config, reward_from_dict
+from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.trace import Limits, Sensitivity
+from rl_conductor.workers.pool import Pool, load_pool
+
+__all__ = [
+    "baseline_specs",
+    "dataset_for",
+    "eval_limits",
+    "eval_reward",
+    "run_eval",
+    "trained_defaults",
+    "trained_meta",
+    "trained_reward",
+    "trained_rounds",
+]
+
+
+def eval_limits(
+    max_cost_usd: float | None,
+    sensitivity: str,
+    allowed: str | None,
+    max_latency_s: float | None = None,
+    max_rounds: int = 1,
+    max_calls: int | None = None,
+) -> Limits:
+    """The :class:`Limits` of every question of an evaluation (``allowed``: comma-separated names)."""
+    validation.one_of("sensitivity", sensitivity, ("public", "private"))
+    if max_cost_usd is not None:
+        validation.positive_finite("max_cost_usd", max_cost_usd)
+    sens: Sensitivity = "private" if sensitivity == "private" else "public"
+    return Limits(
+        max_cost_usd=max_cost_usd,
+        max_latency_s=max_latency_s,
+        sensitivity=sens,
+        allowed_workers=frozenset(a for a in allowed.split(",") if a) if allowed else None,
+        max_rounds=max_rounds,
+        max_calls=max_calls,
+    )
+
+
+def dataset_for(pool: Pool, dataset: str | None) -> str:
+    """``dataset``, else the pool's ``default_dataset`` option, else ``paper-mix``."""
+    return dataset or str(pool.options.get("default_dataset", "paper-mix"))
+
+
+def trained_meta(policies: list[str]) -> dict[str, Any]:
+    """The ``conductor.json`` of the first ``conductor:DIR`` policy (empty when none, or when the
+    folder has none): what it was trained on and with which reward."""
+    for spec in policies:
+        kind, _, arg = spec.partition(":")
+        if kind != "conductor" or not arg:
+            continue
+        src = model_source(arg)
+        if isinstance(src, Path) and (src / CONFIG_FILE).is_file():
+            meta: dict[str, Any] = json.loads((src / CONFIG_FILE).read_text(encoding="utf-8"))
+            return meta
+        return {}
+    return {}
+
+
+def trained_rounds(policies: list[str]) -> int:
+    """The rounds the first ``conductor:DIR`` policy was trained for (its ``conductor.json``'s
+    ``max_rounds``), else 1."""
+    return int(trained_meta(policies).get("max_rounds") or 1)
+
+
+def trained_reward(meta: dict[str, Any]) -> RewardConfig | None:
+    """The reward a Conductor was trained with, from its ``conductor.json`` (None: unknown):
+    ``reward`` as recorded, or for older models rebuilt from ``train_config``."""
+    if isinstance(meta.get("reward"), dict):
+        return reward_from_dict(meta["reward"])
+    cfg = meta.get("train_config")
+    if isinstance(cfg, dict) and cfg.get("reward_preset"):
+        return reward_config(
+            str(cfg["reward_preset"]), cost_weight=cfg.get("cost_weight"), cost_scale=cfg.get("cost_scale")
+        )
+    return None
+
+
+def eval_reward(policies: list[str], reward_preset: str | None, cost_weight: float | None) -> RewardConfig:
+    """The reward every policy of an evaluation is scored (and every router fitted) with: the
+    options where given, on top of the Conductor's own reward (the first ``conductor:DIR``'s
+    ``conductor.json``), else the cost-aware preset."""
+    if reward_preset is not None:
+        return reward_config(reward_preset, cost_weight=cost_weight)
+    own = trained_reward(trained_meta(policies))
+    if own is None:
+        return reward_config("cost-aware", cost_weight=cost_weight)
+    return own if cost_weight is None else replace(own, cost_weight=cost_weight)
+
+
+def trained_defaults(policies: list[str], pool: str | None, dataset: str | None) -> tuple[str, str | None]:
+    """``pool`` / ``dataset`` when not given: the Conductor's training pool and dataset (its
+    ``conductor.json``), else ``paper-sim`` and the pool's default dataset."""
+    meta = trained_meta(policies) if pool is None or dataset is None else {}
+    if pool is None:
+        pool = str(meta.get("pool") or "paper-sim")
+        trained_on = str(meta.get("dataset") or "")
+        # a pipeline's prepared-<id> dataset exists only inside that pipeline's steps
+        if dataset is None and meta.get("pool") and trained_on and not trained_on.startswith("prepared-"):
+            dataset = trained_on
+    return pool, dataset
+
+
+def baseline_specs(pool: str) -> list[str]:
+    """Every single worker, the domain and kNN routers (fitted on the training split), random,
+    MoA, self-consistency of the strongest-priced worker, oracle."""
+    p = load_pool(pool)
+    names = p.names()
+    top = max(p.workers, key=lambda w: w.info.price_out).info.name
+    return [
+        *(f"single:{n}" for n in names),
+        "domain-router",
+        "knn",
+        "random",
+        "moa",
+        f"self-consistency:{top}",
+        "oracle",
+    ]
+
+
+def run_eval(
+    policies: list[str],
+    *,
+    pool: str,
+    dataset: str | None,
+    split: str,
+    limit: int | None,
+    seed: int,
+    max_cost_usd: float | None = None,
+    max_latency_s: float | None = None,
+    sensitivity: str = "public",
+    allowed: str | None = None,
+    concurrency: int = 32,
+    progress: bool = True,
+    reward_preset: str | None = None,
+    cost_weight: float | None = None,
+    fit_limit: int | None = None,
+    max_rounds: int = 1,
+    max_calls: int | None = None,
+) -> list[dict[str, Any]]:
+    """Evaluate policies on one task set; returns their summaries.
+
+    Every policy is scored with one reward (:func:`eval_reward`: the options, else the
+    Conductor's own), and ``knn`` / ``domain-router`` are fitted at that reward on every training
+    question (``fit_limit``: a seeded sample of that many)."""
+    lim = eval_limits(max_cost_usd, sensitivity, allowed, max_latency_s, max_rounds, max_calls)
+    p = load_pool(pool, seed=seed)
+    for name in sorted(lim.allowed_workers or ()):
+        p.index(name)  # an unknown name would silently allow nobody: UnknownWorker lists the pool's
+    ds = dataset_for(p, dataset)
+    tasks = load_tasks(ds, split=split, limit=limit, seed=seed)
+    view = p.view()
+    rc = eval_reward(policies, reward_preset, cost_weight)
+    # every spec is built before any runs, so a bad one fails before minutes of evaluation
+    built = [
+        make_policy(spec, p, seed=seed, dataset=ds, reward_config=rc, fit_limit=fit_limit)
+        for spec in policies
+    ]
+    out = []
+    for pol in built:
+        res = evaluate(pol, view, tasks, lim, concurrency=concurrency, progress=progress, reward_config=rc)
+        summary = res.summary()
+        summary.update(dataset=ds, split=split)
+        out.append(summary)
+    return out
