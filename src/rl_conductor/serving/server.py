@@ -10,8 +10,11 @@ routes, ``/metrics`` and its CLI flags; the Conductor adds
 * OpenAI-compatible ``GET /openai/v1/models`` and ``POST /openai/v1/chat/completions`` (KServe's
   own OpenAI classes import vLLM, so the routes are added to ``kserve.model_server.app`` before
   the server starts), with ``stream: true`` as server-sent events: one chunk per finished step
-  (field ``conductor_step``), then the answer, then a final chunk with ``usage`` and the whole
-  response document (``conductor``);
+  (field ``conductor_step``), the answering step's text as its worker streams it (the answer in
+  one chunk where the worker does not stream), then a final chunk with ``usage`` and the whole
+  response document (``conductor``). A failure after the status line is an ``error`` event (code
+  ``workers_failed``, or ``stream_interrupted`` when the answer broke off after part of it was
+  sent), never a truncated answer that ends like a good one;
 * the request guard (:mod:`.guard`: API keys, request ids, the size/time limits of a request,
   no model-repository routes, liveness that fails once the model is gone).
 
@@ -58,6 +61,7 @@ from rl_conductor.serving.schemas import (
 )
 from rl_conductor.serving.service import ConductorService, ServiceConfig, load_policy
 from rl_conductor.serving_core import ConductorRequest, RequestError
+from rl_conductor.workers.base import TokenSink
 
 DEFAULT_MODEL_URI = "models:/conductor@champion"
 DEFAULT_NAME = "conductor"
@@ -189,7 +193,8 @@ class ConductorModel(kserve.Model):
 
     async def _predict_v2(self, payload: InferRequest) -> InferResponse:
         try:
-            limits = parse_v2_parameters(payload.parameters)
+            params = _grpc_parameters(payload.parameters) if payload.from_grpc else payload.parameters
+            limits = parse_v2_parameters(params)
             questions = _v2_questions(payload)
             requests = [
                 to_request({"question": q, **limits}, f"question[{i}]: ") for i, q in enumerate(questions)
@@ -209,6 +214,30 @@ class ConductorModel(kserve.Model):
         )
 
 
+def _grpc_parameters(params: Any) -> dict[str, Any] | None:
+    """A gRPC request's ``parameters`` (a protobuf map of ``InferParameter``) as the JSON object
+    the HTTP v2 route gets. Open Inference Protocol parameters are bool, int64 or string only (no
+    double), so a string that reads as a JSON number (``"0.05"``) is that number; KServe's own
+    ``to_http_parameters`` is not used because it drops any field it does not know silently."""
+    if not params:
+        return None
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        kind = value.WhichOneof("parameter_choice") if hasattr(value, "WhichOneof") else None
+        if kind is None:
+            raise WireError(f"parameters.{key}: has no value")
+        got = getattr(value, kind)
+        if kind == "string_param":
+            try:
+                number = json.loads(got)
+            except ValueError:
+                number = None
+            if isinstance(number, int | float) and not isinstance(number, bool):
+                got = number
+        out[key] = got
+    return out
+
+
 def _v2_questions(payload: InferRequest) -> list[str]:
     inputs = {i.name: i for i in payload.inputs}
     extra = set(inputs) - {"question"}
@@ -220,6 +249,11 @@ def _v2_questions(payload: InferRequest) -> list[str]:
     if tensor.datatype != "BYTES":
         raise WireError(f"inputs.question: datatype must be BYTES, got {tensor.datatype}")
     data = tensor.data
+    if payload.from_grpc and isinstance(data, list):  # gRPC BYTES contents arrive as bytes
+        try:
+            data = [q.decode("utf-8") if isinstance(q, bytes) else q for q in data]
+        except UnicodeDecodeError:
+            raise WireError("inputs.question: data must be UTF-8 text") from None
     if not isinstance(data, list) or not data or not all(isinstance(q, str) for q in data):
         raise WireError("inputs.question: data must be a non-empty list of strings")
     if len(data) > MAX_INSTANCES:
@@ -332,23 +366,57 @@ async def _stream(
     def step(event: dict[str, Any]) -> bytes:
         return chunk({}, conductor_step={k: v for k, v in event.items() if not k.endswith("_ns")})
 
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    task = asyncio.ensure_future(
-        service.answer(req, endpoint="openai", on_step=queue.put_nowait, request_id=cid, final_step=final)
+    def failed(message: str, code: str, **extra: Any) -> bytes:
+        m.ERRORS.labels("unavailable").inc()
+        return _sse({"error": {"message": message, "type": "server_error", "code": code}, **extra})
+
+    # steps, the answering step's text deltas and a broken stream, in the order they happened
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    sink = TokenSink(
+        on_delta=lambda text: queue.put_nowait(("delta", text)),
+        on_broken=lambda why: queue.put_nowait(("broken", why)),
     )
-    getter: asyncio.Future[dict[str, Any]] | None = None
+    task = asyncio.ensure_future(
+        service.answer(
+            req,
+            endpoint="openai",
+            on_step=lambda event: queue.put_nowait(("step", event)),
+            request_id=cid,
+            final_step=final,
+            stream=sink,
+        )
+    )
+    getter: asyncio.Future[tuple[str, Any]] | None = None
+    streamed: list[str] = []
+
+    def emit(kind: str, value: Any) -> bytes:
+        if kind == "step":
+            return step(value)
+        if kind == "delta":
+            streamed.append(value)
+            return chunk({"content": value})
+        # part of the answer is sent and cannot be taken back: the stream ends with an error
+        log.warning("POST /openai/v1/chat/completions (stream) broke: %s", value)
+        return failed(f"the answer broke off mid-stream: {value}", "stream_interrupted")
+
     try:
         yield chunk({"role": "assistant", "content": ""})
         while True:
             getter = asyncio.ensure_future(queue.get())
             done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
             if getter in done:
-                yield step(getter.result())
+                kind, value = getter.result()
+                yield emit(kind, value)
+                if kind == "broken":
+                    return  # the finally stops the request: nothing more can reach this client
                 continue
             getter.cancel()
             break
         while not queue.empty():
-            yield step(queue.get_nowait())
+            kind, value = queue.get_nowait()
+            yield emit(kind, value)
+            if kind == "broken":
+                return
         try:
             doc = task.result()
         except Exception as exc:  # a bug mid-stream: tell the client in OpenAI's error shape
@@ -360,15 +428,19 @@ async def _stream(
             return
         if doc.get("error"):  # the status line is sent: the failure is an error event
             log.warning("POST /openai/v1/chat/completions (stream) failed: %s", doc["error"])
-            m.ERRORS.labels("unavailable").inc()
-            yield _sse(
-                {
-                    "error": {"message": doc["error"], "type": "server_error", "code": "workers_failed"},
-                    "conductor": doc,
-                }
+            yield failed(doc["error"], "workers_failed", conductor=doc)
+            return
+        if not streamed:  # the answering worker does not stream (replay, simulated, cached)
+            yield chunk({"content": doc["answer"]})
+        elif "".join(streamed) != doc["answer"]:
+            # the streamed text was dropped after it was sent (it came after the deadline)
+            log.warning("POST /openai/v1/chat/completions (stream): the streamed text is not the answer")
+            yield failed(
+                "the streamed text is not this request's answer: " + (doc.get("message") or "see conductor"),
+                "stream_interrupted",
+                conductor=doc,
             )
             return
-        yield chunk({"content": doc["answer"]})
         yield chunk({}, "stop", usage=_usage(doc), conductor=doc)
         yield b"data: [DONE]\n\n"
     finally:

@@ -54,7 +54,16 @@ from rl_conductor.serving_core import (
 )
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits, Trace
-from rl_conductor.workers.base import CallContext, Completion, Message, Worker, WorkerInfo
+from rl_conductor.workers.base import (
+    STREAM_SINK,
+    CallContext,
+    Completion,
+    Message,
+    TokenSink,
+    Worker,
+    WorkerError,
+    WorkerInfo,
+)
 from rl_conductor.workers.live.resilience import CircuitOpenError, breaker_of
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import worker_message
@@ -63,8 +72,9 @@ log = logging.getLogger("rl_conductor.serving")
 
 StepListener = Callable[[dict[str, Any]], None]
 _LISTENER: ContextVar[StepListener | None] = ContextVar("conductor_step_listener", default=None)
-#: [index of the planned workflow's last step (None until planned), its sampling settings] for
-#: the request running; a list so that the policy's ``plan`` can fill in the index.
+#: [index of the planned workflow's last step (None until planned), its sampling settings, the
+#: TokenSink its text streams to (None: answered whole)] for the request running; a list so that
+#: the policy's ``plan`` can fill in the index.
 _FINAL_STEP: ContextVar[list[Any] | None] = ContextVar("conductor_final_step", default=None)
 
 
@@ -86,6 +96,10 @@ class ServiceConfig:
     max_batch: int = 32
     trace: bool = False
     experiment: str = "conductor-serving"
+
+
+class StreamClosedError(WorkerError):
+    """The answering step's stream broke off after part of it was sent: no further call is made."""
 
 
 class ObservedWorker:
@@ -120,6 +134,15 @@ class ObservedWorker:
             # step; max_tokens only lowers what the executor reserved, so the budget still holds
             temperature = final[1].get("temperature", temperature)
             max_tokens = min(max_tokens, final[1].get("max_tokens", max_tokens))
+            # a streaming request: the answering step's text goes to the client as it arrives
+            sink = final[2]
+            if sink is not None and sink.closed:
+                # part of an answer was sent and then broke off: a fallback's text would not
+                # continue it, so no worker is called for this step again
+                raise StreamClosedError(f"{name}: not called: the streamed answer already broke off")
+            sink_token = STREAM_SINK.set(sink) if sink is not None else None
+        else:
+            sink_token = None
         t0 = time.perf_counter()
         try:
             comp = await self.inner.complete(
@@ -137,6 +160,8 @@ class ObservedWorker:
             raise
         finally:
             m.WORKER_LATENCY.labels(name).observe(time.perf_counter() - t0)
+            if sink_token is not None:
+                STREAM_SINK.reset(sink_token)
         m.WORKER_CALLS.labels(name, "ok").inc()
         m.WORKER_TOKENS.labels(name, "input").inc(comp.input_tokens)
         m.WORKER_TOKENS.labels(name, "output").inc(comp.output_tokens)
@@ -231,6 +256,9 @@ class ConductorService:
         _mark_final_step(policy)
         self._tracer = _Tracer(self.config.experiment) if self.config.trace else None
         self._background: set[asyncio.Future[Any]] = set()
+        #: called with (request, response document, endpoint) for every answered request, on the
+        #: event loop, after its log line (the traffic log, rl_conductor.loop.traffic): must not block
+        self.on_answered: list[Callable[[ConductorRequest, dict[str, Any], str], None]] = []
 
     def worker_names(self) -> list[str]:
         return self.pool.names()
@@ -255,13 +283,16 @@ class ConductorService:
         on_step: StepListener | None = None,
         request_id: str | None = None,
         final_step: dict[str, Any] | None = None,
+        stream: TokenSink | None = None,
     ) -> dict[str, Any]:
         """Plan and execute one request; the response document (see ``serving_core``) plus
         ``request_id``, token totals, ``calls``, ``wall_s``, ``worker_fallback``, ``budget_stop``,
         ``deadline_cut`` and a human ``message`` when the budget, the deadline or a failure shaped
         the answer. A deadline (``max_latency_s``) covers the whole request: the time the plan
         took is taken off what the workflow's steps may use. ``final_step`` (``temperature``,
-        ``max_tokens``) applies to the planned workflow's last step. When no worker answered,
+        ``max_tokens``) applies to the planned workflow's last step, and ``stream`` receives that
+        step's text as a worker that streams produces it (one round only: with more, a later
+        round's answer may replace it, so the answer is sent whole). When no worker answered,
         ``error`` says why (the HTTP adapters answer 502/504 with it). A request cancelled
         mid-way (the client left) still gets its log line, with what every call was charged (a call
         in flight at the cancellation: its reservation, since it was sent and may be billed).
@@ -283,7 +314,8 @@ class ConductorService:
             charges: list[Charge] = []
             charges_token = CHARGES.set(charges)
             try:
-                episode = await self._run(task, view, limits, events, final_step or {})
+                sink = stream if limits.max_rounds <= 1 else None
+                episode = await self._run(task, view, limits, events, final_step or {}, sink)
             except asyncio.CancelledError:
                 doc = _cancelled(events.items, charges)
                 doc["request_id"] = rid
@@ -302,10 +334,16 @@ class ConductorService:
         return doc
 
     async def _run(
-        self, task: Task, view: PoolView, limits: Limits, events: _Events, final_step: dict[str, Any]
+        self,
+        task: Task,
+        view: PoolView,
+        limits: Limits,
+        events: _Events,
+        final_step: dict[str, Any],
+        sink: TokenSink | None = None,
     ) -> Episode:
         token = _LISTENER.set(events)
-        final = [None, final_step] if final_step else None
+        final = [None, final_step, sink] if final_step or sink is not None else None
         final_token = _FINAL_STEP.set(final)
         try:
             if self._planner is None:
@@ -368,6 +406,9 @@ class ConductorService:
         if request.sensitivity == "public":
             record["question_preview"] = request.question[:80]
         log.info(json.dumps(record))
+        if doc.get("answer") and not doc.get("cancelled") and not doc.get("error"):
+            for hook in self.on_answered:
+                hook(request, doc, endpoint)
         if self._tracer is not None:
             fut = asyncio.ensure_future(
                 asyncio.to_thread(self._tracer.record, request, doc, events, t0_ns, time.time_ns())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -241,6 +241,39 @@ def note_unanswered_bill(usd: float) -> None:
     bills = UNANSWERED_BILLS.get()
     if bills is not None:
         bills.append(usd)
+
+
+@dataclass
+class TokenSink:
+    """Where the call that answers a streaming request sends its text as the worker produces it.
+
+    Set in :data:`STREAM_SINK` around that one call (the serving layer does, for the final step of
+    a ``stream: true`` request). A worker whose API streams passes each text delta to
+    :meth:`delta`; one that does not ignores the sink and the answer is sent whole when the step
+    ends. Once a delta has been forwarded the text cannot be taken back, so a failure after it is
+    reported with :meth:`broken` (the client gets an error event) instead of being retried, and
+    the sink forwards nothing more (a fallback's text would not continue the same answer).
+    """
+
+    on_delta: Callable[[str], None]
+    on_broken: Callable[[str], None]
+    #: deltas forwarded so far
+    sent: int = 0
+    closed: bool = False
+
+    def delta(self, text: str) -> None:
+        if text and not self.closed:
+            self.sent += 1
+            self.on_delta(text)
+
+    def broken(self, why: str) -> None:
+        if not self.closed:
+            self.closed = True
+            self.on_broken(why)
+
+
+#: The :class:`TokenSink` of the call running in this context (None: the call answers whole).
+STREAM_SINK: ContextVar[TokenSink | None] = ContextVar("conductor_stream_sink", default=None)
 
 
 class WorkerError(RuntimeError):

@@ -21,11 +21,17 @@ System messages go to the API's ``system`` field; the rest keep their order. Usa
 (prompt caching reports those apart from ``input_tokens``; they are charged at the input price)
 and ``usage.output_tokens`` (thinking included); ``stop_reason: max_tokens`` is reported as
 ``finish_reason: length`` (cut at ``max_tokens``), any other stop as ``stop``.
+
+Streaming (the call that answers a ``stream: true`` request): ``stream=True``; text comes in
+``content_block_delta`` events (``text_delta``; thinking deltas are not passed on), input usage in
+``message_start``, the final output count and the stop reason in ``message_delta``. An ``error``
+event mid-stream (``overloaded_error``) is a transient error before the first text delta and a
+broken stream after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +41,11 @@ import httpx2
 from rl_conductor.trace import MIN_OUTPUT_TOKENS
 from rl_conductor.workers.base import Message, WorkerError
 from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, usage_count, wrap_cache
-from rl_conductor.workers.live.resilience import MalformedResponseError, classify_sdk_error
+from rl_conductor.workers.live.resilience import (
+    MalformedResponseError,
+    TransientWorkerError,
+    classify_sdk_error,
+)
 from rl_conductor.workers.live.secrets import redact
 from rl_conductor.workers.pool import PoolConfigError, register_kind
 
@@ -61,9 +71,7 @@ class AnthropicWorker(LiveWorker):
             timeout=self.timeout_s + 5.0,
         )
 
-    async def _send(
-        self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float
-    ) -> WireResult:
+    def _request(self, messages: Sequence[Message], max_tokens: int, temperature: float) -> dict[str, Any]:
         system = "\n\n".join(m.get("content", "") for m in messages if m.get("role") == "system")
         chat = [
             {"role": m.get("role", "user"), "content": m.get("content", "")}
@@ -77,7 +85,12 @@ class AnthropicWorker(LiveWorker):
             budget = min(self.thinking_budget_tokens, max_tokens - MIN_OUTPUT_TOKENS)
             if budget >= MIN_THINKING_BUDGET:
                 kwargs["thinking"] = {"type": "enabled", "budget_tokens": budget}
-        resp = await client.messages.create(model=self.model, max_tokens=max_tokens, messages=chat, **kwargs)
+        return {"model": self.model, "max_tokens": max_tokens, "messages": chat, **kwargs}
+
+    async def _send(
+        self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float
+    ) -> WireResult:
+        resp = await client.messages.create(**self._request(messages, max_tokens, temperature))
         try:
             parts = [b.text for b in resp.content if getattr(b, "type", "") == "text"]
             stop = resp.stop_reason
@@ -88,17 +101,69 @@ class AnthropicWorker(LiveWorker):
         if not all(isinstance(p, str) for p in parts):
             raise MalformedResponseError(f"{self.info.name}: a text block holds no text")
         usage = getattr(resp, "usage", None)
-        in_tok = usage_count(usage, "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-        out_tok = usage_count(usage, "output_tokens")
         return WireResult(
             text="".join(parts),
-            input_tokens=in_tok,
-            output_tokens=out_tok,
-            finish_reason="length" if stop == "max_tokens" else ("stop" if stop else ""),
+            input_tokens=usage_count(usage, *_INPUT_FIELDS),
+            output_tokens=usage_count(usage, "output_tokens"),
+            finish_reason=_finish(stop),
+        )
+
+    async def _send_stream(
+        self,
+        client: Any,
+        messages: Sequence[Message],
+        max_tokens: int,
+        temperature: float,
+        on_delta: Callable[[str], None],
+    ) -> WireResult:
+        stream = await client.messages.create(**self._request(messages, max_tokens, temperature), stream=True)
+        parts: list[str] = []
+        stop: str | None = None
+        in_tok: int | None = None
+        out_tok: int | None = None
+        try:
+            async for event in stream:
+                kind = getattr(event, "type", "")
+                if kind == "message_start":
+                    usage = getattr(event.message, "usage", None)
+                    in_tok = usage_count(usage, *_INPUT_FIELDS)
+                    out_tok = usage_count(usage, "output_tokens")
+                elif kind == "content_block_delta" and getattr(event.delta, "type", "") == "text_delta":
+                    text = event.delta.text
+                    if not isinstance(text, str):
+                        raise MalformedResponseError(f"{self.info.name}: a text delta holds no text")
+                    parts.append(text)
+                    on_delta(text)
+                elif kind == "message_delta":
+                    stop = getattr(event.delta, "stop_reason", None) or stop
+                    usage = getattr(event, "usage", None)
+                    out_tok = usage_count(usage, "output_tokens") or out_tok  # the final count
+                    later_in = usage_count(usage, *_INPUT_FIELDS)
+                    if later_in is not None:
+                        in_tok = max(in_tok or 0, later_in)
+        except anthropic.APIStatusError as exc:
+            if exc.status_code >= 400:
+                raise
+            # an `error` event after a 200 status line (overloaded_error mid-stream)
+            raise TransientWorkerError(
+                f"{self.info.name}: the stream reported an error: {redact(exc.message)[:300]}"
+            ) from None
+        finally:
+            await stream.close()
+        return WireResult(
+            text="".join(parts), input_tokens=in_tok, output_tokens=out_tok, finish_reason=_finish(stop)
         )
 
     def _classify(self, exc: Exception) -> WorkerError | None:
         return classify_sdk_error(self.info.name, exc, anthropic)
+
+
+#: the usage fields of billed input: prompt-cache writes and reads are reported apart
+_INPUT_FIELDS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+def _finish(stop: str | None) -> str:
+    return "length" if stop == "max_tokens" else ("stop" if stop else "")
 
 
 @register_kind("anthropic")

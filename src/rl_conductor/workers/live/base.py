@@ -13,6 +13,13 @@ the SDK's exceptions into transient or permanent errors (:meth:`LiveWorker._clas
   pool's prices;
 * ``finish_reason`` ("stop" / "length") carried to the trace, so truncated or empty output is
   marked on the step rather than crashing anything;
+* streaming, for the call that answers a ``stream: true`` request (a
+  :class:`~rl_conductor.workers.base.TokenSink` in ``STREAM_SINK``): an API module that streams
+  (:meth:`LiveWorker._send_stream`) passes each text delta on as it arrives. A failure before the
+  first delta is retried like any other; after it the text cannot be taken back, so the failure
+  is :class:`StreamInterruptedError` (not retried; the sink reports it to the client) and the
+  attempt is charged its worst case, as a timed-out one is (the vendor bills what it generated,
+  which may be more than reached us);
 * error messages passed through :func:`.secrets.redact`; a refused key (401/403), a wrong path
   (404) or an endpoint that does not answer names the worker, its ``base_url``, the status and
   what to check (:func:`explain`), and a refused key or wrong path is logged as a warning once
@@ -39,9 +46,11 @@ from typing import Any
 import httpx2
 
 from rl_conductor.workers.base import (
+    STREAM_SINK,
     CallContext,
     Completion,
     Message,
+    TokenSink,
     WorkerError,
     WorkerInfo,
     note_unanswered_bill,
@@ -96,6 +105,10 @@ def explain(
             retry_after_s=err.retry_after_s,
         )
     return err
+
+
+class StreamInterruptedError(WorkerError):
+    """A streamed answer broke after part of it was passed on: not retried (see module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +191,19 @@ class LiveWorker(abc.ABC):
     ) -> WireResult:
         """Send one request with the SDK and read the answer; raise SDK exceptions as they come."""
 
+    async def _send_stream(
+        self,
+        client: Any,
+        messages: Sequence[Message],
+        max_tokens: int,
+        temperature: float,
+        on_delta: Callable[[str], None],
+    ) -> WireResult:
+        """Send one streaming request, pass each text delta to ``on_delta`` as it arrives, and
+        return the whole result (usage from the stream's last event). The default answers whole,
+        for an API whose streaming is not implemented here."""
+        return await self._send(client, messages, max_tokens, temperature)
+
     @abc.abstractmethod
     def _classify(self, exc: Exception) -> WorkerError | None:
         """Map an SDK exception to a transient / permanent error (None: not an API error)."""
@@ -205,32 +231,43 @@ class LiveWorker(abc.ABC):
             self._clients[key] = entry
         return entry[1]
 
-    async def _attempt(self, messages: Sequence[Message], max_tokens: int, temperature: float) -> WireResult:
+    async def _attempt(
+        self, messages: Sequence[Message], max_tokens: int, temperature: float, sink: TokenSink | None
+    ) -> WireResult:
         self._counts["attempts"] += 1
         client = self._client()
+        if sink is None:
+            call = self._send(client, messages, max_tokens, temperature)
+        else:
+            call = self._send_stream(client, messages, max_tokens, temperature, sink.delta)
         try:
-            return await asyncio.wait_for(
-                self._send(client, messages, max_tokens, temperature), self.timeout_s
-            )
-        except TimeoutError:
-            raise TransientWorkerError(
-                f"{self.info.name}: timed out after {self.timeout_s:g}s", timed_out=True
-            ) from None
-        except WorkerError:
-            raise
+            return await asyncio.wait_for(call, self.timeout_s)
         except Exception as exc:
-            err = self._classify(exc)
-            if err is None:
-                raise WorkerError(
-                    f"{self.info.name}: {exc.__class__.__name__}: {redact(str(exc))[:300]}"
+            err = self._error_of(exc)
+            if sink is not None and sink.sent:
+                raise StreamInterruptedError(
+                    f"{self.info.name}: the stream broke after {sink.sent} chunks were sent on: {err}"
                 ) from None
-            raise explain(
-                err,
-                kind=self.info.kind,
-                base_url=self.base_url,
-                api_key_env=self.api_key_env,
-                has_key=bool(self.api_key),
-            ) from None
+            raise err from None
+
+    def _error_of(self, exc: Exception) -> WorkerError:
+        """The :class:`WorkerError` an attempt's exception stands for."""
+        if isinstance(exc, TimeoutError):
+            return TransientWorkerError(
+                f"{self.info.name}: timed out after {self.timeout_s:g}s", timed_out=True
+            )
+        if isinstance(exc, WorkerError):
+            return exc
+        err = self._classify(exc)
+        if err is None:
+            return WorkerError(f"{self.info.name}: {exc.__class__.__name__}: {redact(str(exc))[:300]}")
+        return explain(
+            err,
+            kind=self.info.kind,
+            base_url=self.base_url,
+            api_key_env=self.api_key_env,
+            has_key=bool(self.api_key),
+        )
 
     def _on_retry(self, state: Any) -> None:
         self._counts["retries"] += 1
@@ -253,8 +290,10 @@ class LiveWorker(abc.ABC):
             self._counts["refused"] += 1
             raise
         msgs = list(messages)
+        sink = STREAM_SINK.get()
         bound = worst_case_cost(self.info, msgs, max_tokens)  # what one attempt may be billed
-        timed_out_usd = 0.0  # attempts sent that timed out: the vendor may bill them all the same
+        # attempts sent that timed out or broke mid-stream: the vendor may bill them all the same
+        timed_out_usd = 0.0
         reservation = 0.0
         if self.spend is not None:
             try:
@@ -268,16 +307,18 @@ class LiveWorker(abc.ABC):
             async for attempt in self.retry.retrying(self._on_retry, self.sleep):
                 with attempt:
                     try:
-                        result = await self._attempt(msgs, max_tokens, temperature)
-                    except TransientWorkerError as exc:
-                        if exc.timed_out:  # charged its worst case, by the executor too
-                            timed_out_usd += bound
+                        result = await self._attempt(msgs, max_tokens, temperature, sink)
+                    except (TransientWorkerError, StreamInterruptedError) as exc:
+                        if isinstance(exc, StreamInterruptedError) or exc.timed_out:
+                            timed_out_usd += bound  # charged its worst case, by the executor too
                             note_unanswered_bill(bound)
                         raise
             assert result is not None
         except WorkerError as exc:
             self._counts["failures"] += 1
             self.breaker.record_failure()
+            if sink is not None and sink.sent:
+                sink.broken(str(exc))
             status = getattr(exc, "status", None)
             if status in MISCONFIGURED_STATUS and status not in self._warned:
                 self._warned.add(status)  # once per worker and status: loud, not a flood
@@ -287,6 +328,8 @@ class LiveWorker(abc.ABC):
             raise
         except BaseException:
             self.breaker.release_probe()
+            if sink is not None and sink.sent:  # the step timeout cut the stream off
+                sink.broken(f"{name}: the stream was cut off after {sink.sent} chunks")
             if self.spend is not None:  # cancelled mid-attempt: that one may be billed too
                 self.spend.settle(reservation, reservation + timed_out_usd)
             raise

@@ -24,11 +24,17 @@ already includes ``completion_tokens_details.reasoning_tokens`` (billed as outpu
 assumed, so the charge never falls below the bill); ``finish_reason``
 ``length`` marks an answer cut at ``max_tokens``. The SDK's own retries are off: retries are
 :mod:`.resilience`'s, so that they are the same for every API.
+
+Streaming (the call that answers a ``stream: true`` request): ``stream=True`` with
+``stream_options={"include_usage": true}``, so the last chunk carries the same ``usage`` (vLLM,
+llama.cpp and OpenAI send it; a server that does not is charged the worst case, marked
+estimated). An ``error`` event in the stream (vLLM sends one when generation fails mid-way) is a
+transient error before the first text delta and a broken stream after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +43,11 @@ import openai
 
 from rl_conductor.workers.base import Message, WorkerError
 from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, usage_count, wrap_cache
-from rl_conductor.workers.live.resilience import MalformedResponseError, classify_sdk_error
+from rl_conductor.workers.live.resilience import (
+    MalformedResponseError,
+    TransientWorkerError,
+    classify_sdk_error,
+)
 from rl_conductor.workers.live.secrets import redact
 from rl_conductor.workers.pool import PoolConfigError, register_kind
 
@@ -62,15 +72,21 @@ class OpenAIChatWorker(LiveWorker):
             timeout=self.timeout_s + 5.0,
         )
 
+    def _request(self, messages: Sequence[Message], max_tokens: int, temperature: float) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "messages": list(messages),
+            "temperature": temperature,
+            self.max_tokens_field: max_tokens,
+        }
+        if self.extra_body:
+            kwargs["extra_body"] = self.extra_body
+        return kwargs
+
     async def _send(
         self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float
     ) -> WireResult:
-        kwargs: dict[str, Any] = {self.max_tokens_field: max_tokens}
-        if self.extra_body:
-            kwargs["extra_body"] = self.extra_body
-        resp = await client.chat.completions.create(
-            model=self.model, messages=list(messages), temperature=temperature, **kwargs
-        )
+        resp = await client.chat.completions.create(**self._request(messages, max_tokens, temperature))
         try:
             choice = resp.choices[0]
             text = choice.message.content
@@ -81,23 +97,61 @@ class OpenAIChatWorker(LiveWorker):
             ) from None
         if text is not None and not isinstance(text, str):
             raise MalformedResponseError(f"{self.info.name}: message content is not text")
-        usage = getattr(resp, "usage", None)
-        in_tok = usage_count(usage, "prompt_tokens")
-        out_tok = usage_count(usage, "completion_tokens")
-        # completion_tokens already include completion_tokens_details.reasoning_tokens (OpenAI,
-        # vLLM); a server reporting more reasoning than completion tokens is charged the larger
-        reasoning = usage_count(getattr(usage, "completion_tokens_details", None), "reasoning_tokens")
-        if out_tok is not None and reasoning is not None:
-            out_tok = max(out_tok, reasoning)
-        return WireResult(
-            text=text or "",
-            input_tokens=in_tok,
-            output_tokens=out_tok,
-            finish_reason=str(finish),
+        return _result(text or "", getattr(resp, "usage", None), str(finish))
+
+    async def _send_stream(
+        self,
+        client: Any,
+        messages: Sequence[Message],
+        max_tokens: int,
+        temperature: float,
+        on_delta: Callable[[str], None],
+    ) -> WireResult:
+        stream = await client.chat.completions.create(
+            **self._request(messages, max_tokens, temperature),
+            stream=True,
+            stream_options={"include_usage": True},
         )
+        parts: list[str] = []
+        finish = ""
+        usage: Any = None
+        try:
+            async for chunk in stream:
+                usage = getattr(chunk, "usage", None) or usage
+                for choice in getattr(chunk, "choices", None) or []:
+                    if getattr(choice, "index", 0) != 0:
+                        continue
+                    text = getattr(choice.delta, "content", None) if choice.delta is not None else None
+                    if text is not None and not isinstance(text, str):
+                        raise MalformedResponseError(f"{self.info.name}: a chunk's content is not text")
+                    if text:
+                        parts.append(text)
+                        on_delta(text)
+                    finish = choice.finish_reason or finish
+        except openai.APIError as exc:
+            if type(exc) is not openai.APIError:  # connection, timeout, status: classified as usual
+                raise
+            raise TransientWorkerError(
+                f"{self.info.name}: the stream reported an error: {redact(exc.message)[:300]}"
+            ) from None
+        finally:
+            await stream.close()
+        return _result("".join(parts), usage, str(finish))
 
     def _classify(self, exc: Exception) -> WorkerError | None:
         return classify_sdk_error(self.info.name, exc, openai)
+
+
+def _result(text: str, usage: Any, finish: str) -> WireResult:
+    """A result with the billed tokens of an OpenAI ``usage`` object (None where it has none)."""
+    in_tok = usage_count(usage, "prompt_tokens")
+    out_tok = usage_count(usage, "completion_tokens")
+    # completion_tokens already include completion_tokens_details.reasoning_tokens (OpenAI,
+    # vLLM); a server reporting more reasoning than completion tokens is charged the larger
+    reasoning = usage_count(getattr(usage, "completion_tokens_details", None), "reasoning_tokens")
+    if out_tok is not None and reasoning is not None:
+        out_tok = max(out_tok, reasoning)
+    return WireResult(text=text, input_tokens=in_tok, output_tokens=out_tok, finish_reason=finish)
 
 
 @register_kind("openai")

@@ -19,9 +19,11 @@ so the two routes are added to ``kserve.model_server.app`` before ``ModelServer.
 bootstrap, :func:`~rl_conductor.training.models.build_tiny`): it answers nonsense, quickly,
 which is what tests need. Any folder that ``from_pretrained`` reads works too.
 
-Simplifications: one generation at a time (a lock; requests queue), no streaming (``stream:
-true`` is refused with 400), ``n`` must be 1, stop sequences are not supported. A model without
-a chat template gets a plain ``role: content`` prompt.
+Simplifications: one generation at a time (a lock; requests queue); ``stream: true`` is answered
+in OpenAI's streaming wire format (``chat.completion.chunk`` events, the ``usage`` chunk when
+``stream_options.include_usage`` is set, ``[DONE]``) but the text is generated whole first, so
+the first token comes when the last does; ``n`` must be 1, stop sequences are not supported. A
+model without a chat template gets a plain ``role: content`` prompt.
 """
 
 from __future__ import annotations
@@ -186,14 +188,25 @@ def add_openai_routes(app: Any, chat_model: ChatModel, *, prefix: str = "/openai
             return _openai_error(400, f"invalid request: {exc.errors()[:3]}", "invalid_request_error")
         if req.model != chat_model.name:
             return _openai_error(404, f"model {req.model!r} is not served here", "not_found_error")
-        if req.stream or req.n != 1:
-            return _openai_error(400, "stream and n > 1 are not supported", "invalid_request_error")
+        if req.n != 1:
+            return _openai_error(400, "n > 1 is not supported", "invalid_request_error")
         if chat_model.model is None:
             return _openai_error(503, "the model is still loading", "server_error")
         try:
-            return await chat_model.chat(req)
+            answer = await chat_model.chat(req)
         except ValueError as exc:
             return _openai_error(400, str(exc), "invalid_request_error")
+        if not req.stream:
+            return answer
+        from fastapi.responses import StreamingResponse
+
+        from rl_conductor.workers.live.testing import stream_events
+
+        options = payload.get("stream_options") or {}
+        usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        text = str(answer["choices"][0]["message"]["content"] or "")
+        events = stream_events("openai", answer, [text] if text else [], include_usage=usage)
+        return StreamingResponse(iter(e.encode() for e in events), media_type="text/event-stream")
 
     app.add_api_route(f"{prefix}/models", models, methods=["GET"])
     app.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])

@@ -10,6 +10,16 @@ The response bodies follow the vendors' documented examples: OpenAI's ``chat.com
 object, Anthropic's ``message`` object and error envelope, Gemini's ``GenerateContentResponse``
 with ``usageMetadata``. Nothing here fakes the SDKs: the clients under test speak real HTTP.
 
+Streaming: a request with ``"stream": true`` (OpenAI, Anthropic) gets its successful reply as
+server-sent events in the vendor's format, each event written and flushed on its own (chunked
+transfer encoding): OpenAI's ``chat.completion.chunk`` objects, the ``usage`` chunk when the
+request set ``stream_options.include_usage``, then ``data: [DONE]``; Anthropic's
+``message_start``, ``content_block_*``, ``ping``, ``message_delta`` and ``message_stop`` events.
+:func:`streamed` scripts a stream in pieces, with a mid-stream error event (OpenAI's ``data:
+{"error": ...}``, Anthropic's ``event: error``) and a hold: the server stops after the first text
+delta until the test sets a ``threading.Event``, so a test can show that the first token reached
+its client before the worker produced its last one without timing anything.
+
 Simplification: HTTP/1.1 without TLS; one thread per connection.
 """
 
@@ -42,6 +52,17 @@ class Reply:
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    #: text pieces of a streamed answer (None: split the body's text into words when streamed)
+    pieces: tuple[str, ...] | None = None
+    #: end the stream with the vendor's error event after this many text pieces
+    error_after: int | None = None
+    #: after the first text piece, wait until this is set (at most HOLD_TIMEOUT_S, then fail
+    #: with an error event); a reply answered whole waits for it before answering at all
+    hold: threading.Event | None = None
+
+
+#: longest a held stream waits for its test to release it before it fails with an error event
+HOLD_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -157,6 +178,95 @@ def success_body(
     return body
 
 
+def stream_events(
+    vendor: Vendor, body: dict[str, Any], pieces: list[str], *, include_usage: bool
+) -> list[str]:
+    """The server-sent events that stream the success ``body`` (of :func:`success_body`) in
+    ``pieces`` of text: one event per piece (those events are marked by their index in the
+    returned list being ``1 .. len(pieces)`` for OpenAI and ``3 .. len(pieces) + 2`` for
+    Anthropic; see :func:`_piece_indices`)."""
+    if vendor == "openai":
+        head = {k: body[k] for k in ("id", "created", "model", "system_fingerprint") if k in body}
+        head["object"] = "chat.completion.chunk"
+        finish = body["choices"][0]["finish_reason"]
+
+        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> str:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            data = {**head, "choices": [choice]}
+            if include_usage:
+                data["usage"] = None
+            return f"data: {json.dumps(data)}\n\n"
+
+        events = [chunk({"role": "assistant", "content": ""})]
+        events += [chunk({"content": p}) for p in pieces]
+        events.append(chunk({}, finish))
+        if include_usage and "usage" in body:
+            events.append(f"data: {json.dumps({**head, 'choices': [], 'usage': body['usage']})}\n\n")
+        return [*events, "data: [DONE]\n\n"]
+    if vendor == "anthropic":
+        usage = body.get("usage", {})
+
+        def event(kind: str, data: dict[str, Any]) -> str:
+            return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
+
+        start_usage = {k: v for k, v in usage.items() if k != "output_tokens"} | {"output_tokens": 1}
+        message = {**body, "content": [], "stop_reason": None, "usage": start_usage}
+        events = [
+            event("message_start", {"message": message}),
+            event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+            event("ping", {}),
+        ]
+        events += [
+            event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": p}})
+            for p in pieces
+        ]
+        events.append(event("content_block_stop", {"index": 0}))
+        delta = {"stop_reason": body["stop_reason"], "stop_sequence": None}
+        out = {"output_tokens": usage["output_tokens"]} if "output_tokens" in usage else {}
+        events.append(event("message_delta", {"delta": delta, "usage": out}))
+        return [*events, event("message_stop", {})]
+    raise ValueError(f"streaming is not scripted for {vendor}")
+
+
+def _piece_indices(vendor: Vendor, n: int) -> range:
+    """Where the ``n`` text pieces sit in :func:`stream_events`' list."""
+    return range(1, n + 1) if vendor == "openai" else range(3, n + 3)
+
+
+def stream_error_event(vendor: Vendor, message: str) -> str:
+    """The event a vendor sends when generation fails after the stream started."""
+    if vendor == "openai":  # vLLM: a data line holding an error object, then [DONE]
+        err = {"error": {"message": message, "type": "server_error", "param": None, "code": 500}}
+        return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n"
+    err = {"type": "error", "error": {"type": "overloaded_error", "message": message}}
+    return f"event: error\ndata: {json.dumps(err)}\n\n"
+
+
+def _text_of(vendor: Vendor, body: dict[str, Any]) -> str:
+    if vendor == "openai":
+        return str(body["choices"][0]["message"]["content"] or "")
+    return "".join(b.get("text", "") for b in body.get("content", []) if b.get("type") == "text")
+
+
+def streamed(
+    vendor: Vendor,
+    pieces: list[str],
+    *,
+    error_after: int | None = None,
+    hold: threading.Event | None = None,
+    **usage: Any,
+) -> Reply:
+    """A success reply streamed in ``pieces`` (usage as in :func:`success_body`); with
+    ``error_after`` the vendor's error event replaces the pieces after that many; with ``hold``
+    the stream stops after its first piece until the test sets it."""
+    return Reply(
+        body=success_body(vendor, "".join(pieces), **usage),
+        pieces=tuple(pieces),
+        error_after=error_after,
+        hold=hold,
+    )
+
+
 def request_messages(vendor: Vendor, body: Any) -> list[tuple[str, str]]:
     """The (role, text) of every message in a request body of ``vendor``'s format (system text
     first where the vendor sends it apart), for servers that count tokens like a vendor."""
@@ -190,6 +300,12 @@ def request_max_tokens(vendor: Vendor, body: Any) -> int | None:
     else:
         value = body.get("max_completion_tokens", body.get("max_tokens"))
     return value if isinstance(value, int) else None
+
+
+def _words(text: str) -> list[str]:
+    """``text`` in word pieces, each with the space before it (how tokens usually stream)."""
+    words = text.split(" ")
+    return [w if i == 0 else " " + w for i, w in enumerate(words)] if text else []
 
 
 def count_bytes(text: str) -> int:
@@ -332,6 +448,13 @@ class ScriptedServer:
                 reply = server._next(req)
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
+                wants_stream = isinstance(body, dict) and body.get("stream") is True
+                if wants_stream and reply.status == 200 and isinstance(reply.body, dict):
+                    self._stream(reply, body)
+                    return
+                if reply.hold is not None and not reply.hold.wait(HOLD_TIMEOUT_S):
+                    # answered whole, its last token comes after the hold: never released, it fails
+                    reply = error(server.vendor, 503, message="the test never released the hold")
                 payload = (
                     reply.body.encode() if isinstance(reply.body, str) else json.dumps(reply.body).encode()
                 )
@@ -345,6 +468,40 @@ class ScriptedServer:
                     self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
                     pass
+
+            def _stream(self, reply: Reply, request: dict[str, Any]) -> None:
+                vendor = server.vendor
+                text = _text_of(vendor, reply.body)
+                pieces = list(reply.pieces) if reply.pieces is not None else _words(text)
+                include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+                events = stream_events(vendor, reply.body, pieces, include_usage=include_usage)
+                at = _piece_indices(vendor, len(pieces))
+                try:
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("cache-control", "no-cache")
+                    self.send_header("transfer-encoding", "chunked")
+                    for k, v in reply.headers.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    for i, ev in enumerate(events):
+                        piece = i - at.start if i in at else None
+                        if piece is not None and piece == reply.error_after:
+                            self._chunk(stream_error_event(vendor, "scripted failure mid-stream"))
+                            break
+                        if reply.hold is not None and piece == 1 and not reply.hold.wait(HOLD_TIMEOUT_S):
+                            self._chunk(stream_error_event(vendor, "the test never released the hold"))
+                            break
+                        self._chunk(ev)
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def _chunk(self, text: str) -> None:
+                data = text.encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True

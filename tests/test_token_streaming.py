@@ -1,0 +1,270 @@
+"""Token streaming from live workers: the answering step's text reaches the client as it is made.
+
+The workers are :class:`~rl_conductor.workers.live.testing.ScriptedServer` instances speaking the
+vendors' streaming wire formats (OpenAI ``chat.completion.chunk`` events with the ``usage`` chunk
+and ``[DONE]``; Anthropic's ``message_start`` ... ``message_stop`` events), including a mid-stream
+error event. The end-to-end tests run the real predictor process and read it with the official
+``openai`` SDK. That the first token arrives before the worker's last one is shown with a
+handshake, not a clock: the worker stops after its first piece until the test, holding that
+piece, releases it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import yaml
+
+from predictor import Predictor, predictor
+from rl_conductor.workers.base import STREAM_SINK, TokenSink, WorkerInfo
+from rl_conductor.workers.live.anthropic_messages import AnthropicWorker
+from rl_conductor.workers.live.base import LiveWorker, StreamInterruptedError
+from rl_conductor.workers.live.openai_chat import OpenAIChatWorker
+from rl_conductor.workers.live.resilience import RetryPolicy
+from rl_conductor.workers.live.spend import SpendGuard, worst_case_cost
+from rl_conductor.workers.live.testing import ScriptedServer, error, scripted_server, streamed
+
+PIECES = ["The", " answer", " is", " 42."]
+MESSAGES = [{"role": "user", "content": "What is 6*7?"}]
+INFO = WorkerInfo(name="w", price_in=1.0, price_out=2.0, hosting="external")
+CLASSES: dict[str, type[LiveWorker]] = {"openai": OpenAIChatWorker, "anthropic": AnthropicWorker}
+
+
+async def _no_wait(_: float) -> None:
+    return None
+
+
+def _worker(vendor: str, srv: ScriptedServer, spend: SpendGuard | None = None) -> LiveWorker:
+    return CLASSES[vendor](
+        info=INFO,
+        model="m",
+        base_url=srv.base_url,
+        api_key="k",
+        retry=RetryPolicy(attempts=3, initial_s=0.0, jitter_s=0.0),
+        sleep=_no_wait,
+        spend=spend,
+    )
+
+
+def _streaming_call(worker: LiveWorker) -> tuple[Any, list[str], list[str]]:
+    """Call ``worker`` with a sink set, as the serving layer does for a request's answering step."""
+    deltas: list[str] = []
+    broken: list[str] = []
+
+    async def go() -> Any:
+        STREAM_SINK.set(TokenSink(deltas.append, broken.append))
+        try:
+            return await worker.complete(MESSAGES, max_tokens=50, temperature=0.0)
+        except StreamInterruptedError as exc:
+            return exc
+
+    return asyncio.run(go()), deltas, broken
+
+
+# -- the live clients -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+def test_a_live_worker_streams_its_text_and_bills_the_streamed_usage(vendor: str) -> None:
+    with scripted_server(vendor, [streamed(vendor, PIECES, input_tokens=11, output_tokens=7)]) as srv:
+        comp, deltas, broken = _streaming_call(_worker(vendor, srv))
+        body = srv.requests[0].body
+    assert deltas == PIECES and broken == []
+    assert comp.text == "".join(PIECES) and comp.finish_reason == "stop"
+    assert (comp.input_tokens, comp.output_tokens, comp.tokens_estimated) == (11, 7, False)
+    assert comp.cost_usd == pytest.approx(INFO.cost(11, 7))
+    assert body["stream"] is True
+    if vendor == "openai":
+        assert body["stream_options"] == {"include_usage": True}
+
+
+def test_a_stream_without_usage_is_charged_its_worst_case_marked_estimated() -> None:
+    with scripted_server(
+        "openai", [streamed("openai", PIECES, input_tokens=None, output_tokens=None)]
+    ) as srv:
+        comp, deltas, _ = _streaming_call(_worker("openai", srv))
+    assert deltas == PIECES
+    assert comp.tokens_estimated is True and comp.output_tokens == 50
+
+
+@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+def test_a_stream_failing_before_its_first_token_is_retried(vendor: str) -> None:
+    script = [error(vendor, 503), streamed(vendor, ["x", " y"], error_after=0), streamed(vendor, PIECES)]
+    with scripted_server(vendor, script) as srv:
+        comp, deltas, broken = _streaming_call(_worker(vendor, srv))
+        sent = len(srv.requests)
+    assert sent == 3  # a 503, then an error event before any text: both retried
+    assert deltas == PIECES and broken == [] and comp.text == "".join(PIECES)
+
+
+@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+def test_a_stream_breaking_after_its_first_token_is_reported_and_charged_not_retried(vendor: str) -> None:
+    guard = SpendGuard(1.0)
+    script = [streamed(vendor, PIECES, error_after=2), streamed(vendor, PIECES)]
+    with scripted_server(vendor, script) as srv:
+        worker = _worker(vendor, srv, guard)
+        exc, deltas, broken = _streaming_call(worker)
+        sent = len(srv.requests)
+    assert isinstance(exc, StreamInterruptedError)
+    assert sent == 1, "text was already passed on: a retry would repeat it"
+    assert deltas == PIECES[:2]
+    assert len(broken) == 1 and "broke after 2 chunks" in broken[0]
+    # the vendor bills what it generated, which may be more than reached us: the worst case
+    assert guard.spent_usd == pytest.approx(worst_case_cost(INFO, MESSAGES, 50))
+    assert worker.breaker.state != "open" and worker.stats().failures == 1
+
+
+def test_without_a_sink_a_live_worker_asks_for_no_stream() -> None:
+    with scripted_server("openai") as srv:
+        asyncio.run(_worker("openai", srv).complete(MESSAGES, max_tokens=20, temperature=0.0))
+        assert "stream" not in srv.requests[0].body
+
+
+# -- through the predictor ----------------------------------------------------------------------
+
+
+def _live(name: str, vendor: str, srv: ScriptedServer, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "kind": vendor,
+        "model": "m",
+        "base_url": srv.base_url,
+        "hosting": "self",
+        "price_in": 1.0,
+        "price_out": 2.0,
+        "retries": {"attempts": 1},
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[tuple[ScriptedServer, ScriptedServer, ScriptedServer]]:
+    with (
+        scripted_server("openai") as a,
+        scripted_server("openai") as b,
+        scripted_server("anthropic") as c,
+    ):
+        yield a, b, c
+
+
+@pytest.fixture(scope="module")
+def served(
+    workers: tuple[ScriptedServer, ScriptedServer, ScriptedServer], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Predictor]:
+    a, b, c = workers
+    root = tmp_path_factory.mktemp("streaming")
+    pool = {
+        "name": "streaming",
+        "workers": [
+            _live("live-a", "openai", a),
+            _live("live-b", "openai", b),
+            _live("claude", "anthropic", c, api_key_env="TEST_ANTHROPIC_KEY", hosting="external"),
+        ],
+    }
+    (root / "pool.yaml").write_text(yaml.safe_dump(pool))
+    # the first worker of the view: live-a, or claude for a request that allows only claude
+    args = ["--policy", "fixed:0", "--pool", str(root / "pool.yaml")]
+    with predictor(args, root, env={"TEST_ANTHROPIC_KEY": "k"}) as srv:
+        yield srv
+
+
+def _client(served: Predictor) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{served.url}/openai/v1", api_key="not-needed", max_retries=0)
+
+
+def _stream(served: Predictor, **extra: Any) -> Any:
+    return _client(served).chat.completions.create(
+        model="conductor", messages=MESSAGES, stream=True, extra_body=extra or None
+    )
+
+
+def test_the_first_token_reaches_the_client_before_the_worker_makes_its_last(
+    workers: tuple[ScriptedServer, ...], served: Predictor
+) -> None:
+    hold = threading.Event()
+    workers[0].script[:] = [streamed("openai", PIECES, hold=hold, input_tokens=11, output_tokens=7)]
+    texts: list[str] = []
+    released_before_first = None
+    chunks = []
+    for chunk in _stream(served):
+        chunks.append(chunk)
+        text = chunk.choices[0].delta.content if chunk.choices else None
+        if text:
+            if not texts:
+                released_before_first = hold.is_set()
+                hold.set()  # only now may the worker produce the rest of its answer
+            texts.append(text)
+    assert released_before_first is False
+    assert texts == PIECES, "each piece is passed on as it arrives, not the answer whole"
+    final = chunks[-1]
+    doc = final.model_extra["conductor"]
+    assert final.choices[0].finish_reason == "stop" and doc["answer"] == "".join(PIECES)
+    assert final.usage.prompt_tokens == 11 and final.usage.completion_tokens == 7
+    assert doc["cost_usd"] == pytest.approx((11 * 1.0 + 7 * 2.0) / 1e6)
+
+
+def test_a_stream_failing_before_its_first_token_falls_back(
+    workers: tuple[ScriptedServer, ...], served: Predictor
+) -> None:
+    a, b, _ = workers
+    a.script[:] = [streamed("openai", PIECES, error_after=0)]
+    b.script[:] = [streamed("openai", ["B", " says", " 42."])]
+    chunks = list(_stream(served))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    doc = chunks[-1].model_extra["conductor"]
+    assert text == "B says 42." == doc["answer"]
+    assert doc["worker_fallback"] is True and [a["worker"] for a in doc["steps"][0]["attempts"]] == [
+        "live-a",
+        "live-b",
+    ]
+
+
+def test_a_stream_breaking_mid_answer_ends_with_an_error_event_not_a_stop(
+    workers: tuple[ScriptedServer, ...], served: Predictor
+) -> None:
+    a, b, _ = workers
+    a.script[:] = [streamed("openai", PIECES, error_after=2)]
+    b_before = len(b.requests)
+    texts: list[str] = []
+    finishes: list[str] = []
+    with pytest.raises(openai.APIError, match="broke off mid-stream") as info:
+        for chunk in _stream(served):
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    texts.append(choice.delta.content)
+                if choice.finish_reason:
+                    finishes.append(choice.finish_reason)
+    assert texts == PIECES[:2] and finishes == []
+    assert isinstance(info.value.body, dict) and info.value.body["code"] == "stream_interrupted"
+    assert len(b.requests) == b_before, "the broken answer is not continued by a fallback"
+
+
+def test_an_anthropic_worker_streams_through_the_predictor(
+    workers: tuple[ScriptedServer, ...], served: Predictor
+) -> None:
+    hold = threading.Event()
+    workers[2].script[:] = [streamed("anthropic", PIECES, hold=hold)]
+    texts: list[str] = []
+    released_before_first = None
+    for chunk in _stream(served, allowed_workers=["claude"]):
+        text = chunk.choices[0].delta.content if chunk.choices else None
+        if text:
+            if not texts:
+                released_before_first = hold.is_set()
+                hold.set()
+            texts.append(text)
+    assert released_before_first is False and texts == PIECES
+
+
+def test_a_request_without_stream_gets_the_whole_answer(
+    workers: tuple[ScriptedServer, ...], served: Predictor
+) -> None:
+    workers[0].script[:] = [streamed("openai", PIECES)]
+    resp = _client(served).chat.completions.create(model="conductor", messages=MESSAGES)
+    assert resp.choices[0].message.content == "".join(PIECES)
+    assert "stream" not in workers[0].requests[-1].body
