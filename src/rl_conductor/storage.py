@@ -37,6 +37,7 @@ __all__ = [
     "AccessDeniedError",
     "NotFoundError",
     "StorageError",
+    "delete",
     "download_dir",
     "exists",
     "is_s3",
@@ -316,6 +317,19 @@ def exists(uri: str) -> bool:
     except _boto_errors() as exc:
         raise _translate(exc, uri) from exc
     return bool(page.get("KeyCount", 0) or page.get("Contents"))
+
+
+def delete(uri: str) -> None:
+    """Remove the file or object ``uri``; a missing one is not an error (retention sweeps race)."""
+    uri = str(uri)
+    if is_s3(uri):
+        bucket, key = split_s3(uri)
+        try:
+            _s3().delete_object(Bucket=bucket, Key=key)
+        except _boto_errors() as exc:
+            raise _translate(exc, uri) from exc
+        return
+    Path(uri).unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- folders

@@ -558,6 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="MLflow trace per request (default: on when MLFLOW_TRACKING_URI is set)",
     )
     parser.add_argument("--experiment", default="conductor-serving", help="MLflow experiment of the traces")
+    from rl_conductor.loop import serving as loop_serving
+
+    loop_serving.add_arguments(parser)  # --traffic_* (the traffic log and POST /v1/feedback)
     # gRPC is off unless asked for (KServe's default is on, on the port self-hosted workers use)
     parser.set_defaults(enable_grpc=False)
     return parser
@@ -672,6 +675,9 @@ def main(argv: list[str] | None = None) -> None:
         positive_finite("--step_timeout_s", args.step_timeout_s)
         positive_finite("--body_timeout_s", args.body_timeout_s)
         positive_finite("--header_timeout_s", args.header_timeout_s)
+        from rl_conductor.loop import serving as loop_serving
+
+        traffic = loop_serving.config_from_args(args)
     except InvalidValue as exc:
         _fail(str(exc))
     keys = _keys(args)
@@ -713,6 +719,9 @@ def main(argv: list[str] | None = None) -> None:
         keys=keys,
         max_body_bytes=args.max_body_bytes,
         body_timeout_s=args.body_timeout_s,
+    )
+    loop_serving.attach(
+        kserve.model_server.app, model, traffic, pool=args.pool, model_ref=str(args.model or args.policy)
     )
     server = kserve.ModelServer(
         http_port=args.http_port,
