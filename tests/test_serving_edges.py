@@ -10,16 +10,23 @@ checks run against the real server process on loopback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
+import time
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
+from predictor import FAKE_WORKERS, Predictor, predictor, write_pool
 from rl_conductor.policies.fixed import FixedPlan
 from rl_conductor.serving.service import ConductorService
 from rl_conductor.serving_core import ConductorRequest
 from rl_conductor.workers.pool import build_pool
+from servers import LOOPBACK, free_ports
 
 # -- cancelled with calls in flight --------------------------------------------------------------
 
@@ -76,3 +83,159 @@ async def test_a_request_cancelled_with_a_call_in_flight_is_charged_that_call(
     in_flight = record["cost_usd"] - quick
     assert m.WORKER_COST.labels("slow")._value.get() - cost_before == pytest.approx(in_flight)
     assert record["cost_usd"] <= 0.5
+
+
+# -- connections: caps and deadlines (the real server process) ------------------------------------
+
+KEY = "k-edges-0123456789abcdef"
+AUTH = f"Authorization: Bearer {KEY}\r\n".encode()
+CAP = 4
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Predictor]:
+    root = tmp_path_factory.mktemp("edges")
+    workers = [{**FAKE_WORKERS[0]}, {**FAKE_WORKERS[1], "latency_s": 4.0}]
+    pool = write_pool(root / "pool.yaml", workers=workers)
+    args = ["--policy", "fixed:0,1", "--pool", str(pool), "--max_connections", str(CAP)]
+    args += ["--header_timeout_s", "2", "--body_timeout_s", "2"]
+    with predictor(args, root, env={"CONDUCTOR_API_KEYS": KEY}) as srv:
+        yield srv
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bytes:
+    """What the server sent before it closed the connection (raises if it stays open)."""
+    sock.settimeout(seconds)
+    got = b""
+    with contextlib.suppress(ConnectionResetError):  # closed with our body unread: a reset
+        while chunk := sock.recv(65536):
+            got += chunk
+    return got
+
+
+def _post_head(path: str, length: int, *, auth: bytes = b"", method: str = "POST") -> bytes:
+    return (
+        (
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n"
+        ).encode()
+        + auth
+        + b"\r\n"
+    )
+
+
+def test_an_unauthenticated_trickling_body_gets_401_and_its_connection_closes(server: Predictor) -> None:
+    """The 401 is sent without reading the body, then the connection closes (before: kept open
+    while the client trickled its body, past both timeouts)."""
+    socks = [socket.create_connection((LOOPBACK, server.port)) for _ in range(3)]
+    try:
+        for sock in socks:
+            sock.sendall(_post_head("/v1/models/conductor:predict", 100_000) + b'{"instances": [')
+        for sock in socks:
+            # well inside the 2 s body timeout: it is the early answer that closes, not the timer
+            reply = _closed_within(sock, 1.5)
+            assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
+            assert b"connection: close" in reply.lower()
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_a_route_answering_without_reading_the_body_closes_the_connection(server: Predictor) -> None:
+    """An authenticated PUT (405 from the router, which never reads the body) closes too."""
+    with socket.create_connection((LOOPBACK, server.port)) as sock:
+        sock.sendall(_post_head("/v1/models/conductor:predict", 100_000, auth=AUTH, method="PUT") + b"{")
+        reply = _closed_within(sock, 1.5)
+        assert reply.startswith(b"HTTP/1.1 405"), reply[:200]
+
+
+def test_connections_past_the_cap_get_503_and_close(server: Predictor) -> None:
+    """CAP - 1 requests in flight (the second worker takes 4 s) and one more connection reach the
+    cap (uvicorn counts the connection asking too): that request is refused with 503 and its
+    connection closed, and once they finish the server answers again."""
+    body = json.dumps({"instances": ["q"]}).encode()
+    held = [socket.create_connection((LOOPBACK, server.port)) for _ in range(CAP - 1)]
+    try:
+        for sock in held:
+            sock.sendall(_post_head("/v1/models/conductor:predict", len(body), auth=AUTH) + body)
+        time.sleep(0.5)  # let the server start them (they run for 4 s)
+        with socket.create_connection((LOOPBACK, server.port)) as extra:
+            extra.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + AUTH + b"\r\n")
+            reply = _closed_within(extra, 3.0)
+            assert reply.startswith(b"HTTP/1.1 503"), reply[:200]
+        for sock in held:
+            sock.settimeout(60)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in held:
+            sock.close()
+    resp = httpx.get(f"{server.url}/v1/models", headers={"authorization": f"Bearer {KEY}"}, timeout=30)
+    assert resp.status_code == 200
+
+
+def test_a_dropped_non_streaming_request_is_logged_with_every_call_charged(server: Predictor) -> None:
+    """The client leaves while the second call is in flight: its log line charges both calls
+    (it either ran to its end or was cancelled with the call charged its reservation)."""
+    body = json.dumps({"instances": ["dropped?"]}).encode()
+    with socket.create_connection((LOOPBACK, server.port)) as sock:
+        head = _post_head("/v1/models/conductor:predict", len(body), auth=AUTH)
+        sock.sendall(head[:-2] + b"X-Request-ID: dropped-1\r\n\r\n" + body)
+        time.sleep(0.5)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        lines = [json.loads(x) for x in server.log.read_text().splitlines() if x.startswith('{"event"')]
+        mine = [r for r in lines if r["http_request_id"] == "dropped-1"]
+        if mine:
+            break
+        time.sleep(0.2)
+    (record,) = mine
+    assert record["workers"] == ["local-a", "local-b"] and record["cost_usd"] > 0, record
+
+
+def test_keys_in_query_strings_are_not_written_to_the_access_log(server: Predictor) -> None:
+    secret = "s3cr3t-value-in-a-url-0123"
+    for query in (f"api_key={secret}", f"x=1&token={secret}", f"API-KEY={secret}&y=2"):
+        assert httpx.get(f"{server.url}/v1/models?{query}", timeout=30).status_code == 401
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        client.get("/v2/health/live?probe=1")  # an access line that must stay as it is
+    log = server.log.read_text()
+    assert "probe=1" in log  # the access log is on, and query strings show
+    assert secret not in log
+    assert "api_key=REDACTED" in log
+
+
+async def test_the_protocol_closes_a_body_that_nobody_reads_at_the_body_deadline() -> None:
+    """An app that neither reads the body nor answers: the protocol's own body deadline ends the
+    connection (the guard's 408 covers the routes it reads; this is the backstop for all)."""
+    import uvicorn
+
+    from rl_conductor.serving.guard import header_timeout_protocol
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await asyncio.sleep(3600)
+
+    (port,) = free_ports(1)
+    protocol = header_timeout_protocol(5.0, 0.5)
+    config = uvicorn.Config(
+        app,
+        host=LOOPBACK,
+        port=port,
+        http=protocol,
+        log_level="error",
+        lifespan="off",
+        timeout_graceful_shutdown=1,
+    )
+    srv = uvicorn.Server(config)
+    serving = asyncio.ensure_future(srv.serve())
+    try:
+        while not srv.started:
+            await asyncio.sleep(0.05)
+        reader, writer = await asyncio.open_connection(LOOPBACK, port)
+        writer.write(_post_head("/x", 1000) + b"{")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 30) == b""  # closed, nothing sent
+        writer.close()
+    finally:
+        srv.should_exit = True
+        await serving

@@ -14,15 +14,27 @@ order:
 4. checks the API key (:mod:`.auth`) on every route except the probes and ``/metrics``;
 5. for a POST: 415 unless JSON (or a v2 binary-extension body, which it turns into the
    equivalent JSON request, :func:`.schemas.v2_binary_to_json`), 413 over the size cap, 408 when
-   the body does not arrive within the body timeout, 400 for JSON that is not strict or a v2
-   body with unknown fields;
+   the body does not arrive within the body timeout, 400 for JSON that is not strict (NaN, an
+   object with a key twice) or a v2 body with unknown fields, duplicate input names or a shape
+   that does not match its data;
 6. counts each request (not the probes) per endpoint and status class, and logs each 4xx it or
-   a handler answers as one WARNING line (no traceback).
+   a handler answers as one WARNING line (no traceback);
+7. closes the connection after any response sent before the request's body was read to its end
+   (a 401, a 415, a 404 ...): the rest of the body is never read, so a client trickling it cannot
+   keep the connection open.
 
 :class:`HeaderTimeoutProtocol` is uvicorn's httptools protocol with a timer from the first byte of
 a request until its headers are complete: a client that stops half-way through its headers is
 disconnected (uvicorn has a keep-alive timeout between requests, none within one), and one whose
-headers pass :data:`MAX_HEADER_BYTES` gets 431.
+headers pass :data:`MAX_HEADER_BYTES` gets 431. A second timer runs from the end of the headers
+to the end of the body, whoever reads it (the guard, a handler, nobody): a body not complete
+within the body timeout plus :data:`BODY_GRACE_S` closes the connection, so no route and no early
+answer lets a slow body hold it. The number of connections is capped by uvicorn's
+``limit_concurrency`` (:mod:`.server`, ``--max_connections``).
+
+:class:`RedactQueryKeys` is a logging filter for uvicorn's access log: a credential sent in a
+query string (``?api_key=...``; the server reads keys only from the ``Authorization`` header) is
+written as ``REDACTED``.
 """
 
 from __future__ import annotations
@@ -42,7 +54,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from rl_conductor.serving import metrics as m
 from rl_conductor.serving.auth import ApiKeys
-from rl_conductor.serving.schemas import MAX_BODY_BYTES, WireError, check_v2_body, v2_binary_to_json
+from rl_conductor.serving.schemas import MAX_BODY_BYTES, WireError, check_v2_body, loads, v2_binary_to_json
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -58,6 +70,9 @@ BODY_TIMEOUT_S = 30.0
 HEADER_TIMEOUT_S = 10.0
 #: Most bytes of request line and headers a request may send (then 431 and the connection closes).
 MAX_HEADER_BYTES = 64 * 1024
+#: Seconds past the body timeout after which the protocol closes a connection whose body is still
+#: incomplete (the guard answers 408 at the body timeout itself; this is the backstop).
+BODY_GRACE_S = 1.0
 
 _LIVE = {"/", "/v2/health/live"}
 _READY = re.compile(r"^/v2/health/ready$|^/v2/models/[^/]+(/versions/[^/]+)?/ready$")
@@ -127,15 +142,24 @@ class RequestGuard:
         rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
         token = HTTP_REQUEST_ID.set(rid)
         status_seen: list[int] = []
+        length = headers.get("content-length", "0").strip()
+        body_left = [length != "0" or "transfer-encoding" in headers]  # a body not yet read to its end
+
+        async def tracked_receive() -> Message:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body"):
+                body_left[0] = False
+            return message
 
         async def tagged_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status_seen.append(int(message["status"]))
                 message = dict(message)
-                message["headers"] = [
-                    *[(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"],
-                    (b"x-request-id", rid.encode()),
-                ]
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                message["headers"] = [*kept, (b"x-request-id", rid.encode())]
+                if body_left[0] and not any(k.lower() == b"connection" for k, _ in kept):
+                    # answered before the body was read: the rest is never read, the connection ends
+                    message["headers"].append((b"connection", b"close"))
             await send(message)
 
         t0 = time.perf_counter()
@@ -149,10 +173,10 @@ class RequestGuard:
                 if needs_key and not self.keys.accepts(headers.get("authorization")):  # type: ignore[union-attr]
                     raise _Reject(401, "missing or invalid API key (send Authorization: Bearer KEY)")
                 if scope.get("method") == "POST":
-                    scope, replay = await self._read_body(scope, receive, headers, endpoint, path)
+                    scope, replay = await self._read_body(scope, tracked_receive, headers, endpoint, path)
                     await self.app(scope, replay, tagged_send)
                 else:
-                    await self.app(scope, receive, tagged_send)
+                    await self.app(scope, tracked_receive, tagged_send)
             except _Reject as exc:
                 await _reject(tagged_send, exc, openai=endpoint == "openai")
             except _Gone:
@@ -221,6 +245,8 @@ class RequestGuard:
                     doc = orjson.loads(data)
                 except orjson.JSONDecodeError as exc:
                     raise WireError(f"the body is not valid JSON: {exc}") from None
+                if b'"' in data:  # no key twice in an object: the routes' parsers would each pick one
+                    loads(data)
             if _V2_INFER.match(path):
                 check_v2_body(doc)
         except WireError as exc:
@@ -263,9 +289,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     within :attr:`header_timeout_s` of the request's first byte (see module docstring)."""
 
     header_timeout_s: float = HEADER_TIMEOUT_S
+    #: seconds from the end of a request's headers to the end of its body (then the connection closes)
+    body_deadline_s: float = BODY_TIMEOUT_S + BODY_GRACE_S
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0
         self._header_tail = b""  # the last bytes counted, for an end of headers split across reads
         super().connection_made(transport)
@@ -312,13 +341,48 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._end_body_timer()
+        self._body_timer = self.loop.call_later(self.body_deadline_s, self._headers_late)
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._end_body_timer()
+        super().on_message_complete()
+
+    def _end_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._end_body_timer()
         super().connection_lost(exc)
 
 
-def header_timeout_protocol(seconds: float) -> type[HeaderTimeoutProtocol]:
-    """A :class:`HeaderTimeoutProtocol` class with its own timeout (uvicorn takes a class)."""
-    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout_s": seconds})
+def header_timeout_protocol(
+    seconds: float, body_timeout_s: float = BODY_TIMEOUT_S
+) -> type[HeaderTimeoutProtocol]:
+    """A :class:`HeaderTimeoutProtocol` class with its own timeouts (uvicorn takes a class)."""
+    attrs = {"header_timeout_s": seconds, "body_deadline_s": body_timeout_s + BODY_GRACE_S}
+    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), attrs)
+
+
+#: Query parameters whose value is a credential (compared without case, ``-`` same as ``_``).
+_SECRET_PARAMS = re.compile(
+    r"(?i)([?&](?:api[_-]?key|key|token|access[_-]?token|auth|authorization|password|secret)=)[^&\s\"]*"
+)
+
+
+class RedactQueryKeys(logging.Filter):
+    """Writes ``REDACTED`` for credential values in the query strings of uvicorn's access log
+    lines (see module docstring)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                _SECRET_PARAMS.sub(r"\1REDACTED", a) if isinstance(a, str) else a for a in record.args
+            )
+        elif isinstance(record.msg, str):
+            record.msg = _SECRET_PARAMS.sub(r"\1REDACTED", record.msg)
+        return True

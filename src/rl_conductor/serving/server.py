@@ -48,11 +48,18 @@ from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
 from rl_conductor.serving import metrics as m
 from rl_conductor.serving.auth import ApiKeys, AuthConfigError, load_keys
-from rl_conductor.serving.guard import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, RequestGuard, header_timeout_protocol
+from rl_conductor.serving.guard import (
+    BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    RedactQueryKeys,
+    RequestGuard,
+    header_timeout_protocol,
+)
 from rl_conductor.serving.schemas import (
     MAX_BODY_BYTES,
     MAX_INSTANCES,
     WireError,
+    check_batch_budget,
     loads,
     parse_chat,
     parse_v1,
@@ -68,6 +75,11 @@ DEFAULT_NAME = "conductor"
 #: Where the HTTP server listens unless --host says otherwise: loopback, so a local server is
 #: not reachable from the network by accident (the manifests pass --host=0.0.0.0 in the pod).
 DEFAULT_HOST = "127.0.0.1"
+#: Most connections (and requests in progress) the HTTP server holds; past it a new request gets
+#: 503 and its connection closes (uvicorn's ``limit_concurrency``).
+MAX_CONNECTIONS = 512
+#: Connections the kernel queues before the server accepts them (uvicorn's ``backlog``).
+BACKLOG = 512
 
 log = logging.getLogger("rl_conductor.serving")
 
@@ -199,6 +211,7 @@ class ConductorModel(kserve.Model):
             requests = [
                 to_request({"question": q, **limits}, f"question[{i}]: ") for i, q in enumerate(questions)
             ]
+            check_batch_budget(requests, "parameters.max_cost_usd (applies to each question)")
         except WireError as exc:
             raise BadRequest(str(exc)) from None
         docs = await self.answer_all(requests, "v2")
@@ -473,6 +486,9 @@ def install(
     kserve_log = logging.getLogger("kserve")
     if not any(isinstance(f, _ClientErrorTracebacks) for f in kserve_log.filters):
         kserve_log.addFilter(_ClientErrorTracebacks())
+    access_log = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactQueryKeys) for f in access_log.filters):
+        access_log.addFilter(RedactQueryKeys())  # a key sent as ?api_key=... is not written out
     app.add_exception_handler(BadRequest, _bad_request_handler)
     app.add_exception_handler(WorkersFailed, _workers_failed_handler)
     app.add_middleware(
@@ -525,6 +541,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=HEADER_TIMEOUT_S,
         help="seconds a client may take to send a request's headers (then the connection closes)",
+    )
+    parser.add_argument(
+        "--max_connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help=f"most open connections and requests in progress (default {MAX_CONNECTIONS}); past it a "
+        "request gets 503 and its connection closes",
+    )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=BACKLOG,
+        help=f"connections the kernel queues before they are accepted (default {BACKLOG})",
     )
     parser.add_argument(
         "--host",
@@ -606,9 +635,9 @@ def _keys(args: argparse.Namespace) -> ApiKeys | None:
 
 
 def _serve(server: kserve.ModelServer, model: ConductorModel, args: argparse.Namespace) -> None:
-    """KServe's ``ModelServer.start`` for one uvicorn worker, with the HTTP server's host and its
-    header timeout set (KServe binds 0.0.0.0 and has neither flag), and gRPC without the model
-    repository RPCs."""
+    """KServe's ``ModelServer.start`` for one uvicorn worker, with the HTTP server's host, its
+    header and body deadlines and its connection cap set (KServe binds 0.0.0.0 and has none of
+    these flags), and gRPC without the model repository RPCs."""
     from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
     from kserve.protocol.grpc.server import GRPCServer
     from kserve.protocol.rest.server import RESTServer
@@ -625,7 +654,9 @@ def _serve(server: kserve.ModelServer, model: ConductorModel, args: argparse.Nam
         timeout_keep_alive=server.timeout_keep_alive,
     )
     rest.config.host = args.host
-    rest.config.http = header_timeout_protocol(args.header_timeout_s)
+    rest.config.http = header_timeout_protocol(args.header_timeout_s, args.body_timeout_s)
+    rest.config.limit_concurrency = args.max_connections
+    rest.config.backlog = args.backlog
     server._rest_server = rest
     server.servers.append(rest.start())
     if server.enable_grpc:
@@ -672,6 +703,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.max_rounds is not None:
             integer_at_least("--max_rounds", args.max_rounds, 1)
         integer_at_least("--max_body_bytes", args.max_body_bytes, 1)
+        integer_at_least("--max_connections", args.max_connections, 1)
+        integer_at_least("--backlog", args.backlog, 1)
         positive_finite("--step_timeout_s", args.step_timeout_s)
         positive_finite("--body_timeout_s", args.body_timeout_s)
         positive_finite("--header_timeout_s", args.header_timeout_s)
