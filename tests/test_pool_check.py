@@ -187,3 +187,19 @@ def test_the_docs_pool_works_against_a_v1_server(tmp_path: Path, prefix: str) ->
     assert broken.returncode == 1
     llama_row = json.loads(broken.stdout)["workers"][0]
     assert "HTTP 404" in llama_row["detail"] and "serve the OpenAI API under /v1" in llama_row["detail"]
+
+
+def test_pool_check_json_into_a_path_that_cannot_be_written_is_one_line_exit_2(tmp_path: Path) -> None:
+    """Before: a traceback after every worker was called. Now: refused before any call."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with byo_openai_server(model="m") as a:
+        path = tmp_path / "ok.yaml"
+        path.write_text(yaml.safe_dump({"name": "ok", "workers": [_entry("a", f"{a.root}/v1")]}))
+        for target in (blocker / "x.json", tmp_path):
+            res = _conductor("pool", "check", str(path), "--json", str(target))
+            assert res.returncode == 2, res.stdout + res.stderr
+            lines = res.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("Error: --json ") and "cannot write" in lines[0]
+            assert "Traceback" not in res.stderr
+        assert a.requests == []  # refused before any worker was called

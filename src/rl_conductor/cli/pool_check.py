@@ -3,7 +3,8 @@
 A thin adapter over :func:`rl_conductor.workers.check.check_pool_file`: a table of status,
 latency, usage and cost per worker (``--json PATH`` writes the report, ``-`` to stdout), and
 exit status 1 when any worker failed, so a pipeline or a person finds a wrong ``base_url`` or a
-refused key before an evaluation or a deployment does.
+refused key before an evaluation or a deployment does. A ``--json`` path that cannot be written
+is a usage error (one line, exit 2), found before any worker is called.
 """
 
 from __future__ import annotations
@@ -20,6 +21,22 @@ from rich.table import Table
 from rl_conductor.cli.app import pool_app
 from rl_conductor.cli.core import console
 from rl_conductor.cli.options import positive
+from rl_conductor.errors import UsageError
+
+
+def _writable(path: Path) -> None:
+    """Raise :class:`UsageError` unless a report can be written at ``path`` (the folder is made
+    as the write would make it, and a scratch file is created and removed there)."""
+    import tempfile
+
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "is a folder")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--json {path}: cannot write there ({exc.strerror or exc})") from None
 
 
 @pool_app.command("check")
@@ -36,6 +53,8 @@ def pool_check(
     why a worker failed (exit 1 when any did)."""
     from rl_conductor.workers.check import CHECK_MAX_TOKENS, check_pool_file
 
+    if json_out is not None and str(json_out) != "-":
+        _writable(json_out)
     # each failure is printed below the table; the live client's one-time warning would repeat it
     live_log = logging.getLogger("rl_conductor.workers.live.base")
     level = live_log.level
@@ -72,7 +91,10 @@ def pool_check(
         if json_out is not None:
             from rl_conductor import storage
 
-            storage.write_json(str(json_out), report.to_dict())
+            try:
+                storage.write_json(str(json_out), report.to_dict())
+            except OSError as exc:
+                raise UsageError(f"--json {json_out}: cannot write it ({exc.strerror or exc})") from None
             console.print(f"[dim]wrote {json_out}[/dim]")
     if not report.ok:
         names = ", ".join(f"{w.name} ({w.status})" for w in report.failed)
