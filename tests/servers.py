@@ -328,8 +328,8 @@ def build_tiny_worker_model(out: Path) -> Path:
     """A very small causal LM (tokenizer on GSM8K questions) for `conductor worker serve` tests."""
     from transformers import GenerationConfig
 
+    from rl_conductor.lm.models import build_tiny
     from rl_conductor.tasks.datasets import load_tasks
-    from rl_conductor.training.models import build_tiny
 
     corpus = [t.question for t in load_tasks("gsm8k")[:200]]
     path = build_tiny(

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from _tiny import Micro, trained_micro
+from rl_conductor.lm.generate import generate, ids_prefix_ok
 from rl_conductor.policies import make_policy
 from rl_conductor.policies.conductor import (
     FALLBACK_INSTRUCTION,
@@ -29,7 +30,6 @@ from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.graders import extract_answer
 from rl_conductor.trace import Limits
-from rl_conductor.training.generate import generate, ids_prefix_ok
 from rl_conductor.workers.base import Hosting
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool, load_pool
@@ -118,16 +118,16 @@ async def test_greedy_plans_of_the_trained_model_parse(policy: ConductorPolicy, 
 async def test_run_many_batches_generation_and_keeps_task_order(
     policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import rl_conductor.training.generate as gen
+    import rl_conductor.policies.conductor as conductor
 
-    real = gen.generate
+    real = conductor.generate
     batches: list[int] = []
 
     def spy(model: Any, tokenizer: Any, prompts: list[str], **kw: Any) -> list[str]:
         batches.append(len(prompts))
         return real(model, tokenizer, prompts, **kw)
 
-    monkeypatch.setattr(gen, "generate", spy)
+    monkeypatch.setattr(conductor, "generate", spy)
     pool = load_pool("paper-sim")
     tasks = load_tasks("paper-mix", split="test", limit=5, seed=1)
     episodes = await policy.run_many(tasks, pool.view(), Limits(max_steps=2))
@@ -449,7 +449,7 @@ async def test_a_deadline_is_planned_for_only_where_it_binds(
 def test_the_mask_follows_every_spelling_the_parser_reads(
     policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rl_conductor.training.generate import _OPEN_LIST
+    from rl_conductor.lm.generate import _OPEN_LIST
 
     assert _OPEN_LIST.search("model_id: [1, ") and _OPEN_LIST.search("x\nmodel_id=[")
     # a plan naming a masked worker in a spelling the mask cannot see is retried, then falls back

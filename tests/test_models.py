@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from rl_conductor.lm.generate import apply_chat, generate, load_lm
+from rl_conductor.lm.models import build_smol, build_tiny, resolve_model
 from rl_conductor.policies.knn_embed import EMBED_DIM, embed
-from rl_conductor.training.generate import apply_chat, generate, load_lm
-from rl_conductor.training.models import build_smol, build_tiny, resolve_model
 from rl_conductor.workflow import Step, Workflow, render
 
 SAMPLES = [
@@ -92,7 +92,7 @@ def test_tiny_build_is_deterministic_for_a_seed(tiny_dir: Path, tmp_path: Path) 
 
 
 def test_tokenizer_reloads_as_qwen2_with_identical_ids(tiny_dir: Path) -> None:
-    from rl_conductor.training.tokenizer import train_bpe
+    from rl_conductor.lm.tokenizer import train_bpe
 
     trained = train_bpe(_corpus(), vocab_size=1024)
     reloaded = AutoTokenizer.from_pretrained(tiny_dir)

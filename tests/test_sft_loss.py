@@ -15,9 +15,9 @@ import torch
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
+from rl_conductor.lm.models import build_tiny
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.training.data import chat
-from rl_conductor.training.models import build_tiny
 from rl_conductor.training.sft_loss import CompletionLossSFTTrainer, completion_nll
 
 

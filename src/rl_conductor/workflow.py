@@ -68,7 +68,7 @@ class Workflow:
         return [s.worker for s in self.steps]
 
 
-_ASSIGN = {name: re.compile(rf"\b{name}\s*(?:=|:)\s*\[") for name in LIST_NAMES}
+LIST_ASSIGN = {name: re.compile(rf"\b{name}\s*(?:=|:)\s*\[") for name in LIST_NAMES}
 
 
 def _extract_list_literal(text: str, start: int) -> str:
@@ -113,7 +113,7 @@ def _find_lists(text: str) -> dict[str, list[object]]:
     mentions the format) is not mistaken for the real list. Drafts that do not evaluate claim
     nothing, and the last unclaimed assignment of each name wins.
     """
-    found = sorted((m.end() - 1, name) for name in LIST_NAMES for m in _ASSIGN[name].finditer(text))
+    found = sorted((m.end() - 1, name) for name in LIST_NAMES for m in LIST_ASSIGN[name].finditer(text))
     results: dict[str, list[object] | ParseError] = {}
     claimed_until = -1
     for bracket, name in found[-_MAX_CANDIDATES:]:
@@ -226,7 +226,7 @@ def parse(
             raise ParseError(f"subtasks[{i}] is empty")
         access = _parse_access(acc, first_index + i)
         steps.append(Step(worker=wid, instruction=sub.strip(), access=access))
-    reasoning = text[: min(m.start() for n in LIST_NAMES for m in [_ASSIGN[n].search(text)] if m)].strip()
+    reasoning = text[: min(m.start() for n in LIST_NAMES for m in [LIST_ASSIGN[n].search(text)] if m)].strip()
     return Workflow(steps=tuple(steps), reasoning=reasoning)
 
 

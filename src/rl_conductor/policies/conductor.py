@@ -33,6 +33,8 @@ import numpy as np
 
 from rl_conductor.errors import InvalidSpec, model_not_found
 from rl_conductor.executor import Continuation, RoundRequest, execute
+from rl_conductor.lm.generate import generate, load_lm
+from rl_conductor.lm.models import looks_like_hf_id
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.policies.evidence import EvidenceModel
 from rl_conductor.prompting import (
@@ -73,8 +75,6 @@ def model_source(spec: str | Path) -> Path | str:
         raise model_not_found(text, f"{text} holds neither {CONFIG_FILE} nor config.json")
     if path.exists():
         raise model_not_found(text, f"{text} is a file, not a folder")
-    from rl_conductor.training.models import looks_like_hf_id
-
     if looks_like_hf_id(text):
         return text
     raise model_not_found(text, "no such folder")
@@ -179,8 +179,6 @@ class ConductorPolicy(Policy):
         deadline_quantile: float = DEADLINE_QUANTILE,
         deadline_trim: bool = True,
     ) -> None:
-        from rl_conductor.training.generate import load_lm
-
         source = model_source(model_dir)
         self.model_dir = Path(source)
         cfg_path = self.model_dir / CONFIG_FILE
@@ -247,8 +245,6 @@ class ConductorPolicy(Policy):
         seed: int,
         allowed: Sequence[frozenset[int] | None] | None = None,
     ) -> list[str]:
-        from rl_conductor.training.generate import generate
-
         return generate(
             self.model,
             self.tokenizer,

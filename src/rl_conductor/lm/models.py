@@ -75,7 +75,7 @@ def build_tiny(
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from rl_conductor.training.tokenizer import train_bpe
+    from rl_conductor.lm.tokenizer import train_bpe
 
     out = Path(out_dir)
     tokenizer = train_bpe(corpus, vocab_size=vocab_size)

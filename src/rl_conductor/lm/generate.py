@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rl_conductor.workflow import _ASSIGN
+from rl_conductor.workflow import LIST_ASSIGN
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -134,7 +134,7 @@ def generate(
 
 
 #: The open ``model_id`` list at the end of a completion so far (the ids written, and the rest).
-_OPEN_LIST = re.compile(_ASSIGN["model_id"].pattern + r"([^\]]*)$")  # opened as parse reads it
+_OPEN_LIST = re.compile(LIST_ASSIGN["model_id"].pattern + r"([^\]]*)$")  # opened as parse reads it
 _DIGITS = re.compile(r"\d+")
 
 
