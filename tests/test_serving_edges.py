@@ -239,3 +239,116 @@ async def test_the_protocol_closes_a_body_that_nobody_reads_at_the_body_deadline
     finally:
         srv.should_exit = True
         await serving
+
+
+# -- wire formats ------------------------------------------------------------------------------------
+
+INFER = "/v2/models/conductor/infer"
+
+
+def _v2(*questions: str, **parameters: Any) -> dict[str, Any]:
+    tensor = {"name": "question", "shape": [len(questions)], "datatype": "BYTES", "data": list(questions)}
+    return {"inputs": [tensor], "parameters": parameters}
+
+
+@pytest.fixture(scope="module")
+def http(server: Predictor) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60, headers={"authorization": f"Bearer {KEY}"}) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("tensor", "says"),
+    [
+        ({"shape": [3]}, "inputs.0.shape: [3] holds 3 elements, but data has 1"),
+        ({"shape": [1, 2]}, "holds 2 elements"),
+        ({"shape": [0]}, "holds 0 elements"),
+        ({"shape": [-1]}, "inputs.0.shape: expected a list of counts"),
+        ({"shape": "1"}, "inputs.0.shape: expected a list of counts"),
+        ({"shape": [True]}, "inputs.0.shape: expected a list of counts"),
+    ],
+)
+def test_v2_a_shape_that_does_not_match_the_data_is_a_400(
+    http: httpx.Client, tensor: dict[str, Any], says: str
+) -> None:
+    body = _v2("What is 6*7?")
+    body["inputs"][0].update(tensor)
+    resp = http.post(INFER, json=body)
+    assert resp.status_code == 400, resp.text
+    assert says in resp.json()["error"]
+
+
+def test_v2_matching_shapes_are_answered(http: httpx.Client) -> None:
+    body = _v2("q1", "q2", max_steps=1)
+    assert http.post(INFER, json=body).status_code == 200
+    body["inputs"][0]["shape"] = [2, 1]  # the product counts
+    assert http.post(INFER, json=body).status_code == 200
+
+
+def test_v2_duplicate_input_names_are_a_400(http: httpx.Client) -> None:
+    first = _v2("public question")["inputs"][0]
+    body = {"inputs": [first, {**first, "data": ["the other one"]}]}
+    resp = http.post(INFER, json=body)
+    assert resp.status_code == 400, resp.text
+    assert "inputs.1.name: a second input named 'question'" in resp.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        ("/v1/models/conductor:predict", '{"instances": [{"question": "q", "question": "other"}]}'),
+        (INFER, '{"inputs": [], "inputs": [{"name": "question"}]}'),
+        (
+            "/openai/v1/chat/completions",
+            '{"model": "conductor", "messages": [{"role": "user", "content": "q"}], '
+            '"sensitivity": "private", "sensitivity": "public"}',
+        ),
+    ],
+)
+def test_a_key_twice_in_a_json_object_is_a_400(http: httpx.Client, path: str, raw: str) -> None:
+    resp = http.post(path, content=raw, headers={"content-type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    assert "duplicate key" in resp.text
+
+
+def test_duplicate_keys_in_a_binary_extension_header_are_a_400(http: httpx.Client) -> None:
+    tensor = b'{"name": "question", "shape": [1], "datatype": "BYTES", "data": ["q"]}'
+    head = b'{"inputs": [' + tensor + b'], "id": "a", "id": "b"}'
+    resp = http.post(
+        INFER,
+        content=head,
+        headers={
+            "inference-header-content-length": str(len(head)),
+            "content-type": "application/octet-stream",
+        },
+    )
+    assert resp.status_code == 400 and "duplicate key" in resp.json()["error"], resp.text
+
+
+@pytest.mark.parametrize("value", ["true", 1, "yes"])
+def test_stream_must_be_a_boolean(http: httpx.Client, value: Any) -> None:
+    body = {"model": "conductor", "messages": [{"role": "user", "content": "q"}], "stream": value}
+    resp = http.post("/openai/v1/chat/completions", json=body)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == "stream"
+    assert "text/event-stream" not in resp.headers.get("content-type", "")
+
+
+def test_the_request_cap_bounds_a_whole_batch(http: httpx.Client) -> None:
+    """$10,000 is the cap of one request: a batch's budgets add up under it (before: each
+    question could state $10,000)."""
+    from rl_conductor.serving.schemas import MAX_BUDGET_USD
+
+    half = MAX_BUDGET_USD / 2 + 1
+    resp = http.post(
+        "/v1/models/conductor:predict", json={"instances": [{"question": "q", "max_cost_usd": half}] * 2}
+    )
+    assert resp.status_code == 400, resp.text
+    assert "for the whole batch" in resp.json()["error"]
+    resp = http.post(INFER, json=_v2("q1", "q2", max_cost_usd=half))
+    assert resp.status_code == 400, resp.text
+    assert "for the whole batch" in resp.json()["error"]
+    ok = http.post(
+        "/v1/models/conductor:predict", json={"instances": [{"question": "q", "max_cost_usd": half - 2}] * 2}
+    )
+    assert ok.status_code == 200, ok.text

@@ -30,6 +30,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
@@ -165,7 +166,20 @@ def parse_v1(body: Any) -> list[ConductorRequest]:
         raise WireError("instances: expected a non-empty list of {'question': ...} objects")
     if len(instances) > MAX_INSTANCES:
         raise WireError(f"instances: at most {MAX_INSTANCES} per request, got {len(instances)}")
-    return [parse_instance(raw, f"instances.{i}.") for i, raw in enumerate(instances)]
+    requests = [parse_instance(raw, f"instances.{i}.") for i, raw in enumerate(instances)]
+    check_batch_budget(requests, "instances")
+    return requests
+
+
+def check_batch_budget(requests: list[ConductorRequest], where: str) -> None:
+    """The request cap (:data:`MAX_BUDGET_USD`) bounds a whole batch: the budgets its questions
+    state add up to at most the cap (a question without a budget states none, as alone)."""
+    total = math.fsum(r.max_cost_usd for r in requests if r.max_cost_usd is not None)
+    if total > MAX_BUDGET_USD:
+        raise WireError(
+            f"{where}: the questions' max_cost_usd add up to {total:g} USD; at most {MAX_BUDGET_USD:g} "
+            "USD per request, for the whole batch"
+        )
 
 
 def parse_v2_parameters(params: Any) -> dict[str, Any]:
@@ -198,8 +212,8 @@ class Message(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    include_usage: bool | None = None
-    continuous_usage_stats: bool | None = None
+    include_usage: StrictBool | None = None
+    continuous_usage_stats: StrictBool | None = None
 
 
 class ResponseFormat(BaseModel):
@@ -249,7 +263,7 @@ class ChatCompletionRequest(WireLimits):
 
     model: StrictStr
     messages: list[Message] = Field(min_length=1)
-    stream: bool = False
+    stream: StrictBool = False  # "true" (a string) is a 400, not a stream
     stream_options: StreamOptions | None = None
     n: StrictInt | None = None
     user: StrictStr | None = None
@@ -262,14 +276,14 @@ class ChatCompletionRequest(WireLimits):
     frequency_penalty: StrictFloat | StrictInt | None = None
     seed: StrictInt | None = None
     logit_bias: dict[str, StrictFloat | StrictInt] | None = None
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = None
     response_format: ResponseFormat | None = None
     metadata: dict[str, StrictStr] | None = None
-    store: bool | None = None
+    store: StrictBool | None = None
     service_tier: StrictStr | None = None
     reasoning_effort: StrictStr | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     modalities: list[StrictStr] | None = None
     prediction: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
@@ -360,11 +374,17 @@ def check_v2_body(doc: Any) -> None:
     inputs = doc.get("inputs")
     if not isinstance(inputs, list):
         raise WireError("inputs: expected a list of tensors")
+    names: set[Any] = set()
     for i, tensor in enumerate(inputs):
         if not isinstance(tensor, dict):
             raise WireError(f"inputs.{i}: expected a tensor object, got {_kind(tensor)}")
         for key in sorted(set(tensor) - _V2_INPUT_FIELDS):
             raise WireError(f"inputs.{i}.{key}: unknown field of a v2 tensor")
+        name = tensor.get("name")
+        if isinstance(name, str) and name in names:
+            raise WireError(f"inputs.{i}.name: a second input named {name!r}; each input name appears once")
+        names.add(name)
+        _check_shape(tensor, f"inputs.{i}")
         params = tensor.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise WireError(f"inputs.{i}.parameters: expected an object, got {_kind(params)}")
@@ -387,6 +407,28 @@ def check_v2_body(doc: Any) -> None:
                 raise WireError(f"outputs.{i}.parameters: expected an object, got {_kind(oparams)}")
             for key in sorted(set(oparams or {}) - _V2_OUTPUT_PARAMETERS):
                 raise WireError(f"outputs.{i}.parameters.{key}: unknown field")
+
+
+def _check_shape(tensor: dict[str, Any], where: str) -> None:
+    """A tensor's ``shape`` is a list of counts whose product is the number of its data elements."""
+    shape = tensor.get("shape")
+    if shape is None:
+        return  # KServe's own parser says it is required
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise WireError(f"{where}.shape: expected a list of counts (integers >= 0), got {shape!r}"[:300])
+    data = tensor.get("data")
+    if not isinstance(data, list):
+        return  # checked where the data is read
+    count = _elements_count(data)
+    if math.prod(shape) != count:
+        raise WireError(f"{where}.shape: {shape} holds {math.prod(shape)} elements, but data has {count}")
+
+
+def _elements_count(data: list[Any]) -> int:
+    """Elements of a flat or nested data list (the v2 protocol allows both)."""
+    return sum(_elements_count(x) if isinstance(x, list) else 1 for x in data)
 
 
 def v2_binary_to_json(body: bytes, header_length: str) -> dict[str, Any]:
@@ -458,10 +500,20 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {key!r} in an object (which one counts would be a guess)")
+        seen.add(key)
+    return dict(pairs)
+
+
 def loads(raw: bytes | str) -> Any:
-    """Strict JSON: ``NaN`` and ``Infinity`` are errors (as in KServe's orjson), not floats."""
+    """Strict JSON: ``NaN`` and ``Infinity`` are errors (as in KServe's orjson), not floats, and so
+    is an object with the same key twice (parsers disagree on which one wins)."""
     try:
-        return json.loads(raw, parse_constant=_no_constants)
+        return json.loads(raw, parse_constant=_no_constants, object_pairs_hook=_no_duplicate_keys)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise WireError(f"the body is not valid JSON: {exc}") from None
 
