@@ -352,3 +352,31 @@ def test_the_request_cap_bounds_a_whole_batch(http: httpx.Client) -> None:
         "/v1/models/conductor:predict", json={"instances": [{"question": "q", "max_cost_usd": half - 2}] * 2}
     )
     assert ok.status_code == 200, ok.text
+
+
+# -- egress ------------------------------------------------------------------------------------------
+
+#: Address ranges inside a cluster or its cloud: never "external" for the egress rule.
+INTERNAL = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10")
+
+
+@pytest.mark.parametrize("overlay", ["dev", "prod"])
+def test_the_external_egress_rule_excludes_every_internal_range(overlay: str) -> None:
+    """Carrier-grade NAT (100.64.0.0/10) is internal like RFC 1918 (before: admitted)."""
+    import ipaddress
+
+    from test_manifests import kinds, render
+
+    blocks = [
+        peer["ipBlock"]
+        for policy in kinds(render(overlay), "NetworkPolicy").values()
+        for rule in policy["spec"].get("egress", [])
+        for peer in rule.get("to", [])
+        if "ipBlock" in peer
+    ]
+    assert blocks
+    for block in blocks:
+        excluded = [ipaddress.ip_network(n) for n in block.get("except", [])]
+        for internal in map(ipaddress.ip_network, INTERNAL):
+            if internal.overlaps(ipaddress.ip_network(block["cidr"])):
+                assert any(e.supernet_of(internal) for e in excluded), (block, str(internal))  # type: ignore[arg-type]
