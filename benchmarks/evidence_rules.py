@@ -13,7 +13,10 @@ the test split:
 * ``knn-all``: the kNN router as shipped (similarity-weighted over every training question);
 * ``knn-K``: the mean over the K nearest training questions (K in 5 … 200);
 * ``evidence``: the probes' estimate (fitted on the training split, scored out of sample) with
-  the domain's mean cost.
+  the domain's mean cost;
+* ``evidence-shrunk``: the same with each estimate blended with the worker's domain rate by a
+  weight chosen out of fold (``fit_evidence(shrink=True)``, the ``evidence: rank`` recipe): the
+  first id of the ranking line a ``recordings`` Conductor is shown and trained to copy.
 
 Usage: ``python benchmarks/evidence_rules.py --pool routellm-replay --cost-weight 0.27 --json
 benchmarks/results/evidence_rules_routellm.json`` (a few minutes: embeddings and the fits).
@@ -31,7 +34,7 @@ from _results import write_json  # benchmarks/_results.py (scripts run from this
 from rich.console import Console
 from rich.table import Table
 
-from rl_conductor.policies.evidence import fit_evidence
+from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
 from rl_conductor.policies.knn import cached_embeddings
 from rl_conductor.policies.routers import reward_matrix, single_outcomes
 from rl_conductor.reward import REWARD_PRESETS
@@ -77,7 +80,8 @@ def main() -> None:
             "dom": np.array([t.domain for t in tasks]),
         }
     tr = data["train"]
-    model, _ = fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"])
+    model, _ = fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"], cost=tr["C"])
+    shrunk, _ = fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"], cost=tr["C"], shrink=True)
 
     def rules(split: str) -> dict[str, np.ndarray]:
         s = data[split]
@@ -92,14 +96,9 @@ def main() -> None:
         for k in KS:
             idx = order[:, : min(k, order.shape[1])]
             out[f"knn-{k}"] = tr["R"][idx].mean(axis=1).argmax(axis=1)
-        p = model.predict(s["tasks"], s["emb"])
-        cost = _domain_mean(tr["dom"], s["dom"], tr["C"])
-        est = (
-            rc.format_bonus
-            + rc.correct_weight * p
-            - np.minimum(rc.max_cost_penalty, rc.cost_weight * cost / rc.cost_scale)
-        )
-        out["evidence"] = est.argmax(axis=1)
+        for label, m in (("evidence", model), ("evidence-shrunk", shrunk)):
+            est = estimated_rewards(m, s["tasks"], m.predict(s["tasks"], s["emb"]), rc)
+            out[label] = est.argmax(axis=1)
         y, c = s["Y"], s["C"]
         out["oracle"] = np.where(y.any(axis=1), np.where(y, -c, -np.inf).argmax(axis=1), c.argmin(axis=1))
         return out
@@ -140,6 +139,7 @@ def main() -> None:
                 "reward": rc.to_dict(),
                 "n": {k: len(v["tasks"]) for k, v in data.items()},
                 "chosen_c": dict(zip(names, model.chosen_c, strict=True)),
+                "shrunk_alpha": {n: float(a) for n, a in zip(names, np.ravel(shrunk.alpha), strict=True)},
                 "results": results,
             },
         )

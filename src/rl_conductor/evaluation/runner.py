@@ -76,6 +76,9 @@ class Record:
     rounds: int = 1
     first_agree: bool | None = None
     errors: list[str] = field(default_factory=list)
+    #: the plan is the one worker its evidence ranks first (``Plan.evidence_best``; None: the
+    #: policy reads no ranking)
+    follows_evidence: bool | None = None
 
 
 #: How a step that never reached a worker (skipped before any call) is named in the views.
@@ -158,7 +161,15 @@ def summarize(records: Sequence[Record]) -> dict[str, Any]:
         **_rounds(records),
         "call_errors": {e: n for e, n in errors},
         **_behaviour(records),
+        **_agreement(records),
     }
+
+
+def _agreement(records: Sequence[Record]) -> dict[str, float]:
+    """``evidence_agreement``: the share of plans that are the worker their evidence ranks first
+    (only for a policy that reads a ranking, ``evidence: rank``)."""
+    seen = [r.follows_evidence for r in records if r.follows_evidence is not None]
+    return {"evidence_agreement": float(np.mean(seen))} if seen else {}
 
 
 @dataclass
@@ -212,6 +223,9 @@ def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
         attempts=len(t.attempts),
         failed_calls=sum(a.status != "ok" for a in t.attempts),
         errors=[a.error or a.status for a in t.attempts if a.status != "ok"],
+        follows_evidence=None
+        if ep.plan.evidence_best is None
+        else [s.worker for s in ep.plan.workflow.steps] == [ep.plan.evidence_best],
     )
 
 

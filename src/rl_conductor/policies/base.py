@@ -38,6 +38,9 @@ class Plan:
     notes: tuple[str, ...] = ()
     #: the deadline cut the plan to its answering step before it ran
     deadline_cut: bool = False
+    #: the worker id the question's evidence ranks first (a Conductor trained with ``evidence:
+    #: rank``; None otherwise): evaluation reports how often the plan is that worker alone
+    evidence_best: int | None = None
 
     def annotate(self, trace: Trace) -> Trace:
         """Record on the executed ``trace`` how this plan was made (raw text, fallback, notes)."""
@@ -104,6 +107,7 @@ _REGISTRY = {
     "oracle": "rl_conductor.policies.baselines:Oracle",
     "knn": "rl_conductor.policies.knn:KnnRouter",
     "conductor": "rl_conductor.policies.conductor:ConductorPolicy",
+    "evidence-rule": "rl_conductor.policies.evidence_rule:EvidenceRule",
     "domain-router": "rl_conductor.policies.routers:DomainRouter",
     "cascade": "rl_conductor.policies.cascade:Cascade",
     "fixed": "rl_conductor.policies.fixed:FixedPlan",
@@ -117,8 +121,8 @@ def policy_names() -> list[str]:
 def make_policy(spec: str, pool: Pool, **kwargs: Any) -> Policy:
     """Build a policy from a spec like ``single:gpt-5``, ``moa``, ``moa:a,b>c``,
     ``self-consistency:gpt-5``, ``random``, ``oracle``, ``knn``, ``domain-router``,
-    ``fixed:0,1`` or ``conductor:PATH``: the one parser of policy specs, used by ``conductor
-    eval``/``compare``, ``conductor serve --policy`` and the pipeline alike."""
+    ``fixed:0,1``, ``conductor:PATH`` or ``evidence-rule:PATH``: the one parser of policy specs,
+    used by ``conductor eval``/``compare``, ``conductor serve --policy`` and the pipeline alike."""
     kind, _, arg = spec.partition(":")
     if kind not in _REGISTRY:
         raise UnknownName(f"unknown policy {spec!r}; known kinds: {', '.join(policy_names())}")

@@ -36,7 +36,7 @@ from rl_conductor.executor import Continuation, RoundRequest, execute
 from rl_conductor.lm.generate import generate, load_lm
 from rl_conductor.lm.models import looks_like_hf_id
 from rl_conductor.policies.base import Episode, Plan, Policy
-from rl_conductor.policies.evidence import EvidenceModel
+from rl_conductor.policies.evidence import EvidenceModel, Ranker
 from rl_conductor.prompting import (
     DEFAULT_MAX_QUESTION_CHARS,
     conductor_prompt,
@@ -44,6 +44,7 @@ from rl_conductor.prompting import (
     quantile_seconds,
     review_prompt,
 )
+from rl_conductor.reward import reward_from_dict
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
@@ -206,6 +207,11 @@ class ConductorPolicy(Policy):
                     f"conductor.json asks for {self.meta['evidence']} evidence; its files are missing",
                 )
             self.evidence = EvidenceModel.load(self.model_dir)
+        #: with ``evidence: rank`` the prompt's last line ranks the usable workers by estimated
+        #: reward under the reward the model was trained with (conductor.json ``reward``)
+        self.ranker: Ranker | None = None
+        if self.meta.get("evidence") == "rank" and self.evidence is not None:
+            self.ranker = Ranker(self.evidence, reward_from_dict(self.meta.get("reward", {})))
         self._embedded: dict[str, Any] = {}
         self.batch_size = batch_size
         self.seed = seed
@@ -336,6 +342,11 @@ class ConductorPolicy(Policy):
             views,
             first,
         )
+        if self.ranker is not None:  # what the evidence alone would pick (evaluation: agreement)
+            plans = [
+                replace(p, evidence_best=(self.evidence_ranking(t, v, lim, e) or [None])[0])
+                for p, t, v, lim, e in zip(plans, tasks, views, first, evidence, strict=True)
+            ]
         again: list[int] = []
         why: dict[int, str] = {}
         for i, (plan, view, lim) in enumerate(zip(plans, views, limits, strict=True)):
@@ -423,7 +434,17 @@ class ConductorPolicy(Policy):
             max_question_chars=self.max_question_chars,
             evidence=evidence,
             question_cut=self.question_cut,
+            ranking=self.evidence_ranking(task, view, limits, evidence),
         )
+
+    def evidence_ranking(
+        self, task: Task, view: PoolView, limits: Limits, evidence: Mapping[str, float] | None
+    ) -> list[int] | None:
+        """The prompt's ranking line (``evidence: rank``; None for other models): the ordinals of
+        ``view`` the request may use, best first by estimated reward (:class:`Ranker`)."""
+        if self.ranker is None or evidence is None:
+            return None
+        return self.ranker(task, evidence, view, limits)
 
     async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
         with self._lock:

@@ -25,28 +25,55 @@ Leakage: the training prompts' evidence is *out-of-fold* (5 folds: each question
 from a model that never saw it), so training prompts look like test prompts; the model saved
 with the Conductor is fitted on every training question and never on a validation or test one.
 Workers with one outcome only in training (always right, or always wrong) get that rate.
+
+Shrinkage (``fit_evidence(shrink=True)``, the ``evidence: rank`` recipe): on a pool with few
+training questions or many workers the probe's per-question signal can be weaker than its
+noise, and a probe regularised to a constant lands on the *overall* rate, below what a
+domain-router knows. So each worker's estimate is a blend ``a x probe + (1 - a) x its domain's
+rate``, with ``a`` in :data:`ALPHAS` chosen with the regularisation strength by the same
+out-of-fold log-loss (``a = 0`` is the domain rate itself: where the probe predicts nothing, the
+estimate is the domain-router's).
+
+Ranking (:func:`estimated_rewards`, :func:`ranking`): the estimate turned into the reward the
+Conductor is trained for (its chance of being right, minus the cost term at the worker's mean
+cost on the domain's training questions), and the workers the request may use ordered by it. The
+prompt's ``Best by estimate:`` line and the warm-start targets of ``evidence: rank`` are both made
+by these two functions, so the target is the line's first id.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
-from rl_conductor.prompting import percent
+from rl_conductor.prompting import over_budget, percent
+from rl_conductor.reward import RewardConfig
 from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits
+from rl_conductor.workers.pool import PoolView
 
-__all__ = ["EvidenceModel", "evidence_for", "fit_evidence", "percent"]
+__all__ = [
+    "EvidenceModel",
+    "Ranker",
+    "estimated_rewards",
+    "evidence_for",
+    "fit_evidence",
+    "percent",
+    "ranking",
+]
 
 FILE = "evidence.npz"
 META = "evidence.json"
 #: regularisation strengths tried per worker (inverse L2 weight; cross-validated log-loss)
 CS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+#: weights of the probe against the domain's rate tried per worker with ``shrink`` (see docstring)
+ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 FOLDS = 5
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
 
@@ -73,6 +100,24 @@ class EvidenceModel:
     std: NDArray[np.float64]
     constant: NDArray[np.float64]  # [workers]: the rate of a one-outcome worker, NaN otherwise
     chosen_c: list[float]
+    #: [workers] weight of the probe against the domain's rate (1 = the probe alone, as unshrunk)
+    alpha: NDArray[np.float64] | None = None
+    #: [groups + 1, workers] training rate of being right per domain (last row: every domain)
+    rate: NDArray[np.float64] | None = None
+    #: [groups + 1, workers] mean training cost (USD) per domain (last row: every domain); NaN
+    #: where not measured (a model saved before costs were kept)
+    cost: NDArray[np.float64] | None = None
+
+    def _group_rows(self, tasks: Sequence[Task]) -> NDArray[np.int64]:
+        """Each task's row of :attr:`rate` / :attr:`cost` (an unknown domain: the last row)."""
+        index = {g: i for i, g in enumerate(self.groups)}
+        return np.array([index.get(t.domain, len(self.groups)) for t in tasks], dtype=np.int64)
+
+    def domain_cost(self, tasks: Sequence[Task]) -> NDArray[np.float64]:
+        """``[tasks, workers]`` mean training cost of each worker on the task's domain."""
+        if self.cost is None:
+            raise ValueError("this evidence model was saved without worker costs; train it again")
+        return self.cost[self._group_rows(tasks)]
 
     def features(self, tasks: Sequence[Task], embeddings: NDArray[np.floating]) -> NDArray[np.float64]:
         s = (np.array([surface(t.question) for t in tasks], dtype=np.float64) - self.mean) / self.std
@@ -86,6 +131,8 @@ class EvidenceModel:
             return np.zeros((0, len(self.names)))
         z = self.features(tasks, embeddings) @ self.coef.T + self.intercept
         p = 1.0 / (1.0 + np.exp(-z))
+        if self.alpha is not None and self.rate is not None:
+            p = self.alpha * p + (1.0 - self.alpha) * self.rate[self._group_rows(tasks)]
         return np.where(np.isnan(self.constant), p, self.constant)
 
     def as_mapping(self, row: NDArray[np.floating]) -> dict[str, float]:
@@ -94,6 +141,11 @@ class EvidenceModel:
     def save(self, folder: str | Path) -> None:
         d = Path(folder)
         d.mkdir(parents=True, exist_ok=True)
+        optional = {
+            k: v
+            for k, v in (("alpha", self.alpha), ("rate", self.rate), ("cost", self.cost))
+            if v is not None
+        }
         np.savez(
             d / FILE,
             coef=self.coef,
@@ -101,6 +153,7 @@ class EvidenceModel:
             mean=self.mean,
             std=self.std,
             constant=self.constant,
+            **optional,
         )
         meta = {"names": self.names, "groups": self.groups, "chosen_c": self.chosen_c}
         (d / META).write_text(json.dumps(meta, indent=2))
@@ -119,11 +172,28 @@ class EvidenceModel:
             std=arrays["std"],
             constant=arrays["constant"],
             chosen_c=[float(c) for c in meta["chosen_c"]],
+            **{k: arrays[k] for k in ("alpha", "rate", "cost") if k in arrays.files},
         )
 
     @staticmethod
     def exists(folder: str | Path) -> bool:
         return (Path(folder) / FILE).is_file() and (Path(folder) / META).is_file()
+
+
+def _rates(
+    rows: NDArray[np.int64], y: NDArray[np.floating], n_groups: int, prior: float = 1.0
+) -> NDArray[np.float64]:
+    """``[n_groups + 1]`` mean of ``y`` per group row (last: all), each shrunk towards the overall
+    mean with a weight of ``prior`` items (a domain of one question is not certain)."""
+    overall = float(y.mean()) if len(y) else 0.5
+    sums = np.bincount(rows, weights=y, minlength=n_groups)[:n_groups]
+    counts = np.bincount(rows, minlength=n_groups)[:n_groups]
+    return np.append((sums + prior * overall) / (counts + prior), overall)
+
+
+def _log_loss(y: NDArray[np.int64], pred: NDArray[np.floating]) -> float:
+    p = np.clip(pred, 1e-6, 1 - 1e-6)
+    return float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())
 
 
 def fit_evidence(
@@ -133,11 +203,16 @@ def fit_evidence(
     correct: NDArray[np.bool_],
     *,
     seed: int = 0,
+    cost: NDArray[np.floating] | None = None,
+    shrink: bool = False,
 ) -> tuple[EvidenceModel, NDArray[np.float64]]:
     """Fit the probes on training questions and return them with the out-of-fold estimates.
 
-    ``correct[i, j]``: worker ``names[j]`` alone answered ``tasks[i]`` correctly. Returns the
-    model fitted on every question and the ``[tasks, workers]`` out-of-fold estimates.
+    ``correct[i, j]``: worker ``names[j]`` alone answered ``tasks[i]`` correctly; ``cost[i, j]``
+    what that call cost (kept per domain for :func:`estimated_rewards`). With ``shrink`` each
+    estimate is blended with the worker's domain rate by a weight chosen out of fold (module
+    docstring). Returns the model fitted on every question and the ``[tasks, workers]``
+    out-of-fold estimates.
     """
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedKFold
@@ -145,6 +220,8 @@ def fit_evidence(
     n, w = correct.shape
     if n != len(tasks) or len(names) != w:
         raise ValueError(f"{n} outcome rows for {len(tasks)} tasks, {w} columns for {len(names)} workers")
+    if cost is not None and np.shape(cost) != (n, w):
+        raise ValueError(f"cost has shape {np.shape(cost)}, outcomes {(n, w)}")
     groups = sorted({t.domain for t in tasks})
     raw = np.array([surface(t.question) for t in tasks], dtype=np.float64).reshape(n, 3)
     mean = raw.mean(axis=0) if n else np.zeros(3)
@@ -159,6 +236,16 @@ def fit_evidence(
         constant=np.full(w, np.nan),
         chosen_c=[0.0] * w,
     )
+    rows = model._group_rows(tasks)
+    if cost is not None:
+        c = np.asarray(cost, dtype=np.float64)
+        model.cost = np.stack([_rates(rows, c[:, j], len(groups), prior=0.0) for j in range(w)], axis=1)
+    alphas = ALPHAS if shrink else (1.0,)
+    if shrink:
+        model.alpha = np.ones(w)
+        model.rate = np.stack(
+            [_rates(rows, correct[:, j].astype(float), len(groups)) for j in range(w)], axis=1
+        )
     x = model.features(tasks, embeddings)
     model.coef = np.zeros((w, x.shape[1]))
     oof = np.zeros((n, w))
@@ -171,24 +258,58 @@ def fit_evidence(
             oof[:, j] = rate
             continue
         folds = list(StratifiedKFold(FOLDS, shuffle=True, random_state=seed).split(x, y))
-        best: tuple[float, float, NDArray[np.float64]] | None = None
+        domain = np.zeros(n)  # out-of-fold domain rates (for the blend)
+        for train, held in folds:
+            domain[held] = _rates(rows[train], y[train].astype(float), len(groups))[rows[held]]
+        best: tuple[float, float, float, NDArray[np.float64]] | None = None
         for c in CS:
             pred = np.zeros(n)
             for train, held in folds:
                 clf = LogisticRegression(C=c, max_iter=1000).fit(x[train], y[train])
                 pred[held] = clf.predict_proba(x[held])[:, 1]
-            p = np.clip(pred, 1e-6, 1 - 1e-6)
-            loss = float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())
-            if best is None or loss < best[0] - 1e-12:
-                best = (loss, c, pred)
+            for a in alphas:
+                blend = a * pred + (1.0 - a) * domain
+                loss = _log_loss(y, blend)
+                if best is None or loss < best[0] - 1e-12:
+                    best = (loss, c, a, blend)
         assert best is not None
-        _, c, pred = best
+        _, c, a, pred = best
         oof[:, j] = pred
         full = LogisticRegression(C=c, max_iter=1000).fit(x, y)
         model.coef[j] = full.coef_[0]
         model.intercept[j] = full.intercept_[0]
         model.chosen_c[j] = c
+        if model.alpha is not None:
+            model.alpha[j] = a
     return model, oof
+
+
+def estimated_rewards(
+    model: EvidenceModel, tasks: Sequence[Task], estimates: NDArray[np.floating], config: RewardConfig
+) -> NDArray[np.float64]:
+    """``[tasks, workers]`` the reward each worker alone is expected to earn on each task: the
+    format bonus, ``correct_weight`` x its estimate (``estimates``, from :meth:`EvidenceModel.
+    predict` or out of fold) and the cost term at its mean training cost on the task's domain."""
+    cost = model.domain_cost(tasks)
+    pen = np.minimum(config.max_cost_penalty, config.cost_weight * cost / config.cost_scale)
+    return config.format_bonus + config.correct_weight * np.asarray(estimates, dtype=np.float64) - pen
+
+
+def ranking(model: EvidenceModel, rewards: NDArray[np.floating], view: PoolView, limits: Limits) -> list[int]:
+    """The ordinals of ``view`` best first by one task's ``rewards`` (a row of
+    :func:`estimated_rewards`, columns ``model.names``): only workers the request may use — not
+    over its budget (:func:`~rl_conductor.prompting.over_budget`, what the Conductor's decoding
+    masks) and permitted by its limits — unless none is, then every shown worker. Workers the
+    model does not know come last; ties go to the lower ordinal."""
+    col = {name: j for j, name in enumerate(model.names)}
+    infos = view.infos()
+    usable = [
+        i
+        for i, info in enumerate(infos)
+        if not over_budget(info, limits.max_cost_usd) and limits.permits(info.name, info.hosting)
+    ] or list(range(len(infos)))
+    score = {i: float(rewards[col[infos[i].name]]) if infos[i].name in col else -np.inf for i in usable}
+    return sorted(usable, key=lambda i: (-score[i], i))
 
 
 def evidence_for(
@@ -201,3 +322,19 @@ def evidence_for(
         return []
     emb = embed([t.question for t in tasks]) if embeddings is None else embeddings
     return [model.as_mapping(r) for r in model.predict(tasks, emb)]
+
+
+@dataclass
+class Ranker:
+    """A question's ranking line (``evidence: rank``) from its estimates: the one function the
+    warm-start targets (its first id), the training prompts and the Conductor's prompts all call."""
+
+    model: EvidenceModel
+    config: RewardConfig
+
+    def __call__(
+        self, task: Task, estimates: Mapping[str, float], view: PoolView, limits: Limits
+    ) -> list[int]:
+        row = np.array([[estimates.get(n, np.nan) for n in self.model.names]], dtype=np.float64)
+        rewards = estimated_rewards(self.model, [task], row, self.config)[0]
+        return ranking(self.model, np.where(np.isnan(rewards), -np.inf, rewards), view, limits)

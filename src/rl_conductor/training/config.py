@@ -19,7 +19,7 @@ from rl_conductor.prompting import QUESTION_CUTS
 #: ``training.candidates.group_of``).
 GROUP_BY = ("source", "subject", "domain", "task")
 #: What per-question evidence the Conductor's prompt carries (``TrainConfig.evidence``).
-EVIDENCE = ("none", "probe")
+EVIDENCE = ("none", "probe", "rank")
 
 
 def _f(default: Any, help: str) -> Any:
@@ -49,7 +49,9 @@ class TrainConfig:
         "none",
         "per-question evidence in the prompt: none | probe (each worker's estimated chance of "
         "answering this question right, fitted on the training split; policies/evidence.py); "
-        "with probe the warm-start targets are made per question from the same estimates",
+        "with probe the warm-start targets are made per question from the same estimates | rank "
+        "(the estimates shrunk towards each domain's rate, and a last prompt line ranking the "
+        "usable workers by estimated reward; the target is its first id alone)",
     )
     # tiny model shape
     tiny_vocab_size: int = _f(4096, "BPE vocabulary of the tiny model's tokenizer")
@@ -213,6 +215,10 @@ class TrainConfig:
             )
         if self.evidence not in EVIDENCE:
             raise ConfigError(f"evidence must be one of {', '.join(EVIDENCE)}, not {self.evidence!r}")
+        if self.evidence == "rank" and self.max_rounds > 1:
+            raise ConfigError(
+                "evidence: rank plans one round (its targets are single workers): set max_rounds: 1"
+            )
         if self.evidence != "none" and self.sft_targets != "expected-best":
             raise ConfigError(
                 f"evidence: {self.evidence} is fitted on the warm start's candidate table: "

@@ -14,17 +14,21 @@ share of 0 no random state is touched, so the specs are those of the recipe with
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rl_conductor.prompting import conductor_prompt
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
+from rl_conductor.training.candidates import single
 from rl_conductor.training.deadlines import draw_deadline
 from rl_conductor.training.warmstart import ExpectedRewards
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
+
+#: a question's ranking line from its estimates (:class:`rl_conductor.policies.evidence.Ranker`)
+Rank = Callable[[Task, Mapping[str, float], PoolView, Limits], Sequence[int]]
 
 #: Subtask wording by role; the simulated pool ignores wording, live workers do not.
 INSTRUCTIONS: dict[str, tuple[str, ...]] = {
@@ -148,9 +152,11 @@ def spec_prompt(
     max_question_chars: int,
     evidence: Mapping[str, Mapping[str, float]] | None,
     question_cut: str,
+    rank: Rank | None = None,
 ) -> str:
     """The Conductor prompt of a spec; ``evidence`` maps task ids to the per-worker estimates the
-    prompt shows (out-of-fold for training questions, :mod:`rl_conductor.policies.evidence`)."""
+    prompt shows (out-of-fold for training questions, :mod:`rl_conductor.policies.evidence`);
+    with ``rank`` (``evidence: rank``) the prompt ends with their ranking line."""
     mine = None if evidence is None else evidence.get(spec.task.id)
     return conductor_prompt(
         spec.task,
@@ -159,6 +165,7 @@ def spec_prompt(
         max_question_chars=max_question_chars,
         evidence=mine,
         question_cut=question_cut,
+        ranking=None if rank is None or mine is None else rank(spec.task, mine, view, limits),
     )
 
 
@@ -198,18 +205,26 @@ def warm_sft_records(
     max_question_chars: int,
     evidence: Mapping[str, Mapping[str, float]] | None = None,
     question_cut: str = "head",
+    rank: Rank | None = None,
 ) -> list[dict[str, Any]]:
     """Prompt/completion pairs whose completion is the prompt's expected-best workflow
     (:mod:`rl_conductor.training.warmstart`): only the shown workers, affordable under the
-    prompt's budget and planned for its deadline, ids as the prompt shows them."""
+    prompt's budget and planned for its deadline, ids as the prompt shows them. With ``rank``
+    (``evidence: rank``) the completion is the first worker of the prompt's ranking line alone
+    (the line and the target come from the same :class:`~rl_conductor.policies.evidence.Ranker`)."""
     out = []
     for s in specs:
         view = s.pool_view(pool)
         lim = s.limits(base)
-        wf = targets.target(s.task, view.names(), s.budget, s.deadline)
+        mine = None if evidence is None else evidence.get(s.task.id)
+        if rank is not None and mine is not None:
+            best = rank(s.task, mine, view, lim)[0]
+            wf = single(view.names()[best]).workflow(view.names())
+        else:
+            wf = targets.target(s.task, view.names(), s.budget, s.deadline)
         out.append(
             {
-                "prompt": chat(spec_prompt(s, view, lim, max_question_chars, evidence, question_cut)),
+                "prompt": chat(spec_prompt(s, view, lim, max_question_chars, evidence, question_cut, rank)),
                 "completion": [{"role": "assistant", "content": render(wf)}],
             }
         )
@@ -224,12 +239,15 @@ def grpo_records(
     max_question_chars: int,
     evidence: Mapping[str, Mapping[str, float]] | None = None,
     question_cut: str = "head",
+    rank: Rank | None = None,
 ) -> list[dict[str, Any]]:
     """Conversational prompts for GRPOTrainer; extra columns reach the reward function."""
     return [
         {
             "prompt": chat(
-                spec_prompt(s, s.pool_view(pool), s.limits(base), max_question_chars, evidence, question_cut)
+                spec_prompt(
+                    s, s.pool_view(pool), s.limits(base), max_question_chars, evidence, question_cut, rank
+                )
             ),
             "task_id": s.task.id,
             "view": list(s.view),

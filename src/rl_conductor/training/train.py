@@ -181,8 +181,13 @@ def train(
     evidence_model: Any = None
     evidence: dict[str, dict[str, float]] | None = None
     rule: dict[tuple[str, str, str], str] | None = None
+    rank: Any = None
     if cfg.sft_targets == "expected-best":
         targets, evidence_model, evidence, rule = _warm_start(cfg, tasks, pool, progress=progress)
+        if cfg.evidence == "rank":
+            from rl_conductor.policies.evidence import Ranker
+
+            rank = Ranker(evidence_model, _reward_config(cfg))
         sft = warm_sft_records(
             sft_specs,
             pool,
@@ -191,6 +196,7 @@ def train(
             max_question_chars=cfg.max_question_chars,
             evidence=evidence,
             question_cut=cfg.question_cut,
+            rank=rank,
         )
         if rule is not None:  # rounds: the review prompt after each target first plan, and its target
             from rl_conductor.training.adaptive import review_records
@@ -224,6 +230,7 @@ def train(
         max_question_chars=cfg.max_question_chars,
         evidence=evidence,
         question_cut=cfg.question_cut,
+        rank=rank,
     )
 
     mlflow_utils.configure(cfg.mlflow_tracking_uri)
@@ -382,7 +389,9 @@ def _warm_start(
         by_id = {t.id: t for t in items}
         table = replace(table, groups=[group_of(by_id[i], cfg.warm_group_by) for i in table.task_ids])
     model, evidence = (
-        prompt_evidence(table, items, tasks, seed=cfg.seed) if cfg.evidence == "probe" else (None, None)
+        prompt_evidence(table, items, tasks, seed=cfg.seed, shrink=cfg.evidence == "rank")
+        if cfg.evidence != "none"
+        else (None, None)
     )
     rule = None
     if cfg.max_rounds > 1:
@@ -411,12 +420,14 @@ def _warm_start(
 
 
 def prompt_evidence(
-    table: Any, items: list[Any], tasks: list[Any], *, seed: int = 0
+    table: Any, items: list[Any], tasks: list[Any], *, seed: int = 0, shrink: bool = False
 ) -> tuple[Any, dict[str, dict[str, float]]]:
     """The evidence model (:mod:`rl_conductor.policies.evidence`) fitted on the candidate table's
-    single-worker rows (no budget), and task id -> worker -> estimate for every training
-    question: out-of-fold for the table's questions, the fitted model's for the others (which it
-    never saw either)."""
+    single-worker rows (no budget; with their costs, and with ``shrink`` blended with each
+    domain's rate), and task id -> worker -> estimate for every training question: out-of-fold
+    for the table's questions, the fitted model's for the others (which it never saw either)."""
+    import numpy as np
+
     from rl_conductor.policies.evidence import evidence_for, fit_evidence
     from rl_conductor.policies.knn import cached_embeddings
 
@@ -427,7 +438,10 @@ def prompt_evidence(
         table.correct[:, [j for j, _ in singles], 0].astype(bool) & table.done[:, [j for j, _ in singles], 0]
     )
     emb = cached_embeddings([t.question for t in rows])
-    model, oof = fit_evidence(rows, emb, [n for _, n in singles], correct, seed=seed)
+    cost = np.nan_to_num(table.cost[:, [j for j, _ in singles], 0])
+    model, oof = fit_evidence(
+        rows, emb, [n for _, n in singles], correct, seed=seed, cost=cost, shrink=shrink
+    )
     out = {t.id: model.as_mapping(r) for t, r in zip(rows, oof, strict=True)}
     rest = [t for t in tasks if t.id not in out]
     if rest:

@@ -1,0 +1,176 @@
+"""A trained ``recordings`` Conductor against its own evidence rule and the routers, with paired CIs.
+
+Why: the bar of a Conductor for bring-your-own recordings is to reach what its evidence says
+(``evidence-rule:DIR``: each question to the first worker of its ranking line) and to beat the
+routers fitted at the reward it was trained with (``knn``, ``domain-router``). This benchmark
+evaluates, on the validation and test splits of the pool the model was trained on (its
+``conductor.json``), through the executor as ``conductor compare`` does:
+
+* ``conductor`` (the folder given; with ``--sft`` also the SFT-only folder next to it: GRPO's
+  effect);
+* ``evidence-rule``, ``knn`` and ``domain-router`` (fitted at the model's reward on every training
+  question);
+
+and reports per policy accuracy, $/question, mean reward, the Conductor's agreement with its
+evidence (``evidence_agreement``), paired bootstrap 95 % intervals of the Conductor's reward minus
+each other policy's, and its accuracy minus the kNN router's cost-accuracy frontier at the
+Conductor's cost (the kNN router refitted at cost weights 0 … 1 on the recorded single outcomes,
+with the single workers, :func:`~rl_conductor.evaluation.frontier.hull_accuracy`; the bootstrap
+resamples the questions of every point).
+
+Usage: ``python benchmarks/recordings_conductor.py --model runs/mine/final --sft --json
+benchmarks/results/recordings_conductor_routellm.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _results import write_json  # benchmarks/_results.py (scripts run from this folder)
+from rich.console import Console
+from rich.table import Table
+
+from rl_conductor.evaluation.frontier import Point, hull_accuracy
+from rl_conductor.evaluation.runner import EvalResult, evaluate
+from rl_conductor.policies.base import make_policy
+from rl_conductor.policies.knn import cached_embeddings
+from rl_conductor.policies.routers import reward_matrix, single_outcomes
+from rl_conductor.reward import reward_from_dict
+from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.trace import Limits
+from rl_conductor.workers.pool import load_pool
+
+#: cost weights of the kNN frontier (the router refitted at each)
+FRONTIER_WEIGHTS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
+
+
+def knn_choices(train: dict[str, Any], test: dict[str, Any], base: Any) -> dict[float, np.ndarray]:
+    """The shipped kNN router's choice (similarity-weighted mean reward over every training
+    question) per test question at each frontier weight."""
+    sims = test["emb"] @ train["emb"].T
+    w = np.clip(sims, 0, None)
+    w = np.where(w.sum(axis=1, keepdims=True) > 0, w, 1.0)
+    w = w / w.sum(axis=1, keepdims=True)
+    return {
+        cw: (w @ reward_matrix(train["out"], replace(base, cost_weight=cw))).argmax(axis=1)
+        for cw in FRONTIER_WEIGHTS
+    }
+
+
+def frontier_gap(
+    res: EvalResult, test: dict[str, Any], choices: dict[float, np.ndarray], idx: np.ndarray
+) -> float:
+    """Accuracy points of ``res`` above the kNN frontier (with the singles) at its cost, on ``idx``."""
+    y, c = test["out"].correct[idx], test["out"].cost[idx]
+    rows = np.arange(len(idx))
+    points = [
+        Point(f"knn@{w}", c[rows, ch[idx]].mean(), y[rows, ch[idx]].mean()) for w, ch in choices.items()
+    ]
+    points += [Point(n, c[:, j].mean(), y[:, j].mean()) for j, n in enumerate(test["out"].names)]
+    acc = np.array([r.correct for r in res.records], dtype=float)[idx]
+    cost = np.array([r.cost_usd for r in res.records])[idx]
+    return float(100 * (acc.mean() - hull_accuracy(max(cost.mean(), min(p.cost for p in points)), points)))
+
+
+def paired(a: np.ndarray, b: np.ndarray, draws: np.ndarray) -> dict[str, Any]:
+    d = a - b
+    means = d[draws].mean(axis=1)
+    return {
+        "mean": float(d.mean()),
+        "ci95": [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, required=True, help="the trained Conductor folder (OUT/final)")
+    ap.add_argument("--sft", action="store_true", help="also the SFT-only folder (OUT/sft)")
+    ap.add_argument("--splits", default="validation,test")
+    ap.add_argument("--limit", type=int, default=None, help="at most N questions per split")
+    ap.add_argument("--boot", type=int, default=2000)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    meta = json.loads((args.model / "conductor.json").read_text())
+    pool = load_pool(meta["pool"], seed=0)
+    dataset = str(meta["dataset"])
+    rc = reward_from_dict(meta["reward"])
+    specs = {"conductor": f"conductor:{args.model}"}
+    if args.sft:
+        specs["conductor-sft"] = f"conductor:{args.model.parent / 'sft'}"
+    specs |= {"evidence-rule": f"evidence-rule:{args.model}", "knn": "knn", "domain-router": "domain-router"}
+    policies = {k: make_policy(s, pool, seed=0, dataset=dataset, reward_config=rc) for k, s in specs.items()}
+    tr_tasks = load_tasks(dataset, split="train")
+    train = {"out": single_outcomes(pool, tr_tasks), "emb": cached_embeddings([t.question for t in tr_tasks])}
+    out: dict[str, Any] = {
+        "model": str(args.model),
+        "pool": meta["pool"],
+        "reward": rc.to_dict(),
+        "splits": {},
+    }
+    console = Console()
+    for split in args.splits.split(","):
+        tasks = load_tasks(dataset, split=split, limit=args.limit)
+        test = {"out": single_outcomes(pool, tasks), "emb": cached_embeddings([t.question for t in tasks])}
+        results = {
+            k: evaluate(p, pool.view(), tasks, Limits(), reward_config=rc, description=f"{split} {k}")
+            for k, p in policies.items()
+        }
+        rewards = {k: np.array([r.reward for r in res.records]) for k, res in results.items()}
+        draws = np.random.default_rng(0).integers(0, len(tasks), size=(args.boot, len(tasks)))
+        choices = knn_choices(train, test, rc)
+        every = np.arange(len(tasks))
+        gaps = [
+            frontier_gap(results["conductor"], test, choices, d) for d in draws[: max(200, args.boot // 10)]
+        ]
+        summary = {k: res.summary() for k, res in results.items()}
+        block = {
+            "n": len(tasks),
+            "policies": {
+                k: {
+                    key: s.get(key)
+                    for key in (
+                        "accuracy",
+                        "mean_cost_usd",
+                        "mean_reward",
+                        "evidence_agreement",
+                        "fallback_rate",
+                    )
+                }
+                for k, s in summary.items()
+            },
+            "conductor_minus": {
+                k: paired(rewards["conductor"], rewards[k], draws) for k in results if k != "conductor"
+            },
+            "conductor_above_knn_frontier_points": {
+                "mean": frontier_gap(results["conductor"], test, choices, every),
+                "ci95": [float(np.percentile(gaps, 2.5)), float(np.percentile(gaps, 97.5))],
+            },
+        }
+        out["splits"][split] = block
+        table = Table(title=f"{meta['pool']} {split} (n = {len(tasks)}, cost weight {rc.cost_weight})")
+        for col in ("policy", "acc %", "$/q", "reward", "agreement", "conductor − it (95 % CI)"):
+            table.add_column(col, justify="left" if col == "policy" else "right")
+        for k, s in block["policies"].items():
+            d = block["conductor_minus"].get(k)
+            table.add_row(
+                k,
+                f"{100 * s['accuracy']:.2f}",
+                f"{s['mean_cost_usd']:.6f}",
+                f"{s['mean_reward']:.4f}",
+                "" if s["evidence_agreement"] is None else f"{100 * s['evidence_agreement']:.1f} %",
+                "" if d is None else f"{d['mean']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]",
+            )
+        console.print(table)
+        g = block["conductor_above_knn_frontier_points"]
+        console.print(f"conductor above the kNN frontier at its cost: {g['mean']:+.2f} points {g['ci95']}")
+    if args.json:
+        write_json(args.json, "recordings_conductor", out)
+
+
+if __name__ == "__main__":
+    main()

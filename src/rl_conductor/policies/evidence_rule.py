@@ -1,0 +1,60 @@
+"""``evidence-rule:DIR``: what a trained Conductor's evidence alone would do, without its LM.
+
+Why it exists: a Conductor trained with ``evidence: rank`` is shown a ranking line (the workers the
+request may use, best first by the estimated reward of its own evidence model, :class:`~rl_conductor.
+policies.evidence.Ranker`) and trained to write its first worker. This policy sends each question
+to that worker alone: the bar the LM is trained to reach, and a baseline in ``conductor compare``
+beside ``knn`` and ``domain-router``. If the Conductor scores below it, the LM is not following its
+evidence (evaluation reports the share of plans that do: ``evidence_agreement``). It reads only the
+folder's ``conductor.json`` (the reward the model was trained with) and its evidence files; no
+weights are loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rl_conductor.errors import InvalidSpec, model_not_found
+from rl_conductor.policies.base import Plan, Policy
+from rl_conductor.policies.evidence import EvidenceModel, Ranker
+from rl_conductor.reward import reward_from_dict
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits
+from rl_conductor.training.candidates import single
+from rl_conductor.workers.pool import Pool, PoolView
+
+
+class EvidenceRule(Policy):
+    """Each question to the first worker of its ranking line (see module docstring)."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        from rl_conductor.policies.conductor import CONFIG_FILE, model_source
+        from rl_conductor.policies.knn_embed import embed
+
+        source = model_source(model_dir)
+        if not isinstance(source, Path):
+            raise model_not_found(
+                str(model_dir), "evidence-rule needs a Conductor folder or URI, not a hub id"
+            )
+        meta: dict[str, Any] = json.loads((source / CONFIG_FILE).read_text())
+        if meta.get("evidence") != "rank" or not EvidenceModel.exists(source):
+            raise model_not_found(
+                str(model_dir), f"{source} was not trained with evidence: rank (conductor.json evidence)"
+            )
+        self.evidence = EvidenceModel.load(source)
+        self.ranker = Ranker(self.evidence, reward_from_dict(meta.get("reward", {})))
+        self._embed = embed
+        self.name = f"evidence-rule:{source.name}"
+
+    @classmethod
+    def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> EvidenceRule:
+        if not arg:
+            raise InvalidSpec("evidence-rule needs a Conductor folder trained with evidence: rank")
+        return cls(arg)
+
+    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+        estimates = self.evidence.as_mapping(self.evidence.predict([task], self._embed([task.question]))[0])
+        best = self.ranker(task, estimates, view, limits)[0]
+        return Plan(workflow=single(view.names()[best]).workflow(view.names()), evidence_best=best)
