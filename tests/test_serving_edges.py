@@ -380,3 +380,35 @@ def test_the_external_egress_rule_excludes_every_internal_range(overlay: str) ->
         for internal in map(ipaddress.ip_network, INTERNAL):
             if internal.overlaps(ipaddress.ip_network(block["cidr"])):
                 assert any(e.supernet_of(internal) for e in excluded), (block, str(internal))  # type: ignore[arg-type]
+
+
+# -- memory per request ----------------------------------------------------------------------------
+
+
+async def test_what_a_server_keeps_per_request_stays_bounded() -> None:
+    """The soak's RSS grew about 2 MB per 1,000 requests: each fake worker kept every call's
+    messages (a server on fake workers is the soak's and the demos'). 3,000 requests later the
+    service's per-request state is empty and each worker keeps at most MAX_KEPT_CALLS calls."""
+    from rl_conductor.workers.fake import MAX_KEPT_CALLS
+
+    pool = build_pool(
+        {
+            "name": "mem",
+            "workers": [
+                {"name": "a", "kind": "fake", "hosting": "self", "price_in": 0.1, "price_out": 0.2},
+                {"name": "b", "kind": "fake", "hosting": "self", "price_in": 0.2, "price_out": 0.4},
+            ],
+        }
+    )
+    service = ConductorService(FixedPlan([0, 1]), pool)
+    n = 3 * MAX_KEPT_CALLS
+    for start in range(0, n, 250):
+        await asyncio.gather(
+            *(service.answer(ConductorRequest(question=f"question {i}")) for i in range(start, start + 250))
+        )
+    await service.drain()
+    inner = [w.inner for w in service.pool.workers]  # type: ignore[attr-defined]
+    assert [len(w.calls) for w in inner] == [MAX_KEPT_CALLS, MAX_KEPT_CALLS]
+    assert f"question {n - 1}\n" in inner[0].calls[-1]["messages"][0]["content"]  # the latest kept
+    assert not service._background
+    assert service._planner is None or not service._planner._queue

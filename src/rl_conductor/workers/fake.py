@@ -26,6 +26,22 @@ from rl_conductor.workers.pool import Pool, register_kind
 
 Responder = Callable[[Sequence[Message], CallContext | None], str]
 
+#: Most recent calls a fake worker keeps for tests to inspect (a server that runs on fake workers,
+#: such as the soak benchmark, would otherwise keep every message it ever saw).
+MAX_KEPT_CALLS = 1000
+
+
+class CallLog(list[dict[str, object]]):
+    """A list of a worker's calls that keeps only the latest :data:`MAX_KEPT_CALLS` (a list, so
+    tests compare it with ``[]`` and slice it as before)."""
+
+    maxlen: int = MAX_KEPT_CALLS
+
+    def append(self, call: dict[str, object]) -> None:
+        super().append(call)
+        if len(self) > self.maxlen:
+            del self[: len(self) - self.maxlen]
+
 
 @dataclass
 class FakeWorker:
@@ -37,6 +53,7 @@ class FakeWorker:
         output_tokens: reported output tokens (capped at ``max_tokens``).
         fail_rate: each call raises :class:`WorkerError` with this probability (seeded by
             ``seed``, so a run is reproducible): injected failures for resilience tests.
+        calls: the latest :data:`MAX_KEPT_CALLS` calls (messages, ``max_tokens``, context).
     """
 
     info: WorkerInfo
@@ -48,7 +65,7 @@ class FakeWorker:
     output_tokens: int = 50
     fail_rate: float = 0.0
     seed: int = 0
-    calls: list[dict[str, object]] = field(default_factory=list)
+    calls: list[dict[str, object]] = field(default_factory=CallLog)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(f"{self.info.name}|{self.seed}")
