@@ -1,17 +1,19 @@
 """Time to first token and total latency of the predictor's OpenAI route, streaming vs not, in one run.
 
-Why: a streaming client should see the answer as soon as the workflow has it. The workers of the
-pool answer whole (no worker kind streams tokens), so the first *content* token of a stream can
-only come once the final step is done; what streaming adds before it is one ``conductor_step``
-chunk per finished call. This benchmark measures both, side by side, on local workers with a
-fixed answer time (fake workers, ``latency_s``), through the real KServe server:
+Why: a streaming client should see the answer as soon as the workflow's answering step starts
+producing it. Two pools, each through the real KServe server on loopback:
 
-* ``first_byte_s`` — the first SSE chunk (the role chunk),
-* ``first_step_s`` — the first ``conductor_step`` chunk,
-* ``first_content_s`` — the first non-empty ``delta.content``,
-* ``total_s`` — the end of the response;
+* ``live`` — a two-step chain whose first step is a fake worker with a fixed answer time and whose
+  final step is a live ``kind: openai`` worker: a :class:`ScriptedServer` on loopback that
+  streams its answer in OpenAI's wire format, one piece every ``--piece_s`` seconds (and, asked
+  without ``stream``, answers whole after the same generation time);
+* ``whole`` — the same chain with fake workers only, which answer whole: the behaviour every
+  worker had before token streaming, where the first content token came when the final step
+  was done.
 
-for a non-streaming request every one of them is the total. Ratios are streaming / non-streaming.
+Per request: ``first_byte_s`` (the role chunk), ``first_step_s`` (the first ``conductor_step``
+chunk), ``first_content_s`` (the first non-empty ``delta.content``), ``total_s``; for a
+non-streaming request every one of them is the total. Ratios are streaming / non-streaming.
 
     python benchmarks/streaming_latency.py --json benchmarks/results/streaming_latency.json
 """
@@ -34,16 +36,47 @@ from typing import Any
 import httpx
 import yaml
 
+from rl_conductor.workers.live.testing import Reply, ScriptedServer, success_body
+
 STEP_S = 0.25
-POOL = {
-    "name": "streaming-bench",
-    "workers": [
-        {"name": "first", "kind": "fake", "hosting": "self", "price_in": 0.1, "price_out": 0.2,
-         "answer": "draft: 42", "latency_s": STEP_S},
-        {"name": "final", "kind": "fake", "hosting": "self", "price_in": 0.1, "price_out": 0.2,
-         "answer": "A: 42", "latency_s": STEP_S},
-    ],
-}  # fmt: skip
+PIECES = 20
+
+
+def _pools(worker_url: str, piece_s: float) -> dict[str, dict[str, Any]]:
+    first = {
+        "name": "first",
+        "kind": "fake",
+        "hosting": "self",
+        "price_in": 0.1,
+        "price_out": 0.2,
+        "answer": "draft: 42",
+        "latency_s": STEP_S,
+    }
+    live = {
+        "name": "final",
+        "kind": "openai",
+        "model": "m",
+        "base_url": worker_url,
+        "hosting": "self",
+        "price_in": 0.1,
+        "price_out": 0.2,
+        "retries": {"attempts": 1},
+    }
+    fake = {
+        "name": "final",
+        "kind": "fake",
+        "hosting": "self",
+        "price_in": 0.1,
+        "price_out": 0.2,
+        "answer": "A: 42",
+        "latency_s": PIECES * piece_s,
+    }
+    return {
+        "live": {"name": "streaming-bench-live", "workers": [first, live]},
+        "whole": {"name": "streaming-bench-whole", "workers": [first, fake]},
+    }
+
+
 BODY = {"model": "conductor", "messages": [{"role": "user", "content": "What is 6*7?"}]}
 
 
@@ -85,15 +118,12 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=20, help="requests per mode")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    args = parser.parse_args()
+def _measure(pool_cfg: dict[str, Any], requests: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median marks (streaming, non-streaming) of ``requests`` interleaved requests of each mode."""
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="streaming-bench-") as tmp:
         pool = Path(tmp) / "pool.yaml"
-        pool.write_text(yaml.safe_dump(POOL))
+        pool.write_text(yaml.safe_dump(pool_cfg))
         log = Path(tmp) / "predictor.log"
         cmd = [sys.executable, "-m", "rl_conductor.serving", "--pool", str(pool), "--policy", "fixed:0,1"]
         cmd += ["--auth", "none", "--host", "127.0.0.1", "--http_port", str(port)]
@@ -113,21 +143,53 @@ def main() -> None:
                     time.sleep(0.2)
                 _stream_once(client), _plain_once(client)  # warm-up
                 streaming, plain = [], []
-                for _ in range(args.requests):  # interleaved: both modes see the same machine load
+                for _ in range(requests):  # interleaved: both modes see the same machine load
                     streaming.append(_stream_once(client))
                     plain.append(_plain_once(client))
         finally:
             proc.terminate()
             proc.wait(30)
-    s, p = _summary(streaming), _summary(plain)
+    return _summary(streaming), _summary(plain)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20, help="requests per mode")
+    parser.add_argument("--piece_s", type=float, default=0.025, help="the live worker's time per piece")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = parser.parse_args()
+    text = " ".join(["tok"] * (PIECES - 1) + ["42"])
+    reply = Reply(
+        body=success_body("openai", text, input_tokens=30, output_tokens=PIECES),
+        pieces=tuple(w if i == 0 else " " + w for i, w in enumerate(text.split(" "))),
+        piece_delay_s=args.piece_s,
+    )
+    worker = ScriptedServer("openai", default=reply).start()
+    try:
+        pools = _pools(worker.base_url, args.piece_s)
+        measured = {name: _measure(cfg, args.requests) for name, cfg in pools.items()}
+    finally:
+        worker.stop()
     results: dict[str, Any] = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "settings": {"requests_per_mode": args.requests, "steps": 2, "worker_answer_s": STEP_S},
-        "median_streaming": s,
-        "median_non_streaming": p,
-        "ratio_streaming_over_non_streaming": {k: round(s[k] / p[k], 3) for k in s},
-        "note": "the workers answer whole: first content token = when the final step is done",
+        "settings": {
+            "requests_per_mode": args.requests,
+            "steps": 2,
+            "first_step_s": STEP_S,
+            "final_step_pieces": PIECES,
+            "final_step_piece_s": args.piece_s,
+        },
     }
+    for name, (s, p) in measured.items():
+        results[name] = {
+            "median_streaming": s,
+            "median_non_streaming": p,
+            "ratio_streaming_over_non_streaming": {k: round(s[k] / p[k], 3) for k in s},
+        }
+    results["note"] = (
+        "live: the final step is a loopback OpenAI-compatible worker that streams; whole: fake "
+        "workers that answer whole (every worker before token streaming) with the same total time"
+    )
     print(json.dumps(results, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

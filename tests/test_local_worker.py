@@ -76,6 +76,31 @@ def test_openai_sdk_sees_models_and_real_usage(workers: dict[str, int], tiny_dir
         client.chat.completions.create(model="tiny-self", messages=[], max_tokens=4)
 
 
+def test_worker_serve_answers_stream_true_in_the_streaming_wire_format(workers: dict[str, int]) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{workers['tiny-self']}/openai/v1", api_key="EMPTY")
+    messages = [{"role": "user", "content": "Natalia sold clips to 48 of her friends."}]
+    whole = client.chat.completions.create(
+        model="tiny-self", messages=messages, max_tokens=6, temperature=0.0
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-self",
+            messages=messages,
+            max_tokens=6,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
 async def test_two_step_workflow_over_http_reports_tokens_and_keeps_the_budget(
     live_pool: Pool, tiny_dir: Path
 ) -> None:

@@ -59,6 +59,9 @@ class Reply:
     #: after the first text piece, wait until this is set (at most HOLD_TIMEOUT_S, then fail
     #: with an error event); a reply answered whole waits for it before answering at all
     hold: threading.Event | None = None
+    #: generation time of one text piece (benchmarks): slept before each piece is sent, and for
+    #: every piece before a reply answered whole is sent
+    piece_delay_s: float = 0.0
 
 
 #: longest a held stream waits for its test to release it before it fails with an error event
@@ -452,6 +455,8 @@ class ScriptedServer:
                 if wants_stream and reply.status == 200 and isinstance(reply.body, dict):
                     self._stream(reply, body)
                     return
+                if reply.piece_delay_s and reply.pieces:
+                    time.sleep(reply.piece_delay_s * len(reply.pieces))
                 if reply.hold is not None and not reply.hold.wait(HOLD_TIMEOUT_S):
                     # answered whole, its last token comes after the hold: never released, it fails
                     reply = error(server.vendor, 503, message="the test never released the hold")
@@ -492,6 +497,8 @@ class ScriptedServer:
                         if reply.hold is not None and piece == 1 and not reply.hold.wait(HOLD_TIMEOUT_S):
                             self._chunk(stream_error_event(vendor, "the test never released the hold"))
                             break
+                        if piece is not None and reply.piece_delay_s:
+                            time.sleep(reply.piece_delay_s)
                         self._chunk(ev)
                     self.wfile.write(b"0\r\n\r\n")
                     self.wfile.flush()
