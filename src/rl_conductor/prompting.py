@@ -14,11 +14,12 @@ workflow so far with each step's extracted answer and whether the answers agree
 (:mod:`rl_conductor.rounds`).
 Questions are cut to ``max_question_chars`` so the prompt fits the tiny model's
 context; the cut is marked. With a ``ranking`` (``evidence: rank``,
-:func:`rl_conductor.policies.evidence.ranking`) the prompt ends with ``Best by estimate: 3, then
-1, 5``: the workers the request may use, ordered by their estimated reward for this question. It
-comes last, right before the plan the model writes, so following it is copying the id a fixed
-few tokens back (measured: a ~2M-parameter model trained on targets made from per-worker
-percentages alone did not learn to compare them).
+:func:`rl_conductor.policies.evidence.ranking`) the prompt ends with two lines, ``Ranked by
+estimate: 3, 1, 5`` (the workers the request may use, ordered by their estimated reward for this
+question) and ``Best by estimate: 3``. The best id comes last, right before the plan the model
+writes, so following it is copying the token a fixed number of tokens back whatever the pool's
+size (measured: a ~2M-parameter model trained on targets made from per-worker percentages alone
+did not learn to compare them).
 """
 
 from __future__ import annotations
@@ -149,12 +150,13 @@ RANK_SHOWN = 3
 
 
 def rank_line(order: Sequence[int]) -> str:
-    """``Best by estimate: 3, then 1, 5`` (the first :data:`RANK_SHOWN` ids of ``order``)."""
+    """``Ranked by estimate: 3, 1, 5`` (the first :data:`RANK_SHOWN` ids of ``order``; only with
+    two or more) and ``Best by estimate: 3``, the best id last (see the module docstring)."""
     ids = [str(i) for i in list(order)[:RANK_SHOWN]]
     if not ids:
         raise ValueError("a ranking needs at least one worker")
-    rest = f", then {', '.join(ids[1:])}" if len(ids) > 1 else ""
-    return f"Best by estimate: {ids[0]}{rest}"
+    ranked = f"Ranked by estimate: {', '.join(ids)}\n" if len(ids) > 1 else ""
+    return f"{ranked}Best by estimate: {ids[0]}"
 
 
 def conductor_prompt(
