@@ -325,7 +325,7 @@ async def _call(
         if cost > reservation * (1 + _BUDGET_SLACK)
         else ""
     )
-    if late:
+    if late and time_left is not None:
         # the answer came after the deadline: the request stopped waiting when the time ran out
         err = f"{info.name}: deadline: answered after {comp.latency_s:.3g}s, {time_left:.3g}s were left"
         attempt = Attempt(
