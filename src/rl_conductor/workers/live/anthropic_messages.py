@@ -145,8 +145,11 @@ class AnthropicWorker(LiveWorker):
             if exc.status_code >= 400:
                 raise
             # an `error` event after a 200 status line (overloaded_error mid-stream)
+            body = exc.body if isinstance(exc.body, dict) else {}
+            err = body.get("error") if isinstance(body.get("error"), dict) else {}
+            what = f"{err.get('type', 'error')}: {err.get('message', '')}" if err else exc.message
             raise TransientWorkerError(
-                f"{self.info.name}: the stream reported an error: {redact(exc.message)[:300]}"
+                f"{self.info.name}: the stream reported an error: {redact(str(what))[:300]}"
             ) from None
         finally:
             await stream.close()
