@@ -40,7 +40,7 @@ from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.policies.routers import FIT_LIMIT, _reward_config, pool_key, training_tasks
 from rl_conductor.reward import RewardConfig, grade_trace, parsed_rewards
-from rl_conductor.rounds import summarize
+from rl_conductor.rounds import continuation_within_limits, single_within_budget, summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.graders import extract_answer, keys_agree
 from rl_conductor.trace import Limits
@@ -245,6 +245,8 @@ class Cascade(Policy):
     async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
         a, b = (_ordinal(view, n) for n in self.first)
         wf = Workflow(steps=(Step(a, SOLVE, ()), Step(b, SOLVE, ())))
+        # a budget that cannot afford both answers gets one (rounds.single_within_budget)
+        wf = single_within_budget(wf, view, limits.max_cost_usd) or wf
         return Plan(workflow=wf, text=render(wf))
 
     async def review(self, request: RoundRequest) -> Continuation:
@@ -255,6 +257,8 @@ class Cascade(Policy):
                 workflow=keep, seen=summary.line(), answers=summary.answers, agree=summary.agree
             )
         wf = Workflow(steps=(Step(_ordinal(request.view, self.escalate), SOLVE, ()),))
+        # no escalation the budget or time left cannot afford (it would be stopped part way)
+        wf = continuation_within_limits(wf, request.view, request.limits, len(request.workflow.steps))
         return Continuation(
             workflow=wf, text=render(wf), seen=summary.line(), answers=summary.answers, agree=summary.agree
         )

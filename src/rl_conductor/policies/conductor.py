@@ -45,7 +45,7 @@ from rl_conductor.prompting import (
     review_prompt,
 )
 from rl_conductor.reward import reward_from_dict
-from rl_conductor.rounds import summarize
+from rl_conductor.rounds import continuation_within_limits, single_within_budget, summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, PoolView
@@ -378,6 +378,11 @@ class ConductorPolicy(Policy):
                 ):  # _answerer_alone leaves unparseable and one-step plans alone
                     plan = self._answerer_alone(plan, views[i], limits[i]) or plan
                 plans[i] = plan
+        for i, (plan, view, lim) in enumerate(zip(plans, views, limits, strict=True)):
+            single = None if plan.fallback else single_within_budget(plan.workflow, view, lim.max_cost_usd)
+            if single is not None:  # parallel solves the budget cannot afford all of (rounds.py)
+                note = f"planning: cut to one step, ${lim.max_cost_usd:.4g} affords no parallel answers"
+                plans[i] = replace(plan, workflow=single, notes=(*plan.notes, note))
         return plans
 
     def _path(self, secs: float) -> str:
@@ -489,8 +494,16 @@ class ConductorPolicy(Policy):
                 first_index=len(request.workflow.steps),
             )[0]
         steps = () if plan.fallback else plan.workflow.steps
+        # what the budget and time left afford (the executor would stop the rest part way)
+        wf = continuation_within_limits(
+            Workflow(steps=steps),
+            request.view,
+            request.limits,
+            len(request.workflow.steps),
+            self.deadline_quantile,
+        )
         return Continuation(
-            workflow=Workflow(steps=steps),
+            workflow=wf,
             text=plan.text,
             seen=prompt,
             answers=summary.answers,
