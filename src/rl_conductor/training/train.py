@@ -437,7 +437,14 @@ def prompt_evidence(
     correct = (
         table.correct[:, [j for j, _ in singles], 0].astype(bool) & table.done[:, [j for j, _ in singles], 0]
     )
-    emb = cached_embeddings([t.question for t in rows])
+    # embedded as the whole training list (the cache the routers and benchmarks share), then
+    # indexed: the table's rows are a reordered subset of it
+    known = {t.id: i for i, t in enumerate(tasks)}
+    if all(t.id in known for t in rows):
+        every = cached_embeddings([t.question for t in tasks])
+        emb = every[[known[t.id] for t in rows]]
+    else:
+        every, emb = None, cached_embeddings([t.question for t in rows])
     cost = np.nan_to_num(table.cost[:, [j for j, _ in singles], 0])
     model, oof = fit_evidence(
         rows, emb, [n for _, n in singles], correct, seed=seed, cost=cost, shrink=shrink
@@ -445,7 +452,12 @@ def prompt_evidence(
     out = {t.id: model.as_mapping(r) for t, r in zip(rows, oof, strict=True)}
     rest = [t for t in tasks if t.id not in out]
     if rest:
-        found = evidence_for(model, rest, cached_embeddings([t.question for t in rest]))
+        rest_emb = (
+            every[[known[t.id] for t in rest]]
+            if every is not None
+            else cached_embeddings([t.question for t in rest])
+        )
+        found = evidence_for(model, rest, rest_emb)
         out.update({t.id: e for t, e in zip(rest, found, strict=True)})
     return model, out
 
