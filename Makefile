@@ -35,11 +35,17 @@ run: install ## the whole pipeline locally: prepare, train (tiny), evaluate, reg
 compare: install ## every baseline side by side on paper-sim (table, JSON, Pareto PNG)
 	$(BIN)/conductor compare --pool paper-sim --split test --json .conductor/compare.json --plot .conductor/pareto.png
 
-test: install ## run every test (slow ones included)
-	$(PY) -m pytest -q
+# Tests run on every core (pytest-xdist); a module's tests stay on one worker (--dist loadscope),
+# so module-scoped servers start once; the session's trained micro Conductor is shared by all
+# workers (tests/_tiny.py). PYTEST_WORKERS=0 runs them in this process.
+PYTEST_WORKERS ?= auto
+XDIST := -n $(PYTEST_WORKERS) --dist loadscope
 
-test-fast: install ## run the tests not marked slow
-	$(PY) -m pytest -q -m "not slow"
+test: install ## run every test (slow ones included), on every core
+	$(PY) -m pytest -q $(XDIST)
+
+test-fast: install ## the tests not marked slow (under 3 minutes on 2 cores): run between commits
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 lint: install ## ruff lint + format check
 	$(BIN)/ruff check src tests benchmarks components pipelines serving

@@ -15,6 +15,7 @@ shared folder copy it first.
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,16 +84,34 @@ def trained_micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: 
     """Train the micro Conductor once per session (later calls return the cached run).
 
     The run logs to its own sqlite copy of the migrated MLflow template, with ``CONDUCTOR_HOME``
-    pointed at a temporary folder; MLflow's global tracking URI is restored afterwards.
+    pointed at a temporary folder; MLflow's global tracking URI is restored afterwards. Under
+    pytest-xdist the workers share one run: the first to ask trains it in the session's common
+    temporary folder under a file lock, the others wait for it and read the same folder.
     """
     if "micro" in _CACHE:
         return _CACHE["micro"]
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        from filelock import FileLock
+
+        shared = tmp_path_factory.getbasetemp().parent / "micro-shared"
+        with FileLock(f"{shared}.lock"):
+            done = shared / "micro.pickle"
+            if not done.is_file():
+                micro = _train_micro(shared, mlflow_db_template)
+                done.write_bytes(pickle.dumps(micro))
+            _CACHE["micro"] = pickle.loads(done.read_bytes())
+        return _CACHE["micro"]
+    _CACHE["micro"] = _train_micro(tmp_path_factory.mktemp("micro"), mlflow_db_template)
+    return _CACHE["micro"]
+
+
+def _train_micro(root: Path, mlflow_db_template: Path) -> Micro:
     import mlflow
 
     from rl_conductor.tracking import mlflow_utils
     from rl_conductor.training.train import train
 
-    root = tmp_path_factory.mktemp("micro")
+    root.mkdir(parents=True, exist_ok=True)
     db = root / "mlflow.db"
     shutil.copyfile(mlflow_db_template, db)
     uri = f"sqlite:///{db}"
@@ -110,5 +129,4 @@ def trained_micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: 
         mlflow_utils.reset()
         mlflow.set_tracking_uri(previous_uri)
         mlflow.set_registry_uri(previous_registry)
-    _CACHE["micro"] = Micro(out=root / "out", config=cfg, result=result, tracking_uri=uri, home=root / "home")
-    return _CACHE["micro"]
+    return Micro(out=root / "out", config=cfg, result=result, tracking_uri=uri, home=root / "home")

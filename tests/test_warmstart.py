@@ -501,11 +501,76 @@ def test_parallel_build_gives_the_serial_table_array_for_array(monkeypatch: pyte
     assert serial.done[:, :, 1].any() and serial.done[:, :, 3].any()
 
 
-def test_table_workers_default_to_serial_and_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def _fresh_simulation(monkeypatch: pytest.MonkeyPatch, cache_max: int) -> None:
+    """Empty simulation caches (models, grades, rendered texts, authors), the texts' and the
+    authors' capped at ``cache_max`` entries: a build starts from nothing, as in a fresh process."""
+    from rl_conductor import reward
+    from rl_conductor.workers.simulated import answers, collaboration, skill
+
+    for module, name in ((answers, "_GRADE_CACHE"), (answers, "_RENDERED"), (collaboration, "_AUTHORED")):
+        monkeypatch.setattr(module, name, {})
+    monkeypatch.setattr(skill, "_MODELS", {})
+    monkeypatch.setattr(reward, "_GRADES", type(reward._GRADES)(reward._GRADES.maxsize))
+    monkeypatch.setattr(answers, "_CACHE_MAX", cache_max)
+    monkeypatch.setattr(collaboration, "_AUTHORED_MAX", cache_max)
+
+
+def test_parallel_build_on_the_simulated_pool_is_the_serial_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """paper-sim, whose workers grade answers themselves with the real graders (code in the
+    sandbox), every domain, budget and deadline columns, the simulation's caches small enough to
+    fill several times during the build: two forked workers give the serial table array for
+    array, even where a grade could come out otherwise in a child. Here it does, on purpose: a
+    forked child grades every simulated code and math answer the other way, as the sandbox's
+    and math-verify's wall-clock limits can under the children's load. Before, the children
+    graded what they met on their own (1 to 5 of 24 items' code cells differed on the real
+    graders)."""
+    import os
+
+    from rl_conductor.tasks import graders
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.workers.pool import load_pool
+    from rl_conductor.workers.simulated import answers
+
+    parent, real = os.getpid(), graders.grade
+
+    def load_dependent(task: Task, text: str) -> bool:
+        verdict = real(task, text)
+        flips = task.grader in ("code", "math") and answers.simulated_value(text) is not answers._MISSING
+        return not verdict if flips and os.getpid() != parent else verdict
+
+    monkeypatch.setattr(graders, "grade", load_dependent)
+
+    tasks = select_items(load_tasks("paper-mix", "train"), 4)
+    kw: dict[str, Any] = {
+        "budgets": [0.002],
+        "deadlines": [5.0, 40.0],
+        "deadline_items_per_domain": 4,
+        "top_k": 2,
+        "cheap_k": 1,
+        "max_steps": 3,
+    }
+    tables = []
+    for workers in (1, 2):
+        _fresh_simulation(monkeypatch, cache_max=4000)
+        tables.append(build_table(tasks, load_pool("paper-sim"), workers=workers, parallel_min_jobs=1, **kw))
+    serial, forked = tables
+    assert len({t.domain for t in tasks}) == 4 and serial.done[:, :, 1:].any()
+    assert [c.name for c in forked.candidates] == [c.name for c in serial.candidates]
+    for name in ("correct", "cost", "stopped", "tokens", "done", "calls", "cut"):
+        assert np.array_equal(getattr(forked, name), getattr(serial, name)), name
+
+
+def test_table_workers_default_to_every_core_and_read_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
     from rl_conductor.training.candidates import WORKERS_ENV, table_workers
 
     monkeypatch.delenv(WORKERS_ENV, raising=False)
-    assert table_workers() == 1 and table_workers(3) == 3
+    assert table_workers() == min(len(os.sched_getaffinity(0)), 16) and table_workers(3) == 3
+    monkeypatch.setenv(WORKERS_ENV, "1")
+    assert table_workers() == 1
     monkeypatch.setenv(WORKERS_ENV, "2")
     assert table_workers() == 2
     monkeypatch.setenv(WORKERS_ENV, "auto")

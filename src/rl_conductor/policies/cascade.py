@@ -26,6 +26,7 @@ Measurements are cached under ``.conductor/routers/`` like the routers' (:func:`
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -65,10 +66,13 @@ class SampleOutcomes:
     keys: list[list[list[str | None]]]
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path.with_suffix(".npz"), correct=self.correct, cost=self.cost)
+        from rl_conductor.storage import write_bytes  # atomic: see SingleOutcomes.save
+
+        buf = io.BytesIO()
+        np.savez(buf, correct=self.correct, cost=self.cost)
+        write_bytes(str(path.with_suffix(".npz")), buf.getvalue())
         meta = {"names": self.names, "task_ids": self.task_ids, "keys": self.keys}
-        path.with_suffix(".json").write_text(json.dumps(meta))
+        write_bytes(str(path.with_suffix(".json")), json.dumps(meta).encode())
 
     @classmethod
     def load(cls, path: Path) -> SampleOutcomes:

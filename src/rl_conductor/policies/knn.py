@@ -27,6 +27,7 @@ the question texts; the single-worker outcomes by pool, code version and task id
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -62,6 +63,7 @@ def cached_embeddings(texts: Sequence[str]) -> NDArray[np.float32]:
     long text is embedded, :func:`~rl_conductor.policies.knn_embed.index_text`)."""
     from rl_conductor.evaluation.fingerprint import fingerprint
     from rl_conductor.policies.knn_embed import MAX_CHARS, embed
+    from rl_conductor.storage import write_bytes
     from rl_conductor.tracking.mlflow_utils import conductor_home
 
     key = fingerprint([f"index_text:{MAX_CHARS}:left", *texts])
@@ -71,8 +73,9 @@ def cached_embeddings(texts: Sequence[str]) -> NDArray[np.float32]:
         if cached.shape[0] == len(texts):
             return cached.astype(np.float32)
     emb = np.asarray(embed(list(texts)), dtype=np.float32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(path, emb)
+    buf = io.BytesIO()
+    np.save(buf, emb)
+    write_bytes(str(path), buf.getvalue())  # atomic: concurrent processes may share the cache
     return emb
 
 

@@ -24,6 +24,7 @@ enforces the budget. Measurements are cached under ``.conductor/routers/`` keyed
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -70,10 +71,15 @@ class SingleOutcomes:
     cost: NDArray[np.float64]
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path.with_suffix(".npz"), correct=self.correct, cost=self.cost)
+        # atomic writes, arrays first (readers need both files): parallel test workers and
+        # pipeline steps may measure the same key at once and must never read a torn file
+        from rl_conductor.storage import write_bytes
+
+        buf = io.BytesIO()
+        np.savez(buf, correct=self.correct, cost=self.cost)
+        write_bytes(str(path.with_suffix(".npz")), buf.getvalue())
         meta = {"names": self.names, "task_ids": self.task_ids, "domains": self.domains}
-        path.with_suffix(".json").write_text(json.dumps(meta))
+        write_bytes(str(path.with_suffix(".json")), json.dumps(meta).encode())
 
     @classmethod
     def load(cls, path: Path) -> SingleOutcomes:

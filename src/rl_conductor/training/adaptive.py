@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import json
 import logging
 from collections import defaultdict
@@ -140,11 +141,12 @@ class RoundsTable:
         return np.where(self.done, r, np.nan)
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
+        from rl_conductor.storage import write_bytes
+
+        buf = io.BytesIO()  # written atomically: concurrent builders of one key never tear it
         header = {k: getattr(self, k) for k in ("task_ids", "domains", "firsts", "conts", "signal", "meta")}
         np.savez_compressed(
-            tmp,
+            buf,
             correct=self.correct,
             cost=self.cost,
             stopped=self.stopped,
@@ -152,7 +154,7 @@ class RoundsTable:
             done=self.done,
             header=np.array(json.dumps(header)),
         )
-        tmp.replace(path)
+        write_bytes(str(path), buf.getvalue())
 
     @classmethod
     def load(cls, path: Path) -> RoundsTable:

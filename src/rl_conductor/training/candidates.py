@@ -50,13 +50,17 @@ real; a run the deadline cut (a ``skipped_deadline`` step) is marked in ``cut`` 
 Grading: a final answer is graded once per (task, the grader's normalised answer key — the key
 self-consistency votes with), so a code answer runs in the sandbox once, not once per rollout.
 
-Parallel build (opt-in: ``workers=N`` or ``RL_CONDUCTOR_TABLE_WORKERS=N|auto``; the default is
-the serial in-process path, see :func:`table_workers` for why): the executions are CPU-bound
-(simulated workers, graders) and asyncio uses one core, so a large job list is split into
-contiguous chunks run in forked worker processes (:func:`_outcomes`); each child executes *and
-grades* its chunk and sends back only compact :class:`_Outcome` tuples, which the parent puts in
-job order. On pools whose workers do not grade (fake, replay) the table is the same array for
-array as the serial build (tested); small job lists and platforms without ``fork`` stay serial.
+Parallel build (the default: one process per CPU this process may use, at most 16;
+``workers=N`` or ``RL_CONDUCTOR_TABLE_WORKERS=N|auto``, 1 = serial, in process): the executions
+are CPU-bound (simulated workers, graders) and asyncio uses one core, so a large job list is
+split into contiguous chunks run in forked worker processes (:func:`_outcomes`); each child
+executes *and grades* its chunk and sends back only compact :class:`_Outcome` tuples, which the
+parent puts in job order. The table is the serial one array for array (tested on fake pools and
+on paper-sim): what a simulated worker answers never depends on the process it runs in, because
+its caches drop their oldest half when full rather than everything
+(``workers.simulated.answers.evict_oldest``) and every answer it can give is graded before the
+build (:func:`prepare_grades`), so no child grades under load what the serial build graded
+otherwise. Small job lists and platforms without ``fork`` stay serial.
 
 The table is deterministic for a pool, seed and task list; it is cached on disk (``.npz``) under
 a key that includes a probe of the pool's actual answers, so a changed pool never reuses a
@@ -67,6 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import itertools
 import json
 import logging
@@ -206,10 +211,11 @@ class CandidateTable:
         return len(self.budgets) + k
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
+        from rl_conductor.storage import write_bytes
+
+        buf = io.BytesIO()  # written atomically: concurrent builders of one key never tear it
         np.savez_compressed(
-            tmp,
+            buf,
             correct=self.correct,
             cost=self.cost,
             stopped=self.stopped,
@@ -231,7 +237,7 @@ class CandidateTable:
                 )
             ),
         )
-        tmp.replace(path)
+        write_bytes(str(path), buf.getvalue())
 
     @classmethod
     def load(cls, path: Path) -> CandidateTable:
@@ -277,10 +283,15 @@ class _Grader:
     def __call__(self, task: Task, trace: Trace) -> bool:
         from rl_conductor.reward import grade_trace
         from rl_conductor.tasks.graders import extract_answer
+        from rl_conductor.workers.simulated.answers import _MISSING, grade_cached, simulated_value
 
         text = trace.final_answer
         if not text:
             return False
+        if simulated_value(text) is not _MISSING:
+            # a simulated worker's text: the grade the simulation cached for its value (prepared
+            # before the build, see prepare_grades), so a forked child never grades it itself
+            return grade_cached(task, text)
         key = extract_answer(task, text)
         if key is None:
             return grade_trace(task, trace)
@@ -288,6 +299,27 @@ class _Grader:
         if k not in self.memo:
             self.memo[k] = grade_trace(task, trace)
         return self.memo[k]
+
+
+def prepare_grades(view: PoolView, tasks: Sequence[Task]) -> None:
+    """Grade, in this process and before any execution, every answer the simulated workers of
+    ``view`` can give on ``tasks`` (:meth:`SimulationModel.prepare`, once per distinct model).
+
+    Why: the parallel build's forked children inherit these grades instead of grading on their
+    own, so the code sandbox's and math-verify's wall-clock limits, which can flip a grade under
+    the children's load, cannot make a parallel table differ from the serial one (measured
+    before: 1 to 5 code cells of 24 paper-sim items differed, a different verified wrong answer).
+    The serial build prepares the same way, so both start from the same grades. Other pools
+    have nothing to prepare."""
+    from rl_conductor.workers.simulated.skill import SimulationModel
+
+    models: list[SimulationModel] = []
+    for j in range(len(view)):
+        model = getattr(view.worker(j), "model", None)
+        if isinstance(model, SimulationModel) and all(model is not m for m in models):
+            models.append(model)
+    for model in models:
+        asyncio.run(model.prepare(list(tasks)))
 
 
 async def _run_all(
@@ -330,20 +362,16 @@ _MAX_WORKERS = 16
 
 def table_workers(workers: int | None = None) -> int:
     """The number of processes to build with: ``workers`` if given, else ``$RL_CONDUCTOR_TABLE_WORKERS``
-    (``auto``: the CPUs this process may run on, capped at 16), else 1; 1 where ``fork`` is
-    unavailable.
+    (a number, or ``auto``), else ``auto``: the CPUs this process may run on, capped at 16; 1
+    where ``fork`` is unavailable.
 
-    Serial is the default because the parallel build is not yet bit-identical on paper-sim at
-    full size: the simulated workers grade their own (and visible) answers with the real graders,
-    whose sandbox and math timeouts flip under the extra load of parallel children (measured: 506
-    of 335,750 cells differed, code items, mostly deadline columns), and on the 2-core machine it
-    was not faster. On fake pools (no grading inside workers) it is identical (tested)."""
+    Parallel became the default once it gave the serial table bit for bit on paper-sim (before,
+    506 of 335,750 cells differed: the children graded answers themselves, and a forked child's
+    caches were cleared at other moments than the serial process's; see the module docstring)."""
     if "fork" not in multiprocessing.get_all_start_methods():
         return 1
     if workers is None:
-        env = os.environ.get(WORKERS_ENV, "").strip()
-        if not env:
-            return 1
+        env = os.environ.get(WORKERS_ENV, "").strip() or "auto"
         if env != "auto":
             try:
                 workers = int(env)
@@ -553,6 +581,7 @@ def build_table(
     if any(not d > 0 for d in deadline_list):
         raise ValueError(f"deadlines must be > 0 seconds, got {deadline_list}")
     grader = _Grader()
+    prepare_grades(view, tasks)
     # the deadline columns' items (a subset per domain): their unconstrained runs are checked
     # against every deadline as they are graded (the reuse rule of step 4)
     in_subset = {t.id for t in select_items(tasks, deadline_items_per_domain or len(tasks))}

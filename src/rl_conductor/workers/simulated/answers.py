@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import random
 import re
 from collections.abc import Callable
 from functools import cache
+from typing import Any
 
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.simulated.draws import _rng
@@ -25,9 +27,13 @@ WRONG_SET_SIZE = {"math": 2, "code": 2, "choice": 3, "qa": 3}
 
 # --------------------------------------------------------------------------- grading (cached)
 
+#: What a wrong worker says when no verified wrong answer exists for the item.
+NO_ANSWER = "no answer"
+
 _GRADE_CACHE: dict[tuple[str, str, str, str], bool] = {}
 _RENDERED: dict[bytes, str | None] = {}
-_CACHE_MAX = 500_000
+_CACHE_MAX = 500_000  # rendered texts
+_GRADES_MAX = 500_000  # grades: a few values per item, so in practice never full
 _MISSING = object()
 
 
@@ -35,9 +41,24 @@ def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
+def evict_oldest(cache: dict[Any, Any], limit: int) -> None:
+    """Make room in a full ``cache``: drop its older half (insertion order), never everything.
+
+    Why not ``clear()``: a workflow's later step looks up what its earlier steps rendered (the
+    value, the author). Clearing a full cache forgot the texts of executions still in flight, so
+    an outcome depended on when, among all the executions of the process, the cache filled up:
+    a forked table worker (which fills its own copy at other moments) scored some cells
+    differently from the serial build. An entry is read at most a few thousand insertions after
+    it was written (the executions in flight), far fewer than ``limit // 2``, so dropping the
+    oldest half never loses one that is still needed."""
+    if len(cache) < limit:
+        return
+    for key in list(itertools.islice(cache, len(cache) - limit // 2)):
+        del cache[key]
+
+
 def _remember(text: str, value: str | None) -> None:
-    if len(_RENDERED) >= _CACHE_MAX:
-        _RENDERED.clear()
+    evict_oldest(_RENDERED, _CACHE_MAX)
     _RENDERED[_digest(text)] = value
 
 
@@ -72,8 +93,7 @@ def grade_cached(task: Task, text: str) -> bool:
     hit = _GRADE_CACHE.get(key)
     if hit is None:
         hit = bool(grade(task, text))
-        if len(_GRADE_CACHE) >= _CACHE_MAX:
-            _GRADE_CACHE.clear()
+        evict_oldest(_GRADE_CACHE, _GRADES_MAX)
         _GRADE_CACHE[key] = hit
     return hit
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rl_conductor.tasks.base import DOMAINS
-from rl_conductor.workers.simulated.answers import _digest
+from rl_conductor.workers.simulated.answers import _digest, evict_oldest
 
 Role = Literal["plan", "solve", "verify", "aggregate"]
 
@@ -231,8 +231,7 @@ _AUTHORED_MAX = 500_000
 
 
 def remember_author(text: str, record: Authored) -> None:
-    if len(_AUTHORED) >= _AUTHORED_MAX:
-        _AUTHORED.clear()
+    evict_oldest(_AUTHORED, _AUTHORED_MAX)  # not clear(): see answers.evict_oldest
     _AUTHORED[_digest(text)] = record
 
 

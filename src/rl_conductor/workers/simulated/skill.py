@@ -23,6 +23,7 @@ from typing import Any
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.pool import PoolConfigError
 from rl_conductor.workers.simulated.answers import (
+    NO_ANSWER,
     WRONG_SET_SIZE,
     WRONG_WEIGHTS,
     grade_cached_async,
@@ -310,6 +311,28 @@ class SimulationModel:
                 break
         self._wrong[key] = out
         return out
+
+    async def prepare(self, tasks: Sequence[Task]) -> None:
+        """Grade, in this process, every answer value a worker can give on ``tasks``: the gold
+        answer and the verified wrong set (:meth:`verified_wrong`), into the grade cache.
+
+        Why: the candidate table's parallel build forks workers that inherit this process's
+        caches. Without this, each child graded what it met itself, and a grading that depends
+        on time (the code sandbox's and math-verify's wall-clock limits) could come out otherwise
+        under the children's load than in the serial build: a different wrong answer, a
+        different cell. Prepared here once, every child reads the same grades as the serial
+        build, which grades the same values the same way."""
+
+        async def one(task: Task) -> None:
+            rng = _rng(self.seed, "render-prepare", task.id)
+            wrong = await self.verified_wrong(task)
+            # None: an answer cut before its end; a verifier that adopts an earlier wrong answer
+            # says its stripped value; with no verified wrong answer a wrong worker says NO_ANSWER
+            values = [task.answer, None, *(w.strip() for w in wrong), *([] if wrong else [NO_ANSWER])]
+            for value in dict.fromkeys(values):
+                await grade_cached_async(task, render_answer(task, value, 8, rng))
+
+        await asyncio.gather(*(one(t) for t in tasks if t.answer.strip()))
 
     async def pick_wrong(self, task: Task, *parts: object) -> str | None:
         """One of the item's verified wrong answers, popular ones more often."""

@@ -25,6 +25,7 @@ from rl_conductor.workers.pool import PoolConfigError, info_from_spec, register_
 from rl_conductor.workers.simulated.answers import (
     _MISSING,
     _PLACEHOLDER,
+    NO_ANSWER,
     grade_cached_async,
     render_answer,
     simulated_value,
@@ -244,7 +245,7 @@ class SimulatedWorker:
                 role = classify_role(ctx.instruction)
             value, _ = await self.answer(ctx.task, ctx)
             if value is None and role != "plan":  # no verified wrong answer exists: it gives up
-                value = "no answer"
+                value = NO_ANSWER
         task = ctx.task
         parts = (task.id, ctx.nonce, ctx.step_index)
         want = self.draw_length(task.domain, *parts)
