@@ -270,3 +270,14 @@ def test_evidence_rule_policy_sends_each_question_to_the_lines_first_worker(
     (tmp_path / "conductor.json").write_text(json.dumps({**meta, "evidence": "probe"}))
     with pytest.raises(ModelNotFound, match="evidence: rank"):
         make_policy(f"evidence-rule:{tmp_path}", pool)
+
+
+def test_tables_show_agreement_only_when_a_policy_has_it() -> None:
+    from rl_conductor.evaluation.report import markdown_table
+
+    plain = {"policy": "knn", "n": 3, "accuracy": 0.5}
+    assert "follows evidence" not in markdown_table([plain])
+    ranked = {"policy": "conductor:x", "n": 3, "accuracy": 0.5, "evidence_agreement": 0.975}
+    table = markdown_table([ranked, plain])
+    assert "follows evidence %" in table.splitlines()[0]
+    assert table.splitlines()[2].endswith("| 97.5 |") and table.splitlines()[3].endswith("| - |")

@@ -22,6 +22,12 @@ COLUMNS = [
     ("failed_call_rate", "failed calls %", "{:.1%}"),
     ("multi_round_rate", "rounds>1 %", "{:.1%}"),
 ]
+#: shown only when a policy reads a ranking line (``evidence: rank``): how often it followed it
+AGREEMENT = ("evidence_agreement", "follows evidence %", "{:.1%}")
+
+
+def _columns(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [*COLUMNS, AGREEMENT] if any(AGREEMENT[0] in s for s in summaries) else COLUMNS
 
 
 def _fmt(fmt: str, v: Any) -> str:
@@ -34,13 +40,14 @@ def _fmt(fmt: str, v: Any) -> str:
 
 def rich_table(summaries: Sequence[dict[str, Any]], title: str = "") -> Table:
     table = Table(title=title or None)
-    for _, header, _ in COLUMNS:
+    columns = _columns(summaries)
+    for _, header, _ in columns:
         if header == "policy":
             table.add_column(header, justify="left", no_wrap=True)
         else:
             table.add_column(header, justify="right")
     for s in summaries:
-        table.add_row(*(_fmt(fmt, s.get(key)) for key, _, fmt in COLUMNS))
+        table.add_row(*(_fmt(fmt, s.get(key)) for key, _, fmt in columns))
     return table
 
 
@@ -59,9 +66,10 @@ def domain_table(summary: dict[str, Any]) -> Table:
 
 
 def markdown_table(summaries: Sequence[dict[str, Any]]) -> str:
-    head = "| " + " | ".join(h for _, h, _ in COLUMNS) + " |"
-    sep = "|" + "|".join("---" if k == "policy" else "---:" for k, _, _ in COLUMNS) + "|"
-    rows = ["| " + " | ".join(_fmt(f, s.get(k)) for k, _, f in COLUMNS) + " |" for s in summaries]
+    columns = _columns(summaries)
+    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
+    sep = "|" + "|".join("---" if k == "policy" else "---:" for k, _, _ in columns) + "|"
+    rows = ["| " + " | ".join(_fmt(f, s.get(k)) for k, _, f in columns) + " |" for s in summaries]
     return "\n".join([head, sep, *rows])
 
 
