@@ -2,11 +2,11 @@
 
 The workers are :class:`~rl_conductor.workers.live.testing.ScriptedServer` instances speaking the
 vendors' streaming wire formats (OpenAI ``chat.completion.chunk`` events with the ``usage`` chunk
-and ``[DONE]``; Anthropic's ``message_start`` ... ``message_stop`` events), including a mid-stream
-error event. The end-to-end tests run the real predictor process and read it with the official
-``openai`` SDK. That the first token arrives before the worker's last one is shown with a
-handshake, not a clock: the worker stops after its first piece until the test, holding that
-piece, releases it.
+and ``[DONE]``; Anthropic's ``message_start`` ... ``message_stop`` events; Gemini's
+``streamGenerateContent`` chunks), including a mid-stream error event. The end-to-end tests run
+the real predictor process and read it with the official ``openai`` SDK. That the first token
+arrives before the worker's last one is shown with a handshake, not a clock: the worker stops
+after its first piece until the test, holding that piece, releases it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from predictor import Predictor, predictor
 from rl_conductor.workers.base import STREAM_SINK, TokenSink, WorkerInfo
 from rl_conductor.workers.live.anthropic_messages import AnthropicWorker
 from rl_conductor.workers.live.base import LiveWorker, StreamInterruptedError
+from rl_conductor.workers.live.gemini import GeminiWorker
 from rl_conductor.workers.live.openai_chat import OpenAIChatWorker
 from rl_conductor.workers.live.resilience import RetryPolicy
 from rl_conductor.workers.live.spend import SpendGuard, worst_case_cost
@@ -32,7 +33,12 @@ from rl_conductor.workers.live.testing import ScriptedServer, error, scripted_se
 PIECES = ["The", " answer", " is", " 42."]
 MESSAGES = [{"role": "user", "content": "What is 6*7?"}]
 INFO = WorkerInfo(name="w", price_in=1.0, price_out=2.0, hosting="external")
-CLASSES: dict[str, type[LiveWorker]] = {"openai": OpenAIChatWorker, "anthropic": AnthropicWorker}
+CLASSES: dict[str, type[LiveWorker]] = {
+    "openai": OpenAIChatWorker,
+    "anthropic": AnthropicWorker,
+    "gemini": GeminiWorker,
+}
+VENDORS = list(CLASSES)
 
 
 async def _no_wait(_: float) -> None:
@@ -69,16 +75,19 @@ def _streaming_call(worker: LiveWorker) -> tuple[Any, list[str], list[str]]:
 # -- the live clients -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+@pytest.mark.parametrize("vendor", VENDORS)
 def test_a_live_worker_streams_its_text_and_bills_the_streamed_usage(vendor: str) -> None:
     with scripted_server(vendor, [streamed(vendor, PIECES, input_tokens=11, output_tokens=7)]) as srv:
         comp, deltas, broken = _streaming_call(_worker(vendor, srv))
-        body = srv.requests[0].body
+        body, path = srv.requests[0].body, srv.requests[0].path
     assert deltas == PIECES and broken == []
     assert comp.text == "".join(PIECES) and comp.finish_reason == "stop"
     assert (comp.input_tokens, comp.output_tokens, comp.tokens_estimated) == (11, 7, False)
     assert comp.cost_usd == pytest.approx(INFO.cost(11, 7))
-    assert body["stream"] is True
+    if vendor == "gemini":
+        assert ":streamGenerateContent" in path and "alt=sse" in path
+    else:
+        assert body["stream"] is True
     if vendor == "openai":
         assert body["stream_options"] == {"include_usage": True}
 
@@ -92,7 +101,7 @@ def test_a_stream_without_usage_is_charged_its_worst_case_marked_estimated() -> 
     assert comp.tokens_estimated is True and comp.output_tokens == 50
 
 
-@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+@pytest.mark.parametrize("vendor", VENDORS)
 def test_a_stream_failing_before_its_first_token_is_retried(vendor: str) -> None:
     script = [error(vendor, 503), streamed(vendor, ["x", " y"], error_after=0), streamed(vendor, PIECES)]
     with scripted_server(vendor, script) as srv:
@@ -102,7 +111,7 @@ def test_a_stream_failing_before_its_first_token_is_retried(vendor: str) -> None
     assert deltas == PIECES and broken == [] and comp.text == "".join(PIECES)
 
 
-@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+@pytest.mark.parametrize("vendor", VENDORS)
 def test_a_stream_breaking_after_its_first_token_is_reported_and_charged_not_retried(vendor: str) -> None:
     guard = SpendGuard(1.0)
     script = [streamed(vendor, PIECES, error_after=2), streamed(vendor, PIECES)]

@@ -17,11 +17,17 @@ output tokens, and ``maxOutputTokens`` caps thoughts and answer together (a call
 use it all ends ``MAX_TOKENS`` with no text, an empty step that is still charged).
 ``finishReason: MAX_TOKENS`` is reported as ``finish_reason: length``.
 The SDK's own retries are off (``retry_options`` unset): retries are :mod:`.resilience`'s.
+
+Streaming (the call that answers a ``stream: true`` request): ``streamGenerateContent`` with
+``alt=sse`` (the SDK's ``generate_content_stream``); each chunk's non-thought text is passed on,
+the finish reason and ``usageMetadata`` come from the last chunk that has them. An error object
+in the stream (``data: {"error": ...}``) is the API's error with its code: transient (5xx)
+before the first text delta, a broken stream after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,9 +65,7 @@ class GeminiWorker(LiveWorker):
             opts["base_url"] = self.base_url
         return genai.Client(api_key=self.api_key, http_options=types.HttpOptions(**opts))
 
-    async def _send(
-        self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float
-    ) -> WireResult:
+    def _request(self, messages: Sequence[Message], max_tokens: int, temperature: float) -> dict[str, Any]:
         system = "\n\n".join(m.get("content", "") for m in messages if m.get("role") == "system")
         contents = [
             types.Content(
@@ -76,27 +80,49 @@ class GeminiWorker(LiveWorker):
             temperature=temperature,
             system_instruction=system or None,
         )
-        resp = await client.aio.models.generate_content(model=self.model, contents=contents, config=config)
+        return {"model": self.model, "contents": contents, "config": config}
+
+    async def _send(
+        self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float
+    ) -> WireResult:
+        resp = await client.aio.models.generate_content(**self._request(messages, max_tokens, temperature))
         candidates = getattr(resp, "candidates", None)
         if not candidates:
             raise MalformedResponseError(f"{self.info.name}: response has no candidates")
         cand = candidates[0]
         parts = cand.content.parts if cand.content is not None and cand.content.parts else []
         text = "".join(p.text for p in parts if isinstance(p.text, str) and not p.thought)
-        finish = cand.finish_reason
-        finish_name = getattr(finish, "name", str(finish or ""))
-        usage = getattr(resp, "usage_metadata", None)
-        in_tok = usage_count(usage, "prompt_token_count", "tool_use_prompt_token_count")
-        # thoughts are billed as output; a response with only thoughts omits candidatesTokenCount
-        out_tok = usage_count(usage, "candidates_token_count", "thoughts_token_count")
-        if out_tok is None and in_tok is not None:
-            out_tok = 0
-        return WireResult(
-            text=text,
-            input_tokens=in_tok,
-            output_tokens=out_tok,
-            finish_reason="length" if finish_name == "MAX_TOKENS" else ("stop" if finish_name else ""),
+        return _result(text, cand.finish_reason, getattr(resp, "usage_metadata", None))
+
+    async def _send_stream(
+        self,
+        client: Any,
+        messages: Sequence[Message],
+        max_tokens: int,
+        temperature: float,
+        on_delta: Callable[[str], None],
+    ) -> WireResult:
+        stream = await client.aio.models.generate_content_stream(
+            **self._request(messages, max_tokens, temperature)
         )
+        parts: list[str] = []
+        finish: Any = None
+        usage: Any = None
+        try:
+            async for chunk in stream:
+                usage = getattr(chunk, "usage_metadata", None) or usage
+                candidates = getattr(chunk, "candidates", None) or []
+                if not candidates:
+                    continue
+                cand = candidates[0]
+                finish = cand.finish_reason or finish
+                for part in cand.content.parts if cand.content is not None and cand.content.parts else []:
+                    if isinstance(part.text, str) and part.text and not part.thought:
+                        parts.append(part.text)
+                        on_delta(part.text)
+        finally:
+            await stream.aclose()  # the SDK's generator: release the connection now, not at GC
+        return _result("".join(parts), finish, usage)
 
     def _classify(self, exc: Exception) -> WorkerError | None:
         name = self.info.name
@@ -113,6 +139,22 @@ class GeminiWorker(LiveWorker):
         if isinstance(exc, ValueError | KeyError | TypeError | AttributeError):
             return MalformedResponseError(f"{name}: malformed response: {redact(str(exc))[:200]}")
         return None
+
+
+def _result(text: str, finish: Any, usage: Any) -> WireResult:
+    """A result with the billed tokens of a ``usageMetadata`` (None where it has none)."""
+    finish_name = getattr(finish, "name", str(finish or ""))
+    in_tok = usage_count(usage, "prompt_token_count", "tool_use_prompt_token_count")
+    # thoughts are billed as output; a response with only thoughts omits candidatesTokenCount
+    out_tok = usage_count(usage, "candidates_token_count", "thoughts_token_count")
+    if out_tok is None and in_tok is not None:
+        out_tok = 0
+    return WireResult(
+        text=text,
+        input_tokens=in_tok,
+        output_tokens=out_tok,
+        finish_reason="length" if finish_name == "MAX_TOKENS" else ("stop" if finish_name else ""),
+    )
 
 
 @register_kind("gemini")

@@ -10,15 +10,17 @@ The response bodies follow the vendors' documented examples: OpenAI's ``chat.com
 object, Anthropic's ``message`` object and error envelope, Gemini's ``GenerateContentResponse``
 with ``usageMetadata``. Nothing here fakes the SDKs: the clients under test speak real HTTP.
 
-Streaming: a request with ``"stream": true`` (OpenAI, Anthropic) gets its successful reply as
-server-sent events in the vendor's format, each event written and flushed on its own (chunked
-transfer encoding): OpenAI's ``chat.completion.chunk`` objects, the ``usage`` chunk when the
-request set ``stream_options.include_usage``, then ``data: [DONE]``; Anthropic's
-``message_start``, ``content_block_*``, ``ping``, ``message_delta`` and ``message_stop`` events.
-:func:`streamed` scripts a stream in pieces, with a mid-stream error event (OpenAI's ``data:
-{"error": ...}``, Anthropic's ``event: error``) and a hold: the server stops after the first text
-delta until the test sets a ``threading.Event``, so a test can show that the first token reached
-its client before the worker produced its last one without timing anything.
+Streaming: a request with ``"stream": true`` (OpenAI, Anthropic) or to Gemini's
+``:streamGenerateContent`` gets its successful reply as server-sent events in the vendor's
+format, each event written and flushed on its own (chunked transfer encoding): OpenAI's
+``chat.completion.chunk`` objects, the ``usage`` chunk when the request set
+``stream_options.include_usage``, then ``data: [DONE]``; Anthropic's ``message_start``,
+``content_block_*``, ``ping``, ``message_delta`` and ``message_stop`` events; Gemini's
+``GenerateContentResponse`` chunks, the last with ``finishReason`` and ``usageMetadata``.
+:func:`streamed` scripts a stream in pieces, with a mid-stream error event (OpenAI's and
+Gemini's ``data: {"error": ...}``, Anthropic's ``event: error``) and a hold: the server stops
+after the first text delta until the test sets a ``threading.Event``, so a test can show that the
+first token reached its client before the worker produced its last one without timing anything.
 
 Simplification: HTTP/1.1 without TLS; one thread per connection.
 """
@@ -228,12 +230,23 @@ def stream_events(
         out = {"output_tokens": usage["output_tokens"]} if "output_tokens" in usage else {}
         events.append(event("message_delta", {"delta": delta, "usage": out}))
         return [*events, event("message_stop", {})]
-    raise ValueError(f"streaming is not scripted for {vendor}")
+    cand = body["candidates"][0]
+    chunks = []
+    for i, p in enumerate(pieces or [""]):
+        last = i == max(len(pieces), 1) - 1
+        c: dict[str, Any] = {"content": {"parts": [{"text": p}], "role": "model"}, "index": 0}
+        data: dict[str, Any] = {"candidates": [c], "modelVersion": body.get("modelVersion", "")}
+        if last:
+            c["finishReason"] = cand["finishReason"]
+            if "usageMetadata" in body:
+                data["usageMetadata"] = body["usageMetadata"]
+        chunks.append(f"data: {json.dumps(data)}\r\n\r\n")
+    return chunks
 
 
 def _piece_indices(vendor: Vendor, n: int) -> range:
     """Where the ``n`` text pieces sit in :func:`stream_events`' list."""
-    return range(1, n + 1) if vendor == "openai" else range(3, n + 3)
+    return range(1, n + 1) if vendor == "openai" else range(3, n + 3) if vendor == "anthropic" else range(n)
 
 
 def stream_error_event(vendor: Vendor, message: str) -> str:
@@ -241,6 +254,8 @@ def stream_error_event(vendor: Vendor, message: str) -> str:
     if vendor == "openai":  # vLLM: a data line holding an error object, then [DONE]
         err = {"error": {"message": message, "type": "server_error", "param": None, "code": 500}}
         return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n"
+    if vendor == "gemini":
+        return f"data: {json.dumps(error_body('gemini', 500, message))}\r\n\r\n"
     err = {"type": "error", "error": {"type": "overloaded_error", "message": message}}
     return f"event: error\ndata: {json.dumps(err)}\n\n"
 
@@ -248,6 +263,9 @@ def stream_error_event(vendor: Vendor, message: str) -> str:
 def _text_of(vendor: Vendor, body: dict[str, Any]) -> str:
     if vendor == "openai":
         return str(body["choices"][0]["message"]["content"] or "")
+    if vendor == "gemini":
+        parts = body["candidates"][0]["content"]["parts"]
+        return "".join(p.get("text", "") for p in parts if not p.get("thought"))
     return "".join(b.get("text", "") for b in body.get("content", []) if b.get("type") == "text")
 
 
@@ -451,7 +469,9 @@ class ScriptedServer:
                 reply = server._next(req)
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
-                wants_stream = isinstance(body, dict) and body.get("stream") is True
+                wants_stream = (isinstance(body, dict) and body.get("stream") is True) or (
+                    server.vendor == "gemini" and ":streamGenerateContent" in self.path
+                )
                 if wants_stream and reply.status == 200 and isinstance(reply.body, dict):
                     self._stream(reply, body)
                     return
