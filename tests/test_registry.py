@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 import uuid
 from pathlib import Path
 
@@ -110,17 +109,15 @@ def test_log_register_alias_promote(
     model_dir = loaded.unwrap_python_model().model_dir
     assert _digest(model_dir) == _digest(folder)
 
-    # predict hands the folder and the requests as records to serving_core.answer_batch;
-    # a recording stand-in replaces the serving module, which is not part of this test.
+    # predict hands the folder and the requests as records to serving.pyfunc.answer_batch;
+    # a recording stand-in replaces it (answering is not part of this test).
     calls: list[tuple[str, list[dict[str, object]]]] = []
 
     def answer_batch(folder_path: str, inputs: list[dict[str, object]]) -> list[dict[str, str]]:
         calls.append((folder_path, inputs))
         return [{"answer": "2"} for _ in inputs]
 
-    serving = types.ModuleType("rl_conductor.serving_core")
-    serving.answer_batch = answer_batch  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "rl_conductor.serving_core", serving)
+    monkeypatch.setattr("rl_conductor.serving.pyfunc.answer_batch", answer_batch)
     assert loaded.predict(pd.DataFrame([{"question": "1+1?", "max_cost_usd": 0.01}])) == [{"answer": "2"}]
     assert loaded.predict([{"question": "2+0?"}, {"question": "3-1?"}]) == [{"answer": "2"}] * 2
     assert calls[0] == (model_dir, [{"question": "1+1?", "max_cost_usd": 0.01}])

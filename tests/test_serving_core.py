@@ -1,6 +1,6 @@
-"""The serving path shared by the MLflow pyfunc and the KServe predictor: request validation,
-and answers from the session's micro Conductor on the paper-sim pool, with the request's privacy
-rule and budget enforced whatever the Conductor planned.
+"""Request validation shared by every front door, and the MLflow pyfunc's answers (through the
+KServe predictor's service) from the session's micro Conductor on the paper-sim pool, with the
+request's privacy rule and budget enforced whatever the Conductor planned.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from _tiny import Micro, trained_micro
-from rl_conductor.serving_core import ConductorRequest, RequestError, answer_batch, parse_request
+from rl_conductor.serving.pyfunc import answer_batch
+from rl_conductor.serving_core import ConductorRequest, RequestError, parse_request
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.workers.pool import load_pool
 
@@ -134,9 +135,9 @@ def test_a_budget_is_never_exceeded(micro: Micro, questions: list[str], budget: 
     out = answer_batch(micro.final_dir, [{"question": q, "max_cost_usd": budget} for q in questions])
     for res in out:
         assert res["cost_usd"] <= budget
-    if budget == 1e-5:  # too small for any call: every step is skipped, nothing is spent
+    if budget == 1e-5:  # too small for any call: the service's budget floor, nothing is spent
         assert all(res["cost_usd"] == 0.0 for res in out)
-        assert all(res["stopped_reason"] == "skipped_budget" for res in out)
+        assert all(res["budget_stop"] and res["stopped_reason"] == "budget" for res in out)
 
 
 def test_the_operator_picks_the_pool(micro: Micro, questions: list[str], tmp_path: Path) -> None:
@@ -181,18 +182,18 @@ def test_huge_limits_are_invalid_values_not_overflows() -> None:
 def test_pyfunc_dataframe_rows_nan_means_absent_and_an_all_nan_budget_is_an_error() -> None:
     import pandas as pd
 
+    from rl_conductor.serving.pyfunc import as_records
     from rl_conductor.serving_core import RequestError, parse_request
-    from rl_conductor.tracking.registry import _as_records
 
     # dataframe_records where only some rows set a field: those columns turn float with NaN
     frame = pd.DataFrame.from_records(
         [{"question": "a", "max_steps": 3}, {"question": "b", "max_cost_usd": 0.01}, {"question": "c"}]
     )
-    requests = [parse_request(r) for r in _as_records(frame)]
+    requests = [parse_request(r) for r in as_records(frame)]
     assert [r.max_steps for r in requests] == [3, 5, 5]
     assert [r.max_cost_usd for r in requests] == [None, 0.01, None]
     for bad in (float("nan"), float("inf")):  # sent as NaN/inf: never "no budget"
-        (row,) = _as_records(pd.DataFrame.from_records([{"question": "q", "max_cost_usd": bad}]))
+        (row,) = as_records(pd.DataFrame.from_records([{"question": "q", "max_cost_usd": bad}]))
         with pytest.raises(RequestError, match="max_cost_usd"):
             parse_request(row)
 

@@ -1,7 +1,9 @@
-"""Answer requests with a trained Conductor: validate, plan, execute, report.
+"""A request to a served Conductor and its response document: validate, turn into limits and a
+task, report.
 
-The one serving path, shared by the MLflow pyfunc model (``tracking.registry.ConductorPyfunc``)
-and the KServe predictor: a request names a question and optional limits; the response carries
+Shared by every front door (the KServe predictor, the OpenAI route, the MLflow pyfunc: all answer
+through :class:`rl_conductor.serving.service.ConductorService`): a request names a question and
+optional limits; the response carries
 the answer, the workflow, per-step usage (every attempt, in every round), the rounds and the
 total cost. A request may state a deadline (``max_latency_s``, seconds): the executor skips or
 shortens steps that cannot answer in time, and the response's ``deadline_cut`` says whether it
@@ -10,20 +12,16 @@ Validation errors raise :class:`RequestError` (the HTTP adapters turn it into a 
 what is wrong): a budget
 or deadline must be a finite number above zero (JSON ``NaN``, ``"inf"`` and ``true`` are errors,
 not "no budget" or $1), a question must hold text. The worker pool is
-the operator's choice (``answer_batch(..., pool=...)`` or the model's own pool), never a field
-of the request: a client must not point a served Conductor at a pool nobody evaluated.
+the operator's choice (or the model's own pool), never a field of the request: a client must not
+point a served Conductor at a pool nobody evaluated.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import threading
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict
-from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -144,23 +142,6 @@ def parse_request(raw: Any) -> ConductorRequest:
         raise RequestError(msgs) from None
 
 
-@lru_cache(maxsize=4)
-def _policy(model_dir: str) -> Any:
-    from rl_conductor.policies.conductor import ConductorPolicy
-
-    return ConductorPolicy(model_dir)
-
-
-@lru_cache(maxsize=8)
-def _pool(name: str) -> Any:
-    from rl_conductor.workers.pool import load_pool
-
-    return load_pool(name)
-
-
-_LOCK = threading.Lock()
-
-
 def request_limits(request: ConductorRequest, *, default_rounds: int = 1) -> Limits:
     """The executor's :class:`Limits` for a validated request (``default_rounds`` where it states
     no ``max_rounds``: the served model's)."""
@@ -258,33 +239,3 @@ def response_document(view: PoolView, episode: Episode) -> dict[str, Any]:
         "notes": list(trace.notes),
         "raw_plan": episode.plan.text,
     }
-
-
-async def answer_async(
-    model_dir: str | Path, request: ConductorRequest, *, pool: str | None = None
-) -> dict[str, Any]:
-    """Plan and execute one request; returns the response document.
-
-    ``pool`` is the operator's choice (a built-in name or a pool file); by default the pool the
-    Conductor was trained on (its ``conductor.json``)."""
-    policy = _policy(str(model_dir))
-    pool_ = _pool(pool or str(policy.meta.get("pool", "paper-sim")))
-    limits = request_limits(request, default_rounds=int(policy.meta.get("max_rounds", 1)))
-    # show the Conductor only workers the request permits
-    view = permitted_view(pool_, request, limits)
-    episode = (await policy.run_many([request_task(request)], view, limits))[0]
-    return response_document(view, episode)
-
-
-def answer_batch(
-    model_dir: str | Path, inputs: Sequence[Any], *, pool: str | None = None
-) -> list[dict[str, Any]]:
-    """Synchronous batch entry (MLflow pyfunc ``predict``): one response per input, in order;
-    ``pool`` as in :func:`answer_async` (the operator's, never the request's)."""
-    requests = [parse_request(r) for r in inputs]
-
-    async def run_all() -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(answer_async(model_dir, r, pool=pool) for r in requests)))
-
-    with _LOCK:
-        return asyncio.run(run_all())

@@ -7,8 +7,10 @@ trained model folder as a new version and marks it ``challenger``; the evaluatio
 
 The model is an MLflow pyfunc whose only artifact is the whole model folder (weights,
 tokenizer, prompt template, config), so ``load_model_dir`` can hand serving a plain folder and
-nothing here depends on how the folder is laid out. ``ConductorPyfunc.predict`` delegates to
-``rl_conductor.serving_core.answer_batch``, imported at call time.
+nothing here depends on how the folder is laid out. The pyfunc class is serving code
+(:class:`rl_conductor.serving.pyfunc.ConductorPyfunc`, which answers through the KServe
+predictor's service); the logged "models from code" file names it, so this module never imports
+serving.
 
 Deliberate simplifications:
 - Metrics used to compare versions are read from the run that logged the version
@@ -36,7 +38,6 @@ import mlflow
 import mlflow.pyfunc
 import yaml
 from mlflow.exceptions import MlflowException
-from mlflow.pyfunc.model import PythonModel
 
 from rl_conductor import storage
 from rl_conductor.errors import UserError, model_not_found
@@ -44,7 +45,6 @@ from rl_conductor.tracking import mlflow_utils
 
 __all__ = [
     "MODEL_DIR_ARTIFACT",
-    "ConductorPyfunc",
     "ModelVersionInfo",
     "VersionRow",
     "get_alias_version",
@@ -66,56 +66,11 @@ BASELINE_POLICY_KEY = "baseline_policy"
 _MODEL_CODE = """\
 import mlflow.models
 
-from rl_conductor.tracking.registry import ConductorPyfunc
+from rl_conductor.serving.pyfunc import ConductorPyfunc
 
 mlflow.models.set_model(ConductorPyfunc())
 """
 _PINNED_PACKAGES = ("mlflow", "torch", "transformers", "tokenizers", "safetensors")
-
-
-class ConductorPyfunc(PythonModel):
-    """MLflow pyfunc wrapper: keeps the model folder's path and answers requests with it."""
-
-    model_dir: str | None = None
-
-    def load_context(self, context: Any) -> None:
-        self.model_dir = context.artifacts[MODEL_DIR_ARTIFACT]
-
-    # ``model_input`` stays unannotated on purpose: MLflow turns a type hint into a schema it
-    # enforces (a DataFrame input then fails), and requests are free-form dicts that
-    # answer_batch validates itself. MLflow prints a UserWarning about the missing hint.
-    def predict(self, context: Any, model_input, params: dict[str, Any] | None = None) -> Any:  # type: ignore[no-untyped-def]
-        if self.model_dir is None:
-            self.load_context(context)
-        from rl_conductor.serving_core import answer_batch  # serving code, only needed here
-
-        return answer_batch(self.model_dir, _as_records(model_input))
-
-
-def _as_records(model_input: Any) -> list[Any]:
-    """pyfunc hands over a DataFrame, a dict, a list or a string; answer_batch gets a list."""
-    if hasattr(model_input, "to_dict"):  # pandas DataFrame
-        # A column that some rows leave out holds NaN in those rows: that field was not given
-        # there. A column that is NaN in every row was sent as NaN (a field no row gives has no
-        # column), which stays NaN and is an error, as outside a DataFrame. Such a column also
-        # turns integers into floats (3 -> 3.0): integral floats of integer fields are integers.
-        rows = model_input.to_dict(orient="records")
-        all_nan = {c for c in model_input.columns if bool(model_input[c].isna().all())}
-
-        def clean(k: str, v: Any) -> Any:
-            if k == "max_steps" and isinstance(v, float) and v.is_integer():
-                return int(v)
-            return v
-
-        return [
-            {k: clean(k, v) for k, v in row.items() if k in all_nan or not (isinstance(v, float) and v != v)}
-            for row in rows
-        ]
-    if isinstance(model_input, Mapping):
-        return [dict(model_input)]
-    if isinstance(model_input, str):
-        return [{"question": model_input}]
-    return list(model_input)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,73 @@
+"""The same registered model answers the same request identically through the KServe predictor
+(a real server process on loopback) and through ``mlflow.pyfunc.load_model``: both run
+:class:`rl_conductor.serving.service.ConductorService`, so the budget floor, the response
+document and the planning are one code path (only the request id and the wall time differ).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+import mlflow
+import pytest
+
+from _tiny import Micro, trained_micro
+from predictor import predictor
+from rl_conductor.tasks.datasets import load_tasks
+
+#: Per-request values: a fresh id and the wall-clock time of each answer.
+PER_CALL = ("request_id", "wall_s")
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
+    return trained_micro(tmp_path_factory, mlflow_db_template)
+
+
+def _same(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k not in PER_CALL}
+
+
+@pytest.mark.slow
+def test_kserve_and_pyfunc_answer_the_same_request_identically(
+    micro: Micro, mlflow_db_template: Path, tmp_path: Path
+) -> None:
+    from rl_conductor.tracking import mlflow_utils, registry
+
+    db = tmp_path / "mlflow.db"
+    shutil.copyfile(mlflow_db_template, db)
+    uri = f"sqlite:///{db}"
+    previous = mlflow.get_tracking_uri()
+    mlflow_utils.configure(uri, artifact_root=str(tmp_path / "mlruns"))
+    (question, other) = [t.question for t in load_tasks("paper-mix", split="test", limit=2, seed=3)]
+    requests: list[dict[str, Any]] = [
+        {"question": question},
+        {"question": other, "sensitivity": "private"},
+        {"question": question, "max_cost_usd": 1e-7},  # below any call: the service's budget floor
+        {"question": other, "max_cost_usd": 0.003, "max_steps": 2},
+    ]
+    try:
+        info = registry.log_conductor_model(micro.final_dir, alias="champion")
+        env = {"MLFLOW_TRACKING_URI": uri, "CONDUCTOR_ARTIFACT_ROOT": str(tmp_path / "mlruns")}
+        with (
+            predictor(["--model", info.model_uri, "--pool", "paper-sim"], tmp_path, env=env) as srv,
+            httpx.Client(base_url=srv.url, timeout=120) as client,
+        ):
+            resp = client.post("/v1/models/conductor:predict", json={"instances": requests})
+        assert resp.status_code == 200, resp.text
+        served = resp.json()["predictions"]
+        loaded = mlflow.pyfunc.load_model(info.model_uri)
+        answered = loaded.predict(requests)
+    finally:
+        mlflow_utils.reset()
+        mlflow.set_tracking_uri(previous)
+        mlflow.set_registry_uri(previous)
+    assert len(served) == len(answered) == len(requests)
+    for over_http, in_process in zip(served, answered, strict=True):
+        assert set(PER_CALL) <= set(over_http) and set(PER_CALL) <= set(in_process)
+        assert _same(over_http) == _same(in_process)
+    assert served[0]["answer"] and served[0]["cost_usd"] > 0
+    assert served[2]["budget_stop"] and served[2]["cost_usd"] == 0.0 and served[2]["message"]
