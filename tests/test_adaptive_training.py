@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
@@ -144,6 +146,7 @@ def test_grpo_rollouts_continue_by_the_review_rule(tmp_path: Path) -> None:
         assert (two["cost"] > one["cost"]) == hard
 
 
+@pytest.mark.slow
 def test_a_micro_run_with_two_rounds_trains_a_conductor_that_reviews(tmp_path: Path) -> None:
     from _tiny import micro_config
     from rl_conductor.policies.conductor import ConductorPolicy

@@ -254,6 +254,7 @@ def test_fit_steps_towards_the_held_out_target() -> None:
     assert _next_scale({2.0: 88.0}, 89.0, 1.5, 2.0) is None
 
 
+@pytest.mark.slow
 def test_collaboration_table_on_a_few_hundred_items() -> None:
     """The search runs in the test budget and composition pays on the synthetic items."""
     p = pool()

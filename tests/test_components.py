@@ -166,6 +166,7 @@ def chain_env(chain: Chain, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
 # --------------------------------------------------------------------------- .python_func
 
 
+@pytest.mark.slow
 def test_prepare_data_writes_disjoint_splits_with_counts(chain: Chain) -> None:
     splits = {s: steps.read_tasks(chain.data[s].path) for s in steps.SPLITS}
     assert [len(splits[s]) for s in steps.SPLITS] == [TRAIN_LIMIT, EVAL_LIMIT, EVAL_LIMIT]
@@ -181,6 +182,7 @@ def test_prepare_data_writes_disjoint_splits_with_counts(chain: Chain) -> None:
     assert s3_copy == Path(chain.data["test"].path).read_bytes()
 
 
+@pytest.mark.slow
 def test_train_conductor_outputs_a_servable_folder(chain: Chain) -> None:
     folder = Path(chain.model.path)
     for name in (
@@ -202,6 +204,7 @@ def test_train_conductor_outputs_a_servable_folder(chain: Chain) -> None:
     assert any(f.startswith("sft/") for f in checkpoints)
 
 
+@pytest.mark.slow
 def test_evaluate_conductor_compares_every_policy(chain: Chain) -> None:
     _, summaries = steps.read_results(chain.eval_outputs["results"].path)
     policies = [s["policy"] for s in summaries]
@@ -230,6 +233,7 @@ def test_evaluate_conductor_compares_every_policy(chain: Chain) -> None:
     assert "## Under a deadline" in report
 
 
+@pytest.mark.slow
 def test_register_conductor_logs_what_the_gate_and_serving_need(chain_env: Chain) -> None:
     out = chain_env.register_out
     assert out.version == 1 and out.model_uri == "models:/conductor/1"
@@ -249,6 +253,7 @@ def test_register_conductor_logs_what_the_gate_and_serving_need(chain_env: Chain
     assert (folder / "conductor.json").is_file() and (folder / "tokenizer.json").is_file()
 
 
+@pytest.mark.slow
 def test_weak_first_version_is_registered_but_not_champion(chain_env: Chain) -> None:
     """The quick chain's Conductor (two GRPO steps) is below a fixed router of its own evaluation:
     the gate refuses it although there is no champion yet."""
@@ -273,6 +278,7 @@ def _register(chain: Chain, results: dsl.Artifact, tag: str) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_later_registrations_go_through_the_gate(chain_env: Chain) -> None:
     """A version that clears its baselines becomes the first champion; then a stricter gate keeps
     the champion and an equal one moves it. The chain's results stand in for a good evaluation:
@@ -320,6 +326,7 @@ def test_prepare_data_on_the_local_runner(local_runner: Path) -> None:
     assert (local_runner / "root" / "r1" / "data" / "validation.jsonl").is_file()
 
 
+@pytest.mark.slow
 def test_promote_conductor_on_the_local_runner(local_runner: Path, chain: Chain) -> None:
     task = promote_conductor(version=1, min_accuracy_gain=2.0)  # v1: the chain's weak Conductor
     assert task.outputs["promoted"] is False
@@ -345,6 +352,7 @@ def register_imported(model_dir: str, results: str, report: str, report_html: st
     ]
 
 
+@pytest.mark.slow
 def test_register_conductor_on_the_local_runner(local_runner: Path, chain: Chain) -> None:
     ev = chain.eval_outputs
     task = register_imported(

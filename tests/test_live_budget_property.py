@@ -156,6 +156,7 @@ async def _run(ex: _Example, pool: Pool) -> Trace:
 @settings(
     max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
+@pytest.mark.slow
 @given(_examples())
 def test_live_workers_never_overspend(world: _World, ex: _Example) -> None:
     for bill in world.bills:

@@ -99,6 +99,7 @@ def quick_env(quick: Quick, monkeypatch: pytest.MonkeyPatch) -> Quick:
     return quick
 
 
+@pytest.mark.slow
 def test_quick_run_prints_table_report_version_and_aliases(quick: Quick) -> None:
     out = quick.output
     for policy in ("conductor", "knn", "domain-router", "moa", "oracle", "single:gpt-5"):
@@ -115,6 +116,7 @@ def test_quick_run_prints_table_report_version_and_aliases(quick: Quick) -> None
     )
 
 
+@pytest.mark.slow
 def test_quick_run_fills_the_artifact_root(quick: Quick) -> None:
     (folder,) = (quick.home / ".conductor" / "artifacts").iterdir()
     assert sorted(p.name for p in (folder / "data").iterdir()) == [
@@ -148,6 +150,7 @@ def test_quick_run_fills_the_artifact_root(quick: Quick) -> None:
     assert (folder / "reports" / "latency.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_gate_compared_with_the_existing_champion(quick_env: Quick) -> None:
     rows = {r.version: r for r in registry.list_versions("conductor")}
     assert set(rows) == {1, 2}
@@ -160,6 +163,7 @@ def test_gate_compared_with_the_existing_champion(quick_env: Quick) -> None:
     assert rows[2].tags["pipeline.run_tag"].startswith("conductor-training-")
 
 
+@pytest.mark.slow
 def test_registered_version_loads_in_a_fresh_process(quick_env: Quick) -> None:
     script = textwrap.dedent(
         """
@@ -182,6 +186,7 @@ def test_registered_version_loads_in_a_fresh_process(quick_env: Quick) -> None:
     assert loaded["pyfunc"] == "PyFuncModel"
 
 
+@pytest.mark.slow
 def test_registry_cli_lists_and_promotes_by_hand(quick_env: Quick) -> None:
     cli = CliRunner()
     listed = cli.invoke(app, ["registry", "list"])

@@ -507,6 +507,7 @@ def _serve(
     )
 
 
+@pytest.mark.slow
 def test_start_up_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
     (port,) = free_ports(1)
     taken = socket.socket()
@@ -583,6 +584,7 @@ def test_manifests_turn_authentication_on_and_limit_who_reaches_the_predictor() 
         assert rule.get("from"), "an ingress rule without 'from' admits every pod and address"
 
 
+@pytest.mark.slow
 def test_grpc_when_turned_on_refuses_the_repository_rpcs(tmp_path: Path) -> None:
     import grpc
     from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
@@ -608,6 +610,7 @@ def test_grpc_when_turned_on_refuses_the_repository_rpcs(tmp_path: Path) -> None
         assert httpx.get(ready).status_code == 200
 
 
+@pytest.mark.slow
 def test_check_pool_refuses_to_start_on_a_pool_whose_workers_do_not_answer(tmp_path: Path) -> None:
     broken_pool = write_pool(
         tmp_path / "broken.yaml", workers=[{**w, "fail_rate": 1.0} for w in FAKE_WORKERS]

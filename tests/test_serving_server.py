@@ -360,6 +360,7 @@ def test_server_still_answers_after_the_fuzz(http: httpx.Client) -> None:
 # -- failing workers ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_10_percent_failing_worker_calls_still_answer_99_percent(tmp_path: Path) -> None:
     # nothing above a worker retries it (a live client retries its own transient errors, fakes do
     # not): what keeps requests answered here is the fallback to a worker of the same hosting

@@ -515,6 +515,7 @@ def _fresh_simulation(monkeypatch: pytest.MonkeyPatch, cache_max: int) -> None:
     monkeypatch.setattr(collaboration, "_AUTHORED_MAX", cache_max)
 
 
+@pytest.mark.slow
 def test_parallel_build_on_the_simulated_pool_is_the_serial_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """paper-sim, whose workers grade answers themselves with the real graders (code in the
     sandbox), every domain, budget and deadline columns, the simulation's caches small enough to
