@@ -26,9 +26,9 @@ from rl_conductor.tasks.recordings import (
     RecordingsError,
     dataset_name,
     load_recordings,
-    routellm_recordings,
     write_recordings,
 )
+from rl_conductor.tasks.routellm import routellm_recordings
 from rl_conductor.trace import Limits
 from rl_conductor.workers.base import CallContext
 from rl_conductor.workers.live.testing import Reply, Request, ok, scripted_server

@@ -47,6 +47,7 @@ from typing import Any
 
 from rl_conductor.errors import UnknownName
 from rl_conductor.tasks.base import DOMAINS, Task
+from rl_conductor.tasks.recordings import recordings_tasks
 
 SPLITS = ("train", "validation", "test", "all")
 #: Upper bounds of the hash fraction for train and validation; the rest is test.
@@ -137,8 +138,6 @@ def load_tasks(name: str, split: str = "all", *, limit: int | None = None, seed:
     if name not in _REGISTRY:
         _import_optional()
     if name not in _REGISTRY and name.startswith("recordings:"):  # a bring-your-own recordings file
-        from rl_conductor.tasks.recordings import recordings_tasks
-
         return _select(recordings_tasks(name), split, limit, seed)
     if name not in _REGISTRY:
         raise UnknownDatasetError(f"unknown dataset {name!r}; available: {', '.join(sorted(_REGISTRY))}")

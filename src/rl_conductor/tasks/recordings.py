@@ -25,7 +25,7 @@ in that split; items without one are split 70/10/20 by id hash like every other 
 shipped under ``rl_conductor/data/recorded/`` (the built-in ``gsm8k-six`` pool's), so its dataset
 name is the same on every machine. RouteLLM's recordings (:mod:`rl_conductor.tasks.routellm`) are one instance
 of this shape: text and label for GSM8K, label only for MMLU
-(:func:`routellm_recordings` writes them out in this format).
+(:func:`rl_conductor.tasks.routellm.routellm_recordings` writes them out in this format).
 
 Items the project cannot grade itself — no gold ``answer``, or a ``code`` item without
 ``metadata.tests`` — replay as recorded: every response must then carry ``correct`` (else the
@@ -341,18 +341,3 @@ def item_dict(task: Task, responses: dict[str, RecordedResponse]) -> dict[str, A
         item["split"] = split
     item["responses"] = {m: r.to_dict() for m, r in responses.items()}
     return item
-
-
-def routellm_recordings(dataset: str = "routellm") -> Iterator[dict[str, Any]]:
-    """RouteLLM's recordings as items of this format (GSM8K: text and label; MMLU: label only)."""
-    from rl_conductor.tasks.datasets import load_tasks
-    from rl_conductor.tasks.routellm import RECORDED_MODELS, recording
-
-    for task in load_tasks(dataset):
-        responses = {}
-        for model in RECORDED_MODELS:
-            rec = recording(task.id, model)
-            if rec is not None:
-                responses[model] = RecordedResponse(text=rec.text, correct=rec.correct)
-        if responses:
-            yield item_dict(task, responses)

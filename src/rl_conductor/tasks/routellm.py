@@ -31,12 +31,15 @@ import csv
 import functools
 import gzip
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
+from typing import Any
 
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import format_choices, load_tasks, register_dataset
+from rl_conductor.tasks.recordings import RecordedResponse, item_dict
 
 #: Project worker name -> the column name RouteLLM used for that model.
 RECORDED_MODELS: dict[str, str] = {
@@ -203,3 +206,16 @@ def recorded_accuracy(dataset: str, model: str) -> float:
     if not labels or any(r is None for r in labels):
         raise ValueError(f"dataset {dataset!r} is not a recorded RouteLLM dataset")
     return sum(r.correct for r in labels if r is not None) / len(labels)
+
+
+def routellm_recordings(dataset: str = "routellm") -> Iterator[dict[str, Any]]:
+    """RouteLLM's recordings as items of the bring-your-own recordings format
+    (:mod:`rl_conductor.tasks.recordings`; GSM8K: text and label; MMLU: label only)."""
+    for task in load_tasks(dataset):
+        responses = {}
+        for model in RECORDED_MODELS:
+            rec = recording(task.id, model)
+            if rec is not None:
+                responses[model] = RecordedResponse(text=rec.text, correct=rec.correct)
+        if responses:
+            yield item_dict(task, responses)
