@@ -163,3 +163,51 @@ def test_prompt_never_offers_an_id_beyond_the_view() -> None:
     for limits in (Limits(), Limits(max_rounds=3)):
         text = conductor_prompt(TASK, view, limits)
         assert "1: " in text and "2: " not in text and "yourself" not in text
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.floats(0.0, 1.0),
+            st.floats(0.0, 10.0),
+            st.booleans(),
+            st.booleans(),
+            st.integers(0, 3),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.sampled_from([PAPER, COST_AWARE, RewardConfig(cost_weight=5.0, max_cost_penalty=0.1)]),
+)
+def test_one_formula_over_scalars_and_arrays(cells: list[tuple], config: RewardConfig) -> None:
+    """reward_of over arrays (the routers', the cascade's, the warm start's tables) is, cell by
+    cell and to the bit, compute_reward of one plan (evaluation, training): one formula."""
+    import numpy as np
+
+    from rl_conductor.reward import reward_of
+
+    correct, p, cost, over, late, calls = (np.array(c) for c in zip(*cells, strict=True))
+    got = reward_of(
+        config, correct=correct, cost=cost, called=calls > 0, budget_stopped=over, deadline_stopped=late
+    )
+    for i, (ok, _, c, o, d, n) in enumerate(cells):
+        one = compute_reward(
+            parsed=True,
+            correct=ok,
+            cost_usd=c,
+            budget_exceeded=o,
+            config=config,
+            worker_calls=n,
+            deadline_exceeded=d,
+        )
+        assert got[i] == one and isinstance(one, float)
+        assert (
+            reward_of(config, correct=ok, cost=c, called=n > 0, budget_stopped=o, deadline_stopped=d) == one
+        )
+    # an estimated probability of being correct scores like the expected reward
+    expected = reward_of(config, correct=p, cost=cost)
+    both = p * reward_of(config, correct=True, cost=cost) + (1 - p) * reward_of(
+        config, correct=False, cost=cost
+    )
+    assert np.allclose(expected, both)

@@ -27,6 +27,9 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+import numpy as np
+from numpy.typing import ArrayLike
+
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Trace
 
@@ -143,23 +146,44 @@ def compute_reward(
     :func:`deadline_stopped` of the trace."""
     if not parsed:
         return 0.0
-    r = (config.format_bonus if worker_calls > 0 else 0.0) + (config.correct_weight if correct else 0.0)
-    r -= min(config.max_cost_penalty, config.cost_weight * cost_usd / config.cost_scale)
-    if budget_exceeded:
-        r -= config.budget_penalty
-    if deadline_exceeded:
-        r -= config.deadline_penalty
-    return r
+    return float(
+        reward_of(
+            config,
+            correct=correct,
+            cost=cost_usd,
+            called=worker_calls > 0,
+            budget_stopped=budget_exceeded,
+            deadline_stopped=deadline_exceeded,
+        )
+    )
 
 
-def parsed_rewards(correct: Any, cost: Any, config: RewardConfig) -> Any:
-    """:func:`compute_reward` over arrays of outcomes (numpy), for plans that parsed, called a worker
-    and neither overspent nor missed a deadline: the format bonus, the correct term, the capped
-    cost term."""
-    import numpy as np
-
-    penalty = np.minimum(config.max_cost_penalty, config.cost_weight * np.asarray(cost) / config.cost_scale)
-    return config.format_bonus + config.correct_weight * np.asarray(correct, dtype=np.float64) - penalty
+def reward_of(
+    config: RewardConfig,
+    *,
+    correct: ArrayLike,
+    cost: ArrayLike,
+    called: ArrayLike = True,
+    budget_stopped: ArrayLike = False,
+    deadline_stopped: ArrayLike = False,
+) -> Any:
+    """The reward formula (module docstring) of plans that parsed, over scalars or numpy arrays
+    (broadcast together): the format bonus where a worker was ``called``, ``correct_weight`` times
+    ``correct`` (a 0/1 outcome or an estimated probability), the capped cost term, and each
+    penalty where its limit stopped the workflow. The one place the formula is written: a plan's
+    reward (:func:`compute_reward`), the routers' and the cascade's reward matrices, the warm
+    start's candidate tables and the evidence ranking all call it. A float for scalars."""
+    r = (
+        config.format_bonus * np.asarray(called, dtype=np.float64)
+        + config.correct_weight * np.asarray(correct, dtype=np.float64)
+        - np.minimum(
+            config.max_cost_penalty,
+            config.cost_weight * np.asarray(cost, dtype=np.float64) / config.cost_scale,
+        )
+        - config.budget_penalty * np.asarray(budget_stopped, dtype=np.float64)
+        - config.deadline_penalty * np.asarray(deadline_stopped, dtype=np.float64)
+    )
+    return float(r) if r.ndim == 0 else r
 
 
 def budget_stopped(trace: Trace) -> bool:

@@ -40,7 +40,7 @@ from rl_conductor.executor import Continuation, RoundRequest, execute
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.policies.routers import FIT_LIMIT, _reward_config, pool_key, training_tasks
-from rl_conductor.reward import RewardConfig, grade_trace, parsed_rewards
+from rl_conductor.reward import RewardConfig, grade_trace, reward_of
 from rl_conductor.rounds import continuation_within_limits, single_within_budget, summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.graders import extract_answer, keys_agree
@@ -160,7 +160,7 @@ def cascade_outcomes(
         up = ~agree
         correct[up] = outcomes.correct[up, escalate, 2]
         cost = cost + np.where(up, outcomes.cost[:, escalate, 2], 0.0)
-    reward = parsed_rewards(correct, cost, config)
+    reward = reward_of(config, correct=correct, cost=cost)
     return {"agree": agree, "correct": correct, "cost": cost, "reward": reward}
 
 

@@ -53,7 +53,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rl_conductor.prompting import over_budget, percent
-from rl_conductor.reward import RewardConfig
+from rl_conductor.reward import RewardConfig, reward_of
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import PoolView
@@ -290,9 +290,7 @@ def estimated_rewards(
     """``[tasks, workers]`` the reward each worker alone is expected to earn on each task: the
     format bonus, ``correct_weight`` x its estimate (``estimates``, from :meth:`EvidenceModel.
     predict` or out of fold) and the cost term at its mean training cost on the task's domain."""
-    cost = model.domain_cost(tasks)
-    pen = np.minimum(config.max_cost_penalty, config.cost_weight * cost / config.cost_scale)
-    return config.format_bonus + config.correct_weight * np.asarray(estimates, dtype=np.float64) - pen
+    return np.asarray(reward_of(config, correct=estimates, cost=model.domain_cost(tasks)), dtype=np.float64)
 
 
 def ranking(model: EvidenceModel, rewards: NDArray[np.floating], view: PoolView, limits: Limits) -> list[int]:

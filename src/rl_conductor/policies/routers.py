@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 from rl_conductor.executor import execute
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
-from rl_conductor.reward import REWARD_PRESETS, RewardConfig, grade_trace, parsed_rewards, reward_config
+from rl_conductor.reward import REWARD_PRESETS, RewardConfig, grade_trace, reward_config, reward_of
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, PoolView
@@ -169,7 +169,7 @@ def single_outcomes(pool: Pool, tasks: Sequence[Task], *, cache: bool = True) ->
 
 def reward_matrix(outcomes: SingleOutcomes, config: RewardConfig) -> NDArray[np.float64]:
     """Per task and worker, the evaluation's reward of that worker alone (parsed, no budget stop)."""
-    return np.asarray(parsed_rewards(outcomes.correct, outcomes.cost, config), dtype=np.float64)
+    return np.asarray(reward_of(config, correct=outcomes.correct, cost=outcomes.cost), dtype=np.float64)
 
 
 def choose_worker(

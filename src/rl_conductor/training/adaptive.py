@@ -50,7 +50,7 @@ import numpy as np
 from rl_conductor.executor import Continuation, RoundRequest, execute
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.prompting import review_prompt
-from rl_conductor.reward import RewardConfig, budget_stopped, grade_trace
+from rl_conductor.reward import RewardConfig, budget_stopped, grade_trace, reward_of
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
@@ -132,11 +132,8 @@ class RoundsTable:
 
     def rewards(self, config: RewardConfig) -> np.ndarray:
         """``compute_reward`` vectorised over the cells (NaN where not run)."""
-        r = (
-            config.format_bonus * (self.calls > 0)
-            + config.correct_weight * self.correct
-            - np.minimum(config.max_cost_penalty, config.cost_weight * self.cost / config.cost_scale)
-            - config.budget_penalty * self.stopped
+        r = reward_of(
+            config, correct=self.correct, cost=self.cost, called=self.calls > 0, budget_stopped=self.stopped
         )
         return np.where(self.done, r, np.nan)
 

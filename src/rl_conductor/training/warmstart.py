@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from rl_conductor.reward import RewardConfig
+from rl_conductor.reward import RewardConfig, reward_of
 from rl_conductor.tasks.base import Task
 from rl_conductor.training.candidates import Candidate, CandidateTable, group_of, single
 from rl_conductor.workflow import Workflow
@@ -56,14 +56,14 @@ def reward_array(table: CandidateTable, config: RewardConfig) -> np.ndarray:
     """The reward of every executed cell (``compute_reward`` vectorised; NaN where not run): the
     format bonus only where a worker was called."""
     called = table.done if table.calls is None else table.calls > 0
-    r = (
-        config.format_bonus * called
-        + config.correct_weight * table.correct
-        - np.minimum(config.max_cost_penalty, config.cost_weight * table.cost / config.cost_scale)
-        - config.budget_penalty * table.stopped
+    r = reward_of(
+        config,
+        correct=table.correct,
+        cost=table.cost,
+        called=called,
+        budget_stopped=table.stopped,
+        deadline_stopped=False if table.cut is None else table.cut,
     )
-    if table.cut is not None:
-        r = r - config.deadline_penalty * table.cut
     return np.where(table.done, r, np.nan)
 
 
