@@ -171,12 +171,15 @@ def test_absurd_or_disguised_values_are_request_errors(field: dict) -> None:
 
 def test_huge_limits_are_invalid_values_not_overflows() -> None:
     from rl_conductor.trace import Limits
-    from rl_conductor.validation import InvalidValue
+    from rl_conductor.validation import MAX_SECONDS, MAX_USD, InvalidValue
 
     for kwargs in ({"max_cost_usd": 1e303}, {"max_latency_s": 1e308}, {"step_timeout_s": 1e300}):
         with pytest.raises(InvalidValue):
             Limits(**kwargs)
-    assert Limits(max_cost_usd=1e6, max_latency_s=1e7).max_cost_usd == 1e6
+    assert Limits(max_cost_usd=MAX_USD, max_latency_s=MAX_SECONDS).max_cost_usd == MAX_USD
+    for kwargs in ({"max_cost_usd": MAX_USD * 1.5}, {"max_latency_s": MAX_SECONDS * 1.5}):
+        with pytest.raises(InvalidValue):  # the request caps: one set for every Limits
+            Limits(**kwargs)
 
 
 def test_pyfunc_dataframe_rows_nan_means_absent_and_an_all_nan_budget_is_an_error() -> None:
@@ -199,10 +202,12 @@ def test_pyfunc_dataframe_rows_nan_means_absent_and_an_all_nan_budget_is_an_erro
 
 
 def test_the_request_caps_are_one_definition_for_http_and_pyfunc() -> None:
+    from rl_conductor import validation
     from rl_conductor.serving import schemas
     from rl_conductor.serving_core import MAX_REQUEST_SECONDS, MAX_REQUEST_USD, RequestError, parse_request
 
     assert schemas.MAX_BUDGET_USD == MAX_REQUEST_USD and schemas.MAX_LATENCY_S == MAX_REQUEST_SECONDS
+    assert (MAX_REQUEST_USD, MAX_REQUEST_SECONDS) == (validation.MAX_USD, validation.MAX_SECONDS)
     assert parse_request({"question": "q", "max_cost_usd": MAX_REQUEST_USD}).max_cost_usd == MAX_REQUEST_USD
     for field, cap in (("max_cost_usd", MAX_REQUEST_USD), ("max_latency_s", MAX_REQUEST_SECONDS)):
         with pytest.raises(RequestError, match=field):

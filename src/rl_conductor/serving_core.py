@@ -28,19 +28,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rl_conductor.reward import deadline_shortened
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, StepRecord
-from rl_conductor.validation import InvalidValue, integer_at_least, positive_finite
+from rl_conductor.trace import SENSITIVITIES, Limits, StepRecord
+from rl_conductor.validation import MAX_SECONDS, MAX_USD, InvalidValue, integer_at_least, positive_finite
 
 if TYPE_CHECKING:
     from rl_conductor.policies.base import Episode
     from rl_conductor.workers.pool import Pool, PoolView
 
 
-#: Largest budget one request may state (USD), for every front door (HTTP and pyfunc): anything
-#: above is a client bug, not a budget.
-MAX_REQUEST_USD = 10_000.0
-#: Longest deadline one request may state (seconds): a day is a client bug, not a deadline.
-MAX_REQUEST_SECONDS = 3_600.0
+#: The request caps of every front door (HTTP and pyfunc): :data:`rl_conductor.validation.MAX_USD`
+#: and ``MAX_SECONDS``, the caps of every ``Limits``.
+MAX_REQUEST_USD = MAX_USD
+MAX_REQUEST_SECONDS = MAX_SECONDS
 
 
 #: Most rounds and worker calls one request may ask for: more is a client bug, not a request.
@@ -120,7 +119,7 @@ class ConductorRequest(BaseModel):
     @field_validator("sensitivity")
     @classmethod
     def _sens(cls, v: str) -> str:
-        if v not in ("public", "private"):
+        if v not in SENSITIVITIES:
             raise ValueError("sensitivity must be 'public' or 'private'")
         return v
 

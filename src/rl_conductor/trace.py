@@ -17,6 +17,8 @@ from typing import Any, Literal, get_args
 from rl_conductor import validation
 
 Sensitivity = Literal["public", "private"]
+#: The values of :data:`Sensitivity` (the one list: the CLI, the request model and the wire use it).
+SENSITIVITIES: tuple[str, ...] = get_args(Sensitivity)
 
 #: A step whose call cannot afford this many output tokens is not started; ``Limits.max_tokens``
 #: and a worker's ``max_output_tokens`` below it could never run a step.
@@ -84,7 +86,7 @@ class Limits:
             raise validation.InvalidValue(
                 "allowed_workers", self.allowed_workers, "None or a frozenset of worker names"
             )
-        if self.sensitivity not in get_args(Sensitivity):
+        if self.sensitivity not in SENSITIVITIES:
             raise validation.InvalidValue("sensitivity", self.sensitivity, "'public' or 'private'")
         validation.integer_at_least("max_steps", self.max_steps, 1)
         validation.positive_finite("step_timeout_s", self.step_timeout_s, validation.MAX_SECONDS)

@@ -27,10 +27,12 @@ class InvalidValue(UsageError, ValueError):
         super().__init__(f"invalid {name}: {value!r} (expected {expected})")
 
 
-#: Largest budget (USD) and duration (seconds) a limit may state. Far above any real request,
-#: and far below where products with token counts or rates overflow a float.
-MAX_USD = 1e6
-MAX_SECONDS = 1e7
+#: Largest budget (USD) and duration (seconds) one request, one question of an evaluation or one
+#: step may state: the one set of caps, used by ``trace.Limits``, the request model
+#: (``serving_core``) and the wire schemas. A day or $10,000 per question is a client bug, not a
+#: limit; both stay far below where products with token counts or rates overflow a float.
+MAX_USD = 10_000.0
+MAX_SECONDS = 3_600.0
 
 
 def _real(name: str, value: Any, expected: str) -> float:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from rl_conductor.cli.app import app, pool_app
 from rl_conductor.cli.options import choice, count, non_negative, positive
+from rl_conductor.trace import SENSITIVITIES
 
 # a fixed width when not on a terminal (CI logs, pipes), so tables keep their columns whole
 console = Console(stderr=False, width=None if Console().is_terminal else 130)
@@ -25,7 +26,6 @@ def _write_json(path: Path | None, payload: Any) -> None:
     console.print(f"[dim]wrote {path}[/dim]")
 
 
-SENSITIVITIES = ("public", "private")
 SPLITS = ("train", "validation", "test", "all")  # rl_conductor.tasks.datasets.SPLITS, kept import-free
 SeedOpt = Annotated[int, typer.Option(callback=count(0), help="random seed (>= 0)")]
 LimitOpt = Annotated[int | None, typer.Option(callback=count(1), help="at most N tasks")]

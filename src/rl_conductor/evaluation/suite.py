@@ -21,7 +21,7 @@ from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.conductor import CONFIG_FILE, model_source
 from rl_conductor.reward import RewardConfig, reward_config, reward_from_dict
 from rl_conductor.tasks.datasets import load_tasks
-from rl_conductor.trace import Limits, Sensitivity
+from rl_conductor.trace import SENSITIVITIES, Limits, Sensitivity
 from rl_conductor.workers.pool import Pool, load_pool
 
 __all__ = [
@@ -46,7 +46,7 @@ def eval_limits(
     max_calls: int | None = None,
 ) -> Limits:
     """The :class:`Limits` of every question of an evaluation (``allowed``: comma-separated names)."""
-    validation.one_of("sensitivity", sensitivity, ("public", "private"))
+    validation.one_of("sensitivity", sensitivity, SENSITIVITIES)
     if max_cost_usd is not None:
         validation.positive_finite("max_cost_usd", max_cost_usd)
     sens: Sensitivity = "private" if sensitivity == "private" else "public"
