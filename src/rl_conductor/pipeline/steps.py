@@ -39,7 +39,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -717,8 +717,3 @@ def promote_by_hand(
     return ManualPromotion(
         alias=alias, previous=rows.get(before) if before is not None else None, current=current
     )
-
-
-def as_dict(value: Any) -> dict[str, Any]:
-    """A step outcome as a plain dict (for logs and JSON)."""
-    return asdict(value)

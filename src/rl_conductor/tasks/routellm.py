@@ -199,15 +199,6 @@ def join_stats() -> JoinStats:
     )
 
 
-def recorded_accuracy(dataset: str, model: str) -> float:
-    """Mean of the recorded correctness labels of ``model`` over ``dataset`` (all splits)."""
-    tasks = load_tasks(dataset)
-    labels = [recording(t.id, model) for t in tasks]
-    if not labels or any(r is None for r in labels):
-        raise ValueError(f"dataset {dataset!r} is not a recorded RouteLLM dataset")
-    return sum(r.correct for r in labels if r is not None) / len(labels)
-
-
 def routellm_recordings(dataset: str = "routellm") -> Iterator[dict[str, Any]]:
     """RouteLLM's recordings as items of the bring-your-own recordings format
     (:mod:`rl_conductor.tasks.recordings`; GSM8K: text and label; MMLU: label only)."""

@@ -360,8 +360,3 @@ def _entry(
         "finish_reason": comp.finish_reason,
         "tokens_estimated": comp.tokens_estimated,
     }
-
-
-def cache_stats(workers: Sequence[Any]) -> dict[str, dict[str, int]]:
-    """Hits and misses of every cached worker among ``workers``, by name."""
-    return {w.info.name: {"hits": w.hits, "misses": w.misses} for w in workers if isinstance(w, CachedWorker)}

@@ -6,7 +6,7 @@ A pool file lists workers with their kind, model, prices, hosting and descriptio
     seed: 0                      # pool-level options are passed to every worker builder
     workers:
       - name: gpt-5
-        kind: simulated          # simulated | replay | openai | anthropic | gemini | kserve-v1 | kserve-v2
+        kind: simulated          # simulated | replay | fake | openai | anthropic | gemini
         price_in: 1.25           # USD per 1M tokens
         price_out: 10.0
         hosting: external        # self = inside the cluster, external = third-party API
