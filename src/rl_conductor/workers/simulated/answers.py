@@ -13,7 +13,7 @@ import itertools
 import random
 import re
 from collections.abc import Callable
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from rl_conductor.tasks.base import Task
@@ -37,7 +37,11 @@ _GRADES_MAX = 500_000  # grades: a few values per item, so in practice never ful
 _MISSING = object()
 
 
+@lru_cache(maxsize=4096)
 def _digest(text: str) -> bytes:
+    """The key of a rendered text in the caches below. Memoised for the texts of the executions
+    in flight: each is looked up again by every later step that sees it (its author, its value),
+    and a string's own hash is cached in it, so a hit costs far less than hashing kilobytes."""
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
