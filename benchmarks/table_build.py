@@ -12,7 +12,9 @@ warm-start deadlines (on every item), ``top_k``/``cheap_k`` and step cap; built 
 ``workers=1`` and once with ``--workers`` processes (default: the CPUs this process may use), in
 a fresh process each, serial first.
 ``parallel_min_jobs`` is left at its default, so stages with few jobs stay in process in both.
-On a shared machine the wall figures include waiting for a core; the load average is recorded.
+On a shared machine the wall figures include waiting for a core; the load average is recorded,
+and so is the CPU time of each build (its process and its forked children), which the other
+load changes far less.
 
 Usage: ``python benchmarks/table_build.py --json benchmarks/results/table_build.json``
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -41,13 +44,13 @@ from rl_conductor.workers.pool import load_pool
 ARRAYS = ("correct", "cost", "stopped", "tokens", "done", "calls", "cut")
 
 
-def build_once(per_domain: int, workers: int, out: Path) -> float:
+def build_once(per_domain: int, workers: int, out: Path) -> tuple[float, float]:
     """Build the table (tiny preset settings) with ``workers`` processes, save it to ``out`` and
-    return the build's wall seconds."""
+    return the build's wall seconds and CPU seconds (this process and its children)."""
     cfg = load_preset("tiny")
     tasks = select_items(load_tasks("paper-mix", split="train"), per_domain)
     pool = load_pool("paper-sim", seed=0)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     table = build_table(
         tasks,
         pool,
@@ -59,9 +62,15 @@ def build_once(per_domain: int, workers: int, out: Path) -> float:
         max_steps=cfg.max_steps_per_workflow,
         workers=workers,
     )
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
     table.save(out)
-    return wall
+    return wall, cpu
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that have ended (the forked workers)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def measure(per_domain: int, workers: int) -> dict[str, Any]:
@@ -83,8 +92,8 @@ def measure(per_domain: int, workers: int) -> dict[str, Any]:
                 str(path),
             ]
             res = subprocess.run(cmd, check=True, capture_output=True, text=True)
-            wall = float(res.stdout.strip().splitlines()[-1])
-            out[mode] = {"wall_s": round(wall, 2), "load_avg_1m_before": load}
+            wall, cpu = map(float, res.stdout.strip().splitlines()[-1].split())
+            out[mode] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "load_avg_1m_before": load}
             tables[mode] = CandidateTable.load(path)
     s, p = tables["serial"], tables["parallel"]
     out["items"] = len(s.task_ids)
@@ -106,18 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build-one", nargs=2, metavar=("WORKERS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.build_one:
-        print(build_once(args.per_domain, int(args.build_one[0]), Path(args.build_one[1])))
+        print(*build_once(args.per_domain, int(args.build_one[0]), Path(args.build_one[1])))
         return 0
 
-    # the library builds serially unless asked; this benchmark's parallel side uses every CPU
+    # the parallel side uses every CPU (at least two), as the library does by default
     workers = table_workers(args.workers) if args.workers else max(2, len(os.sched_getaffinity(0)))
     res = measure(args.per_domain, workers)
     table = Table(title=f"candidate table, {res['items']} items x {res['candidates']} candidates, paper-sim")
-    for col in ("build", "processes", "wall s", "load 1m before"):
+    for col in ("build", "processes", "wall s", "CPU s", "load 1m before"):
         table.add_column(col, justify="left" if col == "build" else "right")
     for mode, w in (("serial", 1), ("parallel", res["workers"])):
         r = res[mode]
-        table.add_row(mode, str(w), f"{r['wall_s']:.1f}", f"{r['load_avg_1m_before']:.2f}")
+        table.add_row(
+            mode, str(w), f"{r['wall_s']:.1f}", f"{r['cpu_s']:.1f}", f"{r['load_avg_1m_before']:.2f}"
+        )
     console = Console()
     console.print(table)
     console.print(f"speed-up {res['speedup_wall']:.2f}x; tables identical: {res['identical']}")
