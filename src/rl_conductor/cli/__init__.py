@@ -10,6 +10,7 @@ from rl_conductor.cli import core as _core  # noqa: F401  (registers commands)
 from rl_conductor.cli import live as _live  # noqa: F401
 from rl_conductor.cli import pipeline as _pipeline  # noqa: F401
 from rl_conductor.cli import pool_check as _pool_check  # noqa: F401
+from rl_conductor.cli import retrain as _retrain  # noqa: F401
 from rl_conductor.cli import serve as _serve  # noqa: F401
 from rl_conductor.cli import train as _train  # noqa: F401
 from rl_conductor.cli.app import app

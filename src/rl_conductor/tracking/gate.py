@@ -76,6 +76,12 @@ class GateThresholds:
     min_gain_over_baseline: float = 0.0  # accuracy points over the best baseline (rewards unknown)
     min_reward_gain_over_baseline: float = 0.0  # mean reward over the best baseline (when known)
     require_baseline: bool = True  # refuse a challenger whose metrics lack the baseline's accuracy
+    #: what "better than the champion" means: "accuracy" (its accuracy + min_accuracy_gain, its cost
+    #: within max_cost_ratio) or "reward" (its mean reward + min_reward_gain: the trade the reward
+    #: prices, so a cheaper, slightly less accurate challenger wins when prices rise; the
+    #: retraining loop's choice, both measured again in the same world)
+    versus_champion: str = "accuracy"
+    min_reward_gain: float = 0.0  # mean reward over the champion (versus_champion="reward")
 
     def __post_init__(self) -> None:
         validation.non_negative_finite("min_accuracy_gain", self.min_accuracy_gain)
@@ -85,6 +91,9 @@ class GateThresholds:
         validation.non_negative_finite("min_reward_gain_over_baseline", self.min_reward_gain_over_baseline)
         if not isinstance(self.require_baseline, bool):
             raise validation.InvalidValue("require_baseline", self.require_baseline, "true or false")
+        if self.versus_champion not in ("accuracy", "reward"):
+            raise validation.InvalidValue("versus_champion", self.versus_champion, "accuracy or reward")
+        validation.non_negative_finite("min_reward_gain", self.min_reward_gain)
 
 
 @dataclass(frozen=True)
@@ -159,6 +168,24 @@ def decide(
     if str(split) != str(champ_split):
         return GateDecision(
             False, f"different test splits: challenger {split!r} vs champion {champ_split!r}; re-evaluate"
+        )
+    if t.versus_champion == "reward":
+        champ_reward = _number(champion, REWARD)
+        if reward is None or champ_reward is None:
+            return GateDecision(
+                False, f"cannot compare by reward: {REWARD!r} missing for the challenger or the champion"
+            )
+        if reward + _EPS < champ_reward + t.min_reward_gain:
+            return GateDecision(
+                False,
+                f"mean reward {reward:.4f} < champion {champ_reward:.4f} + required gain "
+                f"{t.min_reward_gain:.4f} at this pool's prices, same split {split!r}",
+            )
+        return GateDecision(
+            True,
+            f"mean reward {reward:.4f} vs champion {champ_reward:.4f} "
+            f"(gain {reward - champ_reward:+.4f}){versus}, accuracy {acc:.4f}, mean cost ${cost:.6f}, "
+            f"same split {split!r}",
         )
     champ_acc = _number(champion, ACCURACY)
     champ_cost = _number(champion, COST)

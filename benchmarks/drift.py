@@ -1,0 +1,323 @@
+"""Drift: after a pool change the closed loop retrains a Conductor that beats the old champion at
+the new prices, and the gate promotes it; with no change the gate keeps the champion.
+
+Why: the loop (rl_conductor.loop) is worth having only if it (a) follows a pool change — here
+``--worker``'s prices x ``--price-factor`` (default gemini-2.5-pro x4, the worker the paper-sim
+champion calls most) — and (b) does not churn when nothing changed. Both are measured with the
+loop's own steps on ``paper-sim``:
+
+1. a champion: ``--champion DIR`` (a trained tiny Conductor of paper-sim; the figures below used
+   the tiny preset with ``evidence: probe``), else one trained here from the ``tiny`` preset,
+   smaller (``--champion-sft`` SFT examples, 2 GRPO steps, no deadline prompts); registered and
+   aliased ``champion``;
+2. **drift**: ``--requests`` questions (paper-mix train and validation items, shuffled) served by
+   the champion through the predictor's service (:class:`ConductorService` with the traffic log
+   hooked in, in-process) on the *changed* pool, each with feedback (its gold answer); then
+   ``collect_step(only_on_pool_change=True)`` (it must see the re-pricing) → ``retrain_step``
+   (warm start from the champion) → ``gate_step`` on the held-out recent traffic + the standing
+   test split, at the new prices;
+3. **no change**: the original champion again, the same traffic window (or, with
+   ``--serve-again``, the same questions served anew on paper-sim), retrained on the unchanged
+   pool ``--retrains`` times (seeds 1..N), each gated against the champion of the moment.
+
+Reports, per retrain: challenger and champion mean reward / accuracy / cost on the same questions,
+the paired reward gain with its 95 % CI, the gate's decision; and the traffic window's figures.
+
+Simplifications: the simulated pool answers a served request (no gold) with a placeholder, so the
+served answers earn nothing and the feedback grades them wrong: the retraining reads the
+questions, re-executed as their paper-mix items (what a live pool's response cache would replay);
+the simulation cannot reward good instructions. Sizes are small for a shared 2-core machine.
+
+Usage: ``nice python benchmarks/drift.py --out /tmp/drift --json benchmarks/results/drift.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _results import write_json
+
+COMMON: dict[str, Any] = {
+    "deadline_fraction": 0.0,
+    "evidence": "probe",  # as the champion of `--champion` (the tiny preset with evidence) was trained
+    "grpo_steps": 2,
+    "torch_threads": 1,
+    "logging_steps": 1,
+    "save_steps": 1000,
+    "time_limit_s": 900,
+}
+
+
+def _changed_pool(out: Path, worker: str, factor: float) -> str:
+    from rl_conductor.workers.pool import load_pool_config
+
+    cfg = load_pool_config("paper-sim")
+    for w in cfg["workers"]:
+        if w["name"] == worker:
+            w["price_in"] = round(float(w["price_in"]) * factor, 6)
+            w["price_out"] = round(float(w["price_out"]) * factor, 6)
+            break
+    else:
+        raise SystemExit(f"paper-sim has no worker {worker!r}")
+    cfg["name"] = "paper-sim"  # same pool, new prices (the file is what changed)
+    path = out / f"paper-sim-{worker}-x{factor:g}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return str(path)
+
+
+def _champion(out: Path, sft: int, items: int, model_name: str, reuse: Path | None) -> tuple[str, float]:
+    from rl_conductor.tracking import registry
+    from rl_conductor.training.config import load_preset
+    from rl_conductor.training.train import train
+
+    t = time.perf_counter()
+    if reuse is not None:
+        final = reuse
+    else:
+        cfg = load_preset("tiny", **COMMON, sft_examples=sft, warm_items_per_domain=items)
+        final = train(cfg, out / "champion-train", progress=False).final_dir
+    mv = registry.log_conductor_model(final, name=model_name, alias=registry.CHALLENGER)
+    registry.promote(model_name, mv.version)
+    return str(final), time.perf_counter() - t
+
+
+async def _serve(champion_dir: str, pool: str, store: str, questions: list[Any]) -> dict[str, Any]:
+    """Serve ``questions`` through the predictor's service with the traffic log, then feedback."""
+    from rl_conductor.loop.feedback import Feedback, parse_feedback
+    from rl_conductor.loop.traffic import TrafficConfig, TrafficLog
+    from rl_conductor.serving.service import ConductorService, load_policy
+    from rl_conductor.serving_core import ConductorRequest
+    from rl_conductor.workers.pool import load_pool
+
+    p = load_pool(pool)
+    service = ConductorService(load_policy(champion_dir, None, p), p)
+    log = TrafficLog(TrafficConfig(store=store, batch_size=100, flush_interval_s=1.0))
+    service.on_answered.append(log.submit)
+    t = time.perf_counter()
+    docs = []
+    for i in range(0, len(questions), 16):  # 16 in flight: the planner batches them
+        chunk = questions[i : i + 16]
+        docs += await asyncio.gather(*(service.answer(ConductorRequest(question=q.question)) for q in chunk))
+        await asyncio.sleep(0.002)  # distinct request times (the holdout is the latest)
+    served_s = time.perf_counter() - t
+    log.flush()
+    fb = Feedback(log)
+    for task, doc in zip(questions, docs, strict=True):
+        body: dict[str, Any] = {"request_id": doc["request_id"]}
+        if task.grader in ("math", "choice", "qa"):
+            body |= {"answer": task.answer, "grader": task.grader}
+        else:
+            body["score"] = 0.0
+        await asyncio.to_thread(fb.submit, parse_feedback(body))
+    log.close()
+    return {"requests": len(docs), "served_s": served_s, "requests_per_s": len(docs) / served_s}
+
+
+def _retrain(
+    out: Path,
+    store: str,
+    pool: str,
+    model_name: str,
+    *,
+    seed: int,
+    sft: int,
+    items: int,
+    only_on_change: bool,
+    eval_limit: int,
+) -> dict[str, Any]:
+    from rl_conductor.loop import retrain
+
+    folder = out / f"retrain-{Path(store).name}-seed{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {k: str(folder / f"{k}.jsonl") for k in ("train", "holdout", "test")}
+    paths["champion"] = str(folder / "champion")
+    t0 = time.perf_counter()
+    collected = retrain.collect_step(
+        traffic_store=store,
+        outputs=paths,
+        pool=pool,
+        model_name=model_name,
+        eval_limit=eval_limit,
+        only_on_pool_change=only_on_change,
+        seed=0,
+        run_tag=folder.name,
+    )
+    row: dict[str, Any] = {
+        "seed": seed,
+        "should_train": collected.should_train,
+        "trigger": collected.reason,
+        "champion_before": collected.champion_version,
+        "traffic": collected.summary,
+        "served_share": collected.worker_share,
+    }
+    if not collected.should_train:
+        return row
+    trained = retrain.retrain_step(
+        train_path=paths["train"],
+        champion_dir=paths["champion"],
+        model_dir=str(folder / "challenger"),
+        preset="tiny",
+        pool=pool,
+        overrides={**COMMON, "sft_examples": sft, "warm_items_per_domain": items, "sft_epochs": 1.0},
+        seed=seed,
+        run_tag=folder.name,
+    )
+    t1 = time.perf_counter()
+    gated = retrain.gate_step(
+        challenger_dir=str(folder / "challenger"),
+        champion_dir=paths["champion"],
+        holdout_path=paths["holdout"],
+        test_path=paths["test"],
+        pool=pool,
+        model_name=model_name,
+        champion_version=collected.champion_version,
+        seed=0,
+        run_tag=folder.name,
+        reason=collected.reason,
+    )
+    row |= {
+        "train_s": t1 - t0,
+        "gate_s": time.perf_counter() - t1,
+        "global_step": trained.global_step,
+        "n_compared": gated.n,
+        "challenger": gated.challenger,
+        "champion": gated.champion_metrics,
+        "reward_gain": gated.reward_gain,
+        "ci95": [gated.ci_low, gated.ci_high],
+        "promoted": gated.promoted,
+        "gate_reason": gated.reason,
+        "version": gated.version,
+        "champion_after": gated.champion,
+    }
+    return row
+
+
+def _line(r: dict[str, Any]) -> str:
+    if not r["should_train"]:
+        return f"  no retrain: {r['trigger']}"
+    c, k = r["challenger"], r["champion"]
+
+    def fig(m: dict[str, Any]) -> str:
+        return f"{m['mean_reward']:.4f} ({100 * m['accuracy']:.1f} %, ${m['mean_cost_usd']:.5f})"
+
+    lo, hi = r["ci95"]
+    verdict = "PROMOTED" if r["promoted"] else "kept"
+    return (
+        f"  challenger {fig(c)} vs champion {fig(k)}; gain {r['reward_gain']:+.4f} "
+        f"CI [{lo:+.4f}, {hi:+.4f}] n={r['n_compared']} -> {verdict}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="work folder (MLflow sqlite, models, traffic)")
+    ap.add_argument("--requests", type=int, default=600, help="served requests per scenario")
+    ap.add_argument("--worker", default="gemini-2.5-pro")
+    ap.add_argument("--price-factor", type=float, default=4.0)
+    ap.add_argument("--retrains", type=int, default=3, help="retrains without a pool change")
+    ap.add_argument("--champion-sft", type=int, default=1200, help="SFT examples of the champion")
+    ap.add_argument("--retrain-sft", type=int, default=800, help="SFT examples of each retrain")
+    ap.add_argument("--eval-limit", type=int, default=300, help="standing test questions compared on")
+    ap.add_argument(
+        "--champion-items", type=int, default=80, help="warm-start table items per domain (champion)"
+    )
+    ap.add_argument(
+        "--retrain-items", type=int, default=40, help="warm-start table items per domain (retrains)"
+    )
+    ap.add_argument("--champion", type=Path, default=None, help="reuse a trained champion folder")
+    ap.add_argument(
+        "--serve-again",
+        action="store_true",
+        help="serve the no-change scenario's requests anew on paper-sim (default: reuse the drift traffic)",
+    )
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("CONDUCTOR_HOME", str(out))
+    logging.getLogger("rl_conductor").setLevel(logging.WARNING)
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.tracking import mlflow_utils
+
+    # every step configures MLflow from the environment (steps._tracking): point it here
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{out / 'mlflow.db'}"
+    mlflow_utils.configure()
+    model_name = "conductor-drift"
+    t0 = time.perf_counter()
+    champion_dir, champion_s = _champion(
+        out, args.champion_sft, args.champion_items, model_name, args.champion
+    )
+    print(f"champion trained in {champion_s:.0f} s: {champion_dir}", flush=True)
+    items = load_tasks("paper-mix", "train") + load_tasks("paper-mix", "validation")
+    random.Random(0).shuffle(items)
+    changed = _changed_pool(out, args.worker, args.price_factor)
+    results: dict[str, Any] = {
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    }
+    results["champion_train_s"] = champion_s
+    # drift: serve on the re-priced pool, retrain only because the pool changed
+    store = str(out / "traffic-drift")
+    results["drift_serving"] = asyncio.run(_serve(champion_dir, changed, store, items[: args.requests]))
+    print(f"drift: served {results['drift_serving']}", flush=True)
+    drift = _retrain(
+        out,
+        store,
+        changed,
+        model_name,
+        seed=1,
+        sft=args.retrain_sft,
+        items=args.retrain_items,
+        only_on_change=True,
+        eval_limit=args.eval_limit,
+    )
+    print("drift retrain:\n" + _line(drift), flush=True)
+    results["drift"] = drift
+    # no change: a fresh champion of the old world (the one just trained), served on paper-sim
+    from rl_conductor.tracking import registry
+
+    first = 1
+    registry.promote(model_name, first)
+    if args.serve_again:
+        store = str(out / "traffic-same")
+        results["same_serving"] = asyncio.run(
+            _serve(champion_dir, "paper-sim", store, items[: args.requests])
+        )
+    # else: the drift scenario's served questions again (what the retrain reads of them are the
+    # questions and their feedback; their recorded costs are not used), on the unchanged pool
+    results["same"] = []
+    for seed in range(1, args.retrains + 1):
+        row = _retrain(
+            out,
+            store,
+            "paper-sim",
+            model_name,
+            seed=seed,
+            sft=args.retrain_sft,
+            items=args.retrain_items,
+            only_on_change=False,
+            eval_limit=args.eval_limit,
+        )
+        print(f"no-change retrain {seed}:\n" + _line(row), flush=True)
+        results["same"].append(row)
+    results["churn"] = sum(bool(r.get("promoted")) for r in results["same"])
+    results["total_s"] = time.perf_counter() - t0
+    print(json.dumps({"drift_promoted": drift.get("promoted"), "churn": results["churn"]}))
+    if args.json:
+        write_json(args.json, "drift", results)
+
+
+if __name__ == "__main__":
+    main()

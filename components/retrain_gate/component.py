@@ -1,0 +1,56 @@
+"""KFP component ``gate_challenger``: challenger vs champion at the current pool's prices, the
+gate, registration and promotion.
+
+Thin adapter over :func:`rl_conductor.loop.retrain.gate_step` (rules in
+``rl_conductor.tracking.gate``); see docs/closed-loop.md.
+"""
+
+from typing import NamedTuple
+
+from components.images import BASE_IMAGE
+from kfp import dsl
+
+
+@dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
+def gate_challenger(
+    challenger: dsl.Input[dsl.Model],
+    champion: dsl.Input[dsl.Model],
+    holdout_data: dsl.Input[dsl.Dataset],
+    test_data: dsl.Input[dsl.Dataset],
+    gate_metrics: dsl.Output[dsl.Metrics],
+    pool: str = "paper-sim",
+    model_name: str = "conductor",
+    min_reward_gain: float = 0.0,
+    require_significant: bool = True,
+    seed: int = 0,
+    mlflow_tracking_uri: str = "",
+    run_tag: str = "local",
+) -> NamedTuple("GateOutputs", [("promoted", bool), ("reason", str), ("version", int), ("champion", int)]):
+    """Evaluate both on the held-out traffic and the test split, gate by mean reward (paired 95 %
+    interval above ``min_reward_gain`` when ``require_significant``), register the challenger and
+    promote it if it passed. The trigger (``reason``) and the champion's version come from
+    ``holdout_data``'s metadata (written by ``collect_traffic``)."""
+    from collections import namedtuple
+
+    from rl_conductor.loop import retrain
+
+    outcome = retrain.gate_step(
+        challenger_dir=challenger.path,
+        champion_dir=champion.path,
+        holdout_path=holdout_data.path,
+        test_path=test_data.path,
+        pool=pool,
+        model_name=model_name,
+        champion_version=int(holdout_data.metadata.get("champion_version", 0)),
+        min_reward_gain=min_reward_gain,
+        require_significant=require_significant,
+        seed=seed,
+        mlflow_tracking_uri=mlflow_tracking_uri,
+        run_tag=run_tag,
+        reason=str(holdout_data.metadata.get("reason", "")),
+    )
+    for name in ("reward_gain", "ci_low", "ci_high", "n"):
+        gate_metrics.log_metric(name, float(getattr(outcome, name)))
+    print(f"gate: {'promoted' if outcome.promoted else 'kept the champion'}: {outcome.reason}")
+    GateOutputs = namedtuple("GateOutputs", ["promoted", "reason", "version", "champion"])
+    return GateOutputs(outcome.promoted, outcome.reason, outcome.version, outcome.champion)

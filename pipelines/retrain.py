@@ -1,0 +1,123 @@
+"""The Kubeflow pipeline ``conductor-retrain``: served traffic + feedback → warm-start retrain →
+challenger vs champion at the current pool's prices → gate → register → promote.
+
+Compiled to ``retrain.yaml`` next to this file (``conductor retrain compile``; a test fails when
+the committed YAML is stale). Run it locally with ``conductor retrain --local`` (kfp's
+SubprocessRunner) or on a cluster as a recurring run (docs/closed-loop.md):
+
+    kfp.Client(host=URL).create_recurring_run(
+        experiment_id=..., job_name="conductor-retrain-nightly",
+        cron_expression="0 0 3 * * *", max_concurrency=1,
+        pipeline_package_path="pipelines/retrain.yaml",
+        params={"traffic_store": "s3://bucket/traffic", "window_hours": 24, ...})
+
+Schedule parameters (root inputs of the compiled YAML): ``window_hours`` (how much traffic each
+run reads: the cron period, so windows tile), ``only_on_pool_change`` (a frequent schedule that
+retrains only when the pool file changed: a new, removed or re-priced worker), ``min_train_tasks``
+(skip a run whose window is too thin). Steps: ``collect_traffic`` decides; under ``dsl.If`` the
+training and the gate run only when it said so. The training step asks for one GPU and gets the
+worker API keys from ``api_keys_secret`` on a cluster (ignored locally), as in
+``conductor-training``; every step gets S3 credentials from ``s3_secret``.
+"""
+
+from components.retrain_collect.component import collect_traffic
+from components.retrain_conductor.component import retrain_conductor
+from components.retrain_gate.component import gate_challenger
+from kfp import dsl, kubernetes
+
+from pipelines.conductor_training import API_KEY_ENV, GPU_RESOURCE, S3_ENV
+
+PIPELINE_NAME = "conductor-retrain"
+
+
+@dsl.pipeline(
+    name=PIPELINE_NAME,
+    description="Retrain the Conductor from served traffic and feedback, warm-started from the champion; "
+    "promote the challenger only if the gate finds it better at the current pool's prices.",
+)
+def conductor_retrain(
+    traffic_store: str,
+    pool: str = "paper-sim",
+    preset: str = "tiny",
+    train_overrides: str = "{}",
+    window_hours: float = 24.0,
+    holdout_fraction: float = 0.3,
+    eval_limit: int = 200,
+    base_train_limit: int = 0,
+    min_train_tasks: int = 8,
+    only_on_pool_change: bool = False,
+    spend_cap_usd: float = 0.0,
+    min_reward_gain: float = 0.0,
+    require_significant: bool = True,
+    seed: int = 0,
+    model_name: str = "conductor",
+    mlflow_tracking_uri: str = "",
+    artifact_root: str = "",
+    api_keys_secret: str = "conductor-api-keys",
+    s3_secret: str = "conductor-s3",
+) -> bool:
+    """Parameters: traffic_store (the predictor's --traffic_store); pool (the pool now served);
+    preset / train_overrides (JSON): the training run, warm-started from the champion;
+    window_hours (0: the whole log) / holdout_fraction / min_train_tasks / only_on_pool_change: the
+    schedule's window and trigger; eval_limit: standing test questions compared on besides the
+    held-out traffic; base_train_limit: standing training questions added to the traffic's;
+    spend_cap_usd: most the warm-start table may pay live workers for calls the cache lacks;
+    min_reward_gain / require_significant: the gate (paired 95 % interval of the reward gain).
+    Returns whether it retrained (the reason and the gate's decision: MLflow experiment
+    ``<model_name>-loop`` and the registered version's ``gate.*`` tags).
+    """
+    run_tag = dsl.PIPELINE_JOB_NAME_PLACEHOLDER
+    collect = collect_traffic(
+        traffic_store=traffic_store,
+        pool=pool,
+        model_name=model_name,
+        window_hours=window_hours,
+        holdout_fraction=holdout_fraction,
+        eval_limit=eval_limit,
+        base_train_limit=base_train_limit,
+        min_train_tasks=min_train_tasks,
+        only_on_pool_change=only_on_pool_change,
+        seed=seed,
+        mlflow_tracking_uri=mlflow_tracking_uri,
+        run_tag=run_tag,
+    )
+    collect.set_caching_options(enable_caching=False)  # reads a log that grows
+    kubernetes.use_secret_as_env(collect, secret_name=s3_secret, secret_key_to_env=S3_ENV, optional=True)
+    with dsl.If(collect.outputs["Output"] == True):  # noqa: E712 (a KFP condition, not Python)
+        train = retrain_conductor(
+            train_data=collect.outputs["train_data"],
+            champion=collect.outputs["champion"],
+            preset=preset,
+            pool=pool,
+            train_overrides=train_overrides,
+            spend_cap_usd=spend_cap_usd,
+            seed=seed,
+            mlflow_tracking_uri=mlflow_tracking_uri,
+            artifact_root=artifact_root,
+            run_tag=run_tag,
+        )
+        # a constant: kfp's local runner cannot resolve a pipeline parameter in a task's settings
+        # inside dsl.If (multi-GPU training: conductor-training's train_gpus)
+        train.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(1)
+        gate = gate_challenger(
+            challenger=train.outputs["model"],
+            champion=collect.outputs["champion"],
+            holdout_data=collect.outputs["holdout_data"],
+            test_data=collect.outputs["test_data"],
+            pool=pool,
+            model_name=model_name,
+            min_reward_gain=min_reward_gain,
+            require_significant=require_significant,
+            seed=seed,
+            mlflow_tracking_uri=mlflow_tracking_uri,
+            run_tag=run_tag,
+        )
+        gate.set_caching_options(enable_caching=False)  # moves the registry's aliases
+        for task in (train, gate):
+            kubernetes.use_secret_as_env(
+                task, secret_name=api_keys_secret, secret_key_to_env=API_KEY_ENV, optional=True
+            )
+            kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=S3_ENV, optional=True)
+    return collect.outputs[
+        "Output"
+    ]  # whether it retrained; the decision is on the registry version and in MLflow

@@ -1,0 +1,64 @@
+"""``conductor retrain run|compile``: the closed loop's pipeline from the command line.
+
+Thin adapter over :mod:`rl_conductor.loop.pipeline` (docs/closed-loop.md).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from rl_conductor.cli.app import app
+from rl_conductor.cli.core import console
+from rl_conductor.cli.pipeline import SetOpt, _arguments
+
+retrain_app = typer.Typer(
+    help="Retrain the Conductor from served traffic and feedback (the closed loop).", no_args_is_help=True
+)
+app.add_typer(retrain_app, name="retrain")
+
+
+@retrain_app.command("run")
+def run_cmd(
+    traffic_store: Annotated[str, typer.Option(help="the predictor's --traffic_store (folder or s3://)")],
+    local: Annotated[
+        bool, typer.Option("--local", help="run with kfp's local SubprocessRunner (required)")
+    ] = False,
+    pool: Annotated[str | None, typer.Option(help="the pool now served (name or YAML path)")] = None,
+    window_hours: Annotated[float | None, typer.Option(help="hours of traffic to read (0: all)")] = None,
+    only_on_pool_change: Annotated[
+        bool, typer.Option("--only-on-pool-change", help="retrain only if the pool changed")
+    ] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="a few training steps (smoke test)")] = False,
+    set_values: SetOpt = None,
+) -> None:
+    """Collect the traffic window, retrain from the champion, gate, register, promote."""
+    from rl_conductor.errors import InvalidArgument
+    from rl_conductor.loop.pipeline import run_local
+
+    if not local:
+        raise InvalidArgument(
+            "only --local runs from here; on a cluster submit pipelines/retrain.yaml (docs/closed-loop.md)"
+        )
+    args = _arguments(set_values, traffic_store=traffic_store, pool=pool, window_hours=window_hours)
+    if only_on_pool_change:
+        args["only_on_pool_change"] = True
+    run = run_local(quick=quick, **args)
+    console.print(f"collect: {'retrain' if run.should_train else 'no retrain'}: {run.reason}")
+    if run.version is None:
+        console.print(f"champion: v{run.champion_before} (unchanged)")
+        return
+    verdict = "promoted" if run.promoted else "kept the champion"
+    console.print(f"gate: v{run.version} {verdict}: {run.gate_reason}")
+    console.print(f"champion: v{run.champion}  ({run.seconds:.0f} s; log {run.log_path})")
+
+
+@retrain_app.command("compile")
+def compile_cmd(
+    out: Annotated[str | None, typer.Option(help="output YAML (default: pipelines/retrain.yaml)")] = None,
+) -> None:
+    """Compile the retraining pipeline to YAML (its schedule parameters are root inputs)."""
+    from rl_conductor.loop.pipeline import compile_pipeline
+
+    console.print(f"compiled: {compile_pipeline(out)}")

@@ -1,0 +1,133 @@
+"""Run and compile the ``conductor-retrain`` Kubeflow pipeline (``pipelines/retrain.py``).
+
+Why beside :mod:`rl_conductor.pipeline.runner`: the same kfp local SubprocessRunner and the same
+checkout lookup (:func:`rl_conductor.pipeline.runner.repo_root`), for the loop's pipeline; what a
+run decided is read back from the registry (the gate tags the version it registered).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rl_conductor.loop.retrain import LOOP_EXPERIMENT_SUFFIX
+from rl_conductor.pipeline.runner import QUICK_TRAIN_OVERRIDES, PipelineRunFailed, repo_root
+
+PIPELINE_MODULE = "pipelines.retrain"
+PACKAGE_NAME = "retrain.yaml"
+#: Training overrides of ``--quick``: a few steps from the champion (checks the plumbing only).
+QUICK_RETRAIN_OVERRIDES: dict[str, Any] = {
+    **{k: v for k, v in QUICK_TRAIN_OVERRIDES.items() if not k.startswith("tiny_")},
+    "grpo_steps": 2,
+    "sft_examples": 32,
+    "warm_items_per_domain": 16,
+    "warm_deadline_items_per_domain": 8,
+}
+
+
+def load_pipeline() -> Any:
+    """The ``conductor_retrain`` pipeline function (imports ``pipelines/`` from the checkout)."""
+    root = str(repo_root())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module(PIPELINE_MODULE).conductor_retrain
+
+
+def default_package_path() -> Path:
+    return repo_root() / "pipelines" / PACKAGE_NAME
+
+
+def compile_pipeline(path: str | Path | None = None) -> Path:
+    """Compile the pipeline to ``path`` (default: the committed ``pipelines/retrain.yaml``)."""
+    from kfp import compiler  # type: ignore[import-untyped]
+
+    out = Path(path) if path is not None else default_package_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(load_pipeline(), str(out))
+    return out
+
+
+@dataclass(frozen=True)
+class RetrainRun:
+    """What a local run did: whether it trained, why, and the gate's decision (if it trained)."""
+
+    should_train: bool
+    reason: str
+    champion_before: int
+    version: int | None
+    promoted: bool
+    gate_reason: str
+    champion: int | None
+    seconds: float
+    log_path: str | None
+
+
+def run_local(
+    *, quick: bool = False, verbose: bool = False, pipeline_root: str | Path | None = None, **arguments: Any
+) -> RetrainRun:
+    """Run ``conductor-retrain`` with kfp's local SubprocessRunner (``arguments``: its parameters)."""
+    import json
+
+    from kfp import local  # type: ignore[import-untyped]
+
+    from rl_conductor.tracking import mlflow_utils, registry
+    from rl_conductor.tracking.mlflow_utils import conductor_home
+
+    if quick and "train_overrides" not in arguments:
+        arguments["train_overrides"] = json.dumps(QUICK_RETRAIN_OVERRIDES, sort_keys=True)
+    pipeline = load_pipeline()
+    root = Path(pipeline_root) if pipeline_root is not None else conductor_home() / ".conductor" / "kfp"
+    root.mkdir(parents=True, exist_ok=True)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
+    model_name = str(arguments.get("model_name") or "conductor")
+    mlflow_utils.configure(str(arguments.get("mlflow_tracking_uri") or "") or None)
+    before_versions = {r.version for r in registry.list_versions(model_name)}
+    log_path: Path | None = None
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        if not verbose:
+            log_path = root / "logs" / f"retrain-{datetime.now(UTC):%Y%m%d-%H%M%S-%f}.log"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(log_path, "w"))))
+        try:
+            task = pipeline(**arguments)
+        except Exception as exc:
+            where = f"; step output in {log_path}" if log_path else ""
+            raise PipelineRunFailed(f"local retrain run failed: {exc}{where}") from exc
+    should_train = bool(task.output)
+    mlflow_utils.configure(str(arguments.get("mlflow_tracking_uri") or "") or None)
+    client = mlflow_utils.client()
+    exp = client.get_experiment_by_name(model_name + LOOP_EXPERIMENT_SUFFIX)
+    collected = client.search_runs(
+        [exp.experiment_id] if exp else [],
+        "tags.`loop.step` = 'collect'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    if not collected:
+        raise PipelineRunFailed(f"the retrain run left no collect run in MLflow experiment {model_name}-loop")
+    new = [r for r in registry.list_versions(model_name) if r.version not in before_versions]
+    version = new[-1].version if new else None
+    tags: dict[str, str] = {}
+    if version is not None:
+        tags = dict(client.get_model_version(model_name, str(version)).tags)
+    return RetrainRun(
+        should_train=should_train,
+        reason=str(collected[0].data.tags.get("loop.reason", "")),
+        champion_before=int(collected[0].data.params.get("champion_version", 0)),
+        version=version,
+        promoted=tags.get("gate.promoted") == "true",
+        gate_reason=tags.get("gate.reason", ""),
+        champion=registry.get_alias_version(model_name, registry.CHAMPION),
+        seconds=time.perf_counter() - t0,
+        log_path=str(log_path) if log_path else None,
+    )
+
+
+__all__ = ["QUICK_RETRAIN_OVERRIDES", "RetrainRun", "compile_pipeline", "load_pipeline", "run_local"]

@@ -1,0 +1,484 @@
+"""The retraining loop's steps as plain functions: what ``pipelines/retrain.py``'s components call.
+
+Why plain functions: as with the training pipeline (:mod:`rl_conductor.pipeline.steps`), the
+KFP components are thin adapters, so the loop runs and is tested without Kubeflow, and the
+cluster and the local runner execute the same code. Nothing here trains, evaluates or gates by
+itself: it calls the existing steps.
+
+1. :func:`collect_step` — read a window of the traffic log and its feedback
+   (:mod:`rl_conductor.loop.data`), write the training tasks, the held-out recent traffic and the
+   standing test split, fetch the champion, and say what changed in the pool since it was
+   trained (:mod:`rl_conductor.loop.pool_change`); logs the window to MLflow (experiment
+   ``<model name>-loop``).
+2. :func:`retrain_step` — :func:`rl_conductor.pipeline.steps.train_step`, warm-started from the
+   champion's weights (``model`` = the champion's folder): the warm-start table executes the
+   candidate workflows on the traffic's tasks through the pool, so a live pool with a response
+   cache (pool option ``cache``) replays every recorded answer without a new call, and the calls
+   that are missing are paid up to ``spend_cap_usd`` (the pool's ``max_usd`` spend guard; a call
+   it refuses fails, and its workflow earns nothing in the table).
+3. :func:`gate_step` — evaluate the challenger and the champion on the same questions (the
+   held-out recent traffic plus the standing test split) *under the current pool* (its prices),
+   with every single worker as the gate's baseline floor; apply :func:`rl_conductor.tracking.gate.decide`
+   by mean reward (``versus_champion="reward"``), and in addition require the paired per-question
+   reward gain's confidence interval to lie above ``min_reward_gain`` (no churn on noise); register
+   the challenger (``challenger`` alias, the window's and the champion's numbers on its run) and
+   move ``champion`` if it passed.
+
+Deliberate simplifications: the served workflows' earned rewards (feedback) are reported and
+logged, and their questions re-executed; the trainer's loss does not read them directly (its
+targets come from executing candidate workflows, which is where a re-priced pool shows). The
+baseline floor is the single workers only (the kNN and domain routers need a fit per pool; the
+training pipeline's gate has them). The interval is the normal approximation of the paired mean.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl_conductor.pipeline import steps
+from rl_conductor.tasks.base import Task
+
+LOOP_EXPERIMENT_SUFFIX = "-loop"
+Z95 = 1.959964
+
+
+# --------------------------------------------------------------------------- collect
+
+
+@dataclass(frozen=True)
+class CollectOutcome:
+    """What :func:`collect_step` found."""
+
+    should_train: bool
+    reason: str
+    champion_version: int
+    pool_changes: list[str]
+    summary: dict[str, float]
+    worker_share: dict[str, float]
+    n_train: int
+    n_holdout: int
+    n_test: int
+    mlflow_run_id: str = ""
+
+
+def _champion(model_name: str, dst: str) -> tuple[int, str]:
+    from rl_conductor.errors import UserError
+    from rl_conductor.tracking import registry
+
+    version = registry.get_alias_version(model_name, registry.CHAMPION)
+    if version is None:
+        raise UserError(f"{model_name} has no champion: train one first (conductor pipeline run --local)")
+    out = Path(dst)
+    if out.exists():
+        shutil.rmtree(out)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="conductor-champion-") as tmp:
+        shutil.copytree(registry.load_model_dir(f"models:/{model_name}/{version}", tmp), out)
+    return version, str(out)
+
+
+def collect_step(
+    *,
+    traffic_store: str,
+    outputs: Mapping[str, str],
+    pool: str = "paper-sim",
+    model_name: str = steps.DEFAULT_MODEL_NAME,
+    window_hours: float = 0.0,
+    until: float | None = None,
+    holdout_fraction: float = 0.3,
+    eval_limit: int = 200,
+    base_train_limit: int = 0,
+    min_train_tasks: int = 8,
+    only_on_pool_change: bool = False,
+    seed: int = 0,
+    mlflow_tracking_uri: str = "",
+    run_tag: str = "local",
+) -> CollectOutcome:
+    """Write ``outputs["train"|"holdout"|"test"]`` (task files) and ``outputs["champion"]`` (the
+    champion's folder); see the module docstring. ``window_hours`` 0 reads the whole log;
+    ``base_train_limit`` adds that many standing training tasks to the traffic's (a seeded
+    sample). Training is skipped (``should_train`` false, with the reason) with fewer than
+    ``min_train_tasks`` tasks, or when ``only_on_pool_change`` and the pool did not change."""
+    import mlflow
+
+    from rl_conductor import validation
+    from rl_conductor.loop import data as loop_data
+    from rl_conductor.loop import pool_change
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.tracking import mlflow_utils
+
+    validation.non_negative_finite("window_hours", window_hours)
+    missing = [k for k in ("train", "holdout", "test", "champion") if k not in outputs]
+    if missing:
+        raise ValueError(f"outputs lacks {missing}")
+    dataset = steps._dataset_of_pool(pool)
+    tests = load_tasks(dataset, "test", limit=eval_limit or None, seed=seed)
+    end = until if until is not None else time.time() + 1.0
+    since = end - window_hours * 3600 if window_hours else None
+    traffic = loop_data.collect(
+        traffic_store,
+        dataset=dataset,
+        since=since,
+        until=end,
+        holdout_fraction=holdout_fraction,
+        exclude_ids=[t.id for t in tests],
+    )
+    train = list(traffic.train)
+    if base_train_limit:
+        have = {t.id for t in train}
+        train += [
+            t for t in load_tasks(dataset, "train", limit=base_train_limit, seed=seed) if t.id not in have
+        ]
+    with steps._tracking(mlflow_tracking_uri, ""):
+        version, champion_dir = _champion(model_name, outputs["champion"])
+        before = pool_change.champion_snapshot(model_name, version, champion_dir)
+        now_snapshot = pool_change.snapshot(pool)
+        changed = pool_change.changes(before, now_snapshot) if before is not None else []
+        if len(train) < min_train_tasks:
+            should, reason = False, f"{len(train)} training tasks in the window (< {min_train_tasks})"
+        elif only_on_pool_change and not changed:
+            should, reason = False, "the pool did not change since the champion was trained"
+        else:
+            should = True
+            reason = "; ".join(changed) if changed else "scheduled retrain (the pool did not change)"
+        steps.write_tasks(outputs["train"], train)
+        steps.write_tasks(outputs["holdout"], traffic.holdout)
+        steps.write_tasks(outputs["test"], tests)
+        summary = traffic.summary()
+        with mlflow_utils.start_run(
+            model_name + LOOP_EXPERIMENT_SUFFIX,
+            f"collect-{run_tag}",
+            {
+                "traffic_store": traffic_store,
+                "pool": pool,
+                "window_hours": window_hours,
+                "holdout_fraction": holdout_fraction,
+                "champion_version": version,
+            },
+            tags={
+                "loop.step": "collect",
+                "loop.should_train": str(should).lower(),
+                "loop.reason": reason[:4000],
+            },
+        ) as run:
+            mlflow_utils.log_metrics({f"traffic/{k}": v for k, v in summary.items()})
+            mlflow_utils.log_metrics({f"traffic/share/{k}": v for k, v in traffic.worker_share().items()})
+            mlflow.log_dict(
+                {"pool_changes": changed, "summary": summary, "worker_share": traffic.worker_share()},
+                "traffic/window.json",
+            )
+            run_id = run.info.run_id
+    return CollectOutcome(
+        should_train=should,
+        reason=reason,
+        champion_version=version,
+        pool_changes=changed,
+        summary=summary,
+        worker_share=traffic.worker_share(),
+        n_train=len(train),
+        n_holdout=len(traffic.holdout),
+        n_test=len(tests),
+        mlflow_run_id=run_id,
+    )
+
+
+# --------------------------------------------------------------------------- retrain
+
+
+def spend_capped_pool(pool: str, cap_usd: float, folder: str | Path) -> str:
+    """A copy of the pool file with its run-wide spend guard at ``cap_usd`` (``max_usd``; the lower
+    of the two when the pool has one), written to ``folder``; the pool itself when it has no live
+    worker (nothing to pay) or ``cap_usd`` is 0."""
+    import yaml
+
+    from rl_conductor.workers.pool import load_pool_config
+
+    cfg = load_pool_config(pool)
+    live = [
+        w for w in cfg["workers"] if str(w.get("kind", "")) not in ("simulated", "replay", "fake", "recorded")
+    ]
+    if not cap_usd or not live:
+        return pool
+    current = cfg.get("max_usd")
+    cfg["max_usd"] = min(float(current), cap_usd) if current else cap_usd
+    path = Path(folder) / f"{cfg.get('name', 'pool')}-capped.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    return str(path)
+
+
+def retrain_step(
+    *,
+    train_path: str,
+    champion_dir: str,
+    model_dir: str,
+    preset: str = "tiny",
+    pool: str = "paper-sim",
+    overrides: Mapping[str, Any] | str | None = None,
+    spend_cap_usd: float = 0.0,
+    seed: int = 0,
+    mlflow_tracking_uri: str = "",
+    artifact_root: str = "",
+    run_tag: str = "local",
+) -> steps.TrainOutcome:
+    """:func:`rl_conductor.pipeline.steps.train_step` from the champion's weights (see module docstring)."""
+    extra = steps.parse_overrides(overrides)
+    extra["model"] = champion_dir
+    train_pool = spend_capped_pool(pool, spend_cap_usd, Path(model_dir).parent / "pool")
+    return steps.train_step(
+        train_path=train_path,
+        model_dir=model_dir,
+        preset=preset,
+        pool=train_pool,
+        overrides=extra,
+        seed=seed,
+        mlflow_tracking_uri=mlflow_tracking_uri,
+        artifact_root=artifact_root,
+        run_tag=run_tag,
+    )
+
+
+# --------------------------------------------------------------------------- gate
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Challenger vs champion on the same questions, at the current pool's prices."""
+
+    n: int
+    test_split_id: str
+    challenger: dict[str, Any]
+    champion: dict[str, Any]
+    baseline: dict[str, Any] | None
+    reward_gain: float
+    ci_low: float
+    ci_high: float
+    singles: list[dict[str, Any]] = field(default_factory=list)
+
+
+def paired_gain(challenger: Sequence[float], champion: Sequence[float]) -> tuple[float, float, float]:
+    """Mean of the paired differences and its 95 % interval (normal approximation)."""
+    diffs = [a - b for a, b in zip(challenger, champion, strict=True)]
+    if not diffs:
+        raise ValueError("no questions to compare on")
+    mean = statistics.fmean(diffs)
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.inf
+    return mean, mean - Z95 * se, mean + Z95 * se
+
+
+def compare(
+    challenger_dir: str, champion_dir: str, tasks: Sequence[Task], *, pool: str, seed: int = 0
+) -> Comparison:
+    """Run both Conductors and every single worker on ``tasks`` under ``pool`` (see module docstring)."""
+    from rl_conductor.evaluation.runner import evaluate
+    from rl_conductor.evaluation.suite import eval_limits, eval_reward
+    from rl_conductor.policies.base import make_policy
+    from rl_conductor.tracking.gate import best_baseline
+    from rl_conductor.workers.pool import load_pool
+
+    p = load_pool(pool, seed=seed)
+    view = p.view()
+    dataset = str(p.options.get("default_dataset", "paper-mix"))
+    specs = [f"conductor:{challenger_dir}", f"conductor:{champion_dir}"]
+    rc = eval_reward(specs[:1], None, None)  # the challenger's reward: the champion's, warm-started
+    meta = json.loads((Path(challenger_dir) / "conductor.json").read_text())
+    limits = eval_limits(None, "public", None, None, int(meta.get("max_rounds", 1)))
+    results = {}
+    for spec in [*specs, *(f"single:{n}" for n in p.names())]:
+        pol = make_policy(spec, p, seed=seed, dataset=dataset, reward_config=rc)
+        results[spec] = evaluate(pol, view, list(tasks), limits, progress=False, reward_config=rc)
+    split_id = steps.test_split_id(tasks, pool, seed)
+
+    def summary(spec: str, label: str) -> dict[str, Any]:
+        s = results[spec].summary()
+        s["policy"] = label
+        s["test_split_id"] = split_id
+        return s
+
+    chal, champ = summary(specs[0], "challenger"), summary(specs[1], "champion")
+    singles = [summary(f"single:{n}", f"single:{n}") for n in p.names()]
+    by_task = [{r.task_id: r.reward for r in results[s].records} for s in specs]
+    ids = [t.id for t in tasks]
+    gain, low, high = paired_gain([by_task[0][i] for i in ids], [by_task[1][i] for i in ids])
+    return Comparison(
+        n=len(ids),
+        test_split_id=split_id,
+        challenger=chal,
+        champion=champ,
+        baseline=best_baseline(singles),
+        reward_gain=gain,
+        ci_low=low,
+        ci_high=high,
+        singles=singles,
+    )
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """The loop's decision and the registered challenger."""
+
+    promoted: bool
+    reason: str
+    version: int
+    champion: int
+    previous_champion: int
+    reward_gain: float
+    ci_low: float
+    ci_high: float
+    n: int
+    challenger: dict[str, float]
+    champion_metrics: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def decide(comparison: Comparison, *, min_reward_gain: float = 0.0, require_significant: bool = True) -> Any:
+    """The gate's rule (:func:`rl_conductor.tracking.gate.decide`, by reward, both measured
+    again) and the loop's: the paired gain's interval above ``min_reward_gain``."""
+    from rl_conductor.tracking import gate
+
+    thresholds = gate.GateThresholds(versus_champion="reward", min_reward_gain=min_reward_gain)
+    challenger = {**comparison.challenger, **(comparison.baseline or {})}
+    decision = gate.decide(challenger, comparison.champion, thresholds)
+    if decision.promote and require_significant and not comparison.ci_low > min_reward_gain:
+        return gate.GateDecision(
+            False,
+            f"reward gain {comparison.reward_gain:+.4f} (95 % CI {comparison.ci_low:+.4f} to "
+            f"{comparison.ci_high:+.4f}, n={comparison.n}) is not above {min_reward_gain:g} with "
+            "confidence: the champion stays",
+        )
+    if decision.promote:
+        return gate.GateDecision(
+            True,
+            f"{decision.reason}; paired gain {comparison.reward_gain:+.4f} "
+            f"(95 % CI {comparison.ci_low:+.4f} to {comparison.ci_high:+.4f}, n={comparison.n})",
+        )
+    return decision
+
+
+def _flat(summary: Mapping[str, Any]) -> dict[str, float]:
+    return {
+        k: float(summary[k])
+        for k in steps.REGISTERED_METRICS
+        if isinstance(summary.get(k), int | float) and not isinstance(summary.get(k), bool)
+    }
+
+
+def gate_step(
+    *,
+    challenger_dir: str,
+    champion_dir: str,
+    holdout_path: str,
+    test_path: str,
+    pool: str = "paper-sim",
+    model_name: str = steps.DEFAULT_MODEL_NAME,
+    champion_version: int = 0,
+    min_reward_gain: float = 0.0,
+    require_significant: bool = True,
+    seed: int = 0,
+    mlflow_tracking_uri: str = "",
+    run_tag: str = "local",
+    reason: str = "",
+) -> GateOutcome:
+    """Compare, decide, register the challenger and promote it if it passed (module docstring)."""
+    import mlflow
+
+    from rl_conductor.loop import pool_change
+    from rl_conductor.tracking import mlflow_utils, registry
+
+    tasks: dict[str, Task] = {}
+    for t in [*steps.read_tasks(holdout_path), *steps.read_tasks(test_path)]:
+        tasks.setdefault(t.id, t)
+    comparison = compare(challenger_dir, champion_dir, list(tasks.values()), pool=pool, seed=seed)
+    decision = decide(comparison, min_reward_gain=min_reward_gain, require_significant=require_significant)
+    challenger_metrics = {**_flat(comparison.challenger), **(comparison.baseline or {})}
+    challenger_metrics.pop(registry.BASELINE_POLICY_KEY, None)
+    champion_metrics = _flat(comparison.champion)
+    snapshot = json.dumps(pool_change.snapshot(pool), sort_keys=True)
+    with steps._tracking(mlflow_tracking_uri, ""):
+        before = registry.get_alias_version(model_name, registry.CHAMPION) or 0
+        with mlflow_utils.start_run(
+            model_name + LOOP_EXPERIMENT_SUFFIX,
+            f"gate-{run_tag}",
+            {
+                registry.TEST_SPLIT_KEY: comparison.test_split_id,
+                "pool": pool,
+                "champion_version": champion_version or before,
+                "n_holdout": len(steps.read_tasks(holdout_path)),
+                "n_compared": comparison.n,
+                registry.BASELINE_POLICY_KEY: (comparison.baseline or {}).get(
+                    registry.BASELINE_POLICY_KEY, ""
+                ),
+            },
+            tags={"loop.step": "gate", "loop.trigger": reason[:4000]},
+        ):
+            mlflow_utils.log_metrics({f"champion/{k}": v for k, v in champion_metrics.items()})
+            mlflow_utils.log_metrics(
+                {"reward_gain": comparison.reward_gain, "reward_gain_ci_low": comparison.ci_low}
+                | {"reward_gain_ci_high": comparison.ci_high}
+            )
+            for s in comparison.singles:  # "single:NAME" -> "single_NAME/mean_reward" (no colons in MLflow)
+                mlflow_utils.log_metrics(
+                    {f"{s['policy'].replace(':', '_')}/mean_reward": float(s["mean_reward"])}
+                )
+            mlflow.set_tags(
+                {"gate.promoted": str(decision.promote).lower(), "gate.reason": decision.reason[:4000]}
+            )
+            mv = registry.log_conductor_model(
+                challenger_dir,
+                name=model_name,
+                metrics=challenger_metrics,
+                params={"run_tag": run_tag},
+                tags={"pipeline.run_tag": run_tag, "loop.retrain": "true"},
+                alias=registry.CHALLENGER,
+            )
+        if decision.promote:
+            registry.promote(model_name, mv.version)
+        registry.tag_version(
+            model_name,
+            mv.version,
+            {
+                "gate.promoted": str(decision.promote).lower(),
+                "gate.reason": decision.reason[:4000],
+                "gate.champion_before": str(before) if before else "",
+                pool_change.SNAPSHOT_TAG: snapshot,
+            },
+        )
+        after = registry.get_alias_version(model_name, registry.CHAMPION) or 0
+    return GateOutcome(
+        promoted=decision.promote,
+        reason=decision.reason,
+        version=mv.version,
+        champion=after,
+        previous_champion=before,
+        reward_gain=comparison.reward_gain,
+        ci_low=comparison.ci_low,
+        ci_high=comparison.ci_high,
+        n=comparison.n,
+        challenger=challenger_metrics,
+        champion_metrics=champion_metrics,
+    )
+
+
+__all__ = [
+    "CollectOutcome",
+    "Comparison",
+    "GateOutcome",
+    "collect_step",
+    "compare",
+    "decide",
+    "gate_step",
+    "paired_gain",
+    "retrain_step",
+    "spend_capped_pool",
+]
