@@ -168,8 +168,8 @@ def main() -> None:
         console.print(table)
         g = block["conductor_above_knn_frontier_points"]
         console.print(f"conductor above the kNN frontier at its cost: {g['mean']:+.2f} points {g['ci95']}")
-    if args.json:
-        write_json(args.json, "recordings_conductor", out)
+        if args.json:  # after every split: a long run leaves what it measured
+            write_json(args.json, "recordings_conductor", out)
 
 
 if __name__ == "__main__":
