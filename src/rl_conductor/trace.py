@@ -24,6 +24,16 @@ SENSITIVITIES: tuple[str, ...] = get_args(Sensitivity)
 #: and a worker's ``max_output_tokens`` below it could never run a step.
 MIN_OUTPUT_TOKENS = 64
 
+
+def estimate_tokens(text: str) -> int:
+    """Cheap, dependency-free token estimate (~4 characters per token), used for pre-flight
+    cost estimates and for recorded text without a tokenizer (workers, recordings files). Never
+    below 1 for non-empty text."""
+    if not text:
+        return 0
+    return max(1, round(len(text) / 4))
+
+
 #: What became of a step.
 StepStatus = Literal["ok", "skipped_budget", "skipped_deadline", "skipped_forbidden", "failed"]
 STEP_STATUSES: tuple[str, ...] = get_args(StepStatus)

@@ -14,7 +14,7 @@ The shipped file (``data/recorded/gsm8k_six_responses.jsonl.gz``, built by :func
 the bring-your-own recordings format (:mod:`rl_conductor.tasks.recordings`): items are the
 ``gsm8k`` Tasks (same ids, questions and gold), joined by question text with whitespace
 normalised; every response keeps its recorded text and its source's correctness label, and
-``output_tokens`` estimated from the text by :func:`rl_conductor.workers.base.estimate_tokens`
+``output_tokens`` estimated from the text by :func:`rl_conductor.trace.estimate_tokens`
 (about 4 characters a token: no tokenizer of these models runs offline). Each item carries a
 fixed ``split`` (60/15/25 train/validation/test from a seeded SHA-256 of its id), so every
 consumer sees the same partition. Prices live in the pool file (``configs/pools/gsm8k-six.yaml``;
@@ -39,6 +39,7 @@ from rl_conductor.tasks.recordings import (
     load_recordings,
     write_recordings,
 )
+from rl_conductor.trace import estimate_tokens
 
 FILE = "gsm8k_six_responses.jsonl.gz"
 #: The recordings path of the shipped file (``package:`` = ``rl_conductor/data/recorded/``).
@@ -67,8 +68,6 @@ def split_for(task_id: str) -> str:
 
 
 def _response(text: str, correct: bool) -> RecordedResponse:
-    from rl_conductor.workers.base import estimate_tokens
-
     return RecordedResponse(text=text, correct=correct, output_tokens=estimate_tokens(text))
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from rl_conductor.trace import MIN_OUTPUT_TOKENS
+from rl_conductor.trace import estimate_tokens as estimate_tokens  # the workers' import
 from rl_conductor.validation import integer_at_least, non_negative_finite, positive_finite
 
 if TYPE_CHECKING:
@@ -196,14 +197,6 @@ def estimate_token_bound(messages: Sequence[Message]) -> int:
     their input with it (:data:`LOCALLY_COUNTED_KINDS`)."""
     chars = sum(len(m.get("content", "")) for m in messages)
     return math.ceil(chars / _ESTIMATE_CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS * len(messages)
-
-
-def estimate_tokens(text: str) -> int:
-    """Cheap, dependency-free token estimate (~4 characters per token), used for pre-flight
-    cost estimates and for recorded text without a tokenizer. Never below 1 for non-empty text."""
-    if not text:
-        return 0
-    return max(1, round(len(text) / 4))
 
 
 async def offline_completion(
