@@ -44,7 +44,7 @@ XDIST := -n $(PYTEST_WORKERS) --dist loadscope
 test: install ## run every test (slow ones included), on every core
 	$(PY) -m pytest -q $(XDIST)
 
-test-fast: install ## the tests not marked slow (under 3 minutes on 2 cores): run between commits
+test-fast: install ## the tests not marked slow (no training runs, no server fleets): run between commits
 	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 lint: install ## ruff lint + format check
