@@ -434,6 +434,17 @@ async def test_empty_answer_counts_as_failure() -> None:
     assert "empty answer" in trace.steps[0].note
 
 
+@pytest.mark.parametrize("blank", [" \n\t \u200b", "\u200b\u200c\ufeff", "\x00 \u2028"])
+async def test_an_answer_of_invisible_characters_is_an_empty_answer(blank: str) -> None:
+    """Whitespace plus zero-width or control characters is as blank as a blank question: the step
+    is empty and falls back (before: a zero-width space made it an answer, served with a 200)."""
+    mute = _worker("mute", answer=blank, hosting="self")
+    backup = _worker("backup", hosting="self")
+    trace = await execute(Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(mute, backup))
+    assert [(a.worker, a.status) for a in trace.steps[0].attempts] == [("mute", "empty"), ("backup", "ok")]
+    assert trace.final_answer == "answer from backup"
+
+
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("access", [((1,), (0,)), ((0,), ())], ids=["cycle", "self"])
 async def test_cyclic_workflow_is_rejected(access: tuple[tuple[int, ...], tuple[int, ...]]) -> None:

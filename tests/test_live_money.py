@@ -274,3 +274,49 @@ async def test_the_step_timeout_charges_every_request_sent() -> None:
     assert 1 <= len(srv.requests) <= 2
     bound = _attempt_bound(srv, worker, 0)
     assert trace.cost_usd == pytest.approx(2 * bound, rel=1e-9)
+
+
+async def _stalling_step(
+    srv: ScriptedServer, *, budget: float | None, pool_max_usd: float | None = None
+) -> tuple[Any, Any, Any]:
+    """One step on a worker with the default retry count (3 attempts) whose first two requests
+    stall past its 0.5 s per-attempt timeout: (trace, worker, the pool's spend guard)."""
+    spec = _spec("openai", srv.base_url, retries={"initial_s": 0.0, "jitter_s": 0.0}, timeout_s=0.5)
+    pool = build_pool({"workers": [spec], **({"max_usd": pool_max_usd} if pool_max_usd else {})})
+    wf = Workflow([Step(0, "Solve the problem.", [])])
+    limits = Limits(max_tokens=256, max_cost_usd=budget, step_timeout_s=30.0)
+    trace = await execute(wf, _task("What is 6 times 7?"), pool.view(), limits)
+    return trace, pool.workers[0], pool_spend_guard(pool)
+
+
+@pytest.mark.parametrize("budget", [0.0005, 0.0012, 0.003, 0.006, 0.02])
+async def test_retried_timeouts_never_take_a_request_past_its_budget(budget: float) -> None:
+    """Each timed-out attempt may be billed its worst case; a retry is sent only when its own
+    worst case fits what the budget has left after them (before: $0.0005 ended at $0.001021)."""
+    stalled = Reply(200, ok("openai", "42").body, delay_s=SLOW)
+    answer = ok("openai", "42", input_tokens=30, output_tokens=5)
+    with scripted_server("openai", [stalled, stalled], default=answer) as srv:
+        trace, worker, _ = await _stalling_step(srv, budget=budget)
+        sent = len(srv.requests)
+    charged = sum(_attempt_bound(srv, worker, i) for i in range(min(sent, 2)))
+    assert trace.cost_usd <= budget, f"charged ${trace.cost_usd:.6g} of a ${budget:g} budget"
+    assert trace.cost_usd >= charged * (1 - 1e-9), "every stalled request sent is charged"
+    step = trace.steps[0]
+    if sent == 0:  # not even the least output the first request may ask for fits
+        assert step.status == "skipped_budget" and step.note == "budget exhausted"
+    elif sent < 3:  # a retry did not fit: not sent, and the budget says it stopped the step
+        assert step.status == "skipped_budget" and "retry not sent" in step.note
+    else:
+        assert step.status == "ok" and step.answer == "42"
+
+
+async def test_retried_timeouts_never_cross_the_pools_max_usd() -> None:
+    stalled = Reply(200, ok("openai", "42").body, delay_s=SLOW)
+    with scripted_server("openai", [stalled, stalled]) as srv:
+        trace, worker, guard = await _stalling_step(srv, budget=None, pool_max_usd=0.004)
+        sent = len(srv.requests)
+    assert guard is not None
+    assert sent == 1, "one worst case fits the 0.004 ceiling, a second one does not"
+    assert guard.spent_usd <= guard.max_usd and trace.cost_usd <= guard.max_usd
+    assert guard.spent_usd == pytest.approx(_attempt_bound(srv, worker, 0), rel=1e-9)
+    assert trace.steps[0].status == "failed" and "retry not sent" in trace.steps[0].note

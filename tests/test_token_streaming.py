@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import openai
@@ -28,7 +29,14 @@ from rl_conductor.workers.live.gemini import GeminiWorker
 from rl_conductor.workers.live.openai_chat import OpenAIChatWorker
 from rl_conductor.workers.live.resilience import RetryPolicy
 from rl_conductor.workers.live.spend import SpendGuard, worst_case_cost
-from rl_conductor.workers.live.testing import ScriptedServer, error, scripted_server, streamed
+from rl_conductor.workers.live.testing import (
+    Reply,
+    ScriptedServer,
+    error,
+    scripted_server,
+    streamed,
+    success_body,
+)
 
 PIECES = ["The", " answer", " is", " 42."]
 MESSAGES = [{"role": "user", "content": "What is 6*7?"}]
@@ -126,6 +134,57 @@ def test_a_stream_breaking_after_its_first_token_is_reported_and_charged_not_ret
     # the vendor bills what it generated, which may be more than reached us: the worst case
     assert guard.spent_usd == pytest.approx(worst_case_cost(INFO, MESSAGES, 50))
     assert worker.breaker.state != "open" and worker.stats().failures == 1
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_stream_ending_without_its_end_marker_after_text_is_broken_and_charged_its_worst_case(
+    vendor: str,
+) -> None:
+    # the body just ends after two pieces: no finish_reason / [DONE], no message_delta /
+    # message_stop, no finishReason; Anthropic's message_start holds a placeholder output count
+    guard = SpendGuard(1.0)
+    script = [
+        streamed(vendor, PIECES, truncate_after=2, input_tokens=11, output_tokens=7),
+        streamed(vendor, PIECES),
+    ]
+    with scripted_server(vendor, script) as srv:
+        worker = _worker(vendor, srv, guard)
+        exc, deltas, broken = _streaming_call(worker)
+        sent = len(srv.requests)
+    assert isinstance(exc, StreamInterruptedError), f"a cut stream came back as an answer: {exc!r}"
+    assert sent == 1 and deltas == PIECES[:2]
+    assert len(broken) == 1 and "end marker" in broken[0]
+    assert guard.spent_usd == pytest.approx(worst_case_cost(INFO, MESSAGES, 50))
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_stream_ending_without_its_end_marker_before_text_is_retried_and_charged(vendor: str) -> None:
+    guard = SpendGuard(1.0)
+    script = [
+        streamed(vendor, PIECES, truncate_after=0),
+        streamed(vendor, PIECES, input_tokens=11, output_tokens=7),
+    ]
+    with scripted_server(vendor, script) as srv:
+        comp, deltas, broken = _streaming_call(_worker(vendor, srv, guard))
+        sent = len(srv.requests)
+    assert sent == 2 and deltas == PIECES and broken == []
+    assert comp.text == "".join(PIECES) and comp.finish_reason == "stop"
+    # the cut attempt was sent and may be billed: its worst case, on top of the answer's cost
+    assert guard.spent_usd == pytest.approx(worst_case_cost(INFO, MESSAGES, 50) + INFO.cost(11, 7))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_gemini_usage_without_candidates_token_count_is_charged_the_worst_case(stream: bool) -> None:
+    body = success_body("gemini", "The answer is 42.", input_tokens=11, output_tokens=7)
+    del body["usageMetadata"]["candidatesTokenCount"]
+    with scripted_server("gemini", [Reply(body=body)]) as srv:
+        worker = _worker("gemini", srv)
+        if stream:
+            comp, _, _ = _streaming_call(worker)
+        else:
+            comp = asyncio.run(worker.complete(MESSAGES, max_tokens=50, temperature=0.0))
+    assert comp.text == "The answer is 42."
+    assert (comp.input_tokens, comp.output_tokens, comp.tokens_estimated) == (11, 50, True)
 
 
 def test_without_a_sink_a_live_worker_asks_for_no_stream() -> None:
@@ -253,6 +312,26 @@ def test_a_stream_breaking_mid_answer_ends_with_an_error_event_not_a_stop(
     assert len(b.requests) == b_before, "the broken answer is not continued by a fallback"
 
 
+def test_a_stream_cut_without_its_end_marker_ends_with_an_error_event_not_a_stop(
+    workers: tuple[ScriptedServer, ...], served: Predictor
+) -> None:
+    a, b, _ = workers
+    a.script[:] = [streamed("openai", PIECES, truncate_after=2)]
+    b_before = len(b.requests)
+    texts: list[str] = []
+    finishes: list[str] = []
+    with pytest.raises(openai.APIError, match="broke off mid-stream") as info:
+        for chunk in _stream(served):
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    texts.append(choice.delta.content)
+                if choice.finish_reason:
+                    finishes.append(choice.finish_reason)
+    assert texts == PIECES[:2] and finishes == [], "a cut stream is never a whole answer"
+    assert isinstance(info.value.body, dict) and info.value.body["code"] == "stream_interrupted"
+    assert len(b.requests) == b_before
+
+
 def test_an_anthropic_worker_streams_through_the_predictor(
     workers: tuple[ScriptedServer, ...], served: Predictor
 ) -> None:
@@ -277,3 +356,58 @@ def test_a_request_without_stream_gets_the_whole_answer(
     resp = _client(served).chat.completions.create(model="conductor", messages=MESSAGES)
     assert resp.choices[0].message.content == "".join(PIECES)
     assert "stream" not in workers[0].requests[-1].body
+
+
+# -- policies whose answer is not the planned last step's text -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "scripts", "want"),
+    [
+        # the cascade's first pair disagrees (41 / 40), so it escalates to c: c's 42 is the answer
+        (
+            "cascade:a,b>c",
+            {"a": ["The answer is 41."], "b": ["The answer is 40."], "c": ["It is 42."]},
+            "It is 42.",
+        ),
+        # self-consistency: five samples of a, the majority (42) wins; the last sample is not it
+        (
+            "self-consistency:a",
+            {"a": ["The answer is 42.", "I get 42.", "It is 42.", "Answer: 42", "Surely 41 then."]},
+            "The answer is 42.",
+        ),
+    ],
+)
+async def test_a_policy_whose_answer_is_not_its_last_planned_step_streams_the_answer_whole(
+    spec: str, scripts: dict[str, list[str]], want: str
+) -> None:
+    from rl_conductor.serving.service import ConductorService, load_policy
+    from rl_conductor.serving_core import ConductorRequest
+    from rl_conductor.workers.pool import build_pool
+
+    with ExitStack() as stack:
+        servers = {
+            name: stack.enter_context(
+                scripted_server("openai", [streamed("openai", [text]) for text in texts])
+            )
+            for name, texts in scripts.items()
+        }
+        for name in ("a", "b", "c"):
+            servers.setdefault(name, stack.enter_context(scripted_server("openai")))
+        pool = build_pool(
+            {
+                "name": "p",
+                "default_dataset": "gsm8k",
+                "workers": [_live(n, "openai", s) for n, s in servers.items()],
+            }
+        )
+        deltas: list[str] = []
+        broken: list[str] = []
+        service = ConductorService(load_policy(None, spec, pool), pool)
+        doc = await service.answer(
+            ConductorRequest(question="What is 6*7?", max_cost_usd=0.5),
+            stream=TokenSink(deltas.append, broken.append),
+        )
+    assert broken == [], "the request was answered: nothing may break the stream"
+    assert doc["answer"] == want
+    assert deltas == [], f"a non-answer was streamed: {''.join(deltas)!r}"

@@ -71,10 +71,13 @@ from rl_conductor.trace import (
     StepStatus,
     Trace,
 )
+from rl_conductor.validation import has_visible_text
 from rl_conductor.workers.base import (
+    RETRY_ALLOWANCE,
     UNANSWERED_BILLS,
     CallContext,
     Completion,
+    RetryRefusedError,
     Worker,
     WorkerInfo,
     estimate_token_bound,
@@ -290,6 +293,17 @@ async def _call(
     # worst case here, and the call is charged them on top of whatever else it is charged
     unanswered: list[float] = []
     token = UNANSWERED_BILLS.set(unanswered)
+    # a retry after an attempt charged its worst case needs a worst case of its own, held here
+    extra: list[float] = []
+
+    def allow(usd: float) -> bool:
+        if run.budget.available() < usd:
+            return False
+        run.budget.reserved += usd
+        extra.append(usd)
+        return True
+
+    allow_token = RETRY_ALLOWANCE.set(allow)
     try:
         comp = await asyncio.wait_for(
             worker.complete(messages, max_tokens=cap, temperature=run.limits.temperature, context=ctx),
@@ -298,28 +312,33 @@ async def _call(
     except TimeoutError:
         # a timed-out call may still be billed: keep its reservation counted as spent
         charge = reservation + sum(unanswered)
-        _settle(run, info, reservation, charge, "timeout")
+        _settle(run, info, reservation + sum(extra), charge, "timeout")
         why = "deadline: no answer in the time left" if timeout < run.limits.step_timeout_s else "timed out"
         err = f"{info.name}: {why} ({timeout:g}s)"
         return None, Attempt(info.name, "timeout", cost_usd=charge, latency_s=timeout, error=err)
     except asyncio.CancelledError:
         # cancelled mid-call: it may still be billed
-        _settle(run, info, reservation, reservation + sum(unanswered), "cancelled")
+        _settle(run, info, reservation + sum(extra), reservation + sum(unanswered), "cancelled")
         raise
     except Exception as exc:  # any worker failure is recorded and replaced
         charge = sum(unanswered)  # an error answer is not billed; a timed-out attempt may be
-        _settle(run, info, reservation, charge, "error")
+        _settle(run, info, reservation + sum(extra), charge, "error")
         err = f"{info.name}: {exc.__class__.__name__}: {str(exc)[:200]}"
+        if isinstance(exc, RetryRefusedError) and exc.by == "request":
+            # its retry did not fit the budget (the step is then budget-stopped, see _run_step)
+            err = f"{info.name}: budget: retry not sent ({str(exc)[:200]})"
         return None, Attempt(info.name, "error", cost_usd=charge, error=err)
     finally:
         UNANSWERED_BILLS.reset(token)
+        RETRY_ALLOWANCE.reset(allow_token)
     cost = comp.cost_usd
     if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) or cost < 0:
         cost = reservation  # a worker that reports no usable cost is charged its worst case
     cost += sum(unanswered)
-    answered = isinstance(comp.text, str) and bool(comp.text.strip())
+    # blank also when only invisible characters (zero-width spaces, controls), as a question is
+    answered = isinstance(comp.text, str) and has_visible_text(comp.text)
     late = time_left is not None and not comp.latency_s <= time_left
-    _settle(run, info, reservation, cost, "timeout" if late else "ok" if answered else "empty")
+    _settle(run, info, reservation + sum(extra), cost, "timeout" if late else "ok" if answered else "empty")
     overrun = (
         f"{info.name}: reported ${cost:.6g}, above its reservation of ${reservation:.6g}"
         if cost > reservation * (1 + _BUDGET_SLACK)
@@ -435,7 +454,11 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
             break
         notes.append(attempt.error)
         rec.status = (
-            "skipped_deadline" if attempt.error.startswith(f"{attempt.worker}: deadline") else "failed"
+            "skipped_deadline"
+            if attempt.error.startswith(f"{attempt.worker}: deadline")
+            else "skipped_budget"
+            if attempt.error.startswith(f"{attempt.worker}: budget")
+            else "failed"
         )
         # a fallback of the same hosting class, never one the request forbids
         ordinal = _fallback(run, worker.info, tried)

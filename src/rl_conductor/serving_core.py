@@ -19,7 +19,6 @@ point a served Conductor at a pool nobody evaluated.
 from __future__ import annotations
 
 import hashlib
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rl_conductor.reward import deadline_shortened
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import SENSITIVITIES, Limits, StepRecord
-from rl_conductor.validation import MAX_SECONDS, MAX_USD, InvalidValue, integer_at_least, positive_finite
+from rl_conductor.validation import (
+    MAX_SECONDS,
+    MAX_USD,
+    InvalidValue,
+    has_visible_text,
+    integer_at_least,
+    positive_finite,
+)
 
 if TYPE_CHECKING:
     from rl_conductor.policies.base import Episode
@@ -76,7 +82,7 @@ class ConductorRequest(BaseModel):
     @classmethod
     def _question(cls, v: str) -> str:
         # blank also when only invisible characters (zero-width spaces, NUL, other controls/formats)
-        if not "".join(c for c in v if unicodedata.category(c)[0] not in "CZ").strip():
+        if not has_visible_text(v):
             raise ValueError("the question is blank (only whitespace or invisible characters)")
         return v
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,13 @@ class InvalidValue(UsageError, ValueError):
 #: limit; both stay far below where products with token counts or rates overflow a float.
 MAX_USD = 10_000.0
 MAX_SECONDS = 3_600.0
+
+
+def has_visible_text(text: str) -> bool:
+    """Whether ``text`` holds a character one can see: not only whitespace, separators, controls
+    or format characters (zero-width space, NUL, ...). A question without one is blank, and so
+    is a worker's answer (the step is then empty, never a 200)."""
+    return any(unicodedata.category(c)[0] not in "CZ" for c in text)
 
 
 def _real(name: str, value: Any, expected: str) -> float:

@@ -291,8 +291,9 @@ class ConductorService:
         the answer. A deadline (``max_latency_s``) covers the whole request: the time the plan
         took is taken off what the workflow's steps may use. ``final_step`` (``temperature``,
         ``max_tokens``) applies to the planned workflow's last step, and ``stream`` receives that
-        step's text as a worker that streams produces it (one round only: with more, a later
-        round's answer may replace it, so the answer is sent whole). When no worker answered,
+        step's text as a worker that streams produces it (only where that step is the answer: one
+        round, and a policy that neither raises the rounds nor picks another step's answer, see
+        :func:`_answers_with_last_step`; otherwise the answer is sent whole). When no worker answered,
         ``error`` says why (the HTTP adapters answer 502/504 with it). A request cancelled
         mid-way (the client left) still gets its log line, with what every call was charged (a call
         in flight at the cancellation: its reservation, since it was sent and may be billed).
@@ -314,7 +315,7 @@ class ConductorService:
             charges: list[Charge] = []
             charges_token = CHARGES.set(charges)
             try:
-                sink = stream if limits.max_rounds <= 1 else None
+                sink = stream if _answers_with_last_step(self.policy, limits) else None
                 episode = await self._run(task, view, limits, events, final_step or {}, sink)
             except asyncio.CancelledError:
                 doc = _cancelled(events.items, charges)
@@ -449,6 +450,16 @@ def _extras(trace: Trace) -> dict[str, Any]:
         "deadline_cut": deadline_cut,
         "message": message,
     }
+
+
+def _answers_with_last_step(policy: Policy, limits: Limits) -> bool:
+    """Whether the planned workflow's last step is the request's answer, so that its text may
+    stream: one round under the limits the policy really runs with (a later round's answer would
+    replace it), and no ``run`` of the policy's own, which may raise those limits (the cascade
+    always runs two rounds) or pick another step's answer (self-consistency's vote, the oracle)."""
+    if type(policy).run is not Policy.run:
+        return False
+    return limits.max_rounds <= 1 or not policy.reviews()
 
 
 def _mark_final_step(policy: Policy) -> None:

@@ -236,6 +236,21 @@ def note_unanswered_bill(usd: float) -> None:
         bills.append(usd)
 
 
+#: Where the executor lets a worker reserve one more attempt's worst case (USD) against the
+#: request's budget, before a retry that follows an attempt charged its own worst case (timed out,
+#: stream cut): True when it fits and is now held for the call, False when the retry must not be
+#: sent. Set around each executor call; a call outside an executor has no request budget.
+RETRY_ALLOWANCE: ContextVar[Callable[[float], bool] | None] = ContextVar(
+    "conductor_retry_allowance", default=None
+)
+
+
+def reserve_retry(usd: float) -> bool:
+    """Hold ``usd`` of the request's budget for a retry (True outside an executor call)."""
+    allow = RETRY_ALLOWANCE.get()
+    return True if allow is None else allow(usd)
+
+
 @dataclass
 class TokenSink:
     """Where the call that answers a streaming request sends its text as the worker produces it.
@@ -271,3 +286,13 @@ STREAM_SINK: ContextVar[TokenSink | None] = ContextVar("conductor_stream_sink", 
 
 class WorkerError(RuntimeError):
     """A worker failed (HTTP error, timeout, garbage) after its retries."""
+
+
+class RetryRefusedError(WorkerError):
+    """A retry was not sent: its worst case does not fit what the request's budget (``by ==
+    "request"``, :data:`RETRY_ALLOWANCE`) or the pool's ``max_usd`` (``by == "pool"``) has left,
+    after the attempts before it were charged theirs."""
+
+    def __init__(self, message: str, *, by: str) -> None:
+        super().__init__(message)
+        self.by = by

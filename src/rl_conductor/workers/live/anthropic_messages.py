@@ -24,7 +24,9 @@ and ``usage.output_tokens`` (thinking included); ``stop_reason: max_tokens`` is 
 
 Streaming (the call that answers a ``stream: true`` request): ``stream=True``; text comes in
 ``content_block_delta`` events (``text_delta``; thinking deltas are not passed on), input usage in
-``message_start``, the final output count and the stop reason in ``message_delta``. An ``error``
+``message_start``, the final output count and the stop reason in ``message_delta``. A stream that
+ends without its ``message_delta`` stop reason was cut (:class:`.base.StreamEndedEarlyError`):
+never a whole answer, and never billed by ``message_start``'s placeholder output count. An ``error``
 event mid-stream (``overloaded_error``) is a transient error before the first text delta and a
 broken stream after it.
 """
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import anthropic
 import httpx2
@@ -57,6 +59,8 @@ MIN_THINKING_BUDGET = 1024
 @dataclass(kw_only=True)
 class AnthropicWorker(LiveWorker):
     """A worker behind the Anthropic Messages API."""
+
+    stream_end_marker: ClassVar[str] = "message_delta with stop_reason, then message_stop"
 
     send_temperature: bool = False
     #: most extended-thinking tokens a call may spend (None: thinking is not requested)

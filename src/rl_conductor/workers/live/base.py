@@ -41,7 +41,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx2
 
@@ -50,10 +50,12 @@ from rl_conductor.workers.base import (
     CallContext,
     Completion,
     Message,
+    RetryRefusedError,
     TokenSink,
     WorkerError,
     WorkerInfo,
     note_unanswered_bill,
+    reserve_retry,
 )
 from rl_conductor.workers.live.resilience import (
     CircuitBreaker,
@@ -109,6 +111,12 @@ def explain(
 
 class StreamInterruptedError(WorkerError):
     """A streamed answer broke after part of it was passed on: not retried (see module docstring)."""
+
+
+class StreamEndedEarlyError(TransientWorkerError):
+    """A stream ended without its vendor's end marker (a proxy or a crashed server cut it): what
+    came is part of an answer, never a whole one. Retried like a timeout before any text was
+    passed on, and, like a timeout, charged its worst case (the vendor may bill what it made)."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +187,9 @@ class LiveWorker(abc.ABC):
     )
     _warned: set[int] = field(default_factory=set, repr=False)
 
+    #: what ends a whole stream of this API (named in the error when a stream ends without it)
+    stream_end_marker: ClassVar[str] = "a finish reason"
+
     # ------------------------------------------------------------------ subclass hooks
 
     @abc.abstractmethod
@@ -241,7 +252,15 @@ class LiveWorker(abc.ABC):
         else:
             call = self._send_stream(client, messages, max_tokens, temperature, sink.delta)
         try:
-            return await asyncio.wait_for(call, self.timeout_s)
+            result = await asyncio.wait_for(call, self.timeout_s)
+            if sink is not None and not result.finish_reason:
+                # every vendor ends a whole stream with a marker (the finish reason rides on it);
+                # a body that just stops is a cut answer, never to be served or cached as whole
+                raise StreamEndedEarlyError(
+                    f"{self.info.name}: the stream ended without its end marker "
+                    f"({self.stream_end_marker}) after {sink.sent} chunks"
+                )
+            return result
         except Exception as exc:
             err = self._error_of(exc)
             if sink is not None and sink.sent:
@@ -274,6 +293,25 @@ class LiveWorker(abc.ABC):
         exc = state.outcome.exception() if state.outcome is not None else None
         log.warning("%s: attempt %d failed (%s); retrying", self.info.name, state.attempt_number, exc)
 
+    def _cover_retry(self, bound: float, last: WorkerError) -> float:
+        """Reserve the worst case of one more attempt against the request's budget (the
+        executor's) and the pool's spend guard, after the attempt before it was charged its own;
+        the amount held on the spend guard. Raise :class:`RetryRefusedError` (the retry is not
+        sent) when either has too little left."""
+        name = self.info.name
+        if not reserve_retry(bound):
+            raise RetryRefusedError(
+                f"{last}; a retry could cost up to ${bound:.6g}, more than the request's budget "
+                "has left after the attempts before it; not sent",
+                by="request",
+            )
+        if self.spend is None:
+            return 0.0
+        try:
+            return self.spend.reserve(name, bound)
+        except SpendLimitError as exc:
+            raise RetryRefusedError(f"{last}; retry not sent: {exc}", by="pool") from None
+
     async def complete(
         self,
         messages: Sequence[Message],
@@ -302,16 +340,22 @@ class LiveWorker(abc.ABC):
                 self.breaker.release_probe()
                 raise
         t0 = time.perf_counter()
+        # set when an attempt was charged its worst case: the next one needs a worst case of its own
+        uncovered: WorkerError | None = None
         try:
             result: WireResult | None = None
             async for attempt in self.retry.retrying(self._on_retry, self.sleep):
                 with attempt:
+                    if uncovered is not None:
+                        reservation += self._cover_retry(bound, uncovered)
+                        uncovered = None
                     try:
                         result = await self._attempt(msgs, max_tokens, temperature, sink)
                     except (TransientWorkerError, StreamInterruptedError) as exc:
-                        if isinstance(exc, StreamInterruptedError) or exc.timed_out:
+                        if isinstance(exc, StreamInterruptedError | StreamEndedEarlyError) or exc.timed_out:
                             timed_out_usd += bound  # charged its worst case, by the executor too
                             note_unanswered_bill(bound)
+                            uncovered = exc
                         raise
             assert result is not None
         except WorkerError as exc:
@@ -331,7 +375,7 @@ class LiveWorker(abc.ABC):
             if sink is not None and sink.sent:  # the step timeout cut the stream off
                 sink.broken(f"{name}: the stream was cut off after {sink.sent} chunks")
             if self.spend is not None:  # cancelled mid-attempt: that one may be billed too
-                self.spend.settle(reservation, reservation + timed_out_usd)
+                self.spend.settle(reservation, (0.0 if uncovered is not None else bound) + timed_out_usd)
             raise
         latency = time.perf_counter() - t0
         self.breaker.record_success()

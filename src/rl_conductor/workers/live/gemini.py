@@ -13,15 +13,18 @@ Messages map to ``contents`` (``assistant`` becomes the API's ``model`` role) an
 messages to ``system_instruction``. Usage comes from ``usageMetadata.promptTokenCount`` (which
 includes ``cachedContentTokenCount``; charged at the full input price) and, as output,
 ``candidatesTokenCount`` plus ``thoughtsTokenCount``: the thinking models bill their thoughts as
-output tokens, and ``maxOutputTokens`` caps thoughts and answer together (a call whose thoughts
-use it all ends ``MAX_TOKENS`` with no text, an empty step that is still charged).
+output tokens (a response with text but no ``candidatesTokenCount``, as a cut stream's early
+chunk has, is charged the worst case and marked estimated), and ``maxOutputTokens`` caps
+thoughts and answer together (a call whose thoughts use it all ends ``MAX_TOKENS`` with no
+text, an empty step that is still charged).
 ``finishReason: MAX_TOKENS`` is reported as ``finish_reason: length``.
 The SDK's own retries are off (``retry_options`` unset): retries are :mod:`.resilience`'s.
 
 Streaming (the call that answers a ``stream: true`` request): ``streamGenerateContent`` with
 ``alt=sse`` (the SDK's ``generate_content_stream``); each chunk's non-thought text is passed on,
-the finish reason and ``usageMetadata`` come from the last chunk that has them. An error object
-in the stream (``data: {"error": ...}``) is the API's error with its code: transient (5xx)
+the finish reason and ``usageMetadata`` come from the last chunk that has them. A stream that
+ends without a chunk carrying ``finishReason`` was cut (:class:`.base.StreamEndedEarlyError`). An
+error object in the stream (``data: {"error": ...}``) is the API's error with its code: transient (5xx)
 before the first text delta, a broken stream after it.
 """
 
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx2
 from google import genai
@@ -52,6 +55,8 @@ DEFAULT_API_VERSION = "v1beta"
 @dataclass(kw_only=True)
 class GeminiWorker(LiveWorker):
     """A worker behind the Gemini API."""
+
+    stream_end_marker: ClassVar[str] = "a chunk with finishReason"
 
     api_version: str = DEFAULT_API_VERSION
 
@@ -147,7 +152,9 @@ def _result(text: str, finish: Any, usage: Any) -> WireResult:
     in_tok = usage_count(usage, "prompt_token_count", "tool_use_prompt_token_count")
     # thoughts are billed as output; a response with only thoughts omits candidatesTokenCount
     out_tok = usage_count(usage, "candidates_token_count", "thoughts_token_count")
-    if out_tok is None and in_tok is not None:
+    if text and usage_count(usage, "candidates_token_count") is None:
+        out_tok = None  # an answer whose tokens are not counted: charged the worst case, estimated
+    elif out_tok is None and in_tok is not None:
         out_tok = 0
     return WireResult(
         text=text,

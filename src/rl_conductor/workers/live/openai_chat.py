@@ -28,7 +28,9 @@ assumed, so the charge never falls below the bill); ``finish_reason``
 Streaming (the call that answers a ``stream: true`` request): ``stream=True`` with
 ``stream_options={"include_usage": true}``, so the last chunk carries the same ``usage`` (vLLM,
 llama.cpp and OpenAI send it; a server that does not is charged the worst case, marked
-estimated). An ``error`` event in the stream (vLLM sends one when generation fails mid-way) is a
+estimated). A stream that ends without a chunk carrying ``finish_reason`` (a proxy or a
+crashed server cut it) is broken (:class:`.base.StreamEndedEarlyError`), never a whole answer.
+An ``error`` event in the stream (vLLM sends one when generation fails mid-way) is a
 transient error before the first text delta and a broken stream after it.
 """
 
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx2
 import openai
@@ -58,6 +60,8 @@ NO_KEY = "EMPTY"
 @dataclass(kw_only=True)
 class OpenAIChatWorker(LiveWorker):
     """A worker behind an OpenAI-compatible ``/chat/completions`` endpoint."""
+
+    stream_end_marker: ClassVar[str] = "a chunk with finish_reason, then [DONE]"
 
     max_tokens_field: str = "max_tokens"
     #: extra request fields the server understands (e.g. vLLM's ``chat_template_kwargs``)

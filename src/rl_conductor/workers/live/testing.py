@@ -17,7 +17,8 @@ format, each event written and flushed on its own (chunked transfer encoding): O
 ``stream_options.include_usage``, then ``data: [DONE]``; Anthropic's ``message_start``,
 ``content_block_*``, ``ping``, ``message_delta`` and ``message_stop`` events; Gemini's
 ``GenerateContentResponse`` chunks, the last with ``finishReason`` and ``usageMetadata``.
-:func:`streamed` scripts a stream in pieces, with a mid-stream error event (OpenAI's and
+:func:`streamed` scripts a stream in pieces, with a stream that just ends part-way without
+the vendor's end marker (``truncate_after``), with a mid-stream error event (OpenAI's and
 Gemini's ``data: {"error": ...}``, Anthropic's ``event: error``) and a hold: the server stops
 after the first text delta until the test sets a ``threading.Event``, so a test can show that the
 first token reached its client before the worker produced its last one without timing anything.
@@ -58,6 +59,10 @@ class Reply:
     pieces: tuple[str, ...] | None = None
     #: end the stream with the vendor's error event after this many text pieces
     error_after: int | None = None
+    #: end the stream cleanly (chunked body closed) after this many text pieces, without the
+    #: vendor's end marker: no finish_reason chunk nor ``[DONE]`` (OpenAI), no ``message_delta``
+    #: nor ``message_stop`` (Anthropic), no ``finishReason`` nor usage (Gemini)
+    truncate_after: int | None = None
     #: after the first text piece, wait until this is set (at most HOLD_TIMEOUT_S, then fail
     #: with an error event); a reply answered whole waits for it before answering at all
     hold: threading.Event | None = None
@@ -274,16 +279,19 @@ def streamed(
     pieces: list[str],
     *,
     error_after: int | None = None,
+    truncate_after: int | None = None,
     hold: threading.Event | None = None,
     **usage: Any,
 ) -> Reply:
     """A success reply streamed in ``pieces`` (usage as in :func:`success_body`); with
-    ``error_after`` the vendor's error event replaces the pieces after that many; with ``hold``
-    the stream stops after its first piece until the test sets it."""
+    ``error_after`` the vendor's error event replaces the pieces after that many; with
+    ``truncate_after`` the stream just ends after that many, without the vendor's end marker;
+    with ``hold`` the stream stops after its first piece until the test sets it."""
     return Reply(
         body=success_body(vendor, "".join(pieces), **usage),
         pieces=tuple(pieces),
         error_after=error_after,
+        truncate_after=truncate_after,
         hold=hold,
     )
 
@@ -514,6 +522,10 @@ class ScriptedServer:
                         if piece is not None and piece == reply.error_after:
                             self._chunk(stream_error_event(vendor, "scripted failure mid-stream"))
                             break
+                        if reply.truncate_after is not None and (
+                            piece == reply.truncate_after or (piece is None and i > at.start)
+                        ):
+                            break  # a proxy or a crashed server cut it: the body just ends
                         if reply.hold is not None and piece == 1 and not reply.hold.wait(HOLD_TIMEOUT_S):
                             self._chunk(stream_error_event(vendor, "the test never released the hold"))
                             break
