@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rl_conductor.evaluation import fingerprint
-from rl_conductor.evaluation.fingerprint import code_version, evaluation_id, pool_fingerprint
+from rl_conductor import fingerprint
+from rl_conductor.fingerprint import code_version, evaluation_id, pool_fingerprint
 from rl_conductor.pipeline import steps
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.workers.pool import builtin_pool_dir

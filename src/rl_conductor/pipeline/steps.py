@@ -20,7 +20,7 @@ Deliberate simplifications:
   other dataset. Splits stay those of :func:`rl_conductor.tasks.datasets.split_of`.
 - ``test_split_id`` (what the evaluation gate compares) fingerprints the test task ids, the
   pool file's contents, the evaluation seed and the code that produces outcomes
-  (:func:`rl_conductor.evaluation.fingerprint.evaluation_id`): accuracies measured in another
+  (:func:`rl_conductor.fingerprint.evaluation_id`): accuracies measured in another
   world are not comparable. The evaluation also records its best baseline (best single worker
   or ``domain-router``) with the Conductor's metrics, and the gate refuses a Conductor below it.
 - Dataset files are small JSON lines written in one piece; checkpoints are uploaded after
@@ -199,8 +199,8 @@ def register_prepared(paths: Sequence[str | os.PathLike[str]]) -> str:
 
 def test_split_id(tasks: Iterable[Task], pool: str, seed: int = 0) -> str:
     """Identifier of an evaluation: ``<pool>-n<count>-<fingerprint>`` of the task ids, the pool
-    file's contents, the seed and the code version (``evaluation.fingerprint.evaluation_id``)."""
-    from rl_conductor.evaluation.fingerprint import evaluation_id
+    file's contents, the seed and the code version (``fingerprint.evaluation_id``)."""
+    from rl_conductor.fingerprint import evaluation_id
 
     return evaluation_id((t.id for t in tasks), pool, seed=seed)
 

@@ -116,7 +116,7 @@ async def measure_samples(pool: Pool, tasks: Sequence[Task]) -> SampleOutcomes:
 
 def sample_outcomes(pool: Pool, tasks: Sequence[Task], *, cache: bool = True) -> SampleOutcomes:
     """:func:`measure_samples`, cached under ``.conductor/routers/``."""
-    from rl_conductor.evaluation.fingerprint import fingerprint
+    from rl_conductor.fingerprint import fingerprint
     from rl_conductor.tracking.mlflow_utils import conductor_home
 
     name = f"samples-{pool.name}-{pool_key(pool)}-{fingerprint(t.id for t in tasks)}"

@@ -61,7 +61,7 @@ __all__ = ["FIT_LIMIT", "SOLVE", "KnnRouter", "cached_embeddings"]
 def cached_embeddings(texts: Sequence[str]) -> NDArray[np.float32]:
     """MiniLM embeddings of ``texts``, cached on disk by a hash of the texts (and of what of a
     long text is embedded, :func:`~rl_conductor.policies.knn_embed.index_text`)."""
-    from rl_conductor.evaluation.fingerprint import fingerprint
+    from rl_conductor.fingerprint import fingerprint
     from rl_conductor.policies.knn_embed import MAX_CHARS, embed
     from rl_conductor.storage import write_bytes
     from rl_conductor.tracking.mlflow_utils import conductor_home

@@ -18,7 +18,7 @@ Budgets: a worker is affordable when its mean cost on the questions the estimate
 ``max_cost_usd``; with none affordable, the cheapest (by that mean) is sent and the executor
 enforces the budget. Measurements are cached under ``.conductor/routers/`` keyed by the pool
 (name, options, worker facts), the code that produces outcomes
-(:func:`rl_conductor.evaluation.fingerprint.code_version`) and the task ids.
+(:func:`rl_conductor.fingerprint.code_version`) and the task ids.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _run_sync(pool: Pool, tasks: Sequence[Task]) -> SingleOutcomes:
 
 def pool_key(pool: Pool) -> str:
     """What a measurement on ``pool`` depends on: its name, options, worker facts and the code."""
-    from rl_conductor.evaluation.fingerprint import code_version, fingerprint
+    from rl_conductor.fingerprint import code_version, fingerprint
 
     facts = [asdict(w.info) for w in pool.workers]
     return fingerprint(
@@ -150,7 +150,7 @@ def pool_key(pool: Pool) -> str:
 
 def single_outcomes(pool: Pool, tasks: Sequence[Task], *, cache: bool = True) -> SingleOutcomes:
     """:func:`measure_singles`, cached under ``.conductor/routers/`` (see module docstring)."""
-    from rl_conductor.evaluation.fingerprint import fingerprint
+    from rl_conductor.fingerprint import fingerprint
     from rl_conductor.tracking.mlflow_utils import conductor_home
 
     path = (

@@ -13,7 +13,7 @@ plus ``min_gain_over_baseline`` — a Conductor that a fixed router beats is reg
 becomes champion, the first version included; promote it when there is no champion; otherwise
 both must have been measured in the same world (same ``test_split_id``, which fingerprints the
 task ids, the pool file's contents, the evaluation seed and the code version:
-:func:`rl_conductor.evaluation.fingerprint.evaluation_id`), its accuracy must reach the
+:func:`rl_conductor.fingerprint.evaluation_id`), its accuracy must reach the
 champion's plus ``min_accuracy_gain``, and its mean cost must stay within ``max_cost_ratio``
 times the champion's.
 

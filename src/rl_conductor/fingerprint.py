@@ -7,6 +7,9 @@ same pool *file contents* (prices, seeds, calibration settings), the same evalua
 the same code for everything that turns a plan into a graded answer (simulated workers,
 executor, graders, reward). A name such as ``paper-sim`` alone says none of that.
 
+Why not in ``evaluation/``: the routers' caches (``policies/``), the evaluation and the pipeline's
+gate all key on these, so the module sits below all of them.
+
 Deliberate simplifications: the code version is a hash of the source files (and calibration
 data) that produce outcomes, not a git commit (an installed package has none); editing any of
 them, even a comment, yields a new id, which errs on the side of "re-evaluate". Files that
