@@ -13,16 +13,16 @@ from collections.abc import Sequence
 
 import pytest
 
-from rl_conductor.executor import execute
-from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, Trace
-from rl_conductor.workers.calibrate import (
+from rl_conductor.evaluation.calibrate import (
     Candidate,
     candidate_workflows,
     collaboration_gap,
     collaboration_table,
     format_collaboration,
 )
+from rl_conductor.executor import execute
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits, Trace
 from rl_conductor.workers.pool import Pool, PoolConfigError, load_pool
 from rl_conductor.workers.simulated import grade_cached
 from rl_conductor.workers.simulated.collaboration import (
@@ -241,7 +241,7 @@ def test_candidate_set_is_the_documented_one() -> None:
 def test_fit_steps_towards_the_held_out_target() -> None:
     """The fit's next scale: outward (at most ``step`` times) until the target is bracketed, then
     inside the first bracket; never past the verify cap; None when nothing is left to try."""
-    from rl_conductor.workers.calibrate import _next_scale
+    from rl_conductor.evaluation.calibrate import _next_scale
 
     assert _next_scale({0.4: 88.0}, 89.0, 1.5, 2.0) == 0.6  # one point below: step outward
     assert _next_scale({0.4: 90.0}, 89.0, 1.5, 2.0) == pytest.approx(0.4 / 1.5, abs=1e-4)
@@ -277,7 +277,8 @@ def test_collaboration_table_on_a_few_hundred_items() -> None:
 
 
 #: Single-worker accuracy per domain on paper-mix (seed 0, n = 2000) measured before the
-#: collaboration model existed (`python -m rl_conductor.workers.calibrate`, commit 783f68b).
+#: collaboration model existed (`python -m rl_conductor.workers.calibrate`, commit 783f68b;
+#: now rl_conductor.evaluation.calibrate).
 SINGLES_BEFORE = {
     "gpt-5": (74.40, 89.80, 33.20, 57.38),
     "claude-sonnet-4": (83.00, 90.60, 32.60, 38.10),
@@ -297,8 +298,8 @@ def test_collaboration_gate_on_paper_mix() -> None:
     of the items, measured on the other) is within 1.5 points of the paper's Conductor row — a
     test figure, so the in-sample best (inflated by selection among 128 candidates) is printed,
     not gated."""
+    from rl_conductor.evaluation.calibrate import calibrate, format_table, max_gap, paper_conductor
     from rl_conductor.tasks.datasets import load_tasks
-    from rl_conductor.workers.calibrate import calibrate, format_table, max_gap, paper_conductor
 
     tasks = load_tasks("paper-mix", "all")
     p = load_pool("paper-sim")

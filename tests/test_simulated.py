@@ -14,10 +14,10 @@ from dataclasses import replace
 
 import pytest
 
+from rl_conductor.evaluation.calibrate import calibrate
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.graders import grade
 from rl_conductor.workers.base import CallContext, Completion, Worker, estimate_tokens
-from rl_conductor.workers.calibrate import calibrate
 from rl_conductor.workers.pool import Pool, PoolConfigError, load_pool
 from rl_conductor.workers.simulated import (
     PROFILES,

@@ -121,9 +121,7 @@ def pool_calibrate(
 ) -> None:
     """Compare each simulated worker's accuracy per domain with its calibration target, and the
     best fixed workflow per domain with the paper's Conductor."""
-    from rl_conductor.evaluation.suite import dataset_for
-    from rl_conductor.tasks.datasets import load_tasks
-    from rl_conductor.workers.calibrate import (
+    from rl_conductor.evaluation.calibrate import (
         COLLABORATION_TOLERANCE,
         SINGLE_TOLERANCE,
         calibrate,
@@ -131,6 +129,8 @@ def pool_calibrate(
         collaboration_table,
         max_gap,
     )
+    from rl_conductor.evaluation.suite import dataset_for
+    from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.workers.pool import load_pool
 
     p = load_pool(pool, seed=seed)

@@ -31,7 +31,7 @@ the instruction's wording:
 
 The gains differ by domain (:data:`PAPER_COLLABORATION`): most on code and hard reasoning, least
 on knowledge questions, fitted so that the best fixed workflow of the candidate set in
-:mod:`rl_conductor.workers.calibrate`, chosen on half of the calibration items and measured on the
+:mod:`rl_conductor.evaluation.calibrate`, chosen on half of the calibration items and measured on the
 other half (held out), reaches the paper's Conductor row per domain.
 
 Who wrote a visible answer is known only for text this process rendered (a registry keyed by a
@@ -196,7 +196,7 @@ SELF_VERIFY = 0.25
 #: Each verify step a verifier already sees halves its own strength.
 VERIFY_DECAY = 0.5
 
-#: Fitted on 2026-12-01 with ``python -m rl_conductor.workers.calibrate --fit-collaboration`` on
+#: Fitted on 2026-12-01 with ``python -m rl_conductor.evaluation.calibrate --fit-collaboration`` on
 #: ``paper-mix`` (seed 0, 2,000 calibration items; ``FIT_SHAPE`` there; scales math 0.4694,
 #: knowledge 0.1279 (verify only), reasoning 0.2816, code 0.8749; 15 full candidate passes, 13 min
 #: on two busy cores) to the **held-out** target: the best candidate workflow chosen on one half of

@@ -164,7 +164,7 @@ class FeatureScaler:
 def calibration_subset(tasks: Sequence[Task], n: int) -> list[Task]:
     """At most ``ceil(n / number of domains)`` tasks per domain, chosen by a salted hash of the
     id (order kept). The simulated pool fits its skills on this subset of its calibration dataset,
-    and :func:`rl_conductor.workers.calibrate.calibrate` measures on the same rule, so both see the
+    and :func:`rl_conductor.evaluation.calibrate.calibrate` measures on the same rule, so both see the
     same items when given the same tasks and ``n``."""
     domains = sorted({t.domain for t in tasks})
     if not domains:

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from rl_conductor.executor import execute
 from rl_conductor.tasks.base import DOMAINS, Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.base import CallContext, Completion, Worker
@@ -243,8 +244,6 @@ async def _run_candidate(
     pool: Pool, cand: Candidate, tasks: Sequence[Task], limits: Limits
 ) -> CandidateResult:
     """Execute one candidate on every task through the real executor; grade the final answers."""
-    from rl_conductor.executor import execute
-
     view = pool.view()
     wf = cand.workflow(view.names())
     traces = []
@@ -508,7 +507,7 @@ async def fit_collaboration_async(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m rl_conductor.workers.calibrate [--pool paper-sim] [--dataset paper-mix] ...``"""
+    """``python -m rl_conductor.evaluation.calibrate [--pool paper-sim] [--dataset paper-mix] ...``"""
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.workers.pool import load_pool
 
