@@ -47,9 +47,10 @@ test: install ## run every test (slow ones included), on every core
 test-fast: install ## the tests not marked slow (no training runs, no server fleets): run between commits
 	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
-lint: install ## ruff lint + format check
+lint: install ## ruff lint + format check + the layer contract (.importlinter, docs/architecture.md)
 	$(BIN)/ruff check src tests benchmarks components pipelines serving
 	$(BIN)/ruff format --check src tests benchmarks components pipelines serving
+	$(BIN)/lint-imports --no-cache
 
 format: install ## apply ruff formatting and fixes
 	$(BIN)/ruff check --fix src tests benchmarks components pipelines serving
