@@ -211,3 +211,16 @@ def test_one_formula_over_scalars_and_arrays(cells: list[tuple], config: RewardC
         config, correct=False, cost=cost
     )
     assert np.allclose(expected, both)
+
+
+def test_reward_config_overrides_any_term_of_a_preset() -> None:
+    from rl_conductor.reward import reward_config
+
+    assert reward_config("paper", correct_weight=2.0, cost_weight=None) == RewardConfig(
+        cost_weight=0.0, budget_penalty=0.0, deadline_penalty=0.0, correct_weight=2.0
+    )
+    assert reward_config(cost_weight=0.25, cost_scale=0.02) == RewardConfig(cost_weight=0.25, cost_scale=0.02)
+    with pytest.raises(ValueError, match="unknown reward terms"):
+        reward_config("paper", cost_wieght=1.0)
+    with pytest.raises(ValueError, match="unknown reward preset"):
+        reward_config("cheap")
