@@ -286,3 +286,22 @@ def test_router_specs_fit_on_paper_sim_and_cache(tmp_path: Path, monkeypatch: py
     assert set(router.table) <= {"math", "knowledge", "reasoning", "code"}
     with pytest.raises(ValueError, match="number of training tasks"):
         make_policy("domain-router:abc", pool)
+
+
+def test_a_served_router_keeps_a_bounded_number_of_question_embeddings_and_no_text(
+    hand: KnnRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every distinct question routed was kept (its text and its embedding) for the process's
+    life; now the most recent QUERY_CACHE_SIZE, keyed by a hash of the question."""
+    from rl_conductor.policies import knn as knn_module
+
+    monkeypatch.setattr(
+        "rl_conductor.policies.knn_embed.embed", lambda qs: np.tile(np.float32([1, 0, 0]), (len(qs), 1))
+    )
+    view = _pool().view()
+    for i in range(knn_module.QUERY_CACHE_SIZE + 50):
+        hand.route(f"private question number {i}", view, Limits())
+    assert len(hand._query) == knn_module.QUERY_CACHE_SIZE
+    assert not any("question" in key for key in hand._query._items)
+    assert hand._query.get("private question number 0") is None  # the oldest went first
+    assert hand._query.get(f"private question number {knn_module.QUERY_CACHE_SIZE + 49}") is not None

@@ -27,8 +27,10 @@ the question texts; the single-worker outcomes by pool, code version and task id
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -79,6 +81,43 @@ def cached_embeddings(texts: Sequence[str]) -> NDArray[np.float32]:
     return emb
 
 
+#: Embeddings of recent questions a router keeps (a served router sees every distinct question).
+QUERY_CACHE_SIZE = 1024
+
+
+class RecentEmbeddings:
+    """The embeddings of the most recently routed questions, at most ``size`` (a batch embedded in
+    one call is kept whole while it is routed), keyed by a hash of the question: a served router
+    keeps neither every question it ever saw nor a private question's text."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[str, NDArray[np.float32]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @staticmethod
+    def _key(question: str) -> str:
+        return hashlib.sha256(question.encode()).hexdigest()
+
+    def get(self, question: str) -> NDArray[np.float32] | None:
+        key = self._key(question)
+        vector = self._items.get(key)
+        if vector is not None:
+            self._items.move_to_end(key)
+        return vector
+
+    def put(self, questions: Sequence[str], vectors: Sequence[NDArray[np.float32]]) -> None:
+        for question, vector in zip(questions, vectors, strict=True):
+            key = self._key(question)
+            self._items[key] = vector
+            self._items.move_to_end(key)
+        keep = max(self.size, len(questions))
+        while len(self._items) > keep:
+            self._items.popitem(last=False)
+
+
 class KnnRouter(Policy):
     """See module docstring."""
 
@@ -103,7 +142,7 @@ class KnnRouter(Policy):
         self.rewards = reward_matrix(outcomes, self.reward)
         overall = self.rewards.mean(axis=0) if len(self.rewards) else np.zeros(len(outcomes.names))
         self.prior = [outcomes.names[j] for j in np.argsort(-overall, kind="stable")]
-        self._query: dict[str, NDArray[np.float32]] = {}
+        self._query = RecentEmbeddings(QUERY_CACHE_SIZE)
 
     @classmethod
     def fit(
@@ -164,11 +203,13 @@ class KnnRouter(Policy):
         return choose_worker(expected, cost, view, limits, self.prior)
 
     def _embed(self, question: str) -> NDArray[np.float32]:
-        if question not in self._query:
+        vector = self._query.get(question)
+        if vector is None:
             from rl_conductor.policies.knn_embed import embed
 
-            self._query[question] = np.asarray(embed([question]))[0]
-        return self._query[question]
+            vector = np.asarray(embed([question]))[0]
+            self._query.put([question], [vector])
+        return vector
 
     def route(self, question: str, view: PoolView, limits: Limits) -> int:
         return self.route_vector(self._embed(question), view, limits)
@@ -181,7 +222,7 @@ class KnnRouter(Policy):
         """Embed the batch's questions in one call (much faster than one by one), then run."""
         from rl_conductor.policies.knn_embed import embed
 
-        todo = [t.question for t in tasks if t.question not in self._query]
+        todo = list(dict.fromkeys(t.question for t in tasks if self._query.get(t.question) is None))
         if todo:
-            self._query = dict(zip(todo, np.asarray(embed(todo)), strict=True))
+            self._query.put(todo, list(np.asarray(embed(todo))))
         return await super().run_many(tasks, view, limits)
