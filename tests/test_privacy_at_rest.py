@@ -231,3 +231,63 @@ def test_serving_traces_keep_no_private_text(mlflow_db_template: Path, tmp_path:
     assert set(by_id) == {"r0", "r1"}
     assert "QX-93" not in by_id["r0"] and "[private:" in by_id["r0"]
     assert SECRET in by_id["r1"]  # public requests are traced as they are
+
+
+def _echo_400(req: Request) -> Reply:
+    """A self-hosted server's validation error that quotes the prompt (as vLLM's and llama.cpp's do)."""
+    from rl_conductor.workers.live.testing import error, request_messages
+
+    prompt = request_messages("openai", req.body)[-1][1]  # the user's message, with the question
+    return error("openai", 400, message=f"prompt rejected: {prompt[-120:]!r}")
+
+
+async def test_a_worker_error_echoing_a_private_question_is_neither_logged_nor_traced(
+    mlflow_db_template: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The request's log line, the adapters' WARNING line and the MLflow trace keep the failed
+    worker's name and its error's type; the worker's message, which quotes the private question,
+    stays out of them (before: all three held it). The client's 502 body may say it."""
+    import logging
+    import shutil
+
+    import mlflow
+
+    from rl_conductor.policies.fixed import FixedPlan
+    from rl_conductor.serving.server import WorkersFailed
+    from rl_conductor.serving.service import ConductorService, _Tracer
+    from rl_conductor.serving_core import ConductorRequest
+    from rl_conductor.tracking import mlflow_utils
+
+    caplog.set_level(logging.INFO)
+    request = ConductorRequest(question=SECRET, sensitivity="private")
+    with scripted_server("openai", default=_echo_400) as srv:
+        service = ConductorService(FixedPlan([0]), build_pool({"workers": [_spec(srv.base_url)]}))
+        doc = await service.answer(request)
+    assert "QX-93" in json.dumps(srv.requests[0].body)  # the worker did get it, and echoed it
+    assert doc["answer"] == "" and "QX-93" in doc["error"]  # the client's own body says why
+    failed = WorkersFailed([doc], "v1", [request])
+    logging.getLogger("rl_conductor.serving").warning("POST /v1 -> %d: %s", failed.status, failed.loggable)
+    (line,) = [json.loads(r.getMessage()) for r in caplog.records if '"conductor.request"' in r.getMessage()]
+    assert line["error"] == "no worker could answer: local: PermanentWorkerError", line["error"]
+    assert "local: PermanentWorkerError" in failed.loggable
+    assert not [r.getMessage() for r in caplog.records if "QX-93" in r.getMessage()]
+
+    db = tmp_path / "mlflow.db"
+    shutil.copyfile(mlflow_db_template, db)
+    previous = mlflow.get_tracking_uri()
+    mlflow_utils.configure(f"sqlite:///{db}", artifact_root=str(tmp_path / "mlruns"))
+    try:
+        _Tracer("privacy-errors").record(request, doc, [], 1_000_000_000, 2_000_000_000)
+        mlflow.flush_trace_async_logging()
+        exp = mlflow_utils.client().get_experiment_by_name("privacy-errors")
+        assert exp is not None
+        (trace,) = mlflow.search_traces(locations=[exp.experiment_id], return_type="list")
+        spans = json.dumps(
+            [[s.inputs, s.outputs, s.attributes] for s in trace.data.spans], ensure_ascii=False
+        )
+    finally:
+        mlflow_utils.reset()
+        mlflow.set_tracking_uri(previous)
+        mlflow.set_registry_uri(previous)
+    assert len(trace.data.spans) == 2 and '"local"' in spans  # the step's span, its worker named
+    assert "QX-93" not in spans

@@ -173,6 +173,50 @@ def test_connections_past_the_cap_get_503_and_close(server: Predictor) -> None:
     assert resp.status_code == 200
 
 
+def test_probes_answer_while_clients_hold_every_connection(server: Predictor) -> None:
+    """CAP - 1 requests in flight and clients that never finish their headers hold the cap: the
+    liveness and readiness probes still get 200 (before: 503, and the kubelet restarted a healthy
+    pod), while any other request still gets 503."""
+    body = json.dumps({"instances": ["q"]}).encode()
+    held = [socket.create_connection((LOOPBACK, server.port)) for _ in range(CAP - 1)]
+    idle: list[socket.socket] = []
+    try:
+        for sock in held:
+            sock.sendall(_post_head("/v1/models/conductor:predict", len(body), auth=AUTH) + body)
+        time.sleep(0.3)  # the held requests are in before the idle clients connect
+        idle += [socket.create_connection((LOOPBACK, server.port)) for _ in range(2)]
+        for sock in idle:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")  # headers never end
+        time.sleep(0.5)  # let the server start the requests (they run for 4 s)
+        for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/conductor/ready", "/"):
+            with socket.create_connection((LOOPBACK, server.port)) as probe:
+                probe.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+                reply = _closed_within(probe, 3.0)
+                assert reply.startswith(b"HTTP/1.1 200"), (path, reply[:200])
+        with socket.create_connection((LOOPBACK, server.port)) as extra:
+            extra.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + AUTH + b"\r\n")
+            assert _closed_within(extra, 3.0).startswith(b"HTTP/1.1 503")
+        for sock in held:
+            sock.settimeout(60)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in held + idle:
+            sock.close()
+
+
+def test_a_401_on_a_get_closes_the_connection(server: Predictor) -> None:
+    """Wrong-key GETs pipelined on one connection: one 401, then the connection closes (before:
+    a 401 per request, so a client could guess keys on one connection without end)."""
+    guess = (
+        b"GET /openai/v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong-guess-0000000000\r\n\r\n"
+    )
+    with socket.create_connection((LOOPBACK, server.port)) as sock:
+        sock.sendall(guess * 10)
+        reply = _closed_within(sock, 3.0)
+    assert reply.count(b"HTTP/1.1 401") == 1, reply[:400]
+    assert b"connection: close" in reply.lower()
+
+
 def test_a_dropped_non_streaming_request_is_logged_with_every_call_charged(server: Predictor) -> None:
     """The client leaves while the second call is in flight: its log line charges both calls
     (it either ran to its end or was cancelled with the call charged its reservation)."""
@@ -202,6 +246,25 @@ def test_keys_in_query_strings_are_not_written_to_the_access_log(server: Predict
     assert "probe=1" in log  # the access log is on, and query strings show
     assert secret not in log
     assert "api_key=REDACTED" in log
+
+
+def test_credentials_under_any_name_and_the_api_key_itself_are_not_logged(server: Predictor) -> None:
+    """Names the redaction missed (``x-api-key``, ``api%5Fkey``, ``client_secret``, ``access_key``,
+    ``bearer``, ``jwt``, ``sig``, a ``;api_key=`` path parameter) and the configured key under a
+    name no list holds: none reaches the access log or the guard's 4xx line."""
+    secret = "an0ther-s3cret-in-a-url-987"
+    names = ["x-api-key", "api%5Fkey", "client_secret", "access_key", "bearer", "jwt", "sig", "apiKey"]
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for name in names:
+            client.get(f"/v1/models?{name}={secret}")  # no key: 401, written by the guard too
+        client.get(f"/v1/models;api_key={secret}")
+        auth = {"authorization": f"Bearer {KEY}"}
+        assert client.get(f"/v1/models?q={KEY}", headers=auth).status_code == 200
+        assert client.get(f"/v1/models/nope;whatever={KEY}", headers=auth).status_code == 404
+    log = server.log.read_text()
+    assert "x-api-key=REDACTED" in log and "api_key=REDACTED" in log  # the lines are there
+    assert secret not in log
+    assert KEY not in log
 
 
 async def test_the_protocol_closes_a_body_that_nobody_reads_at_the_body_deadline() -> None:

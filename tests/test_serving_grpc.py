@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
+import psutil
 import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -80,3 +83,83 @@ def test_grpc_model_infer_answers_with_the_request_limits(tmp_path: Path) -> Non
             _infer(stub, [b"What is 6*7?"], max_cost_usd=pb.InferParameter(string_param="lots"))
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "max_cost_usd" in (bad.value.details() or "")
+
+
+# -- the gRPC server's address, its request checks and its repository RPCs (third attack) ---------
+
+
+@pytest.fixture(scope="module")
+def grpc_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[int, pb_grpc.GRPCInferenceServiceStub]]:
+    root = tmp_path_factory.mktemp("grpc")
+    http_port, grpc_port = free_ports(2)
+    pool = write_pool(root / "pool.yaml")
+    cmd = [sys.executable, "-m", "rl_conductor.serving", *("--policy", "fixed:2,0", "--pool", str(pool))]
+    cmd += ["--http_port", str(http_port), "--grpc_port", str(grpc_port), "--host", LOOPBACK]
+    cmd += ["--enable_grpc", "true", "--auth", "none"]
+    with (
+        process(cmd, root / "grpc.log", f"http://{LOOPBACK}:{http_port}/v2/health/ready"),
+        grpc.insecure_channel(f"{LOOPBACK}:{grpc_port}") as channel,
+    ):
+        yield grpc_port, pb_grpc.GRPCInferenceServiceStub(channel)
+
+
+def test_grpc_listens_on_the_host_only(grpc_server: tuple[int, Any]) -> None:
+    """``--host 127.0.0.1``: the gRPC port is bound to loopback (KServe's own server binds ``[::]``,
+    every interface, whatever --host says; gRPC checks no API key)."""
+    port, _ = grpc_server
+    listening = {
+        c.laddr.ip for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port
+    }
+    assert listening and listening <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening
+
+
+def _tensor(questions: list[bytes], shape: list[int] | None = None, **params: pb.InferParameter) -> Any:
+    return pb.ModelInferRequest.InferInputTensor(
+        name="question",
+        datatype="BYTES",
+        shape=shape or [len(questions)],
+        contents=pb.InferTensorContents(bytes_contents=questions),
+        parameters=params,
+    )
+
+
+@pytest.mark.parametrize(
+    ("inputs", "says"),
+    [
+        # a misplaced sensitivity was dropped, and the request answered by the external worker
+        (
+            [_tensor([b"What is 6*7?"], sensitivity=pb.InferParameter(string_param="private"))],
+            "inputs.0.parameters.sensitivity: unknown field",
+        ),
+        ([_tensor([b"first?"]), _tensor([b"second?"])], "a second input named 'question'"),
+        ([_tensor([b"What is 6*7?"], shape=[5])], "[5] holds 5 elements, but data has 1"),
+    ],
+    ids=["tensor-parameters", "duplicate-tensors", "shape"],
+)
+def test_grpc_requests_get_the_http_v2_checks(
+    grpc_server: tuple[int, Any], inputs: list[Any], says: str
+) -> None:
+    _, stub = grpc_server
+    with pytest.raises(grpc.RpcError) as bad:
+        stub.ModelInfer(pb.ModelInferRequest(model_name="conductor", inputs=inputs), timeout=60)
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in (bad.value.details() or "")
+
+
+def test_grpc_repository_rpcs_are_refused_cleanly_and_the_model_stays(grpc_server: tuple[int, Any]) -> None:
+    """PERMISSION_DENIED saying why (before: UNKNOWN, "'ModelNotReady' object has no attribute
+    'reason'"), and the model still answers."""
+    _, stub = grpc_server
+    for rpc, req in (
+        (stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(model_name="conductor")),
+        (stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name="conductor")),
+    ):
+        with pytest.raises(grpc.RpcError) as refused:
+            rpc(req, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "repository API is disabled" in (refused.value.details() or "")
+    assert stub.ModelReady(pb.ModelReadyRequest(name="conductor"), timeout=30).ready
+    resp = stub.ModelInfer(pb.ModelInferRequest(model_name="conductor", inputs=[_tensor([b"What is 6*7?"])]))
+    assert list(next(o for o in resp.outputs if o.name == "answer").contents.bytes_contents) == [b"A: 42"]

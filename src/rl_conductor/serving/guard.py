@@ -20,8 +20,9 @@ order:
 6. counts each request (not the probes) per endpoint and status class, and logs each 4xx it or
    a handler answers as one WARNING line (no traceback);
 7. closes the connection after any response sent before the request's body was read to its end
-   (a 401, a 415, a 404 ...): the rest of the body is never read, so a client trickling it cannot
-   keep the connection open.
+   (a 415, a 404 ...): the rest of the body is never read, so a client trickling it cannot
+   keep the connection open; and after every 401, body or not, so that a client guessing keys
+   gets one guess per connection.
 
 :class:`HeaderTimeoutProtocol` is uvicorn's httptools protocol with a timer from the first byte of
 a request until its headers are complete: a client that stops half-way through its headers is
@@ -30,11 +31,13 @@ headers pass :data:`MAX_HEADER_BYTES` gets 431. A second timer runs from the end
 to the end of the body, whoever reads it (the guard, a handler, nobody): a body not complete
 within the body timeout plus :data:`BODY_GRACE_S` closes the connection, so no route and no early
 answer lets a slow body hold it. The number of connections is capped by uvicorn's
-``limit_concurrency`` (:mod:`.server`, ``--max_connections``).
+``limit_concurrency`` (:mod:`.server`, ``--max_connections``); the probes are not: a probe is
+answered at once, and clients holding the cap must not fail liveness and restart the pod.
 
-:class:`RedactQueryKeys` is a logging filter for uvicorn's access log: a credential sent in a
-query string (``?api_key=...``; the server reads keys only from the ``Authorization`` header) is
-written as ``REDACTED``.
+:class:`RedactQueryKeys` is a logging filter for the log lines that carry a URL (uvicorn's access
+log, KServe's ``kserve.trace``, the guard's own): a credential sent in a URL (``?api_key=...``,
+``;token=...``; the server reads keys only from the ``Authorization`` header) is written as
+``REDACTED``, and so is a configured API key wherever it appears.
 """
 
 from __future__ import annotations
@@ -278,7 +281,7 @@ async def _reject(send: Send, exc: _Reject, *, openai: bool) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if exc.status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="conductor"'))
-    if exc.close:
+    if exc.close or exc.status == 401:  # a wrong key ends the connection: one guess per connection
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": exc.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -343,7 +346,15 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._disarm()
         self._end_body_timer()
         self._body_timer = self.loop.call_later(self.body_deadline_s, self._headers_late)
-        super().on_headers_complete()
+        cap = self.limit_concurrency
+        if cap is not None and is_probe(_path_of(self.url)):
+            # a probe is answered at once and holds nothing: clients holding every connection of
+            # the cap must not make liveness fail (the kubelet would restart a healthy pod)
+            self.limit_concurrency = None
+        try:
+            super().on_headers_complete()
+        finally:
+            self.limit_concurrency = cap
 
     def on_message_complete(self) -> None:
         self._end_body_timer()
@@ -360,6 +371,11 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
 
+def _path_of(url: bytes) -> str:
+    """The path of a request line's target (``/v2/health/live?x=1`` -> ``/v2/health/live``)."""
+    return url.split(b"?", 1)[0].split(b"#", 1)[0].decode("latin-1")
+
+
 def header_timeout_protocol(
     seconds: float, body_timeout_s: float = BODY_TIMEOUT_S
 ) -> type[HeaderTimeoutProtocol]:
@@ -368,21 +384,43 @@ def header_timeout_protocol(
     return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), attrs)
 
 
-#: Query parameters whose value is a credential (compared without case, ``-`` same as ``_``).
-_SECRET_PARAMS = re.compile(
-    r"(?i)([?&](?:api[_-]?key|key|token|access[_-]?token|auth|authorization|password|secret)=)[^&\s\"]*"
+_SEP = r"(?:[_.-]|%5f|%2d|%2e)?"  # api_key, api-key, apikey, api%5Fkey ...
+_SECRET_NAMES = "|".join(
+    (
+        rf"(?:x{_SEP})?api{_SEP}keys?",
+        r"keys?",
+        rf"(?:access{_SEP}|refresh{_SEP}|id{_SEP}|auth{_SEP})?tokens?",
+        rf"(?:access|secret|private|client){_SEP}keys?",
+        rf"(?:client{_SEP})?secrets?",
+        r"auth|authorization|bearer|jwt|sig|signature|password|passwd|pwd|credentials?|session(?:id)?",
+    )
 )
+#: URL parameters (query ``?name=``/``&name=`` or path ``;name=``) whose value is a credential,
+#: compared without case, with ``_``, ``-``, ``.`` (or their percent-encodings) or nothing between
+#: the words of a name; uvicorn's access log writes a path's ``=`` as ``%3D``.
+_SECRET_PARAMS = re.compile(rf"(?i)((?:[?&;]|%3b|%26)(?:{_SECRET_NAMES})(?:=|%3d))[^&;\s\"']*")
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """``text`` with credential parameters' values and every one of ``secrets`` (the configured
+    API keys, wherever they appear) written as ``REDACTED``."""
+    for secret in secrets:
+        text = text.replace(secret, "REDACTED")
+    return _SECRET_PARAMS.sub(r"\1REDACTED", text)
 
 
 class RedactQueryKeys(logging.Filter):
-    """Writes ``REDACTED`` for credential values in the query strings of uvicorn's access log
-    lines (see module docstring)."""
+    """Writes ``REDACTED`` for credential values in the URLs of log lines (uvicorn's access log,
+    KServe's ``kserve.trace``, the guard's 4xx lines; see module docstring): named credential
+    parameters, and the configured API keys themselves under any name."""
+
+    def __init__(self, keys: ApiKeys | None = None) -> None:
+        super().__init__()
+        self.secrets = tuple(k.decode("latin-1") for k in keys.keys) if keys is not None else ()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
-            record.args = tuple(
-                _SECRET_PARAMS.sub(r"\1REDACTED", a) if isinstance(a, str) else a for a in record.args
-            )
-        elif isinstance(record.msg, str):
-            record.msg = _SECRET_PARAMS.sub(r"\1REDACTED", record.msg)
+            record.args = tuple(redact(a, self.secrets) if isinstance(a, str) else a for a in record.args)
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg, self.secrets)
         return True

@@ -42,7 +42,9 @@ import anyio
 import kserve
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from grpc_interceptor.exceptions import PermissionDenied
 from kserve.errors import InvalidInput, ModelNotReady
+from kserve.protocol.grpc.server import GRPCServer
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
@@ -60,13 +62,14 @@ from rl_conductor.serving.schemas import (
     MAX_INSTANCES,
     WireError,
     check_batch_budget,
+    check_v2_body,
     loads,
     parse_chat,
     parse_v1,
     parse_v2_parameters,
     to_request,
 )
-from rl_conductor.serving.service import ConductorService, ServiceConfig, load_policy
+from rl_conductor.serving.service import ConductorService, ServiceConfig, load_policy, loggable_error
 from rl_conductor.serving_core import ConductorRequest, RequestError
 from rl_conductor.workers.base import TokenSink
 
@@ -93,11 +96,14 @@ class WorkersFailed(Exception):
     where some questions were answered, the request is a 200 and each unanswered question's
     document carries its ``error``.)"""
 
-    def __init__(self, docs: list[dict[str, Any]], endpoint: str) -> None:
+    def __init__(self, docs: list[dict[str, Any]], endpoint: str, requests: list[ConductorRequest]) -> None:
         failed = [(i, d) for i, d in enumerate(docs) if d.get("error")]
         self.status = 504 if all(d.get("deadline_cut") for _, d in failed) else 502
         where = "" if len(docs) == 1 else f"question {failed[0][0]}: "
         super().__init__(f"{where}{failed[0][1]['error']}")
+        i, doc = failed[0]
+        #: what the log line may say: a private request's worker error text may echo its question
+        self.loggable = f"{where}{loggable_error(doc, requests[i].sensitivity)}"
         self.docs = docs
         self.endpoint = endpoint
 
@@ -119,7 +125,7 @@ async def _bad_request_handler(request: Request, exc: Exception) -> JSONResponse
 
 async def _workers_failed_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, WorkersFailed)
-    log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
+    log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.loggable)
     content: dict[str, Any] = {"error": str(exc)}
     if exc.endpoint == "v1":
         content["predictions"] = exc.docs
@@ -187,7 +193,7 @@ class ConductorModel(kserve.Model):
         except RequestError as exc:
             raise BadRequest(str(exc)) from None
         if all(d.get("error") for d in docs):
-            raise WorkersFailed(docs, endpoint)
+            raise WorkersFailed(docs, endpoint, requests)
         return docs
 
     async def predict(  # type: ignore[override]
@@ -205,6 +211,8 @@ class ConductorModel(kserve.Model):
 
     async def _predict_v2(self, payload: InferRequest) -> InferResponse:
         try:
+            if payload.from_grpc:  # the HTTP route's body is checked by the guard; gRPC's here
+                check_v2_body(_v2_body_of(payload))
             params = _grpc_parameters(payload.parameters) if payload.from_grpc else payload.parameters
             limits = parse_v2_parameters(params)
             questions = _v2_questions(payload)
@@ -249,6 +257,28 @@ def _grpc_parameters(params: Any) -> dict[str, Any] | None:
                 got = number
         out[key] = got
     return out
+
+
+def _v2_body_of(payload: InferRequest) -> dict[str, Any]:
+    """The v2 JSON body a gRPC ``ModelInfer`` request stands for, so that it passes the checks of
+    the HTTP route's body (:func:`.schemas.check_v2_body`: no tensor-level parameters, each input
+    name once, a shape that matches the data)."""
+    inputs = []
+    for tensor in payload.inputs:
+        data = tensor.data if isinstance(tensor.data, list) else None
+        doc: dict[str, Any] = {"name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype}
+        if data is not None:
+            doc["data"] = data
+        if tensor.parameters:
+            doc["parameters"] = dict(tensor.parameters)
+        inputs.append(doc)
+    body: dict[str, Any] = {"inputs": inputs}
+    if payload.request_outputs:
+        body["outputs"] = [
+            {"name": o.name, **({"parameters": dict(o.parameters)} if o.parameters else {})}
+            for o in payload.request_outputs
+        ]
+    return body
 
 
 def _v2_questions(payload: InferRequest) -> list[str]:
@@ -332,7 +362,9 @@ def add_openai_routes(app: FastAPI, model: ConductorModel) -> None:
         doc = await service.answer(req, endpoint="openai", request_id=cid, final_step=final)
         if doc.get("error"):
             status = 504 if doc.get("deadline_cut") else 502
-            log.warning("POST /openai/v1/chat/completions -> %d: %s", status, doc["error"])
+            log.warning(
+                "POST /openai/v1/chat/completions -> %d: %s", status, loggable_error(doc, req.sensitivity)
+            )
             resp = _openai_error(status, doc["error"], code="workers_failed")
             body = json.loads(bytes(resp.body))
             return JSONResponse(status_code=status, content={**body, "conductor": doc})
@@ -409,7 +441,9 @@ async def _stream(
             streamed.append(value)
             return chunk({"content": value})
         # part of the answer is sent and cannot be taken back: the stream ends with an error
-        log.warning("POST /openai/v1/chat/completions (stream) broke: %s", value)
+        # a worker's message may echo the question: a private request's line keeps none of it
+        why = value if req.sensitivity == "public" else "(the worker's message is withheld: private request)"
+        log.warning("POST /openai/v1/chat/completions (stream) broke: %s", why)
         return failed(f"the answer broke off mid-stream: {value}", "stream_interrupted")
 
     try:
@@ -440,7 +474,9 @@ async def _stream(
             )
             return
         if doc.get("error"):  # the status line is sent: the failure is an error event
-            log.warning("POST /openai/v1/chat/completions (stream) failed: %s", doc["error"])
+            log.warning(
+                "POST /openai/v1/chat/completions (stream) failed: %s", loggable_error(doc, req.sensitivity)
+            )
             yield failed(doc["error"], "workers_failed", conductor=doc)
             return
         if not streamed:  # the answering worker does not stream (replay, simulated, cached)
@@ -486,9 +522,13 @@ def install(
     kserve_log = logging.getLogger("kserve")
     if not any(isinstance(f, _ClientErrorTracebacks) for f in kserve_log.filters):
         kserve_log.addFilter(_ClientErrorTracebacks())
-    access_log = logging.getLogger("uvicorn.access")
-    if not any(isinstance(f, RedactQueryKeys) for f in access_log.filters):
-        access_log.addFilter(RedactQueryKeys())  # a key sent as ?api_key=... is not written out
+    # a key sent in a URL (?api_key=..., ;token=..., or any name) is not written out by the loggers
+    # that write URLs: uvicorn's access log, KServe's trace log and the guard's 4xx lines
+    for name in ("uvicorn.access", "kserve.trace", "rl_conductor.serving"):
+        url_log = logging.getLogger(name)
+        for old in [f for f in url_log.filters if isinstance(f, RedactQueryKeys)]:
+            url_log.removeFilter(old)
+        url_log.addFilter(RedactQueryKeys(keys))
     app.add_exception_handler(BadRequest, _bad_request_handler)
     app.add_exception_handler(WorkersFailed, _workers_failed_handler)
     app.add_middleware(
@@ -637,9 +677,8 @@ def _keys(args: argparse.Namespace) -> ApiKeys | None:
 def _serve(server: kserve.ModelServer, model: ConductorModel, args: argparse.Namespace) -> None:
     """KServe's ``ModelServer.start`` for one uvicorn worker, with the HTTP server's host, its
     header and body deadlines and its connection cap set (KServe binds 0.0.0.0 and has none of
-    these flags), and gRPC without the model repository RPCs."""
+    these flags), and gRPC on ``--host`` too, without the model repository RPCs."""
     from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
-    from kserve.protocol.grpc.server import GRPCServer
     from kserve.protocol.rest.server import RESTServer
 
     server._register_and_check_atleast_one_model_is_ready([model])
@@ -660,7 +699,8 @@ def _serve(server: kserve.ModelServer, model: ConductorModel, args: argparse.Nam
     server._rest_server = rest
     server.servers.append(rest.start())
     if server.enable_grpc:
-        grpc = GRPCServer(
+        grpc = HostGRPCServer(
+            args.host,
             server.grpc_port,
             server.dataplane,
             NoRepository(server.registered_models),
@@ -674,18 +714,60 @@ def _serve(server: kserve.ModelServer, model: ConductorModel, args: argparse.Nam
     asyncio.run(server._serve())
 
 
+def grpc_address(host: str, port: int) -> str:
+    """``host:port`` as gRPC reads it (an IPv6 literal in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class HostGRPCServer(GRPCServer):
+    """KServe's gRPC server listening on ``host`` only: KServe's own ``start`` listens on every
+    interface (``[::]``) whatever ``--host`` says, and gRPC checks no API key. The rest of
+    ``start`` is KServe's (its servicer, interceptors and message size options), with
+    ``SO_REUSEPORT`` off so that a second server cannot share the port unnoticed."""
+
+    def __init__(self, host: str, port: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(port, *args, **kwargs)
+        self.address = grpc_address(host, port)
+
+    async def start(self, max_workers: int) -> None:
+        from concurrent import futures
+
+        from grpc import aio
+        from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+        from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor, LoggingInterceptor
+        from kserve.protocol.grpc.servicer import InferenceServicer
+
+        self._server = aio.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers),
+            interceptors=(LoggingInterceptor(), ExceptionToStatusInterceptor()),
+            options=[
+                ("grpc.max_send_message_length", self._kwargs.get("grpc_max_send_message_length")),
+                ("grpc.max_receive_message_length", self._kwargs.get("grpc_max_receive_message_length")),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceServicer(self._data_plane, self._model_repository_extension), self._server
+        )
+        self._server.add_insecure_port(self.address)
+        log.info("gRPC server listening on %s", self.address)
+        await self._server.start()
+        await self._server.wait_for_termination()
+
+
 class NoRepository(ModelRepositoryExtension):
     """KServe's model repository extension with load and unload refused (gRPC's repository RPCs;
-    the HTTP routes are refused by the guard before they reach it)."""
+    the HTTP routes are refused by the guard before they reach it): PERMISSION_DENIED with a
+    message, and the model stays loaded."""
 
     def __init__(self, registry: Any) -> None:
         super().__init__(model_registry=registry)
 
     async def load(self, model_name: str) -> None:  # type: ignore[override]
-        raise ModelNotReady(model_name, "loading models through the repository API is disabled")
+        raise PermissionDenied(f"{model_name}: loading models through the repository API is disabled")
 
     async def unload(self, model_name: str) -> None:  # type: ignore[override]
-        raise ModelNotReady(model_name, "unloading models through the repository API is disabled")
+        raise PermissionDenied(f"{model_name}: unloading models through the repository API is disabled")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,6 +31,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -402,7 +403,7 @@ class ConductorService:
             "budget_stop": doc["budget_stop"],
             "deadline_cut": doc["deadline_cut"],
             "cancelled": bool(doc.get("cancelled")),
-            "error": doc.get("error", ""),
+            "error": loggable_error(doc, request.sensitivity),
         }
         if request.sensitivity == "public":
             record["question_preview"] = request.question[:80]
@@ -477,15 +478,45 @@ def _mark_final_step(policy: Policy) -> None:
     policy.plan = plan  # type: ignore[method-assign]
 
 
-def _failure(doc: dict[str, Any]) -> str:
-    """Why a request got no answer, for its 502/504 body: the statuses and the workers' errors."""
+#: An attempt's error as the executor writes it: ``worker: ExceptionType: the worker's message``.
+_ERROR_TYPE = re.compile(r"^[^:]*: ([A-Za-z_][A-Za-z0-9_.]*): ")
+
+
+def loggable_error(doc: dict[str, Any], sensitivity: str) -> str:
+    """``doc``'s ``error`` as a log line, a trace or MLflow may keep it: a private request's keeps
+    each failed worker's name and its error's type only, since a worker's message may echo the
+    question (validation errors of vLLM or llama.cpp do). The client's 502 body has it whole."""
+    if not doc.get("error") or sensitivity == "public":
+        return str(doc.get("error", ""))
+    return _failure(doc, text=False)
+
+
+def _withheld(step: dict[str, Any]) -> dict[str, Any]:
+    """A private request's step as its trace keeps it: its note and its attempts' errors (a worker's
+    message may echo the question) become their length; the rest (worker, status, cost) stays."""
+    attempts = [
+        {**a, "error": f"[private: {len(a['error'])} chars]"} if a.get("error") else a
+        for a in step.get("attempts", [])
+    ]
+    out = {**step, "attempts": attempts, "note": f"[private: {len(step.get('note') or '')} chars]"}
+    if "substeps" in step:
+        out["substeps"] = [_withheld(s) for s in step["substeps"]]
+    return out
+
+
+def _failure(doc: dict[str, Any], *, text: bool = True) -> str:
+    """Why a request got no answer, for its 502/504 body: the statuses and the workers' errors
+    (with ``text=False``, each error's type instead of its message)."""
     errors: list[str] = []
 
     def walk(steps: list[dict[str, Any]]) -> None:
         for s in steps:
             for a in s["attempts"]:
-                if a.get("error"):
+                if a.get("error") and text:
                     errors.append(f"{a['worker']}: {a['error']}")
+                elif a.get("error"):
+                    kind = _ERROR_TYPE.match(a["error"])
+                    errors.append(f"{a['worker']}: {kind.group(1) if kind else a.get('status', 'error')}")
             walk(s.get("substeps", []))
 
     walk(doc["steps"])
@@ -610,7 +641,7 @@ class _Tracer:
                     span_type="LLM",
                     parent_span=root,
                     inputs={"worker": step["worker"]},
-                    attributes={k: v for k, v in step.items() if k != "note"} | {"note": step["note"]},
+                    attributes=step if request.sensitivity == "public" else _withheld(step),
                     start_time_ns=ev.get("start_ns", start_ns),
                 )
                 span.end(
