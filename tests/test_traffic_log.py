@@ -53,6 +53,38 @@ def test_records_are_batched_flushed_on_close_and_readable(tmp_path: Path) -> No
     assert tl.read_traffic(str(tmp_path), since=time.time() + 60) == []
 
 
+def test_feedback_lookups_read_one_batch_file_or_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An id the log wrote (this process or an earlier one) is found by reading its one batch file;
+    an unknown id reads none (before: every batch file of the store, for each such feedback); the
+    location index is bounded."""
+    earlier = tl.TrafficLog(tl.TrafficConfig(store=str(tmp_path), batch_size=2, index_size=1))
+    for i in range(6):
+        earlier.submit(ConductorRequest(question=f"q{i}"), _doc(f"old{i}"), "v1")
+    earlier.close()
+    assert len(tl.batch_files(str(tmp_path))) == 3
+    monkeypatch.setattr(tl, "LOCATION_INDEX_SIZE", 4)
+    log = tl.TrafficLog(tl.TrafficConfig(store=str(tmp_path), batch_size=1, index_size=1))
+    log.flush()  # the start-up indexing is done
+    reads: list[str] = []
+    real_read = storage.read_text
+    monkeypatch.setattr(storage, "read_text", lambda uri: reads.append(uri) or real_read(uri))
+    assert log.lookup("nope") is None and reads == []
+    found = log.lookup("old5")
+    assert isinstance(found, dict) and found["question"] == "q5" and len(reads) == 1
+    for i in range(3):
+        log.submit(ConductorRequest(question=f"n{i}"), _doc(f"new{i}"), "v1")
+    log.flush()
+    reads.clear()
+    found = log.lookup("new0")  # out of the one-record id index: from its file
+    assert isinstance(found, dict) and found["question"] == "n0" and len(reads) == 1
+    assert len(log._where) == 4  # bounded: the oldest ids fell out, and are unknown
+    reads.clear()
+    assert log.lookup("old0") is None and reads == []
+    log.close()
+
+
 def test_retention_and_size_cap_delete_the_oldest_batches(tmp_path: Path) -> None:
     store = str(tmp_path)
     day = 86_400.0

@@ -28,8 +28,11 @@ Retention: on every write the log deletes batch files older than ``retention_day
 ``max_store_bytes``, the oldest files until the store fits (each store on its own).
 
 Deliberate simplifications: a batch file is the unit of retention (records are not rewritten);
-the id index holds the last ``index_size`` requests in memory, and older ids are found by
-reading the store (:func:`find_record`), which reads every batch file of the window.
+the id index holds the last ``index_size`` requests in memory, and the location index the batch
+file of the last :data:`LOCATION_INDEX_SIZE` ids written (those already in the stores are read
+once, when the log starts, off the request path): an older id is found by reading one file, and
+an id in neither is unknown without reading any (an unknown id read every batch file before, so
+each such feedback cost a scan of the store). An id older than the location index is unknown.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ log = logging.getLogger("rl_conductor.loop.traffic")
 
 #: Folder of the batch files below a store.
 TRAFFIC_DIR = "traffic"
+#: Request ids whose batch file the log remembers (an id and a shared file name each).
+LOCATION_INDEX_SIZE = 200_000
 #: What a private request not recorded leaves in the id index (its id only, no content).
 PRIVATE_NOT_RECORDED = "private-not-recorded"
 
@@ -183,6 +188,8 @@ class TrafficLog:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.max_queue)
         self._index: OrderedDict[str, dict[str, Any] | str] = OrderedDict()
         self._index_lock = threading.Lock()
+        self._where: OrderedDict[str, str] = OrderedDict()  # request id -> its batch file
+        self._where_ready = threading.Event()
         self._last_drop_warning = 0.0
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="traffic-log", daemon=True)
@@ -226,12 +233,41 @@ class TrafficLog:
             found = self._index.get(request_id)
         if found is not None:
             return found
-        self.flush()
+        self.flush()  # a record still queued is written, and located
+        self._where_ready.wait(60)
+        with self._index_lock:
+            uri = self._where.get(request_id)
+        if uri is None:
+            return None
+        try:
+            text = storage.read_text(uri)
+        except Exception:  # deleted by retention since
+            return None
+        return _record_in(text, request_id)
+
+    def _locate(self, found: list[tuple[str, str]]) -> None:
+        """Remember the batch file of each ``(request id, uri)``, the last ones most recent."""
+        with self._index_lock:
+            for rid, uri in found:
+                self._where[rid] = uri
+                self._where.move_to_end(rid)
+            while len(self._where) > LOCATION_INDEX_SIZE:
+                self._where.popitem(last=False)
+
+    def _locate_stored(self) -> None:
+        """The location index of the newest :data:`LOCATION_INDEX_SIZE` records already in the
+        stores (written by an earlier process), read once when the log starts."""
         for store in self.stores():
-            record = find_record(store, request_id)
-            if record is not None:
-                return record
-        return None
+            found: list[tuple[str, str]] = []
+            try:
+                for uri, _, _ in reversed(batch_files(store)):
+                    if len(found) >= LOCATION_INDEX_SIZE:
+                        break
+                    rows = [json.loads(line) for line in storage.read_text(uri).splitlines() if line.strip()]
+                    found += [(str(r["request_id"]), uri) for r in reversed(rows) if "request_id" in r]
+            except Exception as exc:  # an unreadable store: its older records are not found
+                log.warning("traffic log: could not index %s: %s", store, exc)
+            self._locate(found[::-1])
 
     def stores(self) -> list[str]:
         """The public store, then the private one when configured."""
@@ -264,6 +300,10 @@ class TrafficLog:
             self._thread.join(timeout=60)
 
     def _run(self) -> None:
+        try:
+            self._locate_stored()
+        finally:
+            self._where_ready.set()
         pending: list[dict[str, Any]] = []
         first_at: float | None = None
         while True:
@@ -304,6 +344,7 @@ class TrafficLog:
                 log.error("traffic log: could not write %d records to %s: %s", len(rows), uri, exc)
                 continue
             RECORDED.labels("private" if store == self.config.private_store else "public").inc(len(rows))
+            self._locate([(str(r["request_id"]), uri) for r in rows])
             try:
                 sweep(store, retention_days=self.config.retention_days, max_bytes=self.config.max_store_bytes)
             except Exception as exc:
@@ -387,16 +428,23 @@ def _iter_records(store: str, since: float | None, until: float | None) -> Itera
 
 
 def find_record(store: str, request_id: str) -> dict[str, Any] | None:
-    """The record of ``request_id`` in ``store`` (newest batch first), or None."""
+    """The record of ``request_id`` in ``store`` (newest batch first, every file), or None."""
     for uri, _, _ in reversed(batch_files(store)):
-        text = storage.read_text(uri)
-        if request_id not in text:
-            continue
-        for line in text.splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                if rec.get("request_id") == request_id:
-                    return dict(rec)
+        record = _record_in(storage.read_text(uri), request_id)
+        if record is not None:
+            return record
+    return None
+
+
+def _record_in(text: str, request_id: str) -> dict[str, Any] | None:
+    """The record of ``request_id`` in one batch file's text, or None."""
+    if request_id not in text:
+        return None
+    for line in text.splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            if rec.get("request_id") == request_id:
+                return dict(rec)
     return None
 
 
