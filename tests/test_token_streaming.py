@@ -411,3 +411,56 @@ async def test_a_policy_whose_answer_is_not_its_last_planned_step_streams_the_an
     assert broken == [], "the request was answered: nothing may break the stream"
     assert doc["answer"] == want
     assert deltas == [], f"a non-answer was streamed: {''.join(deltas)!r}"
+
+
+async def test_a_stream_cut_by_the_step_timeout_is_logged_as_no_answer_not_as_cancelled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker stalls after its first piece past the step timeout: the stream breaks and the
+    server stops the request, as it does when its streamed answer broke. The log line says the
+    request got no answer, not that its client left (before: ``cancelled: true``)."""
+    import json
+    import logging
+
+    from rl_conductor.serving.service import ConductorService, ServiceConfig, load_policy
+    from rl_conductor.serving_core import ConductorRequest
+    from rl_conductor.workers.pool import build_pool
+
+    caplog.set_level(logging.INFO, "rl_conductor.serving")
+    hold = threading.Event()
+    try:
+        with scripted_server("openai", [streamed("openai", PIECES, hold=hold)]) as srv:
+            pool = build_pool({"name": "p", "workers": [_live("a", "openai", srv)]})
+            service = ConductorService(
+                load_policy(None, "fixed:0", pool), pool, ServiceConfig(step_timeout_s=5.0)
+            )
+            deltas: list[str] = []
+            tasks: list[asyncio.Future[Any]] = []
+            # the server's answer to a broken stream: nothing more can reach the client, stop it
+            sink = TokenSink(deltas.append, lambda why: tasks[0].cancel())
+            tasks.append(
+                asyncio.ensure_future(service.answer(ConductorRequest(question="What is 6*7?"), stream=sink))
+            )
+            with pytest.raises(asyncio.CancelledError):
+                await tasks[0]
+    finally:
+        hold.set()
+    (record,) = [json.loads(r.getMessage()) for r in caplog.records if r.getMessage().startswith('{"event"')]
+    assert deltas == PIECES[:1]
+    assert record["cancelled"] is False, "the client did not leave: the stream broke"
+    assert "broke off" in record["error"] and "cut off" in record["error"]
+
+
+def test_a_cut_stream_is_never_stored_in_the_response_cache(tmp_path: Any) -> None:
+    from rl_conductor.workers.pool import build_pool
+
+    with scripted_server(
+        "openai", [streamed("openai", PIECES, truncate_after=2), streamed("openai", PIECES)]
+    ) as srv:
+        pool = build_pool({"cache": str(tmp_path / "c.sqlite"), "workers": [_live("a", "openai", srv)]})
+        first, deltas, broken = _streaming_call(pool.workers[0])
+        second, _, _ = _streaming_call(pool.workers[0])
+        sent = len(srv.requests)
+    assert isinstance(first, StreamInterruptedError) and deltas == PIECES[:2] and broken
+    assert sent == 2, "the cut answer was replayed from the cache"
+    assert second.text == "".join(PIECES) and not second.cached

@@ -320,6 +320,12 @@ class ConductorService:
                 episode = await self._run(task, view, limits, events, final_step or {}, sink)
             except asyncio.CancelledError:
                 doc = _cancelled(events.items, charges)
+                if stream is not None and stream.closed:
+                    # not the client leaving: the streamed answer broke off (a worker cut it, or
+                    # the step timeout did) and the server stopped the request: no answer
+                    doc["cancelled"] = False
+                    doc["error"] = f"the streamed answer broke off: {stream.reason}"
+                    doc["notes"] = ["the streamed answer broke off mid-way; the request was stopped"]
                 doc["request_id"] = rid
                 doc["wall_s"] = time.perf_counter() - t0
                 self._observe(endpoint, request, doc, events.items, t0_ns)

@@ -268,6 +268,8 @@ class TokenSink:
     #: deltas forwarded so far
     sent: int = 0
     closed: bool = False
+    #: why the stream broke ("" while it has not)
+    reason: str = ""
 
     def delta(self, text: str) -> None:
         if text and not self.closed:
@@ -276,7 +278,7 @@ class TokenSink:
 
     def broken(self, why: str) -> None:
         if not self.closed:
-            self.closed = True
+            self.closed, self.reason = True, why
             self.on_broken(why)
 
 

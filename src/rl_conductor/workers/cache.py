@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rl_conductor.workers.base import CallContext, Completion, Message, Worker, WorkerInfo
+from rl_conductor.workers.base import STREAM_SINK, CallContext, Completion, Message, Worker, WorkerInfo
 
 DEFAULT_SQLITE = ".conductor/cache/completions.sqlite"
 
@@ -317,6 +317,9 @@ class CachedWorker:
         comp = await self.inner.complete(
             messages, max_tokens=max_tokens, temperature=temperature, context=context
         )
+        sink = STREAM_SINK.get()
+        if sink is not None and (sink.closed or not comp.finish_reason):
+            return comp  # a stream that did not end whole (no end marker) is never a stored answer
         store.put(key, _entry(key, info, model, messages, max_tokens, temperature, context, comp))
         return comp
 
