@@ -317,3 +317,27 @@ def test_readme_commands_parse() -> None:
     assert ["pool", "show", "paper-sim"] in commands
     for args in commands:
         _parse_only(args)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["pool", "calibrate", "--n", "10"],
+        ["eval", "--policy", "single:gpt-5", "--limit", "2"],
+        ["compare", "--limit", "2"],
+        ["pool", "check", "paper-sim"],
+    ],
+    ids=["pool-calibrate", "eval", "compare", "pool-check"],
+)
+def test_json_into_a_path_that_cannot_be_written_is_one_line_before_any_work(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Before: a traceback from the write, after the whole evaluation had run (pool check had
+    its own check; every --json option now shares it: cli.options.writable_path)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for target in (blocker / "x.json", tmp_path):
+        stderr = _fails(
+            [*command, "--json", str(target)], code=2, names=f"--json {target}: cannot write there"
+        )
+        assert "Traceback" not in stderr

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rl_conductor.cli.app import app, pool_app
-from rl_conductor.cli.options import choice, count, non_negative, positive
+from rl_conductor.cli.options import choice, count, non_negative, positive, writable_path
 from rl_conductor.trace import SENSITIVITIES
 
 # a fixed width when not on a terminal (CI logs, pipes), so tables keep their columns whole
@@ -21,8 +21,12 @@ def _write_json(path: Path | None, payload: Any) -> None:
     if path is None:
         return
     from rl_conductor import storage
+    from rl_conductor.errors import UsageError
 
-    storage.write_json(str(path), payload)
+    try:
+        storage.write_json(str(path), payload)
+    except OSError as exc:  # checked at parse time (writable_path); gone or full since
+        raise UsageError(f"--json {path}: cannot write it ({exc.strerror or exc})") from None
     console.print(f"[dim]wrote {path}[/dim]")
 
 
@@ -103,7 +107,9 @@ def pool_calibrate(
     n: Annotated[int, typer.Option(callback=count(1), help="number of tasks to simulate")] = 2000,
     dataset: Annotated[str | None, typer.Option(help="dataset (default: the pool's)")] = None,
     seed: SeedOpt = 0,
-    json_out: Annotated[Path | None, typer.Option("--json", help="write the rows as JSON here")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", callback=writable_path, help="write the rows as JSON here")
+    ] = None,
     collaboration: Annotated[
         bool,
         typer.Option(
@@ -229,7 +235,9 @@ def eval_cmd(
     ] = "public",
     allowed_workers: Annotated[str | None, typer.Option(help="comma-separated worker names")] = None,
     concurrency: Annotated[int, typer.Option(callback=count(1), help="tasks in flight (>= 1)")] = 32,
-    json_out: Annotated[Path | None, typer.Option("--json", help="write the summary JSON here")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", callback=writable_path, help="write the summary JSON here")
+    ] = None,
     cost_weight: CostWeightOpt = None,
     reward_preset: RewardPresetOpt = None,
     fit_limit: FitLimitOpt = None,
@@ -286,7 +294,7 @@ def compare_cmd(
     limit: LimitOpt = None,
     seed: SeedOpt = 0,
     extra: Annotated[list[str] | None, typer.Option("--policy", help="extra policies to include")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", callback=writable_path)] = None,
     plot: Annotated[Path | None, typer.Option(help="write a cost-vs-accuracy Pareto PNG here")] = None,
     budgets: Annotated[
         str | None,

@@ -12,11 +12,13 @@ usual ``Invalid value for '--n': -5 (expected an integer >= 1)``. Use them on an
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import typer
 
 from rl_conductor import validation
+from rl_conductor.errors import UsageError
 
 Callback = Callable[[typer.CallbackParam, Any], Any]
 
@@ -74,3 +76,27 @@ def pipeline_parameter(name: str) -> Callback:
             check(option, value)
 
     return checked(rule)
+
+
+def writable(path: Path, flag: str = "--json") -> None:
+    """Raise :class:`UsageError` unless a file can be written at ``path`` (the folder is made as
+    the write would make it, and a scratch file is created and removed there)."""
+    import tempfile
+
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "is a folder")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+
+
+def writable_path(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """A callback for an output file option (``--json PATH``; ``-`` is stdout): one line
+    ``Error: --json PATH: cannot write there (...)`` and exit 2 before anything runs, not a
+    traceback after the work."""
+    if value is not None and str(value) != "-":
+        writable(value, _option_name(param))
+    return value

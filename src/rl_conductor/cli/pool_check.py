@@ -20,23 +20,8 @@ from rich.table import Table
 
 from rl_conductor.cli.app import pool_app
 from rl_conductor.cli.core import console
-from rl_conductor.cli.options import positive
+from rl_conductor.cli.options import positive, writable_path
 from rl_conductor.errors import UsageError
-
-
-def _writable(path: Path) -> None:
-    """Raise :class:`UsageError` unless a report can be written at ``path`` (the folder is made
-    as the write would make it, and a scratch file is created and removed there)."""
-    import tempfile
-
-    try:
-        if path.is_dir():
-            raise IsADirectoryError(21, "is a folder")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
-    except OSError as exc:
-        raise UsageError(f"--json {path}: cannot write there ({exc.strerror or exc})") from None
 
 
 @pool_app.command("check")
@@ -46,15 +31,14 @@ def pool_check(
         float, typer.Option(callback=positive, help="seconds each worker has to answer (> 0)")
     ] = 60.0,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="write the report as JSON here ('-': stdout)")
+        Path | None,
+        typer.Option("--json", callback=writable_path, help="write the report as JSON here ('-': stdout)"),
     ] = None,
 ) -> None:
     """Call each worker once with a tiny prompt; print latency, tokens and cost per worker and
     why a worker failed (exit 1 when any did)."""
     from rl_conductor.workers.check import CHECK_MAX_TOKENS, check_pool_file
 
-    if json_out is not None and str(json_out) != "-":
-        _writable(json_out)
     # each failure is printed below the table; the live client's one-time warning would repeat it
     live_log = logging.getLogger("rl_conductor.workers.live.base")
     level = live_log.level
