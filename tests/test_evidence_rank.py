@@ -267,6 +267,17 @@ def test_evidence_rule_policy_sends_each_question_to_the_lines_first_worker(
         plan = asyncio.run(rule.plan(task, pool.view(), Limits()))
         expected = rank(task, model.as_mapping(model.predict([task], e[None])[0]), pool.view(), Limits())[0]
         assert [s.worker for s in plan.workflow.steps] == [expected] == [plan.evidence_best]
+    # evaluation's path: the batch is embedded at once, the plans are the same
+    calls: list[int] = []
+    monkeypatch.setattr(
+        rule, "_embed", lambda texts: calls.append(len(texts)) or np.array([by_text[t] for t in texts])
+    )
+    rule._embedded.clear()
+    episodes = asyncio.run(rule.run_many(tasks[20:26], pool.view(), Limits()))
+    assert calls == [6]
+    for task, ep in zip(tasks[20:26], episodes, strict=True):
+        alone = asyncio.run(rule.plan(task, pool.view(), Limits()))
+        assert ep.plan.workflow == alone.workflow and ep.plan.evidence_best == alone.evidence_best
     (tmp_path / "conductor.json").write_text(json.dumps({**meta, "evidence": "probe"}))
     with pytest.raises(ModelNotFound, match="evidence: rank"):
         make_policy(f"evidence-rule:{tmp_path}", pool)

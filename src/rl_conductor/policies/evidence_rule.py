@@ -13,11 +13,14 @@ weights are loaded.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rl_conductor.errors import InvalidSpec, model_not_found
-from rl_conductor.policies.base import Plan, Policy
+from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.policies.evidence import EvidenceModel, Ranker
 from rl_conductor.reward import reward_from_dict
 from rl_conductor.tasks.base import Task
@@ -46,6 +49,7 @@ class EvidenceRule(Policy):
         self.evidence = EvidenceModel.load(source)
         self.ranker = Ranker(self.evidence, reward_from_dict(meta.get("reward", {})))
         self._embed = embed
+        self._embedded: dict[str, Any] = {}
         self.name = f"evidence-rule:{source.name}"
 
     @classmethod
@@ -54,7 +58,19 @@ class EvidenceRule(Policy):
             raise InvalidSpec("evidence-rule needs a Conductor folder trained with evidence: rank")
         return cls(arg)
 
+    async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
+        """Embed every question in one batch first (one at a time is ~20x slower on a CPU)."""
+        todo = list(dict.fromkeys(t.question for t in tasks if t.question not in self._embedded))
+        if todo:
+            self._embedded.update(zip(todo, self._embed(todo), strict=True))
+        return await super().run_many(tasks, view, limits)
+
     async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
-        estimates = self.evidence.as_mapping(self.evidence.predict([task], self._embed([task.question]))[0])
+        if task.question not in self._embedded:
+            if len(self._embedded) > 100_000:
+                self._embedded.clear()
+            self._embedded[task.question] = self._embed([task.question])[0]
+        emb = np.asarray([self._embedded[task.question]])
+        estimates = self.evidence.as_mapping(self.evidence.predict([task], emb)[0])
         best = self.ranker(task, estimates, view, limits)[0]
         return Plan(workflow=single(view.names()[best]).workflow(view.names()), evidence_best=best)
