@@ -31,9 +31,16 @@ def _reward(
     cost: float = 0.0,
     over: bool = False,
     calls: int = 1,
+    late: bool = False,
 ) -> float:
     return compute_reward(
-        parsed=parsed, correct=correct, cost_usd=cost, budget_exceeded=over, config=config, worker_calls=calls
+        parsed=parsed,
+        correct=correct,
+        cost_usd=cost,
+        budget_exceeded=over,
+        config=config,
+        worker_calls=calls,
+        deadline_exceeded=late,
     )
 
 
@@ -165,19 +172,14 @@ def test_prompt_never_offers_an_id_beyond_the_view() -> None:
         assert "1: " in text and "2: " not in text and "yourself" not in text
 
 
+#: One plan's outcome: correct, an estimated probability, cost, budget stop, deadline stop, calls.
+CELL = st.tuples(
+    st.booleans(), st.floats(0, 1), st.floats(0, 10), st.booleans(), st.booleans(), st.integers(0, 3)
+)
+
+
 @given(
-    st.lists(
-        st.tuples(
-            st.booleans(),
-            st.floats(0.0, 1.0),
-            st.floats(0.0, 10.0),
-            st.booleans(),
-            st.booleans(),
-            st.integers(0, 3),
-        ),
-        min_size=1,
-        max_size=30,
-    ),
+    st.lists(CELL, min_size=1, max_size=30),
     st.sampled_from([PAPER, COST_AWARE, RewardConfig(cost_weight=5.0, max_cost_penalty=0.1)]),
 )
 def test_one_formula_over_scalars_and_arrays(cells: list[tuple], config: RewardConfig) -> None:
@@ -192,15 +194,7 @@ def test_one_formula_over_scalars_and_arrays(cells: list[tuple], config: RewardC
         config, correct=correct, cost=cost, called=calls > 0, budget_stopped=over, deadline_stopped=late
     )
     for i, (ok, _, c, o, d, n) in enumerate(cells):
-        one = compute_reward(
-            parsed=True,
-            correct=ok,
-            cost_usd=c,
-            budget_exceeded=o,
-            config=config,
-            worker_calls=n,
-            deadline_exceeded=d,
-        )
+        one = _reward(config, correct=ok, cost=c, over=o, calls=n, late=d)
         assert got[i] == one and isinstance(one, float)
         assert (
             reward_of(config, correct=ok, cost=c, called=n > 0, budget_stopped=o, deadline_stopped=d) == one
