@@ -464,3 +464,35 @@ def test_a_cut_stream_is_never_stored_in_the_response_cache(tmp_path: Any) -> No
     assert isinstance(first, StreamInterruptedError) and deltas == PIECES[:2] and broken
     assert sent == 2, "the cut answer was replayed from the cache"
     assert second.text == "".join(PIECES) and not second.cached
+
+
+async def test_a_client_leaving_mid_stream_is_still_logged_as_cancelled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import json
+    import logging
+
+    from rl_conductor.serving.service import ConductorService, load_policy
+    from rl_conductor.serving_core import ConductorRequest
+    from rl_conductor.workers.pool import build_pool
+
+    caplog.set_level(logging.INFO, "rl_conductor.serving")
+    hold = threading.Event()
+    try:
+        with scripted_server("openai", [streamed("openai", PIECES, hold=hold)]) as srv:
+            pool = build_pool({"name": "p", "workers": [_live("a", "openai", srv)]})
+            service = ConductorService(load_policy(None, "fixed:0", pool), pool)
+            first = asyncio.Event()
+            sink = TokenSink(lambda text: first.set(), lambda why: None)
+            task = asyncio.ensure_future(
+                service.answer(ConductorRequest(question="What is 6*7?"), stream=sink)
+            )
+            await first.wait()
+            sink.abandon()  # what the server does when its client went away
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    finally:
+        hold.set()
+    (record,) = [json.loads(r.getMessage()) for r in caplog.records if r.getMessage().startswith('{"event"')]
+    assert record["cancelled"] is True and record["error"] == ""

@@ -498,6 +498,7 @@ async def _stream(
         if getter is not None and not getter.done():
             getter.cancel()
         if not task.done():
+            sink.abandon()  # when the stream did not break first, the client left
             task.cancel()
         with anyio.CancelScope(shield=True):
             await asyncio.wait({task}, timeout=30)

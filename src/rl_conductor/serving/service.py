@@ -320,7 +320,7 @@ class ConductorService:
                 episode = await self._run(task, view, limits, events, final_step or {}, sink)
             except asyncio.CancelledError:
                 doc = _cancelled(events.items, charges)
-                if stream is not None and stream.closed:
+                if stream is not None and stream.closed and not stream.abandoned:
                     # not the client leaving: the streamed answer broke off (a worker cut it, or
                     # the step timeout did) and the server stopped the request: no answer
                     doc["cancelled"] = False

@@ -270,6 +270,8 @@ class TokenSink:
     closed: bool = False
     #: why the stream broke ("" while it has not)
     reason: str = ""
+    #: the client left before the stream broke or ended (:meth:`abandon`)
+    abandoned: bool = False
 
     def delta(self, text: str) -> None:
         if text and not self.closed:
@@ -280,6 +282,12 @@ class TokenSink:
         if not self.closed:
             self.closed, self.reason = True, why
             self.on_broken(why)
+
+    def abandon(self) -> None:
+        """The client left: nothing more is forwarded, and a failure after this is not the
+        stream's (the request is cancelled because nobody reads it, not because it broke)."""
+        if not self.closed:
+            self.closed, self.abandoned = True, True
 
 
 #: The :class:`TokenSink` of the call running in this context (None: the call answers whole).
