@@ -5,9 +5,12 @@ Issue 22's bar for a Conductor trained to use rounds (``configs/train/gsm8k-six.
 is not reward-optimal, the adaptive Conductor (``max_rounds`` 2) against the same model planning
 once (``max_rounds`` 1), the fitted escalation cascade, the kNN and domain routers (fitted at the
 same reward on every training question), every single worker and the oracle; the paired 95 %
-confidence interval of the accuracy difference two rounds minus one (normal approximation over the
-per-question differences); and where the second round goes: its share among questions whose first
-two answers agreed, disagreed, or where the first plan gave one answer.
+confidence intervals (normal approximation over the per-question differences) of the accuracy, cost
+and reward differences of the adaptive Conductor minus each other policy, two rounds minus one
+first; where the second round goes: its share among questions whose first two answers agreed,
+disagreed, or where the first plan gave one answer; and how often the Conductor's own first plan
+is the fitted cascade's pair and its review decides as the cascade's rule does (keep after
+agreement, the cascade's escalation worker after disagreement).
 
 Usage::
 
@@ -42,6 +45,34 @@ def paired_ci(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
     m = float(d.mean())
     return {"mean": m, "low": m - 1.96 * se, "high": m + 1.96 * se}
+
+
+def follows_cascade(res: Any, cascade: Any) -> dict[str, Any]:
+    """How often ``res``'s first plan is ``cascade``'s pair (in its order), and among those, how
+    often its review decided as the cascade's rule (keep after agreement, one step on the
+    escalation worker after disagreement)."""
+    pair = list(cascade.first)
+    same = [r for r in res.records if r.workers[:2] == pair]
+    rule = [r.workers == (pair if r.first_agree is not False else [*pair, cascade.escalate]) for r in same]
+    return {
+        "pair": list(pair),
+        "escalate": cascade.escalate,
+        "first_plan_is_pair": len(same) / max(len(res.records), 1),
+        "reviews_as_rule": float(np.mean(rule)) if rule else None,
+        "n_pair": len(same),
+    }
+
+
+def differences(a: Any, b: Any) -> dict[str, dict[str, float]]:
+    """Paired CIs of ``a`` minus ``b`` (the same questions in the same order)."""
+    if [r.task_id for r in a.records] != [r.task_id for r in b.records]:
+        raise ValueError("the two evaluations are not on the same questions")
+    out = {}
+    for key in ("correct", "cost_usd", "reward"):
+        x = np.array([getattr(r, key) for r in a.records], dtype=np.float64)
+        y = np.array([getattr(r, key) for r in b.records], dtype=np.float64)
+        out[key] = paired_ci(x, y)
+    return out
 
 
 def row(name: str, res: Any) -> dict[str, Any]:
@@ -91,17 +122,21 @@ def main() -> None:
         two = evaluate(conductor, view, tasks, Limits(max_rounds=2), progress=False, reward_config=rc)
         one = evaluate(conductor, view, tasks, Limits(max_rounds=1), progress=False, reward_config=rc)
         rows = [row("conductor (max_rounds 2)", two), row("conductor (max_rounds 1)", one)]
+        diffs = {"conductor (max_rounds 1)": differences(two, one)}
+        cascade = None
         for spec, pol in zip(baselines, built, strict=True):
             res = evaluate(pol, view, tasks, Limits(max_rounds=2), progress=False, reward_config=rc)
-            rows.append(row(pol.name if spec == "cascade" else spec, res))
-        c2 = np.array([r.correct for r in two.records])
-        c1 = np.array([r.correct for r in one.records])
-        k2 = np.array([r.cost_usd for r in two.records])
-        k1 = np.array([r.cost_usd for r in one.records])
+            name = pol.name if spec == "cascade" else spec
+            rows.append(row(name, res))
+            diffs[name] = differences(two, res)
+            if spec == "cascade":
+                cascade = pol
         result[split] = {
             "policies": rows,
-            "accuracy_two_minus_one": paired_ci(c2, c1),
-            "cost_two_minus_one": paired_ci(k2, k1),
+            "two_minus": diffs,
+            "accuracy_two_minus_one": diffs["conductor (max_rounds 1)"]["correct"],
+            "cost_two_minus_one": diffs["conductor (max_rounds 1)"]["cost_usd"],
+            "review": follows_cascade(two, cascade) if cascade is not None else None,
         }
         print(f"\n{split} (n={len(tasks)}, cost weight {args.cost_weight})")
         print(
@@ -125,9 +160,15 @@ def main() -> None:
                 pct(r["multi_round_rate_one_answer"]),
             ]
             print("| " + " | ".join(cells) + " |")
-        ci = result[split]["accuracy_two_minus_one"]
-        m, lo, hi = (100 * ci[k] for k in ("mean", "low", "high"))
-        print(f"accuracy, two rounds - one: {m:+.1f} points [{lo:+.1f}, {hi:+.1f}]")
+        print("\n| two rounds minus | accuracy, points [95 % CI] | $/question | reward [95 % CI] |")
+        print("|---|---:|---:|---:|")
+        for name, d in diffs.items():
+            a, c, w = d["correct"], d["cost_usd"], d["reward"]
+            print(
+                f"| {name} | {100 * a['mean']:+.1f} [{100 * a['low']:+.1f}, {100 * a['high']:+.1f}] "
+                f"| {c['mean']:+.6f} | {w['mean']:+.4f} [{w['low']:+.4f}, {w['high']:+.4f}] |"
+            )
+        print("review vs the cascade's rule:", result[split]["review"])
     result["seconds"] = time.perf_counter() - t0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

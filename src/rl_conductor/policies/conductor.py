@@ -229,6 +229,8 @@ class ConductorPolicy(Policy):
         self.deadline_trim = deadline_trim
         self.name = f"conductor:{self.model_dir.name}"
         self._lock = threading.Lock()  # generation is synchronous; guards the model across threads
+        #: reviews queued per event loop, generated together (:meth:`review`)
+        self._reviews: dict[Any, list[tuple[RoundRequest, asyncio.Future[Continuation]]]] = {}
 
     @classmethod
     def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> ConductorPolicy:
@@ -481,31 +483,71 @@ class ConductorPolicy(Policy):
     async def review(self, request: RoundRequest) -> Continuation:
         """Read the workflow so far and its answers; keep the answer or add steps (module docstring).
 
-        An unparseable review keeps the answer (its fallback would be a fresh one-step plan, which
-        is no review); the continuation's text is kept on the trace's round record."""
-        summary = summarize(request)
-        prompt = review_prompt(request, summary, max_question_chars=self.max_question_chars)
+        Reviews that reach the event loop together (the rounds of requests run together, which
+        end together: ``run_many``, an evaluation, concurrent served requests) are generated in
+        one batch (:meth:`review_many`): one at a time, a review of each of 217 questions took
+        longer than planning all of them. An unparseable review keeps the answer (its fallback
+        would be a fresh one-step plan, which is no review); the continuation's text is kept on
+        the trace's round record."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Continuation] = loop.create_future()
+        queue = self._reviews.setdefault(loop, [])
+        queue.append((request, done))
+        if len(queue) == 1:  # the first of a batch: generate once the others have queued
+            loop.call_soon(self._review_queued, loop)
+        return await done
+
+    def _review_queued(self, loop: Any) -> None:
+        batch = self._reviews.pop(loop, [])
+        try:
+            out = self.review_many([r for r, _ in batch])
+        except Exception as exc:  # the executor keeps each answer and records the error
+            for _, f in batch:
+                if not f.done():
+                    f.set_exception(exc)
+            return
+        for (_, f), cont in zip(batch, out, strict=True):
+            if not f.done():
+                f.set_result(cont)
+
+    def review_many(self, requests: Sequence[RoundRequest]) -> list[Continuation]:
+        """:meth:`review` of each request, generated in one batch per workflow length (the
+        continuation's steps are numbered after the steps so far)."""
+        summaries = [summarize(r) for r in requests]
+        prompts = [
+            review_prompt(r, s, max_question_chars=self.max_question_chars)
+            for r, s in zip(requests, summaries, strict=True)
+        ]
+        plans: list[Plan | None] = [None] * len(requests)
+        by_length: dict[int, list[int]] = {}
+        for i, r in enumerate(requests):
+            by_length.setdefault(len(r.workflow.steps), []).append(i)
         with self._lock:
-            plan = self._parse_all(
-                [prompt],
-                [request.view],
-                [request.limits],
-                allow_empty=True,
-                first_index=len(request.workflow.steps),
-            )[0]
-        steps = () if plan.fallback else plan.workflow.steps
-        # what the budget and time left afford (the executor would stop the rest part way)
-        wf = continuation_within_limits(
-            Workflow(steps=steps),
-            request.view,
-            request.limits,
-            len(request.workflow.steps),
-            self.deadline_quantile,
-        )
-        return Continuation(
-            workflow=wf,
-            text=plan.text,
-            seen=prompt,
-            answers=summary.answers,
-            agree=summary.agree,
-        )
+            for first, rows in by_length.items():
+                got = self._parse_all(
+                    [prompts[i] for i in rows],
+                    [requests[i].view for i in rows],
+                    [requests[i].limits for i in rows],
+                    allow_empty=True,
+                    first_index=first,
+                )
+                for i, plan in zip(rows, got, strict=True):
+                    plans[i] = plan
+        out = []
+        for request, summary, prompt, plan in zip(requests, summaries, prompts, plans, strict=True):
+            assert plan is not None
+            steps = () if plan.fallback else plan.workflow.steps
+            # what the budget and time left afford (the executor would stop the rest part way)
+            wf = continuation_within_limits(
+                Workflow(steps=steps),
+                request.view,
+                request.limits,
+                len(request.workflow.steps),
+                self.deadline_quantile,
+            )
+            out.append(
+                Continuation(
+                    workflow=wf, text=plan.text, seen=prompt, answers=summary.answers, agree=summary.agree
+                )
+            )
+        return out
