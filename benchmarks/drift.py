@@ -243,6 +243,14 @@ def main() -> None:
         action="store_true",
         help="serve the no-change scenario's requests anew on paper-sim (default: reuse the drift traffic)",
     )
+    ap.add_argument(
+        "--same-only",
+        type=Path,
+        default=None,
+        metavar="TRAFFIC",
+        help="run only no-change retrain --seed on this traffic store (parallel runs, each its own --out)",
+    )
+    ap.add_argument("--seed", type=int, default=1, help="the retrain's seed with --same-only")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     out = args.out.resolve()
@@ -261,6 +269,22 @@ def main() -> None:
         out, args.champion_sft, args.champion_items, model_name, args.champion
     )
     print(f"champion trained in {champion_s:.0f} s: {champion_dir}", flush=True)
+    if args.same_only is not None:  # one no-change retrain against this champion
+        row = _retrain(
+            out,
+            str(args.same_only),
+            "paper-sim",
+            model_name,
+            seed=args.seed,
+            sft=args.retrain_sft,
+            items=args.retrain_items,
+            only_on_change=False,
+            eval_limit=args.eval_limit,
+        )
+        print(f"no-change retrain {args.seed}:\n" + _line(row), flush=True)
+        if args.json:
+            write_json(args.json, "drift-same", {"config": {"seed": args.seed}, "same": [row]})
+        return
     items = load_tasks("paper-mix", "train") + load_tasks("paper-mix", "validation")
     random.Random(0).shuffle(items)
     changed = _changed_pool(out, args.worker, args.price_factor)
