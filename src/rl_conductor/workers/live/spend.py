@@ -8,6 +8,10 @@ cross the ceiling is refused with :class:`SpendLimitError` and never sent, so th
 never crosses ``max_usd``; every later call is refused the same way, and the run finishes
 cleanly with those steps marked failed. Cache hits spend nothing and are never refused.
 
+A retry that follows an attempt charged its worst case (timed out, stream cut) reserves one more
+worst case before it is sent (``LiveWorker._cover_retry``), and is not sent when that does not
+fit, so retried timeouts never take the total past ``max_usd`` either.
+
 Simplification: a call that raised after being sent is charged nothing (most APIs do not bill
 failed requests); a timed-out call is charged its reservation, since it may still be billed.
 """
