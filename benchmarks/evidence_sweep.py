@@ -77,7 +77,7 @@ def bootstrap(diff: np.ndarray, n_boot: int = 2000, seed: int = 0) -> list[float
 
 
 def run_config(
-    data: dict[str, Any], cols: list[int], weight: float, n_train: int | None, seed: int
+    data: dict[str, Any], cols: list[int], weight: float, n_train: int | None, seed: int, plain_too: bool
 ) -> dict[str, Any]:
     rc = replace(REWARD_PRESETS["cost-aware"], cost_weight=weight)
     names = [data["names"][j] for j in cols]
@@ -90,7 +90,7 @@ def run_config(
     t_y = tr["out"].correct[np.ix_(rows, cols)]
     t_c = tr["out"].cost[np.ix_(rows, cols)]
     t_r = reward_matrix(tr["out"], rc)[np.ix_(rows, cols)]
-    plain, _ = fit_evidence(t_tasks, t_emb, names, t_y, cost=t_c, seed=seed)
+    plain = fit_evidence(t_tasks, t_emb, names, t_y, cost=t_c, seed=seed)[0] if plain_too else None
     shrunk, _ = fit_evidence(t_tasks, t_emb, names, t_y, cost=t_c, seed=seed, shrink=True)
     res: dict[str, Any] = {
         "workers": names,
@@ -107,13 +107,13 @@ def run_config(
         choice = {
             "domain-router": _domain_mean(t_dom, s["dom"], t_r).argmax(axis=1),
             "knn": (w @ t_r / w.sum(axis=1, keepdims=True)).argmax(axis=1),
-            "evidence": estimated_rewards(plain, s["tasks"], plain.predict(s["tasks"], s["emb"]), rc).argmax(
-                1
-            ),
             "evidence-shrunk": estimated_rewards(
                 shrunk, s["tasks"], shrunk.predict(s["tasks"], s["emb"]), rc
             ).argmax(1),
         }
+        if plain is not None:
+            est = estimated_rewards(plain, s["tasks"], plain.predict(s["tasks"], s["emb"]), rc)
+            choice["evidence"] = est.argmax(axis=1)
         i = np.arange(len(s["tasks"]))
         per = {k: r[i, c] for k, c in choice.items()}
         y = s["out"].correct[:, cols]
@@ -128,7 +128,8 @@ def run_config(
                     "mean": float((per["evidence-shrunk"] - per[k]).mean()),
                     "ci95": bootstrap(per["evidence-shrunk"] - per[k]),
                 }
-                for k in ("domain-router", "knn", "evidence")
+                for k in choice
+                if k != "evidence-shrunk"
             },
         }
     return res
@@ -143,8 +144,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", type=int, default=12, help="configurations drawn (split over the pools)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plain", action="store_true", help="also the unshrunk probes (twice the fits)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    rules = RULES if args.plain else tuple(r for r in RULES if r != "evidence")
     rng = np.random.default_rng(args.seed)
     loaded = {name: load(name) for name, _, _ in POOLS}
     configs: list[dict[str, Any]] = []
@@ -156,14 +159,14 @@ def main() -> None:
         cols = sorted(int(c) for c in rng.choice(n_workers, size, replace=False))
         weight = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
         n_train = TRAIN_SIZES[int(rng.integers(len(TRAIN_SIZES)))]
-        res = run_config(data, cols, weight, n_train, seed=args.seed + k)
+        res = run_config(data, cols, weight, n_train, seed=args.seed + k, plain_too=args.plain)
         configs.append({"pool": name, **res})
         Console().print(
             f"[{k + 1}/{args.configs}] {name} {res['workers']} w={weight:.3f} n={res['n_train']}: "
-            + ", ".join(f"{r} {res['test']['reward'][r]:.4f}" for r in RULES)
+            + ", ".join(f"{r} {res['test']['reward'][r]:.4f}" for r in rules)
         )
     table = Table(title="evidence rules on random sub-pools (test reward; Δ = shrunk − router, 95 % CI)")
-    for col in ("pool", "workers", "w", "n train", *RULES, "Δ domain-router", "Δ knn"):
+    for col in ("pool", "workers", "w", "n train", *rules, "Δ domain-router", "Δ knn"):
         table.add_column(col, justify="left" if col in ("pool", "workers") else "right")
     for c in configs:
         t = c["test"]
@@ -172,21 +175,23 @@ def main() -> None:
             str(len(c["workers"])),
             f"{c['cost_weight']:.3f}",
             str(c["n_train"]),
-            *(f"{t['reward'][r]:.4f}" for r in RULES),
+            *(f"{t['reward'][r]:.4f}" for r in rules),
             *(_delta(t["shrunk_minus"][r]) for r in ("domain-router", "knn")),
         )
     Console().print(table)
     summary = {
-        split: {r: float(np.mean([c[split]["reward"][r] for c in configs])) for r in RULES}
+        split: {r: float(np.mean([c[split]["reward"][r] for c in configs])) for r in rules}
         for split in ("validation", "test")
     }
     wins = {
         r: int(sum(c["test"]["shrunk_minus"][r]["ci95"][0] > 0 for c in configs))
-        for r in ("domain-router", "knn", "evidence")
+        for r in rules
+        if r != "evidence-shrunk"
     }
     losses = {
         r: int(sum(c["test"]["shrunk_minus"][r]["ci95"][1] < 0 for c in configs))
-        for r in ("domain-router", "knn", "evidence")
+        for r in rules
+        if r != "evidence-shrunk"
     }
     Console().print(
         {"mean reward": summary, "shrunk significantly above": wins, "significantly below": losses}
