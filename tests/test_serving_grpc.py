@@ -75,9 +75,11 @@ def test_grpc_model_infer_answers_with_the_request_limits(tmp_path: Path) -> Non
         assert all(d["cost_usd"] <= 0.05 for d in docs)
 
         # a tiny budget is honoured (it would be dropped if the string were not read as a number)
-        tiny = _infer(stub, [b"What is 6*7?"], max_cost_usd=pb.InferParameter(string_param="1e-12"))
-        doc = json.loads(next(o for o in tiny.outputs if o.name == "response").contents.bytes_contents[0])
-        assert doc["budget_stop"] is True and doc["cost_usd"] == 0.0
+        # (a budget that buys no answer is RESOURCE_EXHAUSTED, as it is a 422 over HTTP, never an empty OK)
+        with pytest.raises(grpc.RpcError) as poor:
+            _infer(stub, [b"What is 6*7?"], max_cost_usd=pb.InferParameter(string_param="1e-12"))
+        assert poor.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "cannot buy one worker call" in (poor.value.details() or "")
 
         with pytest.raises(grpc.RpcError) as bad:
             _infer(stub, [b"What is 6*7?"], max_cost_usd=pb.InferParameter(string_param="lots"))

@@ -42,7 +42,7 @@ import anyio
 import kserve
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from grpc_interceptor.exceptions import PermissionDenied
+from grpc_interceptor.exceptions import DeadlineExceeded, PermissionDenied, ResourceExhausted, Unavailable
 from kserve.errors import InvalidInput, ModelNotReady
 from kserve.protocol.grpc.server import GRPCServer
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
@@ -92,13 +92,19 @@ class BadRequest(InvalidInput):
 
 
 class WorkersFailed(Exception):
-    """No worker could answer any question of a request: 502, or 504 for a deadline. (In a batch
+    """No worker could answer any question of a request: 502, 504 for a deadline, or 422 when the
+    request's own budget bought no answer. (In a batch
     where some questions were answered, the request is a 200 and each unanswered question's
     document carries its ``error``.)"""
 
     def __init__(self, docs: list[dict[str, Any]], endpoint: str, requests: list[ConductorRequest]) -> None:
         failed = [(i, d) for i, d in enumerate(docs) if d.get("error")]
-        self.status = 504 if all(d.get("deadline_cut") for _, d in failed) else 502
+        if all(d.get("budget_stop") for _, d in failed):
+            self.status = 422  # the request's own budget bought no answer: the client can raise it
+        elif all(d.get("deadline_cut") for _, d in failed):
+            self.status = 504
+        else:
+            self.status = 502
         where = "" if len(docs) == 1 else f"question {failed[0][0]}: "
         super().__init__(f"{where}{failed[0][1]['error']}")
         i, doc = failed[0]
@@ -222,7 +228,15 @@ class ConductorModel(kserve.Model):
             check_batch_budget(requests, "parameters.max_cost_usd (applies to each question)")
         except WireError as exc:
             raise BadRequest(str(exc)) from None
-        docs = await self.answer_all(requests, "v2")
+        try:
+            docs = await self.answer_all(requests, "v2")
+        except WorkersFailed as exc:
+            if not payload.from_grpc:
+                raise
+            # the HTTP statuses as gRPC codes (KServe's interceptor makes any other error INTERNAL)
+            log.warning("gRPC ModelInfer -> %d: %s", exc.status, exc.loggable)
+            kind = {422: ResourceExhausted, 504: DeadlineExceeded}.get(exc.status, Unavailable)
+            raise kind(str(exc)) from None
         n = len(docs)
         outputs = [
             InferOutput("answer", [n], "BYTES", [d["answer"] for d in docs]),
@@ -361,11 +375,12 @@ def add_openai_routes(app: FastAPI, model: ConductorModel) -> None:
             )
         doc = await service.answer(req, endpoint="openai", request_id=cid, final_step=final)
         if doc.get("error"):
-            status = 504 if doc.get("deadline_cut") else 502
+            status = 422 if doc.get("budget_stop") else 504 if doc.get("deadline_cut") else 502
             log.warning(
                 "POST /openai/v1/chat/completions -> %d: %s", status, loggable_error(doc, req.sensitivity)
             )
-            resp = _openai_error(status, doc["error"], code="workers_failed")
+            code = "budget_exhausted" if status == 422 else "workers_failed"
+            resp = _openai_error(status, doc["error"], code=code)
             body = json.loads(bytes(resp.body))
             return JSONResponse(status_code=status, content={**body, "conductor": doc})
         return {

@@ -334,8 +334,9 @@ class ConductorService:
                 CHARGES.reset(charges_token)
             doc = response_document(view, episode)
             doc.update(_extras(episode.trace))
-            if not doc["answer"] and not doc["budget_stop"]:
-                doc["error"] = _failure(doc)
+            if not doc["answer"]:
+                # no 200 with an empty answer: a budget that bought no answer says so as an error
+                doc["error"] = doc["message"] if doc["budget_stop"] else _failure(doc)
         doc["request_id"] = rid
         doc["wall_s"] = time.perf_counter() - t0
         self._observe(endpoint, request, doc, events.items, t0_ns)
@@ -440,7 +441,11 @@ def _extras(trace: Trace) -> dict[str, Any]:
     message = ""
     deadline_cut = deadline_shortened(trace)
     if budget_stop:
-        message = "the budget stopped the workflow early; the answer is the best one so far"
+        message = (
+            "the budget stopped the workflow early; the answer is the best one so far"
+            if trace.final_answer
+            else "the budget (max_cost_usd) ran out before any worker answered; no answer"
+        )
     elif deadline_cut and trace.plan_cut and not deadline_stopped(trace):
         message = "the deadline shortened the workflow before it ran (see notes)"
     elif deadline_cut:
@@ -568,6 +573,10 @@ def _cancelled(events: list[dict[str, Any]], charges: list[Charge]) -> dict[str,
 
 
 def _unaffordable(budget: float, floor: float, worker: str) -> dict[str, Any]:
+    message = (
+        f"max_cost_usd={budget:g} cannot buy one worker call: the cheapest permitted worker "
+        f"({worker}) needs at least ${floor:.6g} for this question"
+    )
     return {
         "answer": "",
         "workflow": [],
@@ -587,10 +596,8 @@ def _unaffordable(budget: float, floor: float, worker: str) -> dict[str, Any]:
         "notes": [],
         "workers_called": [],
         "rounds": [],
-        "message": (
-            f"max_cost_usd={budget:g} cannot buy one worker call: the cheapest permitted worker "
-            f"({worker}) needs at least ${floor:.6g} for this question"
-        ),
+        "message": message,
+        "error": message,
     }
 
 
