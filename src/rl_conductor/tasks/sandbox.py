@@ -295,6 +295,19 @@ def _harness_pyc() -> bytes:
     return importlib.util.MAGIC_NUMBER + b"\0" * 12 + marshal.dumps(code)
 
 
+_AST_LOCK = threading.Lock()
+
+
+def _parse(source: str) -> Any:
+    """``ast.parse`` one thread at a time: CPython 3.11's AST conversion keeps its recursion depth
+    in interpreter-wide state, so two threads parsing at once can fail with "SystemError: AST
+    constructor recursion depth mismatch" (graders run in ``asyncio.to_thread`` workers)."""
+    import ast
+
+    with _AST_LOCK:
+        return ast.parse(source)
+
+
 def remote_names(spec: TestSpec) -> tuple[str, ...]:
     """Names an ``asserts`` spec takes from the candidate: the entry point and every free name
     the tests use that is neither a builtin nor bound by the imports."""
@@ -303,13 +316,13 @@ def remote_names(spec: TestSpec) -> tuple[str, ...]:
 
     bound: set[str] = set()
     for stmt in spec.imports:
-        for node in ast.walk(ast.parse(stmt)):
+        for node in ast.walk(_parse(stmt)):
             if isinstance(node, ast.Import | ast.ImportFrom):
                 bound.update((a.asname or a.name).split(".")[0] for a in node.names)
     names = {spec.entry_point} if spec.entry_point else set()
     tests = (spec.tests,) if isinstance(spec.tests, str) else spec.tests
     for test in tests:
-        for node in ast.walk(ast.parse(test)):
+        for node in ast.walk(_parse(test)):
             if (
                 isinstance(node, ast.Name)
                 and isinstance(node.ctx, ast.Load)
