@@ -8,8 +8,6 @@ run decided is read back from the registry (the gate tags the version it registe
 from __future__ import annotations
 
 import contextlib
-import importlib
-import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from rl_conductor.loop.retrain import LOOP_EXPERIMENT_SUFFIX
-from rl_conductor.pipeline.runner import QUICK_TRAIN_OVERRIDES, PipelineRunFailed, repo_root
+from rl_conductor.pipeline import runner
+from rl_conductor.pipeline.runner import QUICK_TRAIN_OVERRIDES, PipelineRunFailed
 
 PIPELINE_MODULE = "pipelines.retrain"
+PIPELINE_FUNCTION = "conductor_retrain"
 PACKAGE_NAME = "retrain.yaml"
 #: Training overrides of ``--quick``: a few steps from the champion (checks the plumbing only).
 QUICK_RETRAIN_OVERRIDES: dict[str, Any] = {
@@ -33,24 +33,18 @@ QUICK_RETRAIN_OVERRIDES: dict[str, Any] = {
 
 def load_pipeline() -> Any:
     """The ``conductor_retrain`` pipeline function (imports ``pipelines/`` from the checkout)."""
-    root = str(repo_root())
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    return importlib.import_module(PIPELINE_MODULE).conductor_retrain
+    return runner.load_pipeline(PIPELINE_MODULE, PIPELINE_FUNCTION)
 
 
 def default_package_path() -> Path:
-    return repo_root() / "pipelines" / PACKAGE_NAME
+    return runner.default_package_path(PACKAGE_NAME)
 
 
 def compile_pipeline(path: str | Path | None = None) -> Path:
     """Compile the pipeline to ``path`` (default: the committed ``pipelines/retrain.yaml``)."""
-    from kfp import compiler  # type: ignore[import-untyped]
-
-    out = Path(path) if path is not None else default_package_path()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(load_pipeline(), str(out))
-    return out
+    return runner.compile_pipeline(
+        path, module=PIPELINE_MODULE, function=PIPELINE_FUNCTION, package=PACKAGE_NAME
+    )
 
 
 @dataclass(frozen=True)

@@ -92,27 +92,33 @@ def repo_root() -> Path:
     )
 
 
-def load_pipeline() -> Callable[..., Any]:
-    """The ``conductor_training`` pipeline function (imports ``pipelines/`` from the checkout)."""
+def load_pipeline(module: str = PIPELINE_MODULE, function: str = PIPELINE_FUNCTION) -> Callable[..., Any]:
+    """A pipeline function of ``pipelines/`` (default ``conductor_training``; the closed loop's
+    ``conductor_retrain`` too), imported from the checkout."""
     root = str(repo_root())
     if root not in sys.path:
         sys.path.insert(0, root)
-    module = importlib.import_module(PIPELINE_MODULE)
-    return getattr(module, PIPELINE_FUNCTION)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
 
 
-def default_package_path() -> Path:
-    """``pipelines/conductor_training.yaml`` in the checkout (the committed compiled pipeline)."""
-    return repo_root() / "pipelines" / PACKAGE_NAME
+def default_package_path(package: str = PACKAGE_NAME) -> Path:
+    """The committed compiled pipeline in the checkout (default ``conductor_training.yaml``)."""
+    return repo_root() / "pipelines" / package
 
 
-def compile_pipeline(path: str | Path | None = None) -> Path:
-    """Compile the pipeline to ``path`` (default: the committed YAML); returns the path."""
+def compile_pipeline(
+    path: str | Path | None = None,
+    *,
+    module: str = PIPELINE_MODULE,
+    function: str = PIPELINE_FUNCTION,
+    package: str = PACKAGE_NAME,
+) -> Path:
+    """Compile a pipeline to ``path`` (default: its committed YAML); returns the path."""
     from kfp import compiler  # type: ignore[import-untyped]
 
-    out = Path(path) if path is not None else default_package_path()
+    out = Path(path) if path is not None else default_package_path(package)
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(load_pipeline(), str(out))
+    compiler.Compiler().compile(load_pipeline(module, function), str(out))
     return out
 
 
