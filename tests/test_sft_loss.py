@@ -2,7 +2,9 @@
 
 What must hold: on the same batch the loss and every parameter's gradient equal those of TRL's
 own fused-head loss; prompt tokens carry no loss; outside the plain case (outputs requested,
-a PEFT model) TRL's loss is used.
+a PEFT model) TRL's loss is used. With ``sft_decision_weight`` the tokens of the ``model_id``
+list (a plan's workers, a review's keep-or-add) weigh that much, exactly as computed by hand,
+weight 1 is the unweighted loss bit for bit, and TRL's loss refuses weights it would drop.
 """
 
 from __future__ import annotations
@@ -15,10 +17,16 @@ import torch
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
+from rl_conductor.errors import ConfigError
 from rl_conductor.lm.models import build_tiny
 from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.training.config import TrainConfig
 from rl_conductor.training.data import chat
-from rl_conductor.training.sft_loss import CompletionLossSFTTrainer, completion_nll
+from rl_conductor.training.sft_loss import CompletionLossSFTTrainer, completion_nll, decision_mask
+from rl_conductor.workflow import Workflow, render
+
+#: a review that keeps the answer (prompts/conductor_review.txt): three empty lists
+KEEP = render(Workflow(steps=()))
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +40,13 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> CompletionLossSFTTraine
         intermediate_size=64,
         num_attention_heads=2,
     )
+    plans = [f"model_id = [{i % 3}]\nsubtasks = ['Solve.']\naccess_list = [[]]" for i in range(12)]
+    plans[3] = "model_id = [2, 0]\nsubtasks = ['Solve.', 'Check: model_id = [1]']\naccess_list = [[], 'all']"
+    for i in (5, 9):
+        plans[i] = KEEP
     records = [
-        {
-            "prompt": chat(f"Plan for: {t.question[:80]}"),
-            "completion": [{"role": "assistant", "content": f"model_id = [{i % 3}]\nsubtasks = ['Solve.']"}],
-        }
-        for i, t in enumerate(tasks[:12])
+        {"prompt": chat(f"Plan for: {t.question[:80]}"), "completion": [{"role": "assistant", "content": c}]}
+        for t, c in zip(tasks, plans, strict=False)
     ]
     args = SFTConfig(
         output_dir=str(tmp_path_factory.mktemp("sft-loss-work")),
@@ -169,3 +178,136 @@ def test_training_uses_this_loss_and_logs_token_accuracy(
     assert logged and all(0.0 <= h["mean_token_accuracy"] <= 1.0 for h in logged)
     # every token of the epoch, prompt and padding included
     assert logged[-1]["num_tokens"] == before + tokens
+
+
+def _completions(batch: dict[str, Any]) -> list[list[int]]:
+    return [[t for t in row if t != -100] for row in batch["labels"][:, 1:].tolist()]
+
+
+def _by_hand_mask(ids: list[int], tok: Any) -> list[bool]:
+    """The model_id list's tokens found another way: each token's own decoded length summed
+    (the completions are ASCII) against the first ``model_id = [...]`` a regex finds."""
+    import re
+
+    text = "".join(tok.decode([t]) for t in ids)
+    m = re.search(r"model_id = (\[[^\]]*\])", text)
+    assert m is not None, text
+    mask, at = [], 0
+    for t in ids:
+        end = at + len(tok.decode([t]))
+        mask.append(at < m.end(1) and end > m.start(1))
+        at = end
+    return mask
+
+
+def test_decision_tokens_are_the_model_id_list_of_plans_and_reviews(
+    trainer: CompletionLossSFTTrainer,
+) -> None:
+    tok = trainer.processing_class
+    rows = [_completions(b) for b in trainer.get_train_dataloader()]
+    seen = {"keep": 0, "pair": 0}
+    for ids in (ids for batch in rows for ids in batch):
+        mask = decision_mask(ids, tok)
+        assert mask == _by_hand_mask(ids, tok)
+        picked = "".join(tok.decode([t]) for t, f in zip(ids, mask, strict=True) if f)
+        text = tok.decode(ids)
+        if text.startswith(KEEP):
+            seen["keep"] += 1
+            assert picked == "[]"  # keep-vs-add is decided by the empty list alone
+        elif text.startswith("model_id = [2, 0]"):
+            seen["pair"] += 1
+            assert picked == "[2, 0]"  # not the list quoted inside an instruction
+        else:
+            assert picked in ("[0]", "[1]", "[2]")
+    assert seen == {"keep": 2, "pair": 1}
+    with pytest.raises(ValueError, match="no model_id list"):
+        decision_mask(tok.encode("subtasks = ['Solve.']"), tok)
+
+
+def test_decision_weight_multiplies_those_tokens_loss_exactly(
+    trainer: CompletionLossSFTTrainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = trainer.model
+    model.train()
+    batch = _batch(trainer)
+    today = completion_nll(model, dict(batch))[0]
+    assert trainer.decision_weight == 1.0 and trainer.decision_weights(batch["labels"]) is None
+    assert torch.equal(trainer.compute_loss(model, dict(batch)), today)  # bit for bit
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    target = batch["labels"][:, 1:]
+    keep = target != -100
+    nll = -torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, target.clamp(min=0)[..., None])[
+        ..., 0
+    ]
+    nll = nll[keep].double()
+    flags = torch.tensor(
+        [f for ids in _completions(batch) for f in _by_hand_mask(ids, trainer.processing_class)]
+    )
+    assert flags.shape == nll.shape and 0 < int(flags.sum()) < len(flags)
+    n = len(flags)
+    for w in (5.0, 0.5):
+        monkeypatch.setattr(trainer, "decision_weight", w)
+        by_hand = float((nll * torch.where(flags, w, 1.0)).sum() / n)
+        assert float(trainer.compute_loss(model, dict(batch))) == pytest.approx(by_hand, rel=1e-5)
+        # with Trainer's divisor (tokens of an accumulated step) the weights stay on the sum
+        got = trainer.compute_loss(model, dict(batch), num_items_in_batch=3 * n)
+        assert float(got) == pytest.approx(by_hand / 3, rel=1e-5)
+    assert by_hand != pytest.approx(float(today), rel=1e-3)
+
+
+def test_trls_loss_refuses_decision_weights_it_would_drop(
+    trainer: CompletionLossSFTTrainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = trainer.model
+    model.train()
+    batch = _batch(trainer)
+    monkeypatch.setattr(trainer, "decision_weight", 5.0)
+    position_ids = torch.arange(batch["input_ids"].shape[1])[None]
+    with pytest.raises(ConfigError, match="sft_decision_weight = 5 needs the completion-only SFT loss"):
+        trainer.compute_loss(model, {**batch, "position_ids": position_ids})
+    with monkeypatch.context() as m:
+        m.setattr(type(trainer.accelerator), "mixed_precision", property(lambda self: "bf16"))
+        with pytest.raises(ConfigError, match="sft_decision_weight"):
+            trainer.compute_loss(model, dict(batch))
+    model.eval()
+    try:  # evaluation is TRL's plain loss (no weights to drop in training)
+        assert float(trainer.compute_loss(model, dict(batch))) > 0
+    finally:
+        model.train()
+
+
+def test_the_config_field_defaults_to_one_and_is_checked() -> None:
+    assert TrainConfig().sft_decision_weight == 1.0
+    assert TrainConfig(sft_decision_weight=10.0).sft_decision_weight == 10.0
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="sft_decision_weight"):
+            TrainConfig(sft_decision_weight=bad)
+    with pytest.raises(ConfigError, match="LoRA and bf16"):
+        TrainConfig(model="smol", use_lora=True, sft_decision_weight=5.0)
+    with pytest.raises(ConfigError, match="LoRA and bf16"):
+        TrainConfig(bf16=True, sft_decision_weight=5.0)
+
+
+def test_the_warm_start_trains_with_the_configured_weight(
+    trainer: CompletionLossSFTTrainer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rl_conductor.training import train as train_mod
+
+    seen: list[tuple[float, int]] = []
+    real = CompletionLossSFTTrainer.compute_loss
+
+    def spy(self: CompletionLossSFTTrainer, model: Any, inputs: dict[str, Any], *a: Any, **k: Any) -> Any:
+        w = self.decision_weights(inputs["labels"])
+        seen.append((self.decision_weight, 0 if w is None else int((w == self.decision_weight).sum())))
+        return real(self, model, inputs, *a, **k)
+
+    monkeypatch.setattr(CompletionLossSFTTrainer, "compute_loss", spy)
+    records = [
+        {"prompt": chat(f"Plan {i}"), "completion": [{"role": "assistant", "content": KEEP}]}
+        for i in range(4)
+    ]
+    cfg = TrainConfig(sft_decision_weight=7.0, sft_batch_size=4, sft_epochs=1.0)
+    train_mod._sft(cfg, Path(trainer.model.name_or_path), records, tmp_path / "sft", progress=False)
+    assert seen and all(w == 7.0 and k > 0 for w, k in seen)
+    assert (tmp_path / "sft" / "config.json").exists()

@@ -105,8 +105,9 @@ def _extract_list_literal(text: str, start: int) -> str:
 _MAX_CANDIDATES = 32
 
 
-def _find_lists(text: str) -> dict[str, list[object]]:
-    """The three lists: for each name, its last assignment that is not inside another list.
+def _scan_lists(text: str) -> dict[str, tuple[list[object], int, int] | ParseError]:
+    """For each name found, its last assignment that is not inside another list: the value and
+    the literal's character span ``[start, end)``, or why it does not evaluate.
 
     Assignments are examined in text order; one whose literal evaluates to a list claims its
     span, so a later ``model_id = [`` that lies inside a claimed literal (an instruction that
@@ -114,18 +115,24 @@ def _find_lists(text: str) -> dict[str, list[object]]:
     nothing, and the last unclaimed assignment of each name wins.
     """
     found = sorted((m.end() - 1, name) for name in LIST_NAMES for m in LIST_ASSIGN[name].finditer(text))
-    results: dict[str, list[object] | ParseError] = {}
+    results: dict[str, tuple[list[object], int, int] | ParseError] = {}
     claimed_until = -1
     for bracket, name in found[-_MAX_CANDIDATES:]:
         if bracket < claimed_until:
             continue
         try:
             literal = _extract_list_literal(text, bracket)
-            results[name] = _literal_list(literal, name)
+            results[name] = (_literal_list(literal, name), bracket, bracket + len(literal))
         except ParseError as exc:
             results[name] = exc
             continue
         claimed_until = bracket + len(literal)
+    return results
+
+
+def _find_lists(text: str) -> dict[str, list[object]]:
+    """The three lists as :func:`parse` reads them (:func:`_scan_lists`)."""
+    results = _scan_lists(text)
     out: dict[str, list[object]] = {}
     for name in LIST_NAMES:
         got = results.get(name)
@@ -133,8 +140,17 @@ def _find_lists(text: str) -> dict[str, list[object]]:
             raise ParseError(f"missing `{name} = [...]`")
         if isinstance(got, ParseError):
             raise got
-        out[name] = got
+        out[name] = got[0]
     return out
+
+
+def list_span(text: str, name: str = "model_id") -> tuple[int, int] | None:
+    """The character span ``[start, end)`` of the ``name`` list literal (brackets included) that
+    :func:`parse` reads, None when the text has no such list that evaluates. The ``model_id``
+    list is where a plan decides which workers run, and where a review decides to keep (``[]``)
+    or to add steps; the SFT loss can weight its tokens (``training/sft_loss.py``)."""
+    got = _scan_lists(text).get(name)
+    return None if got is None or isinstance(got, ParseError) else (got[1], got[2])
 
 
 def _literal_list(literal: str, name: str) -> list[object]:

@@ -90,6 +90,12 @@ class TrainConfig:
     sft_epochs: float = _f(1.0, "epochs over the SFT examples")
     sft_learning_rate: float = _f(2e-3, "SFT learning rate")
     sft_batch_size: int = _f(32, "SFT batch size")
+    sft_decision_weight: float = _f(
+        1.0,
+        "multiplies the SFT loss of the completion tokens that carry the decision: the model_id list "
+        "of a plan (which workers) and of a review (empty = keep, else the added steps' workers); "
+        "the divisor stays the token count (training/sft_loss.py). 1 = every completion token alike",
+    )
     sft_targets: str = _f(
         "expected-best",
         "expected-best: each prompt's workflow with the best mean reward over its neighbourhood of "
@@ -209,6 +215,12 @@ class TrainConfig:
         if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
             raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
         validation.non_negative_finite("warm_se_rule", self.warm_se_rule)
+        validation.positive_finite("sft_decision_weight", self.sft_decision_weight)
+        if self.sft_decision_weight != 1.0 and (self.use_lora or self.bf16):
+            raise ConfigError(
+                "sft_decision_weight != 1 needs the completion-only SFT loss, which LoRA and bf16 "
+                "training do not use (training/sft_loss.py): set sft_decision_weight: 1.0"
+            )
         if self.question_cut not in QUESTION_CUTS:
             raise ConfigError(
                 f"question_cut must be one of {', '.join(QUESTION_CUTS)}, not {self.question_cut!r}"

@@ -16,26 +16,72 @@ autocasts ``model.forward``, which this path does not call), several processes, 
 padding-free batches, MoE auxiliary losses, ``loss_type="dft"``, label smoothing, a custom
 ``compute_loss_func``, models that scale or soft-cap their logits, batches with other inputs
 (position ids, images), evaluation and callers that want the outputs.
+
+Decision weighting (``TrainConfig.sft_decision_weight``): in a plan of ~25 completion tokens the
+worker ids are one or two, so a model that always names the most common worker already scores a
+low mean loss; it learns the format and not the choice. A weight ``w`` multiplies the NLL of the
+tokens that carry the decision — those that overlap the ``model_id`` list literal (brackets
+included) of the decoded completion, the list :func:`rl_conductor.workflow.parse` reads: which
+workers a plan runs, and whether a review keeps (``[]``) or adds steps. The divisor stays the
+token count (Trainer's ``num_items_in_batch``), so ``w`` raises those tokens' share of the
+gradient without changing how the others are scaled. The tokens are found from the labels
+alone (each completion decoded token by token through the trainer's tokenizer), so no column
+is added to TRL's dataset or collator. ``w = 1`` runs exactly the unweighted code. TRL's own loss
+cannot weight tokens: where it would be used in training with ``w != 1``, training stops with an
+error instead of silently dropping the weights.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from trl import SFTTrainer
 
+from rl_conductor.errors import ConfigError
+from rl_conductor.workflow import list_span
+
 IGNORE_INDEX = -100
 
 
+def decision_mask(ids: Sequence[int], tokenizer: Any) -> list[bool]:
+    """Which of a completion's tokens carry its decision: those whose characters overlap the
+    ``model_id`` list literal of the decoded completion (:func:`rl_conductor.workflow.list_span`).
+    Each token's end is the length of the decoded prefix up to it (a running maximum, so a
+    multi-byte character split over tokens never moves an end backwards).
+
+    Raises:
+        ValueError: the completion has no ``model_id`` list (nothing to weight: every SFT target
+            of this project is a rendered plan or review).
+    """
+    kw = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
+    text = tokenizer.decode(list(ids), **kw)
+    span = list_span(text)
+    if span is None:
+        raise ValueError(f"sft_decision_weight: a completion has no model_id list: {text[:120]!r}")
+    start, end = span
+    mask, prev = [], 0
+    for i in range(len(ids)):
+        here = min(max(prev, len(tokenizer.decode(list(ids[: i + 1]), **kw))), len(text))
+        mask.append(prev < end and here > start)
+        prev = here
+    return mask
+
+
 def completion_nll(
-    model: Any, inputs: dict[str, torch.Tensor], num_items_in_batch: torch.Tensor | int | None = None
+    model: Any,
+    inputs: dict[str, torch.Tensor],
+    num_items_in_batch: torch.Tensor | int | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss, n_tokens, n_top1)``: the summed NLL of the tokens whose label is not
     ``IGNORE_INDEX`` (labels aligned with ``input_ids``, shifted here as in a causal LM's own
     loss) divided by ``num_items_in_batch`` (default: those tokens' count), with the count and
-    how many of them the model ranks first (for the token-accuracy metric)."""
+    how many of them the model ranks first (for the token-accuracy metric). ``weights`` (one per
+    such token, in row-major order) multiply each token's NLL in the sum; the divisor stays the
+    count."""
     labels = inputs["labels"]
     hidden = model.get_decoder()(
         input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"), use_cache=False
@@ -44,7 +90,10 @@ def completion_nll(
     mask = target != IGNORE_INDEX
     logits = model.get_output_embeddings()(hidden[:, :-1][mask]).float()
     wanted = target[mask]
-    nll = F.cross_entropy(logits, wanted, reduction="sum")
+    if weights is None:
+        nll = F.cross_entropy(logits, wanted, reduction="sum")
+    else:
+        nll = (F.cross_entropy(logits, wanted, reduction="none") * weights.to(logits.device)).sum()
     n = mask.sum()
     denom = n if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, device=nll.device)
     loss = nll / denom.clamp(min=1)
@@ -55,7 +104,27 @@ def completion_nll(
 
 class CompletionLossSFTTrainer(SFTTrainer):
     """``SFTTrainer`` whose training loss applies the LM head to completion tokens only (see the
-    module docstring); falls back to TRL's loss outside that case."""
+    module docstring); falls back to TRL's loss outside that case. ``decision_weight`` multiplies
+    the loss of the decision tokens (:func:`decision_mask`)."""
+
+    def __init__(self, *args: Any, decision_weight: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.decision_weight = float(decision_weight)
+        self._decision_masks: dict[tuple[int, ...], list[bool]] = {}
+
+    def decision_weights(self, labels: torch.Tensor) -> torch.Tensor | None:
+        """One weight per loss token of ``labels`` (row-major, as :func:`completion_nll` takes
+        them): ``decision_weight`` on decision tokens, 1 elsewhere; None when the weight is 1."""
+        if self.decision_weight == 1.0:
+            return None
+        out: list[bool] = []
+        for row in labels[:, 1:].tolist():
+            ids = tuple(t for t in row if t != IGNORE_INDEX)
+            if ids not in self._decision_masks:
+                self._decision_masks[ids] = decision_mask(ids, self.processing_class)
+            out += self._decision_masks[ids]
+        flags = torch.tensor(out, dtype=torch.bool)
+        return torch.where(flags, self.decision_weight, 1.0).to(torch.float32)
 
     def _completion_only_applies(self, model: Any, inputs: dict[str, Any]) -> bool:
         config = getattr(model, "config", None)
@@ -88,10 +157,18 @@ class CompletionLossSFTTrainer(SFTTrainer):
         num_items_in_batch: Any = None,
     ) -> Any:
         if return_outputs or not self._completion_only_applies(model, inputs):
+            if self.decision_weight != 1.0 and model.training:
+                raise ConfigError(
+                    f"sft_decision_weight = {self.decision_weight:g} needs the completion-only SFT loss "
+                    "(a plain full-precision model in one process, unpacked batches, TRL's nll loss; "
+                    "training/sft_loss.py): TRL's own loss would ignore it. Set sft_decision_weight: 1.0"
+                )
             return super().compute_loss(
                 model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
             )
-        loss, n, top1 = completion_nll(model, inputs, num_items_in_batch)
+        loss, n, top1 = completion_nll(
+            model, inputs, num_items_in_batch, self.decision_weights(inputs["labels"])
+        )
         metrics = self._metrics["train"]
         metrics["mean_token_accuracy"].append((top1 / n).item() if n > 0 else 0.0)
         self._total_train_tokens += int(inputs["attention_mask"].sum().item())

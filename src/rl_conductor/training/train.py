@@ -513,6 +513,7 @@ def _sft(
         train_dataset=Dataset.from_list(records),
         peft_config=peft_config,
         callbacks=[RichProgress("SFT warm start", enabled=progress), MlflowMetrics(prefix="sft/")],
+        decision_weight=cfg.sft_decision_weight,
     )
     trainer.train()
     model = trainer.model
