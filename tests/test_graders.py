@@ -415,6 +415,23 @@ def test_a_power_tower_returns_wrong_off_the_main_thread() -> None:
         assert pool.submit(grade, HALF, "\\boxed{0.5}").result(timeout=120)  # the helper restarted
 
 
+def test_the_math_time_limit_counts_cpu_time_not_waiting() -> None:
+    """The math helper's per-call limit (``_cpu_time_limit``) counts this process's CPU time:
+    waiting (for a core, on a loaded machine) does not use it up, computing does, so a grade
+    does not depend on the machine's load."""
+    import time
+
+    from math_verify.errors import TimeoutException
+
+    from rl_conductor.tasks.graders import _cpu_time_limit
+
+    with _cpu_time_limit(0.2):
+        time.sleep(0.5)  # 0.5 s of wall time, no CPU: no timeout
+    with pytest.raises(TimeoutException), _cpu_time_limit(0.2):
+        while True:
+            pass
+
+
 # --------------------------------------------------------------------------- outside review of the graders
 
 

@@ -510,6 +510,24 @@ def test_hanging_candidate_times_out() -> None:
     assert not v.passed and v.timed_out
 
 
+def test_the_limit_is_cpu_time_so_a_candidate_kept_waiting_still_passes() -> None:
+    """A loaded machine keeps every candidate waiting for a core; what the limit must count is
+    the CPU time it used, or the same honest program passes on an idle machine and fails on a
+    busy one (the candidate table built in parallel then differed from the serial build). Here
+    the waiting is a sleep: 1.2 s of wall time, almost no CPU, under a 1 s limit."""
+    slow = "import time\ndef add(a, b):\n    time.sleep(0.6)\n    return a + b\n"
+    v = run_tests(slow, ADD, timeout_s=1.0)
+    assert v.passed and not v.timed_out and v.wall_s > 1.0, v
+
+
+def test_a_candidate_past_its_cpu_limit_fails_as_timed_out_and_the_next_passes() -> None:
+    runner = sandbox._runner()
+    v = run_tests("def add(a, b):\n    while True:\n        pass\n", ADD, timeout_s=1.0)
+    assert not v.passed and v.timed_out and "CPU" in v.error, v
+    assert sandbox._runner() is not runner  # discarded, as after any job that did not end normally
+    assert run_tests("def add(a, b):\n    return a + b\n", ADD).passed
+
+
 def test_check_style_spec_uses_trusted_prompt_helpers() -> None:
     spec = TestSpec(
         "check",

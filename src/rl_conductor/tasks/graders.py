@@ -10,7 +10,8 @@ Five graders, chosen by ``Task.grader``:
   or function application ``f(5) = value`` (``\\boxed{5 = 7}`` is not 7), a relation or arrow
   (``5 \\Rightarrow 9``, ``0 \\equiv 9``) is not its right-hand side, and "7 or 8" is wrong,
   unless the gold has that shape.
-  math-verify runs in a helper process, so every call has a hard time limit in any thread.
+  math-verify runs in a helper process, so every call has a hard time limit in any thread;
+  the limits count CPU time, so a grade does not depend on the machine's load.
 * ``choice``: a letter A-J from ``\\boxed{C}``, "answer is (C)", "Answer: C", a final line that
   is a lone letter, or, failing those, the last "(C)"; an answer that repeats one option's text
   maps to that option's letter; a final line "B) text" is B. Compared with the gold letter. A
@@ -46,16 +47,18 @@ import atexit
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import os
 import re
+import signal
 import string
 import subprocess
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,10 +69,16 @@ from rl_conductor.tasks.sandbox import TestSpec, readable, run_tests
 MAX_SCAN_CHARS = 20_000
 #: Longer extracted math answers are rejected before math-verify sees them.
 MAX_CANDIDATE_CHARS = 300
-#: Seconds math-verify may spend on one parse or comparison (its signal timeout, in the helper).
+#: CPU seconds math-verify may spend on one parse or comparison (in the helper; the call then
+#: counts as failed, as math-verify's own timeout would).
 MATH_TIMEOUT_S = 2
-#: Seconds a caller waits for the math helper process before killing it (answer graded wrong).
+#: CPU seconds the math helper may spend on one request before the kernel kills it (C code that
+#: holds the interpreter lock; the answer is graded wrong and the helper restarted).
 MATH_HARD_TIMEOUT_S = 6.0
+#: Wall seconds a caller waits for one answer of the helper before killing it: only a helper
+#: that is stuck without computing reaches it (the CPU limits above end any computation first,
+#: unless the machine gives the helper less than a twentieth of a core).
+MATH_WALL_BACKSTOP_S = 120.0
 #: Seconds the math helper process may take to start (it imports sympy).
 MATH_START_TIMEOUT_S = 120.0
 #: Delimiter between gold aliases in ``Task.answer`` for the ``qa`` grader.
@@ -210,8 +219,30 @@ def _looks_like_math(line: str) -> bool:
     return re.search(r"[A-Za-z]{3,}", bare) is None
 
 
-def _math_timeout() -> int | None:
-    return MATH_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+@contextlib.contextmanager
+def _cpu_time_limit(seconds: float) -> Iterator[None]:
+    """Raise math-verify's ``TimeoutException`` once this process has spent ``seconds`` of CPU
+    time (user + system, ``ITIMER_PROF``) inside the block; no limit outside the main thread.
+
+    Why CPU time, not math-verify's own ``signal.alarm`` (wall time): on a loaded machine a
+    parse or comparison that takes 0.3 s of CPU can take over 2 s of wall time, so the same
+    answer was graded right on an idle machine and wrong on a busy one (the candidate table
+    then depended on the load). The CPU time a computation needs does not depend on the load."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from math_verify.errors import TimeoutException
+
+    def expired(_signum: int, _frame: object) -> None:
+        raise TimeoutException("CPU time limit")
+
+    previous = signal.signal(signal.SIGPROF, expired)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 class MathServiceError(RuntimeError):
@@ -221,12 +252,16 @@ class MathServiceError(RuntimeError):
 class _MathService:
     """math-verify in one long-lived helper process, so every call has a hard time limit.
 
-    math-verify's own timeout is ``signal.alarm``: it works only in the main thread and cannot
-    stop C code (sympy raising ``9^{9^{9}}`` holds the interpreter lock until done). Here the
-    child runs the parse and comparison in its main thread with those alarms, and the caller,
-    from any thread, waits at most ``MATH_HARD_TIMEOUT_S``; past that the child is killed (the
-    answer is graded wrong) and started again on the next call. Calls are serialised by a lock
-    (they were serialised by the interpreter lock before) and their answers cached.
+    math-verify's own timeout is ``signal.alarm``: it works only in the main thread, cannot
+    stop C code (sympy raising ``9^{9^{9}}`` holds the interpreter lock until done) and counts
+    wall time, so a grade depended on the machine's load. Here the child runs the parse and
+    comparison in its main thread under a CPU-time limit per call (:func:`_cpu_time_limit`,
+    ``MATH_TIMEOUT_S``), and each request under a CPU-time kill (``ITIMER_VIRTUAL``, whose
+    signal's default action ends the process even inside C code: ``MATH_HARD_TIMEOUT_S``); the
+    answer is then graded wrong and the child started again on the next call. The caller, from
+    any thread, waits at most ``MATH_WALL_BACKSTOP_S`` for a child stuck without computing.
+    Calls are serialised by a lock (they were serialised by the interpreter lock before) and
+    their answers cached.
     """
 
     def __init__(self) -> None:
@@ -292,7 +327,7 @@ class _MathService:
             except OSError:
                 self._stop()
                 return None
-            line = self._read_line(MATH_HARD_TIMEOUT_S)
+            line = self._read_line(MATH_WALL_BACKSTOP_S)
             if line is None:
                 self._stop()
                 return None
@@ -326,6 +361,9 @@ def _math_service_main() -> None:
     out.write(b"ready\n")
     out.flush()
     for raw in sys.stdin.buffer:
+        # the kernel ends this process (SIGVTALRM's default action) after MATH_HARD_TIMEOUT_S of
+        # user CPU time in this request, even inside C code; the caller sees EOF
+        signal.setitimer(signal.ITIMER_VIRTUAL, MATH_HARD_TIMEOUT_S)
         try:
             op, *args = json.loads(raw)
             if op == "verify":
@@ -338,6 +376,7 @@ def _math_service_main() -> None:
                 result = None
         except Exception:
             result = None
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
         out.write(json.dumps([result]).encode() + b"\n")
         out.flush()
 
@@ -368,7 +407,8 @@ def _parse_math(s: str) -> tuple[Any, ...]:
     config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
     for wrapped in ("\\boxed{" + s + "}", "$" + s + "$"):
         try:
-            parsed = parse(wrapped, extraction_config=config, parsing_timeout=_math_timeout())
+            with _cpu_time_limit(MATH_TIMEOUT_S):
+                parsed = parse(wrapped, extraction_config=config, parsing_timeout=None)
         except (Exception, TimeoutException):
             parsed = []
         if parsed:
@@ -382,10 +422,16 @@ def _math_verify(gold: tuple[Any, ...], pred: tuple[Any, ...]) -> bool:
     from math_verify import verify
     from math_verify.errors import TimeoutException
 
-    try:
-        return bool(verify(list(gold), list(pred), timeout_seconds=_math_timeout()))
-    except (Exception, TimeoutException):
-        return False
+    # math-verify's verify: any pair (gold, prediction) equal, each comparison with its own
+    # time limit (a comparison that runs out counts as unequal, and the next pair is tried)
+    for g, p in itertools.product(gold, pred):
+        try:
+            with _cpu_time_limit(MATH_TIMEOUT_S):
+                if verify([g], [p], timeout_seconds=None):
+                    return True
+        except (Exception, TimeoutException):
+            continue
+    return False
 
 
 def _math_key(cand: str) -> str:

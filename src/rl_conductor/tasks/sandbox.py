@@ -24,7 +24,8 @@ the sandbox is a real isolation boundary, not an in-process audit hook. Each run
 * hard resource limits set before any untrusted code runs (CPU seconds, address space, file
   size, open files, no core files) and a total disk cap (the tmpfs size);
 * a wall-clock limit after which the outer ``bwrap`` is SIGKILLed, which takes the whole PID
-  namespace with it: no process outlives a run.
+  namespace with it: no process outlives a run (for :func:`run_tests` only a backstop: a
+  grading's limit is the candidate's CPU time, which the machine's load does not change).
 
 Grading does not trust the candidate's exit status. :func:`run_tests` uses two sandboxes: the
 candidate's module is loaded in a fresh one and serves calls; the task's tests run in the other,
@@ -147,7 +148,8 @@ class TestVerdict:
         passed: every test ran and passed.
         ran: tests attempted; total: tests in the spec (0 when the candidate did not load).
         error: the first failure (exception type and message), or why no verdict came.
-        timed_out: the wall-clock limit was reached and both sandboxes were killed.
+        timed_out: the candidate reached its CPU-time limit, or the wall-clock backstop was
+            reached and both sandboxes were killed (:func:`run_tests`).
         wall_s: seconds for the whole grading.
         candidate_stderr: the tail of the candidate's standard error, for debugging.
     """
@@ -431,6 +433,8 @@ class _Sandbox:
         self.status_r = -1
         self._init_pid: int | None = None
         self._init_read = False
+        #: True once :meth:`kill` had to kill it (it had not ended on its own).
+        self.killed = False
         status_w = -1
         try:
             data_fds = {path: self._keep(_memfd("sbx", data)) for path, data in files.items()}
@@ -500,6 +504,7 @@ class _Sandbox:
                 self.proc.wait(timeout=grace_s)
         try:
             if self.proc.poll() is None:
+                self.killed = True
                 init = self._namespace_init_pid()
                 pidfd = -1
                 if init is not None:
@@ -825,6 +830,13 @@ def _runner() -> _Runner:
     return runner
 
 
+#: A grading's wall-clock backstop, in multiples of its CPU limit (:func:`run_tests`).
+WALL_BACKSTOP_FACTOR = 10.0
+#: Exit statuses bwrap reports when the kernel ended the candidate at its CPU limit (soft = hard
+#: ``RLIMIT_CPU``: SIGKILL; SIGXCPU where the soft limit fires first).
+_CPU_LIMIT_STATUSES = (128 + signal.SIGKILL, 128 + signal.SIGXCPU)
+
+
 def run_tests(
     code: str,
     spec: TestSpec,
@@ -834,6 +846,14 @@ def run_tests(
 ) -> TestVerdict:
     """Grade ``code`` with ``spec``'s tests: the candidate in a fresh sandbox, the tests in the
     thread's runner sandbox; the verdict is the runner's.
+
+    The limit is the candidate's CPU time (its ``RLIMIT_CPU``: ``timeout_s`` rounded down plus
+    one second, counted from its interpreter's start), not the wall clock, so a grade does not
+    depend on the machine's load: on a busy machine the same honest program took longer than
+    ``timeout_s`` of wall time to start and run and failed, on an idle one it passed (the
+    candidate table built serially and in parallel differed on such items). A candidate that
+    blocks without computing (sleeps, waits) is stopped by a wall-clock backstop of
+    ``WALL_BACKSTOP_FACTOR * timeout_s``. Either way the verdict is "not passed, timed out".
 
     Never raises on bad code; raises :class:`SandboxUnavailableError` when no sandbox can be built.
     """
@@ -865,21 +885,35 @@ def run_tests(
         os.close(req_r)
         os.close(rep_w)
         req_r = rep_w = -1
-        verdict = runner.job(spec_json, req_w, rep_r, deadline=start + timeout_s)
+        backstop = WALL_BACKSTOP_FACTOR * timeout_s
+        verdict = runner.job(spec_json, req_w, rep_r, deadline=start + backstop)
     finally:
         for fd in (req_r, req_w, rep_r, rep_w):
             if fd >= 0:
                 os.close(fd)
         if box is not None:
-            # after a verdict the runner has closed its ends: the candidate sees EOF and exits
-            box.kill(grace_s=0.0 if verdict is None else 0.5)
+            # after a verdict the runner has closed its ends: the candidate sees EOF and exits;
+            # one that closed the channel first has ended (or is ending): wait for its status
+            gone = verdict is not None and "closed the channel" in str(verdict.get("error"))
+            box.kill(grace_s=0.0 if verdict is None else 10.0 if gone else 0.5)
         stderr_tail = _read_capped(cand_err, 4000)
         os.close(cand_err)
     wall = time.perf_counter() - start
     if verdict is None:
-        timed_out = wall >= timeout_s
+        timed_out = wall >= backstop
         why = "timed out" if timed_out else "the test runner gave no verdict"
         return TestVerdict(False, 0, 0, why, timed_out, wall, stderr_tail)
+    if box is not None and not box.killed and box.proc.returncode in _CPU_LIMIT_STATUSES:
+        runner.close()  # as after any job that did not end normally: the next one starts afresh
+        return TestVerdict(
+            False,
+            int(verdict["ran"]),
+            int(verdict["total"]),
+            "timed out (CPU time limit)",
+            True,
+            wall,
+            stderr_tail,
+        )
     return TestVerdict(
         passed=verdict["passed"] is True and verdict["ran"] == verdict["total"] > 0,
         ran=int(verdict["ran"]),
