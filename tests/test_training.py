@@ -489,6 +489,8 @@ def test_metrics_reach_mlflow_and_metrics_json(micro: Micro) -> None:
         "grpo/conductor/steps",
         "sft/loss",
         "seconds_total",
+        "cpu_seconds_sft",
+        "cpu_seconds_total",
     ):
         assert key in metrics, key
     history = client.get_metric_history(run.info.run_id, "grpo/reward")
@@ -501,6 +503,10 @@ def test_metrics_reach_mlflow_and_metrics_json(micro: Micro) -> None:
         m.value for m in sorted(history, key=lambda m: m.step)
     ]
     assert {"bootstrap", "sft", "grpo", "total"} <= set(saved["seconds"])
+    # CPU seconds per stage too (wall time on a shared machine says little): SFT and GRPO computed
+    assert set(saved["cpu_seconds"]) == set(saved["seconds"])
+    assert saved["cpu_seconds"]["sft"] > 0 and saved["cpu_seconds"]["grpo"] > 0
+    assert saved["cpu_seconds"]["total"] >= saved["cpu_seconds"]["sft"] + saved["cpu_seconds"]["grpo"]
     assert "metrics.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 

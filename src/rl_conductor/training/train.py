@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import random
+import resource
 import shutil
 import time
 from collections.abc import Iterator
@@ -34,11 +35,20 @@ from rl_conductor.training.config import TrainConfig
 log = logging.getLogger(__name__)
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its subprocesses that have ended and been waited for."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 @dataclass
 class TrainResult:
     out_dir: Path
     final_dir: Path
     seconds: dict[str, float] = field(default_factory=dict)
+    #: CPU seconds per stage (this process and the subprocesses it has waited for: the table's
+    #: forked builders, sandboxes): unlike ``seconds``, hardly changed by other load on the machine
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
     reward_curve: list[dict[str, float]] = field(default_factory=list)
     global_step: int = 0
     mlflow_run_id: str | None = None
@@ -51,6 +61,7 @@ class TrainResult:
             "out_dir": str(self.out_dir),
             "final_dir": str(self.final_dir),
             "seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
             "reward_curve": self.reward_curve,
             "global_step": self.global_step,
             "mlflow_run_id": self.mlflow_run_id,
@@ -158,7 +169,7 @@ def train(
     torch.set_num_threads(max(1, cfg.torch_threads))
     rng = random.Random(cfg.seed)
     result = TrainResult(out_dir=out, final_dir=out / "final")
-    t_all = time.perf_counter()
+    t_all, c_all = time.perf_counter(), _cpu_s()
 
     pool = load_pool(cfg.pool, seed=cfg.seed)
     dataset = cfg.dataset or str(pool.options.get("default_dataset", "paper-mix"))
@@ -177,7 +188,7 @@ def train(
         balance_domains=cfg.balance_domains,
     )
     sft_specs = make_specs(tasks, pool, cfg.sft_examples, **spec_kw)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_s()
     evidence_model: Any = None
     evidence: dict[str, dict[str, float]] | None = None
     rule: dict[tuple[str, str, str], str] | None = None
@@ -210,6 +221,7 @@ def train(
             result.sft_records["review"] = len(reviews)
             sft = [r for pair in itertools.zip_longest(sft, reviews) for r in pair if r is not None]
         result.seconds["candidates"] = time.perf_counter() - t0
+        result.cpu_seconds["candidates"] = _cpu_s() - c0
     else:
         sft = sft_records(
             sft_specs,
@@ -241,7 +253,7 @@ def train(
     ) as run:
         result.mlflow_run_id = run.info.run_id
         # 1. bootstrap
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
         base = out / "base"
         sft_dir = out / "sft"
         if not (resume and (sft_dir / "config.json").exists()):
@@ -265,8 +277,9 @@ def train(
 
                 model_src = resolve_model(cfg.model, base)
             result.seconds["bootstrap"] = time.perf_counter() - t0
+            result.cpu_seconds["bootstrap"] = _cpu_s() - c0
             # 2. SFT warm start
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu_s()
             _sft(cfg, model_src, sft, sft_dir, progress=progress)
             # the SFT-only model is a Conductor too (the "before GRPO" baseline of evaluations)
             with main_process_writes() as writer:
@@ -276,8 +289,9 @@ def train(
                     if evidence_model is not None:
                         evidence_model.save(sft_dir)
             result.seconds["sft"] = time.perf_counter() - t0
+            result.cpu_seconds["sft"] = _cpu_s() - c0
         # 3. GRPO
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
         reward = ConductorReward(
             pool, {t.id: t for t in tasks}, _reward_config(cfg), base_limits, review_rule=rule
         )
@@ -288,6 +302,7 @@ def train(
         trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
         _save_policy(trainer, out / "grpo" / "last", merge_lora=cfg.use_lora)
         result.seconds["grpo"] = time.perf_counter() - t0
+        result.cpu_seconds["grpo"] = _cpu_s() - c0
         result.global_step = int(trainer.state.global_step)
         result.time_limit_fired_at_step = _time_limit_fired(trainer)
         if result.time_limit_fired_at_step is not None:
@@ -303,7 +318,9 @@ def train(
                 if evidence_model is not None:
                     evidence_model.save(result.final_dir)
         result.seconds["total"] = time.perf_counter() - t_all
+        result.cpu_seconds["total"] = _cpu_s() - c_all
         mlflow.log_metrics({f"seconds_{k}": v for k, v in result.seconds.items()})
+        mlflow.log_metrics({f"cpu_seconds_{k}": v for k, v in result.cpu_seconds.items()})
         with main_process_writes() as writer:
             if writer:
                 metrics = json.dumps({**result.to_dict(), "config": cfg.to_dict()}, indent=2)
