@@ -8,6 +8,7 @@ import asyncio
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -22,6 +23,7 @@ from rl_conductor.evaluation.report import (
 )
 from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.executor import execute
+from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.baselines import SingleWorker
 from rl_conductor.prompting import conductor_prompt, template
 from rl_conductor.reward import (
@@ -248,6 +250,35 @@ def test_compare_runs_the_same_questions_under_each_deadline(
     assert (tmp_path / "p-latency.png").read_bytes()[:4] == b"\x89PNG"
     bad = CliRunner().invoke(app, ["compare", "--limit", "2", "--deadlines", "none,-3"])
     assert bad.exit_code != 0 and "deadline" in bad.output
+
+
+def test_compare_builds_each_policy_once_for_the_whole_grid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget x deadline grid evaluates every point with the same policy objects: a Conductor's
+    weights are read, and a router fitted, once per ``compare``, not once per grid point."""
+    import rl_conductor.evaluation.suite as suite
+
+    built: list[str] = []
+
+    def counted(spec: str, pool: Any, **kw: Any) -> Any:
+        built.append(spec)
+        return make_policy(spec, pool, **kw)
+
+    monkeypatch.setattr(suite, "baseline_specs", lambda pool: ["single:gpt-5", "moa"])
+    monkeypatch.setattr(suite, "make_policy", counted)
+    out = tmp_path / "cmp.json"
+    args = ["compare", "--limit", "3", "--budgets", "none,0.01", "--deadlines", "none,5", "--json", str(out)]
+    result = CliRunner().invoke(app, [*args, "--no-behaviour"])
+    assert result.exit_code == 0, result.output
+    assert built == ["single:gpt-5", "moa"]
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["budget"], r["deadline"]) for r in rows[::2]] == [
+        ("none", "none"),
+        ("none", "5"),
+        ("0.01", "none"),
+        ("0.01", "5"),
+    ]
 
 
 # -- pipeline ------------------------------------------------------------------------------------

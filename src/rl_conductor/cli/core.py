@@ -338,7 +338,7 @@ def compare_cmd(
         parse_deadlines,
         print_table,
     )
-    from rl_conductor.evaluation.suite import baseline_specs, run_eval, trained_rounds
+    from rl_conductor.evaluation.suite import GridPoint, baseline_specs, run_sweep, trained_rounds
 
     try:
         amounts = parse_budgets(budgets) if budgets else [None]
@@ -349,33 +349,35 @@ def compare_cmd(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--deadlines") from exc
     specs = baseline_specs(pool) + list(extra or [])
-    summaries: list[dict[str, Any]] = []
-    for amount in amounts:
-        for deadline in times:
-            runs = run_eval(
-                specs,
-                pool=pool,
-                dataset=dataset,
-                split=split,
-                limit=limit,
-                seed=seed,
-                max_cost_usd=amount,
-                max_latency_s=deadline,
-                reward_preset=reward_preset,
-                cost_weight=cost_weight,
-                fit_limit=fit_limit,
-                max_rounds=max_rounds or trained_rounds(list(extra or [])),
-            )
-            for s in runs:
-                s["budget"] = budget_label(amount)
-                if deadlines:
-                    s["deadline"] = deadline_label(deadline)
-            label = "" if amount is None else f" / budget ${amount:g}"
-            label += "" if deadline is None else f" / deadline {deadline:g} s"
-            print_table(runs, title=f"{pool} / {runs[0]['dataset']} / {split}{label}")
-            if behaviour:
-                console.print(behaviour_table([s for s in runs if not s["policy"].startswith("single:")]))
-            summaries += runs
+    points = [
+        GridPoint(
+            amount,
+            deadline,
+            {"budget": budget_label(amount), **({"deadline": deadline_label(deadline)} if deadlines else {})},
+        )
+        for amount in amounts
+        for deadline in times
+    ]
+    summaries = run_sweep(
+        specs,
+        points,
+        pool=pool,
+        dataset=dataset,
+        split=split,
+        limit=limit,
+        seed=seed,
+        reward_preset=reward_preset,
+        cost_weight=cost_weight,
+        fit_limit=fit_limit,
+        max_rounds=max_rounds or trained_rounds(list(extra or [])),
+    )
+    for at, point in enumerate(points):
+        runs = summaries[at * len(specs) : (at + 1) * len(specs)]
+        label = "" if point.max_cost_usd is None else f" / budget ${point.max_cost_usd:g}"
+        label += "" if point.max_latency_s is None else f" / deadline {point.max_latency_s:g} s"
+        print_table(runs, title=f"{pool} / {runs[0]['dataset']} / {split}{label}")
+        if behaviour:
+            console.print(behaviour_table([s for s in runs if not s["policy"].startswith("single:")]))
     # Side-by-side views vary one limit at a time, the other held at its first value.
     by_budget = [s for s in summaries if s.get("deadline", "none") == deadline_label(times[0])]
     by_deadline = [s for s in summaries if s["budget"] == budget_label(amounts[0])]

@@ -1,5 +1,6 @@
 """Evaluate policy specs on one task set: the library entry behind ``conductor eval``/``compare``,
-the KFP evaluation step and the benchmarks.
+the KFP evaluation step and the benchmarks. A sweep (:func:`run_sweep`) runs them under several
+budgets and deadlines, building each policy once; ``run_eval`` is a sweep of one point.
 
 Why here and not in the CLI: the pipeline and the benchmarks evaluate exactly as the CLI does, and
 the CLI sits above the pipeline; so the evaluation entry lives in the evaluation layer and both
@@ -11,7 +12,8 @@ caller's options, else the reward the first ``conductor:DIR`` was trained with, 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,13 @@ from rl_conductor.trace import SENSITIVITIES, Limits, Sensitivity
 from rl_conductor.workers.pool import Pool, load_pool
 
 __all__ = [
+    "GridPoint",
     "baseline_specs",
     "dataset_for",
     "eval_limits",
     "eval_reward",
     "run_eval",
+    "run_sweep",
     "trained_defaults",
     "trained_meta",
     "trained_reward",
@@ -141,16 +145,26 @@ def baseline_specs(pool: str) -> list[str]:
     ]
 
 
-def run_eval(
+@dataclass(frozen=True)
+class GridPoint:
+    """One set of request limits of a sweep: a budget, a deadline, the labels its summaries get
+    (e.g. ``{"budget": "0.002"}``) and the policy specs that run under it (None: every one)."""
+
+    max_cost_usd: float | None = None
+    max_latency_s: float | None = None
+    label: Mapping[str, str] = field(default_factory=dict)
+    only: tuple[str, ...] | None = None
+
+
+def run_sweep(
     policies: list[str],
+    points: Sequence[GridPoint],
     *,
     pool: str,
     dataset: str | None,
     split: str,
     limit: int | None,
     seed: int,
-    max_cost_usd: float | None = None,
-    max_latency_s: float | None = None,
     sensitivity: str = "public",
     allowed: str | None = None,
     concurrency: int = 32,
@@ -161,28 +175,52 @@ def run_eval(
     max_rounds: int = 1,
     max_calls: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Evaluate policies on one task set; returns their summaries.
+    """Evaluate policies on one task set under each of ``points``; their summaries, point by point
+    in the order of ``policies``, each tagged with its point's ``label``.
 
-    Every policy is scored with one reward (:func:`eval_reward`: the options, else the
-    Conductor's own), and ``knn`` / ``domain-router`` are fitted at that reward on every training
-    question (``fit_limit``: a seeded sample of that many)."""
-    lim = eval_limits(max_cost_usd, sensitivity, allowed, max_latency_s, max_rounds, max_calls)
+    The pool, the tasks and every policy are built once for the whole sweep (a Conductor's weights
+    are read once, the routers fitted once), and every spec and every point's limits are checked
+    before anything runs, so a bad one fails before minutes of evaluation. Every policy is scored
+    with one reward (:func:`eval_reward`: the options, else the Conductor's own), and ``knn`` /
+    ``domain-router`` are fitted at that reward on every training question (``fit_limit``: a
+    seeded sample of that many)."""
+    grid = [
+        (pt, eval_limits(pt.max_cost_usd, sensitivity, allowed, pt.max_latency_s, max_rounds, max_calls))
+        for pt in points
+    ]
     p = load_pool(pool, seed=seed)
-    for name in sorted(lim.allowed_workers or ()):
+    for name in sorted(a for a in (allowed or "").split(",") if a):
         p.index(name)  # an unknown name would silently allow nobody: UnknownWorker lists the pool's
     ds = dataset_for(p, dataset)
     tasks = load_tasks(ds, split=split, limit=limit, seed=seed)
     view = p.view()
     rc = eval_reward(policies, reward_preset, cost_weight)
-    # every spec is built before any runs, so a bad one fails before minutes of evaluation
-    built = [
-        make_policy(spec, p, seed=seed, dataset=ds, reward_config=rc, fit_limit=fit_limit)
-        for spec in policies
-    ]
+    built = {
+        spec: make_policy(spec, p, seed=seed, dataset=ds, reward_config=rc, fit_limit=fit_limit)
+        for spec in dict.fromkeys(policies)
+    }
     out = []
-    for pol in built:
-        res = evaluate(pol, view, tasks, lim, concurrency=concurrency, progress=progress, reward_config=rc)
-        summary = res.summary()
-        summary.update(dataset=ds, split=split)
-        out.append(summary)
+    for pt, lim in grid:
+        for spec in policies:
+            if pt.only is not None and spec not in pt.only:
+                continue
+            res = evaluate(
+                built[spec], view, tasks, lim, concurrency=concurrency, progress=progress, reward_config=rc
+            )
+            summary = res.summary()
+            summary.update(dataset=ds, split=split, **pt.label)
+            out.append(summary)
     return out
+
+
+def run_eval(
+    policies: list[str],
+    *,
+    max_cost_usd: float | None = None,
+    max_latency_s: float | None = None,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Evaluate policies on one task set under one budget and deadline: :func:`run_sweep` with
+    one point (``options``: its keyword arguments, ``pool``, ``dataset``, ``split``, ``limit`` and
+    ``seed`` among them); returns their summaries."""
+    return run_sweep(policies, [GridPoint(max_cost_usd, max_latency_s)], **options)

@@ -471,7 +471,7 @@ def evaluate_step(
     request of the whole evaluation (None: none), so the gate compares the Conductor with the
     baselines under the deadline it will be served with.
     """
-    from rl_conductor.evaluation.suite import baseline_specs, run_eval
+    from rl_conductor.evaluation.suite import GridPoint, baseline_specs, run_sweep
     from rl_conductor.pipeline.report import write_reports
     from rl_conductor.tracking.gate import best_baseline
     from rl_conductor.validation import positive_finite
@@ -481,6 +481,7 @@ def evaluate_step(
         raise ValueError(f"outputs lacks {missing}")
     if max_latency_s is not None:
         positive_finite("max_latency_s", max_latency_s)
+    budgets = [positive_finite("budgets", b) for b in budgets]
     deadlines = [positive_finite("deadlines", d) for d in deadlines]
     dataset = register_prepared([train_path, test_path])
     tests = read_tasks(test_path)
@@ -496,30 +497,22 @@ def evaluate_step(
         pool=pool, dataset=dataset, split="test", limit=None, seed=seed, progress=False, max_rounds=rounds
     )
 
-    def evaluated(
-        which: list[str], label: dict[str, str] | None = None, **limits: Any
-    ) -> list[dict[str, Any]]:
-        """Summaries of ``which`` on this step's questions under ``limits``, each tagged with the
-        dataset, the split id and ``label`` (the Conductor under its report name)."""
-        runs = run_eval(which, **same_questions, **limits)
-        for spec, s in zip(which, runs, strict=True):
+    # the Conductor and the routers again on the same questions under each budget and deadline
+    again = (conductor_spec, *(p for p in specs[1:] if p in ("domain-router", "knn")))
+    points = [
+        GridPoint(max_latency_s=max_latency_s),
+        *(GridPoint(b, max_latency_s, {"budget": f"{b:g}"}, again) for b in budgets),
+        *(GridPoint(None, d, {"deadline": f"{d:g}"}, again) for d in deadlines),
+    ]
+    runs = iter(run_sweep(specs, points, **same_questions))
+    by_kind: dict[str, list[dict[str, Any]]] = {"": [], "budget": [], "deadline": []}
+    for point in points:
+        for spec in point.only or specs:
+            s = next(runs)  # tagged with the dataset, the split id, the Conductor under its report name
             s["policy"] = CONDUCTOR_LABEL if spec == conductor_spec else s["policy"]
-            s.update(dataset=dataset, test_split_id=split_id, **(label or {}))
-        return runs
-
-    summaries = evaluated(specs, max_latency_s=max_latency_s)
-    budget_specs = [conductor_spec, *(p for p in specs[1:] if p in ("domain-router", "knn"))]
-
-    def rerun(label: dict[str, str], **limits: Any) -> list[dict[str, Any]]:
-        """The Conductor and the routers again on the same questions under other limits."""
-        return evaluated(budget_specs, label, **limits)
-
-    budget_summaries: list[dict[str, Any]] = []
-    for amount in (positive_finite("budgets", b) for b in budgets):
-        budget_summaries += rerun({"budget": f"{amount:g}"}, max_cost_usd=amount, max_latency_s=max_latency_s)
-    deadline_summaries: list[dict[str, Any]] = []
-    for deadline in deadlines:
-        deadline_summaries += rerun({"deadline": f"{deadline:g}"}, max_latency_s=deadline)
+            s.update(dataset=dataset, test_split_id=split_id)
+            by_kind[next(iter(point.label), "")].append(s)
+    summaries, budget_summaries, deadline_summaries = by_kind[""], by_kind["budget"], by_kind["deadline"]
     conductor = summaries[0]
     baseline = best_baseline(summaries[1:])
     if baseline is not None:
