@@ -177,17 +177,31 @@ def result(name: str) -> dict[str, Any]:
     return json.loads(json.dumps(COMPUTATIONS[name]()))  # the stored result's types exactly
 
 
+def _possible_inputs() -> list[str]:
+    """Every file that can be an input: the package's sources and data, and :data:`EXTRA`."""
+    sources = [p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts]
+    return sorted(set(sources) | set(EXTRA) | set(_data_files()))
+
+
 def refresh(name: str, store: Path = STORE) -> Path:
-    """Compute ``name`` in this (fresh) process and store it with the hashes of its inputs."""
+    """Compute ``name`` in this (fresh) process and store it with the hashes its inputs had when
+    the computation started; refuses (SystemExit) when one of them changed meanwhile (an edit
+    during a run of minutes would otherwise be recorded as what the result was computed from)."""
+    before = hashes(_possible_inputs())
     res = COMPUTATIONS[name]()
     files = sorted(set(_loaded_sources()) | set(EXTRA) | set(_data_files()))
+    changed = [f for f, sha in hashes(files).items() if before.get(f) != sha]
+    if changed:
+        raise SystemExit(
+            f"{len(changed)} input file(s) changed while computing, e.g. {changed[0]}: nothing stored"
+        )
     store.mkdir(parents=True, exist_ok=True)
     path = store / f"{name}.json"
     doc = {
         "name": name,
         "environment": environment(),
         "distributions": _used_distributions(),
-        "inputs": hashes(files),
+        "inputs": {f: before.get(f) for f in files},
         "result": res,
     }
     tmp = path.with_suffix(".tmp")

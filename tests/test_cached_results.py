@@ -77,3 +77,27 @@ def test_refresh_records_the_modules_the_computation_loaded(
     assert any(f.startswith("src/rl_conductor/data/") for f in inputs)
     assert set(cached_results.EXTRA_DISTS) <= set(json.loads(path.read_text())["distributions"])
     assert load("demo", tmp_path) == ({"v": 1}, "every input unchanged")
+
+
+def test_refresh_refuses_when_an_input_changes_while_it_computes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file edited during a refresh (minutes long) must not be recorded as what the result was
+    computed from: nothing is stored."""
+    package = tmp_path / "src" / "rl_conductor"
+    for rel in (*cached_results.EXTRA, "src/rl_conductor/data/items.jsonl"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("before\n")
+    for name in cached_results.DATA_DIRS:
+        (package / name).mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(cached_results, "ROOT", tmp_path)
+    monkeypatch.setattr(cached_results, "PACKAGE", package)
+
+    def edits_its_data() -> dict[str, Any]:
+        (package / "data" / "items.jsonl").write_text("after\n")
+        return {"v": 1}
+
+    monkeypatch.setitem(cached_results.COMPUTATIONS, "demo", edits_its_data)
+    with pytest.raises(SystemExit, match="changed while computing"):
+        refresh("demo", tmp_path / "store")
+    assert not (tmp_path / "store" / "demo.json").exists()
