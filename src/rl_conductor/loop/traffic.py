@@ -100,11 +100,19 @@ class TrafficConfig:
     def __post_init__(self) -> None:
         if not str(self.store).strip():
             raise validation.InvalidValue("--traffic_store", self.store, "a folder or s3:// URI")
-        if self.private_store is not None and _same(self.private_store, self.store):
+        for flag, uri in (("--traffic_store", self.store), ("--traffic_private_store", self.private_store)):
+            if uri is not None and storage.is_s3(str(uri)):
+                try:
+                    storage.split_s3(str(uri))
+                except ValueError:
+                    raise validation.InvalidValue(flag, uri, "a folder or s3://BUCKET[/prefix] URI") from None
+        if self.private_store is not None and _overlap(self.private_store, self.store):
             raise validation.InvalidValue(
                 "--traffic_private_store",
                 self.private_store,
-                "a store other than --traffic_store (private records never mix with public ones)",
+                "a store other than --traffic_store, neither inside it nor containing it (a store's "
+                "reads and retention cover every batch file below it: private records never mix with "
+                "public ones)",
             )
         validation.integer_at_least("--traffic_batch_size", self.batch_size, 1)
         validation.positive_finite("--traffic_flush_interval_s", self.flush_interval_s)
@@ -116,13 +124,20 @@ class TrafficConfig:
         validation.integer_at_least("--traffic_index_size", self.index_size, 1)
 
 
-def _same(a: str, b: str) -> bool:
-    def norm(u: str) -> str:
+def _overlap(a: str, b: str) -> bool:
+    """Whether one store is the other or lies below it: :func:`batch_files` lists every batch file
+    below a store, so a private store inside the public one would be read (and swept) as public."""
+
+    def parts(u: str) -> tuple[str, ...]:
         import os
 
-        return u.rstrip("/") if storage.is_s3(u) else os.path.realpath(u)
+        if storage.is_s3(u):
+            return ("s3:", *(p for p in u[len("s3://") :].split("/") if p))
+        return tuple(p for p in os.path.realpath(u).split(os.sep) if p)
 
-    return norm(str(a)) == norm(str(b))
+    pa, pb = parts(str(a)), parts(str(b))
+    short = min(len(pa), len(pb))
+    return pa[:short] == pb[:short]
 
 
 def traffic_record(
