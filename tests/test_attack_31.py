@@ -4,14 +4,68 @@ failed before its fix: bring-your-own recordings, the closed loop's traffic stor
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from rl_conductor.evaluation.suite import run_eval
 from rl_conductor.loop import traffic as tl
 from rl_conductor.serving_core import ConductorRequest
+from rl_conductor.tasks.recordings import RecordingsError, load_recordings
 from rl_conductor.validation import InvalidValue
+
+
+def _recordings_pool(tmp_path: Path, rows: list[dict[str, Any]], name: str = "byo") -> Path:
+    rec = tmp_path / f"{name}.jsonl"
+    rec.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    pool = tmp_path / f"{name}.yaml"
+    worker = {"name": "m1", "kind": "replay", "price_in": 2.5, "price_out": 10.0, "hosting": "external"}
+    pool.write_text(yaml.safe_dump({"name": name, "recordings": str(rec), "workers": [worker]}))
+    return pool
+
+
+def _item(i: int, **response: Any) -> dict[str, Any]:
+    return {"id": f"x/{i}", "split": "test", "question": f"What is {i} + 1?", "answer": str(i + 1),
+            "grader": "math", "domain": "math",
+            "responses": {"m1": {"text": f"#### {i + 1}", **response}}}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- F1: recorded cost vs budget
+
+
+@pytest.mark.parametrize("recorded", [{"cost_usd": 5.0}, {"input_tokens": 10**9}])
+def test_a_recorded_cost_above_the_calls_worst_case_never_passes_the_budget(
+    tmp_path: Path, recorded: dict[str, Any]
+) -> None:
+    """A recording that says a call cost $5 (or read 10^9 tokens) while the pool's prices bound the
+    call at cents: before, the $0.01 budget was charged $5.00 a question (accuracy 100 %, exit 0)."""
+    pool = _recordings_pool(tmp_path, [_item(i, **recorded) for i in range(4)])
+    for budget in (0.01, None):
+        (run,) = run_eval(["single:m1"], pool=str(pool), dataset=None, split="test", limit=None, seed=0,
+                          progress=False, max_cost_usd=budget)  # fmt: skip
+        assert run["mean_cost_usd"] <= (budget or 0.05)
+        assert run["failed_call_rate"] == 1.0 and run["accuracy"] == 0.0
+        assert any("above this call's worst case" in e for e in run["call_errors"])
+    consistent = _recordings_pool(tmp_path, [_item(i, cost_usd=0.0002) for i in range(4)], name="ok")
+    (run,) = run_eval(["single:m1"], pool=str(consistent), dataset=None, split="test", limit=None, seed=0,
+                      progress=False, max_cost_usd=0.01)  # fmt: skip
+    assert run["accuracy"] == 1.0 and run["mean_cost_usd"] == pytest.approx(0.0002)
+
+
+# --------------------------------------------------------------------------- F2: NaN / Infinity
+
+
+@pytest.mark.parametrize(("key", "raw"), [("cost_usd", "NaN"), ("cost_usd", "Infinity"), ("latency_s", "NaN"),
+                                          ("latency_s", "-Infinity")])  # fmt: skip
+def test_nan_and_infinity_in_recordings_fail_at_load(tmp_path: Path, key: str, raw: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    row = json.dumps(_item(0)).replace('"text": "#### 1"', f'"text": "#### 1", "{key}": {raw}')
+    path.write_text(row + "\n", encoding="utf-8")
+    with pytest.raises(RecordingsError, match=f"{key} must be a finite number >= 0"):
+        load_recordings(path)
 
 
 def _doc(rid: str) -> dict[str, Any]:

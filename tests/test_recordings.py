@@ -79,7 +79,7 @@ def test_format_errors_name_the_file_and_line(tmp_path: Path) -> None:
 async def test_label_only_text_only_and_recorded_usage(tmp_path: Path) -> None:
     rows = [
         _item(1, a={"text": "I think 2.\n#### 2", "correct": True, "input_tokens": 40, "output_tokens": 9,
-                    "cost_usd": 0.5, "latency_s": 2.5},
+                    "cost_usd": 0.0005, "latency_s": 2.5},
               b={"correct": True}, c={"text": "It is 7."}),
         _item(2, a={"text": "#### 3", "correct": False}, b={"correct": False}, c={"text": "#### 3"}),
     ]  # fmt: skip
@@ -98,7 +98,7 @@ async def test_label_only_text_only_and_recorded_usage(tmp_path: Path) -> None:
             )
     a1 = got["a", "x/1"]
     assert (a1.text, a1.input_tokens, a1.output_tokens, a1.cost_usd, a1.latency_s) == (
-        "I think 2.\n#### 2", 40, 9, 0.5, 2.5)  # fmt: skip
+        "I think 2.\n#### 2", 40, 9, 0.0005, 2.5)  # fmt: skip
     assert grade(tasks[1], got["a", "x/2"].text) is False  # recorded wrong: a wrong-answer line appended
     assert grade(tasks[0], got["b", "x/1"].text) and not grade(tasks[1], got["b", "x/2"].text)  # synthesised
     assert got["c", "x/1"].text == "It is 7." and grade(tasks[1], got["c", "x/2"].text)  # text only: as is

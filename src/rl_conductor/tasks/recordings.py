@@ -47,6 +47,7 @@ import functools
 import gzip
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,8 +119,9 @@ def _int(value: Any, where: str, key: str) -> int | None:
 def _float(value: Any, where: str, key: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise RecordingsError(f"{where}: {key} must be a number >= 0, got {value!r}")
+    # NaN and Infinity parse as JSON numbers in Python; neither is a cost or a latency
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise RecordingsError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
     return float(value)
 
 

@@ -267,6 +267,17 @@ class ReplayWorker:
             latency = rec.latency_s
         else:
             latency = round(self.ttft_s + output_tokens / self.tokens_per_s, 4)
+        cost = self.info.cost(input_tokens, output_tokens) if rec.cost_usd is None or cut else rec.cost_usd
+        # The executor reserves this call's worst case at the pool's prices (the messages' input
+        # bound + max_tokens of output) and a budget holds only if no call costs more: a recorded
+        # cost (or recorded token count) above it cannot be replayed within the call's limits.
+        worst = self.info.cost(self.info.input_token_bound(messages), cap)
+        if cost > worst * (1 + 1e-9):
+            raise WorkerError(
+                f"replay worker {self.info.name!r}: task {context.task.id!r} was recorded at "
+                f"${cost:.6g}, above this call's worst case of ${worst:.6g} at the pool's prices "
+                f"(max_tokens {cap}); the pool's prices and the recordings' cost_usd / tokens disagree"
+            )
         if rec.cost_usd is None or cut:
             return await offline_completion(
                 self.info,
