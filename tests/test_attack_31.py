@@ -5,6 +5,7 @@ failed before its fix: bring-your-own recordings, the closed loop's traffic stor
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +121,81 @@ def test_sibling_stores_are_accepted_and_stay_apart(tmp_path: Path) -> None:
 def test_an_s3_store_without_a_bucket_is_refused() -> None:
     with pytest.raises(InvalidValue, match="--traffic_store"):
         tl.TrafficConfig(store="s3://")
+
+
+# --------------------------------------------------------------------------- F9: retrain's arguments
+
+
+def test_retrain_arguments_take_ints_for_floats_and_refuse_bad_ones_before_running(tmp_path: Path) -> None:
+    """``--set spend_cap_usd=5`` failed the run inside kfp (an int for a float input); an unknown
+    name, a negative window, a pool that does not exist or a missing store failed a step, the
+    reason only in its log. Now: the float, or one line naming the value, before anything runs."""
+    from rl_conductor.errors import UsageError
+    from rl_conductor.loop.pipeline import retrain_arguments
+
+    store = str(tmp_path)
+    got = retrain_arguments(traffic_store=store, spend_cap_usd=5, holdout_fraction=1, window_hours=None)
+    assert got == {"traffic_store": store, "spend_cap_usd": 5.0, "holdout_fraction": 1.0}
+    assert isinstance(got["spend_cap_usd"], float)
+    for bad, says in (
+        ({"bogus": 1}, "unknown retrain parameters ['bogus']"),
+        ({"window_hours": -1}, "invalid window_hours"),
+        ({"window_hours": float("nan")}, "invalid window_hours"),
+        ({"holdout_fraction": 2}, "invalid holdout_fraction"),
+        ({"eval_limit": -3}, "invalid eval_limit"),
+        ({"min_reward_gain": "abc"}, "invalid min_reward_gain"),
+        ({"only_on_pool_change": 1}, "invalid only_on_pool_change"),
+        ({"pool": "nopool"}, "no pool named 'nopool'"),
+        ({"traffic_store": str(tmp_path / "nowhere")}, "invalid traffic_store"),
+        ({"traffic_store": "s3://"}, "invalid traffic_store"),
+    ):
+        with pytest.raises(UsageError, match=re.escape(says)):
+            retrain_arguments(**{"traffic_store": store, **bad})
+
+
+def test_retrain_cli_says_why_in_one_line_and_exits_2(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rl_conductor.cli import app
+
+    base = ["retrain", "run", "--local", "--traffic-store", str(tmp_path)]
+    for extra, says in ((["--pool", "nopool"], "no pool named 'nopool'"), (["--set", "bogus=1"], "bogus"),
+                        (["--window-hours", "-1"], "invalid window_hours")):  # fmt: skip
+        result = CliRunner().invoke(app, [*base, *extra])
+        assert result.exit_code == 2, result.output
+        assert says in result.output and "step output in" not in result.output
+
+
+def test_retrain_without_a_champion_says_so_before_running(
+    tmp_path: Path, mlflow_db_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from rl_conductor.cli import app
+    from rl_conductor.tracking import mlflow_utils
+
+    db = tmp_path / "mlflow.db"
+    shutil.copyfile(mlflow_db_template, db)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    monkeypatch.setenv(mlflow_utils.HOME_ENV, str(tmp_path / "home"))
+    try:
+        args = ["retrain", "run", "--local", "--traffic-store", str(tmp_path), "--set", "model_name=nobody"]
+        result = CliRunner().invoke(app, args)
+    finally:
+        mlflow_utils.reset()
+    assert result.exit_code == 1, result.output
+    assert "nobody has no champion: train one first" in result.output
+    assert "step output in" not in result.output  # said before the pipeline ran
+
+
+def test_training_pipeline_set_takes_an_int_for_a_float() -> None:
+    """``conductor pipeline run --local --set cost_weight=1`` failed inside kfp (NUMBER_INTEGER vs
+    NUMBER_DOUBLE) after the run had started."""
+    from rl_conductor.pipeline.runner import pipeline_arguments
+
+    got = pipeline_arguments(cost_weight=1, min_accuracy_gain=0, eval_limit=2)
+    assert got["cost_weight"] == 1.0 and isinstance(got["cost_weight"], float)
+    assert isinstance(got["min_accuracy_gain"], float) and got["eval_limit"] == 2
+    assert isinstance(got["eval_limit"], int)

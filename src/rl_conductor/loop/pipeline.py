@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rl_conductor import validation
 from rl_conductor.loop.retrain import LOOP_EXPERIMENT_SUFFIX
 from rl_conductor.pipeline import runner
 from rl_conductor.pipeline.runner import QUICK_TRAIN_OVERRIDES, PipelineRunFailed
@@ -62,6 +64,73 @@ class RetrainRun:
     log_path: str | None
 
 
+#: Range of each numeric parameter (:mod:`rl_conductor.validation` rules), checked before a run.
+PARAMETER_RULES: dict[str, Callable[[str, Any], Any]] = {
+    "window_hours": validation.non_negative_finite,
+    "holdout_fraction": validation.probability,
+    "spend_cap_usd": validation.non_negative_finite,
+    "min_reward_gain": validation.finite,
+    **{name: (lambda n, v: validation.integer_at_least(n, v, 0)) for name in (
+        "eval_limit", "base_train_limit", "min_train_tasks", "fit_limit", "seed")},
+}  # fmt: skip
+
+
+def retrain_arguments(**arguments: Any) -> dict[str, Any]:
+    """``arguments`` checked against ``conductor_retrain``'s signature before anything runs.
+
+    Why: kfp refuses an int for a float input (``--set spend_cap_usd=5`` failed the run with
+    "NUMBER_INTEGER is incompatible with NUMBER_DOUBLE"), an unknown name failed it as a Python
+    ``TypeError``, and a bad value or pool failed a step whose reason was only in the log. Here an
+    int for a float parameter becomes that float, and an unknown name, a value of the wrong type or
+    out of range, a pool that does not exist and a ``traffic_store`` that is neither an existing
+    folder nor an ``s3://BUCKET`` URI raise a :class:`~rl_conductor.errors.UsageError` naming it.
+    """
+    import inspect
+
+    from rl_conductor import storage
+    from rl_conductor.errors import UnknownName
+    from rl_conductor.workers.pool import available_pools
+
+    fn = load_pipeline()
+    params = inspect.signature(getattr(fn, "pipeline_func", fn)).parameters
+    given = {k: v for k, v in arguments.items() if v is not None}
+    unknown = sorted(set(given) - set(params))
+    if unknown:
+        raise UnknownName(f"unknown retrain parameters {unknown}; known: {', '.join(sorted(params))}")
+    out: dict[str, Any] = {}
+    for name, value in given.items():
+        kind = params[name].annotation
+        kind = {"float": float, "int": int, "bool": bool, "str": str}.get(kind, kind)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if kind is bool and not isinstance(value, bool):
+            raise validation.InvalidValue(name, value, "true or false")
+        if kind is str and not isinstance(value, str):
+            raise validation.InvalidValue(name, value, "a string")
+        if kind is int:
+            value = validation.integer_at_least(name, value, -(2**63))
+        if kind is float:
+            value = validation.finite(name, value)
+        rule = PARAMETER_RULES.get(name)
+        if rule is not None:
+            rule(name, value)
+        out[name] = value
+    store = str(out.get("traffic_store", ""))
+    if storage.is_s3(store):
+        try:
+            storage.split_s3(store)
+        except ValueError:
+            raise validation.InvalidValue("traffic_store", store, "an s3://BUCKET[/prefix] URI") from None
+    elif not Path(store).is_dir():
+        raise validation.InvalidValue(
+            "traffic_store", store, "the predictor's --traffic_store: an existing folder or an s3:// URI"
+        )
+    pool = out.get("pool")
+    if isinstance(pool, str) and not Path(pool).is_file() and pool not in available_pools():
+        raise UnknownName(f"no pool named {pool!r} and no such file; built-in pools: {available_pools()}")
+    return out
+
+
 def run_local(
     *, quick: bool = False, verbose: bool = False, pipeline_root: str | Path | None = None, **arguments: Any
 ) -> RetrainRun:
@@ -70,9 +139,11 @@ def run_local(
 
     from kfp import local  # type: ignore[import-untyped]
 
+    from rl_conductor.errors import UserError
     from rl_conductor.tracking import mlflow_utils, registry
     from rl_conductor.tracking.mlflow_utils import conductor_home
 
+    arguments = retrain_arguments(**arguments)
     if quick and "train_overrides" not in arguments:
         arguments["train_overrides"] = json.dumps(QUICK_RETRAIN_OVERRIDES, sort_keys=True)
     pipeline = load_pipeline()
@@ -81,6 +152,8 @@ def run_local(
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
     model_name = str(arguments.get("model_name") or "conductor")
     mlflow_utils.configure(str(arguments.get("mlflow_tracking_uri") or "") or None)
+    if registry.get_alias_version(model_name, registry.CHAMPION) is None:
+        raise UserError(f"{model_name} has no champion: train one first (conductor pipeline run --local)")
     before_versions = {r.version for r in registry.list_versions(model_name)}
     log_path: Path | None = None
     t0 = time.perf_counter()
@@ -124,4 +197,12 @@ def run_local(
     )
 
 
-__all__ = ["QUICK_RETRAIN_OVERRIDES", "RetrainRun", "compile_pipeline", "load_pipeline", "run_local"]
+__all__ = [
+    "PARAMETER_RULES",
+    "QUICK_RETRAIN_OVERRIDES",
+    "RetrainRun",
+    "compile_pipeline",
+    "load_pipeline",
+    "retrain_arguments",
+    "run_local",
+]

@@ -131,6 +131,15 @@ def pipeline_parameters() -> dict[str, Any]:
     return {name: p.default for name, p in inspect.signature(target).parameters.items()}
 
 
+def float_parameters(module: str = PIPELINE_MODULE, function: str = PIPELINE_FUNCTION) -> set[str]:
+    """The names of a pipeline's ``float`` parameters (from its signature's annotations)."""
+    import inspect
+
+    fn = load_pipeline(module, function)
+    target = getattr(fn, "pipeline_func", fn)
+    return {n for n, p in inspect.signature(target).parameters.items() if p.annotation in (float, "float")}
+
+
 def _at_least(minimum: int) -> Callable[[str, Any], Any]:
     return lambda name, value: validation.integer_at_least(name, value, minimum)
 
@@ -188,6 +197,13 @@ def pipeline_arguments(*, quick: bool = False, **arguments: Any) -> dict[str, An
         raise UnknownName(f"unknown pipeline parameters {unknown}; known: {', '.join(sorted(known))}")
     for name, value in given.items():
         check_parameter(name, value)
+    # kfp refuses an int for a float input ("NUMBER_INTEGER is incompatible with NUMBER_DOUBLE"):
+    # `--set cost_weight=1` is the float
+    floats = float_parameters()
+    given = {
+        k: float(v) if k in floats and isinstance(v, int) and not isinstance(v, bool) else v
+        for k, v in given.items()
+    }
     if isinstance(given.get("train_overrides"), Mapping):
         given["train_overrides"] = json.dumps(given["train_overrides"], sort_keys=True)
     return {**(QUICK_ARGUMENTS if quick else {}), **given}
