@@ -199,3 +199,22 @@ def test_training_pipeline_set_takes_an_int_for_a_float() -> None:
     assert got["cost_weight"] == 1.0 and isinstance(got["cost_weight"], float)
     assert isinstance(got["min_accuracy_gain"], float) and got["eval_limit"] == 2
     assert isinstance(got["eval_limit"], int)
+
+
+# --------------------------------------------------------------------------- F4: an empty split
+
+
+def test_eval_of_a_split_with_no_questions_is_an_error_not_a_table_of_dashes(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rl_conductor.cli import app
+
+    rows = [{**_item(i), "split": "train"} for i in range(3)]
+    pool = _recordings_pool(tmp_path, rows)
+    result = CliRunner().invoke(
+        app, ["eval", "--pool", str(pool), "--policy", "single:m1", "--split", "test"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "split 'test' of dataset" in result.output and "(train 3, validation 0, test 0)" in result.output
+    ok = CliRunner().invoke(app, ["eval", "--pool", str(pool), "--policy", "single:m1", "--split", "train"])
+    assert ok.exit_code == 0, ok.output

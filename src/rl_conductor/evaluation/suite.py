@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_conductor import validation
+from rl_conductor.errors import InvalidArgument
 from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.conductor import CONFIG_FILE, model_source
@@ -193,6 +194,8 @@ def run_sweep(
         p.index(name)  # an unknown name would silently allow nobody: UnknownWorker lists the pool's
     ds = dataset_for(p, dataset)
     tasks = load_tasks(ds, split=split, limit=limit, seed=seed)
+    if not tasks:  # a table of dashes with exit 0 would read as "evaluated"
+        raise no_questions(ds, split)
     view = p.view()
     rc = eval_reward(policies, reward_preset, cost_weight)
     built = {
@@ -211,6 +214,19 @@ def run_sweep(
             summary.update(dataset=ds, split=split, **pt.label)
             out.append(summary)
     return out
+
+
+def no_questions(dataset: str, split: str) -> InvalidArgument:
+    """The error of an evaluation whose split has no question, with every split's count."""
+    from collections import Counter
+
+    from rl_conductor.tasks.datasets import split_of_task
+
+    counts = Counter(split_of_task(t) for t in load_tasks(dataset, split="all"))
+    have = ", ".join(f"{s} {counts.get(s, 0)}" for s in ("train", "validation", "test"))
+    return InvalidArgument(
+        f"split {split!r} of dataset {dataset!r} has no questions ({have}); choose another --split"
+    )
 
 
 def run_eval(
