@@ -60,11 +60,16 @@ on paper-sim): what a simulated worker answers never depends on the process it r
 its caches drop their oldest half when full rather than everything
 (``workers.simulated.answers.evict_oldest``) and every answer it can give is graded before the
 build (:func:`prepare_grades`), so no child grades under load what the serial build graded
-otherwise. What remains is the graders' own dependence on load: code and math grading have
-wall-clock limits, so on a heavily loaded machine a slow item's grade can flip in any build,
-serial too (measured at full size, two builds under load 8-24: 212 of 335,750 cells differed,
-all on 18 code and math items, 149 of them on two items whose correct answer was graded wrong
-once and cached). Small job lists and platforms without ``fork`` stay serial.
+otherwise. Nor does a grade depend on the machine's load: the graders' limits count CPU time
+(the code sandbox's ``RLIMIT_CPU``, math-verify's calls under CPU-time timers; see
+:func:`rl_conductor.tasks.sandbox.run_tests` and :mod:`rl_conductor.tasks.graders`). With
+wall-clock limits, two full-size builds under load 8-24 differed in 212 of 335,750 cells, all
+on 18 code and math items (149 of them on two items whose correct answer was graded wrong once
+and cached). Known remaining difference (``benchmarks/README.md``, table_build): at 100 items
+per domain 7 of 102,600 cells differed, in cost and tokens too, because the simulated workers'
+text → author registry keeps the last writer of a text and one worker renders byte-identical
+texts for different roles, so what a later step reads depends on the order of the executions.
+Small job lists and platforms without ``fork`` stay serial.
 
 The table is deterministic for a pool, seed and task list; it is cached on disk (``.npz``) under
 a key that includes a probe of the pool's actual answers, so a changed pool never reuses a
@@ -370,8 +375,8 @@ def table_workers(workers: int | None = None) -> int:
     where ``fork`` is unavailable.
 
     Parallel is the default since the forked children stopped grading simulated answers
-    themselves (before, 506 of 335,750 paper-sim cells differed from the serial build; see the
-    module docstring for what still depends on the machine's load)."""
+    themselves (before, 506 of 335,750 paper-sim cells differed from the serial build) and the
+    graders' limits count CPU time, not wall time (see the module docstring)."""
     if "fork" not in multiprocessing.get_all_start_methods():
         return 1
     if workers is None:
