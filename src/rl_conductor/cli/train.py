@@ -124,9 +124,7 @@ def plan_cmd(
         who = view.worker(s.worker).info.name
         console.print(f"step {i}: {who} sees {list(s.visible(i))}: {s.instruction}", markup=False)
     if execute_plan:
-        from rl_conductor.executor import execute
-
-        trace = asyncio.run(execute(plan.workflow, task, view, limits, review=pol.review_hook(limits)))
+        trace = asyncio.run(pol.run(task, view, limits, plan=plan)).trace
         for r in trace.rounds[1:]:
             shown = ", ".join("-" if x is None else x[:40] for x in r.answers)
             console.print(
@@ -136,7 +134,7 @@ def plan_cmd(
                 markup=False,
             )
             for i in r.steps:
-                s = trace.steps[i]
-                console.print(f"  step {i}: {s.worker} sees {s.visible}: {s.instruction}", markup=False)
+                rec = trace.steps[i]
+                console.print(f"  step {i}: {rec.worker} sees {rec.visible}: {rec.instruction}", markup=False)
         console.print(f"final answer: {trace.final_answer}", markup=False)
         console.print(f"cost ${trace.cost_usd:.5f}, tokens {trace.tokens}, calls {trace.calls}")

@@ -1,12 +1,22 @@
-"""The Policy interface: ``plan(task, view, limits) -> Plan`` and ``run`` = plan → execute.
+"""The Policy interface (``plan(task, view, limits) -> Plan``) and the one episode runner.
 
-Every policy, learned or fixed, goes through :func:`rl_conductor.executor.execute`, so budgets,
-privacy rules and accounting are identical for all of them. A policy whose answer is not simply
-the last step's output (self-consistency votes; the oracle picks) overrides ``run``.
+An episode is plan → execute → annotate, written once: :meth:`Policy.run` plans (or takes a plan
+made already) and hands it to :meth:`Policy.execute_plan`, which runs it through
+:func:`rl_conductor.executor.execute` and records on the trace how the plan was made. Every
+caller — evaluation (``run_many``), the CLI's ``plan --execute``, the serving engine (KServe,
+the OpenAI route and the MLflow pyfunc alike) — goes through it, so budgets, privacy rules and
+accounting are identical for every policy.
+
+Batched planning is an option of the policy: :meth:`Policy.plan_many` plans each task on its own
+by default, and a policy that generates (the LM Conductor) overrides it to plan a batch in one
+generation; ``run_many`` plans through it. A policy whose answer is not simply the workflow's
+(self-consistency votes; the oracle asks every worker; the cascade always reviews) overrides
+``execute_plan``, never ``run``.
 
 Rounds: a policy that can look at its workflow's answers and add steps implements :meth:`review`;
-``run`` hands it to the executor as the review hook when the request allows more than one round
-(``Limits.max_rounds``). A policy without ``review`` runs one round whatever the request allows.
+``execute_plan`` hands it to the executor as the review hook when the request allows more than
+one round (``Limits.max_rounds``). A policy without ``review`` runs one round whatever the request
+allows.
 """
 
 from __future__ import annotations
@@ -61,7 +71,7 @@ class Episode:
 
 
 class Policy(ABC):
-    """Base class: subclasses implement :meth:`plan`; ``run`` executes the plan."""
+    """Base class: subclasses implement :meth:`plan`; ``run`` plans and executes (module docstring)."""
 
     name: str = "policy"
 
@@ -69,14 +79,31 @@ class Policy(ABC):
     async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
         """Write the workflow for ``task`` over the workers of ``view``."""
 
-    async def run(self, task: Task, view: PoolView, limits: Limits) -> Episode:
-        plan = await self.plan(task, view, limits)
+    async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Plan]:
+        """Plans for several tasks: each on its own here; a policy with batched planning overrides it."""
+        return list(await asyncio.gather(*(self.plan(t, view, limits) for t in tasks)))
+
+    async def run(self, task: Task, view: PoolView, limits: Limits, *, plan: Plan | None = None) -> Episode:
+        """One episode: ``plan`` (made now when None) → :meth:`execute_plan`."""
+        if plan is None:
+            plan = await self.plan(task, view, limits)
+        return await self.execute_plan(plan, task, view, limits)
+
+    async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
+        """Episodes of several tasks, planned together (:meth:`plan_many`), executed concurrently."""
+        plans = await self.plan_many(tasks, view, limits)
+        runs = (self.run(t, view, limits, plan=p) for t, p in zip(tasks, plans, strict=True))
+        return list(await asyncio.gather(*runs))
+
+    async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: Limits) -> Episode:
+        """Execute ``plan`` under ``limits`` (with :meth:`review` between rounds) and record on the
+        trace how the plan was made."""
         trace = await execute(plan.workflow, task, view, limits, review=self.review_hook(limits))
         return Episode(plan=plan, trace=plan.annotate(trace))
 
-    async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
-        """Run several tasks; policies with batched planning (the LM Conductor) override this."""
-        return list(await asyncio.gather(*(self.run(t, view, limits) for t in tasks)))
+    def executes_as_planned(self) -> bool:
+        """Whether the answer is the planned workflow's own (no ``execute_plan`` of the policy's)."""
+        return type(self).execute_plan is Policy.execute_plan
 
     async def review(self, request: RoundRequest) -> Continuation | None:
         """After a round: the steps to add (an empty workflow keeps the answer). None = this

@@ -141,10 +141,9 @@ class SelfConsistency(Policy):
         n = min(self.samples, limits.max_steps)  # each sample is a step the request pays for
         return _plan(Workflow(steps=tuple(Step(w, SOLVE, ()) for _ in range(n))))
 
-    async def run(self, task: Task, view: PoolView, limits: Limits) -> Episode:
+    async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: Limits) -> Episode:
         from rl_conductor.tasks.graders import extract_answer
 
-        plan = await self.plan(task, view, limits)
         trace = await execute(plan.workflow, task, view, limits)
         if len(plan.workflow.steps) < self.samples:
             trace.notes.append(
@@ -170,7 +169,8 @@ class Oracle(Policy):
         cheapest = min(range(len(view)), key=lambda j: view.worker(j).info.price_out)
         return _plan(Workflow(steps=(Step(cheapest, SOLVE, ()),)))
 
-    async def run(self, task: Task, view: PoolView, limits: Limits) -> Episode:
+    async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: Limits) -> Episode:
+        """Asks every permitted worker (``plan`` is only what it would run without the answers)."""
         from rl_conductor.reward import grade_trace
 
         permitted = sorted(
@@ -182,7 +182,7 @@ class Oracle(Policy):
             key=lambda j: (view.worker(j).info.price_out, view.worker(j).info.price_in, j),
         )
         if not permitted:  # nothing may see the request: the executor records the skipped step
-            return await super().run(task, view, limits)
+            return await super().execute_plan(plan, task, view, limits)
         wfs = [Workflow(steps=(Step(j, SOLVE, ()),)) for j in permitted]
         if limits.max_cost_usd is None:
             traces = list(await asyncio.gather(*(execute(wf, task, view, limits) for wf in wfs)))

@@ -267,10 +267,10 @@ class Cascade(Policy):
             workflow=wf, text=render(wf), seen=summary.line(), answers=summary.answers, agree=summary.agree
         )
 
-    async def run(self, task: Task, view: PoolView, limits: Limits) -> Episode:
+    async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: Limits) -> Episode:
         # two rounds by definition (module docstring); at least two steps for the first pair
         lifted = replace(limits, max_rounds=max(limits.max_rounds, 2), max_steps=max(limits.max_steps, 2))
-        return await super().run(task, view, lifted)
+        return await super().execute_plan(plan, task, view, lifted)
 
 
 def _all_training(pool: Pool, kw: Mapping[str, Any]) -> list[Task]:

@@ -1,10 +1,10 @@
 """The LM Conductor as a Policy: prompt → generate → parse → (retry | fallback) → workflow.
 
 It loads a trained model folder (weights, tokenizer, ``conductor.json``), plans greedily by
-default and batches generation across tasks (``run_many``). On an unparseable plan it samples
-``retries`` more times; if none parses it falls back to a documented default plan — one step on
-the view's highest-priced usable worker, which is the safest single choice a platform team
-would make by hand — and marks the plan (``Plan.fallback``, ``Trace.fallback_plan``).
+default and batches generation across tasks (``plan_many``, which ``run_many`` plans with). On an
+unparseable plan it samples ``retries`` more times; if none parses it falls back to a documented
+default plan — one step on the view's highest-priced usable worker, which is the safest single
+choice a platform team would make by hand — and marks the plan (``Plan.fallback``, ``Trace.fallback_plan``).
 
 Under a budget, decoding is constrained (:func:`allowed_ids`): inside the plan's ``model_id`` list
 the ids of workers the prompt flags ``over budget`` are masked, so the model's next choice among
@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 
 from rl_conductor.errors import InvalidSpec, model_not_found
-from rl_conductor.executor import Continuation, RoundRequest, execute
+from rl_conductor.executor import Continuation, RoundRequest
 from rl_conductor.lm.generate import generate, load_lm
 from rl_conductor.lm.models import looks_like_hf_id
-from rl_conductor.policies.base import Episode, Plan, Policy
+from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.evidence import EvidenceModel, Ranker
 from rl_conductor.prompting import (
     DEFAULT_MAX_QUESTION_CHARS,
@@ -469,16 +469,6 @@ class ConductorPolicy(Policy):
             return self._plan_requests(
                 [t for t, _, _ in items], [v for _, v, _ in items], [lim for _, _, lim in items]
             )
-
-    async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
-        plans = await self.plan_many(tasks, view, limits)
-        hook = self.review_hook(limits)
-
-        async def one(task: Task, plan: Plan) -> Episode:
-            trace = await execute(plan.workflow, task, view, limits, review=hook)
-            return Episode(plan=plan, trace=plan.annotate(trace))
-
-        return list(await asyncio.gather(*(one(t, p) for t, p in zip(tasks, plans, strict=True))))
 
     async def review(self, request: RoundRequest) -> Continuation:
         """Read the workflow so far and its answers; keep the answer or add steps (module docstring).

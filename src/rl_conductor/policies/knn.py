@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rl_conductor.policies.base import Episode, Plan, Policy
+from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.policies.routers import (
     FIT_LIMIT,
@@ -218,11 +218,11 @@ class KnnRouter(Policy):
         wf = Workflow(steps=(Step(self.route(task.question, view, limits), SOLVE, ()),))
         return Plan(workflow=wf, text=render(wf))
 
-    async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
-        """Embed the batch's questions in one call (much faster than one by one), then run."""
+    async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Plan]:
+        """Embed the batch's questions in one call (much faster than one by one), then route."""
         from rl_conductor.policies.knn_embed import embed
 
         todo = list(dict.fromkeys(t.question for t in tasks if self._query.get(t.question) is None))
         if todo:
             self._query.put(todo, list(np.asarray(embed(todo))))
-        return await super().run_many(tasks, view, limits)
+        return await super().plan_many(tasks, view, limits)

@@ -1,9 +1,10 @@
 """The predictor's engine: one policy and one pool, answering validated requests concurrently.
 
 Why it is apart from the HTTP code: the KServe model, the OpenAI route, the CLI and the tests all
-answer through :meth:`ConductorService.answer`, which runs the library's one data flow (plan ->
-:func:`rl_conductor.executor.execute` -> trace) with :mod:`rl_conductor.serving_core`'s request
-helpers, and adds what a production endpoint needs around it:
+answer through :meth:`ConductorService.answer`, which runs the library's one episode runner
+(:meth:`rl_conductor.policies.base.Policy.run`: plan -> execute -> annotate) with
+:mod:`rl_conductor.serving_core`'s request helpers, and adds what a production endpoint needs
+around it:
 
 * **concurrency** — requests run as independent coroutines on the server's event loop; there is
   no lock around a request. An LM Conductor's generation is synchronous, so it runs in a worker
@@ -14,7 +15,8 @@ helpers, and adds what a production endpoint needs around it:
   layer); the executor then replaces a worker that still fails or times out with one of the same
   hosting class. A call its circuit breaker refused is counted as ``outcome="refused"``, apart
   from errors, and each worker's circuit state is a gauge.
-* **observability** — per-worker Prometheus metrics, a per-step event stream (for SSE), a
+* **observability** — per-worker Prometheus metrics, a per-step event stream (for SSE), each a
+  :class:`~rl_conductor.workers.base.WorkerWrapper` of one concern (:func:`observed_pool`), a
   structured log line per request (never the question text of a private request, never headers)
   and, when enabled, an MLflow trace per request with a span per step.
 * **budgets** — a budget too small for a single call is answered with a message saying so, before
@@ -35,12 +37,12 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rl_conductor.executor import CHARGES, MIN_OUTPUT_TOKENS, Charge, execute, reserve_input_tokens
+from rl_conductor.executor import CHARGES, MIN_OUTPUT_TOKENS, Charge, reserve_input_tokens
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.reward import deadline_shortened, deadline_stopped
 from rl_conductor.serving import metrics as m
@@ -57,13 +59,12 @@ from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits, Trace
 from rl_conductor.workers.base import (
     STREAM_SINK,
-    CallContext,
     Completion,
-    Message,
     TokenSink,
     Worker,
+    WorkerCall,
     WorkerError,
-    WorkerInfo,
+    WorkerWrapper,
 )
 from rl_conductor.workers.live.resilience import CircuitOpenError, breaker_of
 from rl_conductor.workers.pool import Pool, PoolView
@@ -103,52 +104,22 @@ class StreamClosedError(WorkerError):
     """The answering step's stream broke off after part of it was sent: no further call is made."""
 
 
-class ObservedWorker:
-    """A pool worker with metrics and per-step events (see module docstring); one call of it is
-    one call of the worker it wraps."""
+class MeteredWorker(WorkerWrapper):
+    """The predictor's Prometheus metrics of each call: its outcome (``ok``, ``error``,
+    ``cancelled``: the executor's timeout, ``refused``: its circuit breaker sent nothing), its
+    latency, tokens and cost, and the worker's circuit state as a gauge."""
 
     def __init__(self, inner: Worker) -> None:
-        self.inner = inner
-        self.info: WorkerInfo = inner.info
+        super().__init__(inner)
         breaker = breaker_of(inner)
         if breaker is not None:
             m.WORKER_CIRCUIT.labels(self.info.name).set_function(lambda: m.CIRCUIT_VALUES[breaker.state])
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        max_tokens: int,
-        temperature: float,
-        context: CallContext | None = None,
-    ) -> Completion:
+    async def call(self, call: WorkerCall) -> Completion:
         name = self.info.name
-        started = time.time_ns()
-        final = _FINAL_STEP.get()
-        if (
-            final is not None
-            and final[0] is not None
-            and context is not None
-            and context.step_index == final[0]
-        ):
-            # the client's sampling settings (OpenAI temperature / max_tokens) for the answering
-            # step; max_tokens only lowers what the executor reserved, so the budget still holds
-            temperature = final[1].get("temperature", temperature)
-            max_tokens = min(max_tokens, final[1].get("max_tokens", max_tokens))
-            # a streaming request: the answering step's text goes to the client as it arrives
-            sink = final[2]
-            if sink is not None and sink.closed:
-                # part of an answer was sent and then broke off: a fallback's text would not
-                # continue it, so no worker is called for this step again
-                raise StreamClosedError(f"{name}: not called: the streamed answer already broke off")
-            sink_token = STREAM_SINK.set(sink) if sink is not None else None
-        else:
-            sink_token = None
         t0 = time.perf_counter()
         try:
-            comp = await self.inner.complete(
-                messages, max_tokens=max_tokens, temperature=temperature, context=context
-            )
+            comp = await self.forward(call)
         except asyncio.CancelledError:
             m.WORKER_CALLS.labels(name, "cancelled").inc()  # the executor's timeout
             raise
@@ -161,18 +132,57 @@ class ObservedWorker:
             raise
         finally:
             m.WORKER_LATENCY.labels(name).observe(time.perf_counter() - t0)
-            if sink_token is not None:
-                STREAM_SINK.reset(sink_token)
         m.WORKER_CALLS.labels(name, "ok").inc()
         m.WORKER_TOKENS.labels(name, "input").inc(comp.input_tokens)
         m.WORKER_TOKENS.labels(name, "output").inc(comp.output_tokens)
         m.WORKER_COST.labels(name).inc(comp.cost_usd)
+        return comp
+
+
+class AnsweringStep(WorkerWrapper):
+    """The request's settings of its answering step (the planned workflow's last): the client's
+    sampling settings (OpenAI ``temperature`` / ``max_tokens``; ``max_tokens`` only lowers what
+    the executor reserved, so the budget still holds) and, for a streaming request, the sink its
+    text goes to as it arrives. Other steps' calls pass through."""
+
+    async def call(self, call: WorkerCall) -> Completion:
+        final = _FINAL_STEP.get()
+        ctx = call.context
+        if final is None or final[0] is None or ctx is None or ctx.step_index != final[0]:
+            return await self.forward(call)
+        settings = final[1]
+        call = replace(
+            call,
+            temperature=settings.get("temperature", call.temperature),
+            max_tokens=min(call.max_tokens, settings.get("max_tokens", call.max_tokens)),
+        )
+        sink = final[2]
+        if sink is None:
+            return await self.forward(call)
+        if sink.closed:
+            # part of an answer was sent and then broke off: a fallback's text would not
+            # continue it, so no worker is called for this step again
+            raise StreamClosedError(f"{self.info.name}: not called: the streamed answer already broke off")
+        token = STREAM_SINK.set(sink)
+        try:
+            return await self.forward(call)
+        finally:
+            STREAM_SINK.reset(token)
+
+
+class StepEvents(WorkerWrapper):
+    """Each answered call as an event (worker, tokens, cost, latency, answer, start and end) to the
+    request's step listener (the SSE stream, the MLflow trace's spans)."""
+
+    async def call(self, call: WorkerCall) -> Completion:
+        started = time.time_ns()
+        comp = await self.forward(call)
         listener = _LISTENER.get()
         if listener is not None:
             listener(
                 {
-                    "index": context.step_index if context else None,
-                    "worker": name,
+                    "index": call.context.step_index if call.context else None,
+                    "worker": self.info.name,
                     "input_tokens": comp.input_tokens,
                     "output_tokens": comp.output_tokens,
                     "cost_usd": comp.cost_usd,
@@ -186,10 +196,12 @@ class ObservedWorker:
 
 
 def observed_pool(pool: Pool) -> Pool:
-    """The same pool with every worker wrapped in :class:`ObservedWorker`."""
+    """The same pool with every worker wrapped for serving: :class:`StepEvents` around
+    :class:`AnsweringStep` around :class:`MeteredWorker` (a call the answering step refuses is
+    neither metered nor an event)."""
     return Pool(
         name=pool.name,
-        workers=[ObservedWorker(w) for w in pool.workers],
+        workers=[StepEvents(AnsweringStep(MeteredWorker(w))) for w in pool.workers],
         options=dict(pool.options),
     )
 
@@ -254,7 +266,6 @@ class ConductorService:
         self.policy = policy
         self.pool = observed_pool(pool)
         self._planner = _Planner(policy, self.config.max_batch) if hasattr(policy, "plan_batch") else None
-        _mark_final_step(policy)
         self._tracer = _Tracer(self.config.experiment) if self.config.trace else None
         self._background: set[asyncio.Future[Any]] = set()
         #: called with (request, response document, endpoint) for every answered request, on the
@@ -352,23 +363,20 @@ class ConductorService:
         sink: TokenSink | None = None,
     ) -> Episode:
         token = _LISTENER.set(events)
-        final = [None, final_step, sink] if final_step or sink is not None else None
+        final: list[Any] | None = [None, final_step, sink] if final_step or sink is not None else None
         final_token = _FINAL_STEP.set(final)
         try:
-            if self._planner is None:
-                return await self.policy.run(task, view, limits)  # its plan() marks the final step
             t = time.perf_counter()
-            plan = await self._planner.plan(task, view, limits)
+            planner = self._planner.plan if self._planner is not None else self.policy.plan
+            plan = await planner(task, view, limits)
             planned_s = time.perf_counter() - t
             m.PLAN_LATENCY.observe(planned_s)
             if limits.max_latency_s is not None:
                 # the deadline is the request's: planning already used part of it
-                left = limits.max_latency_s - planned_s
-                limits = replace(limits, max_latency_s=max(left, 1e-6))
+                limits = replace(limits, max_latency_s=max(limits.max_latency_s - planned_s, 1e-6))
             if final is not None:
                 final[0] = len(plan.workflow.steps) - 1
-            trace = await execute(plan.workflow, task, view, limits, review=self.policy.review_hook(limits))
-            return Episode(plan=plan, trace=plan.annotate(trace))
+            return await self.policy.run(task, view, limits, plan=plan)
         finally:
             _FINAL_STEP.reset(final_token)
             _LISTENER.reset(token)
@@ -467,26 +475,12 @@ def _extras(trace: Trace) -> dict[str, Any]:
 def _answers_with_last_step(policy: Policy, limits: Limits) -> bool:
     """Whether the planned workflow's last step is the request's answer, so that its text may
     stream: one round under the limits the policy really runs with (a later round's answer would
-    replace it), and no ``run`` of the policy's own, which may raise those limits (the cascade
-    always runs two rounds) or pick another step's answer (self-consistency's vote, the oracle)."""
-    if type(policy).run is not Policy.run:
+    replace it), and no ``execute_plan`` of the policy's own, which may raise those limits (the
+    cascade always runs two rounds) or pick another step's answer (self-consistency's vote, the
+    oracle)."""
+    if not policy.executes_as_planned():
         return False
     return limits.max_rounds <= 1 or not policy.reviews()
-
-
-def _mark_final_step(policy: Policy) -> None:
-    """Wrap ``policy.plan`` (on this instance) so that a request's plan records which step is its
-    last, for the request's final-step sampling settings (see :meth:`ObservedWorker.complete`)."""
-    inner = policy.plan
-
-    async def plan(task: Task, view: PoolView, limits: Limits) -> Plan:
-        made = await inner(task, view, limits)
-        final = _FINAL_STEP.get()
-        if final is not None and final[0] is None:
-            final[0] = len(made.workflow.steps) - 1
-        return made
-
-    policy.plan = plan  # type: ignore[method-assign]
 
 
 #: An attempt's error as the executor writes it: ``worker: ExceptionType: the worker's message``.
@@ -544,7 +538,7 @@ def _cancelled(events: list[dict[str, Any]], charges: list[Charge]) -> dict[str,
     """The log document of a request cancelled mid-way (its client left): every call it made, as
     the executor charged it. A call still in flight when the request was cancelled was sent, and
     its vendor may bill it, so it is charged its reservation (status ``cancelled``) and counted in
-    the worker's cost metric too (:class:`ObservedWorker` counts only the calls that answered)."""
+    the worker's cost metric too (:class:`MeteredWorker` counts only the calls that answered)."""
     for c in charges:
         if c.outcome == "cancelled":
             m.WORKER_COST.labels(c.worker).inc(c.usd)
@@ -695,10 +689,12 @@ def load_policy(model: str | None, policy: str | None, pool: Pool) -> Policy:
 
 
 __all__ = [
+    "AnsweringStep",
     "ConductorService",
-    "ObservedWorker",
+    "MeteredWorker",
     "RequestError",
     "ServiceConfig",
+    "StepEvents",
     "cheapest_call",
     "load_policy",
     "observed_pool",

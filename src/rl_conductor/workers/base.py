@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from rl_conductor.trace import MIN_OUTPUT_TOKENS
 from rl_conductor.trace import estimate_tokens as estimate_tokens  # the workers' import
@@ -167,6 +167,66 @@ class Worker(Protocol):
         temperature: float,
         context: CallContext | None = None,
     ) -> Completion: ...
+
+
+@dataclass(frozen=True)
+class WorkerCall:
+    """One call of :meth:`Worker.complete`, as a :class:`WorkerWrapper` sees and forwards it."""
+
+    messages: Sequence[Message]
+    max_tokens: int
+    temperature: float
+    context: CallContext | None = None
+
+
+class WorkerWrapper:
+    """A worker around another (``inner``) that adds one concern to its calls: the response
+    cache, the predictor's metrics, its step events, the answering step's settings. Every other
+    attribute (``info``, ``stats()``, ``breaker``, ``model``, ...) is the wrapped worker's, so
+    wrappers stack in any order. A subclass overrides :meth:`call` and hands the call (changed or
+    not) on with :meth:`forward`; this one passes it through."""
+
+    inner: Worker
+    info: WorkerInfo
+
+    def __init__(self, inner: Worker) -> None:
+        self.inner = inner
+        self.info = inner.info
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        temperature: float,
+        context: CallContext | None = None,
+    ) -> Completion:
+        return await self.call(WorkerCall(messages, max_tokens, temperature, context))
+
+    async def call(self, call: WorkerCall) -> Completion:
+        """This wrapper's concern around ``call``."""
+        return await self.forward(call)
+
+    async def forward(self, call: WorkerCall) -> Completion:
+        """``call`` made on the wrapped worker."""
+        return await self.inner.complete(
+            call.messages, max_tokens=call.max_tokens, temperature=call.temperature, context=call.context
+        )
+
+
+def innermost(worker: Any) -> Any:
+    """The worker beneath its wrappers (:class:`WorkerWrapper`'s ``inner``)."""
+    for _ in range(16):
+        inner = getattr(worker, "inner", None)
+        if inner is None:
+            return worker
+        worker = inner
+    return worker
 
 
 #: Tokens a chat format may add per message (role markers, separators, the reply's priming):

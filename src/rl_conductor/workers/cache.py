@@ -44,7 +44,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rl_conductor.workers.base import STREAM_SINK, CallContext, Completion, Message, Worker, WorkerInfo
+from rl_conductor.workers.base import (
+    STREAM_SINK,
+    CallContext,
+    Completion,
+    Message,
+    Worker,
+    WorkerCall,
+    WorkerInfo,
+    WorkerWrapper,
+)
 
 DEFAULT_SQLITE = ".conductor/cache/completions.sqlite"
 
@@ -254,7 +263,7 @@ def private_store_for(cfg: Any, shared: Any, options: dict[str, Any]) -> CacheSt
 
 
 @dataclass
-class CachedWorker:
+class CachedWorker(WorkerWrapper):
     """A worker whose completions are cached in ``store`` (see the module docstring)."""
 
     inner: Worker
@@ -264,30 +273,18 @@ class CachedWorker:
     hits: int = 0
     misses: int = 0
 
-    @property
-    def info(self) -> WorkerInfo:
-        return self.inner.info
-
-    def __getattr__(self, name: str) -> Any:  # stats(), breaker, … of the wrapped worker
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        max_tokens: int,
-        temperature: float,
-        context: CallContext | None = None,
-    ) -> Completion:
+    async def call(self, call: WorkerCall) -> Completion:
         info = self.inner.info
+        messages, max_tokens, temperature, context = (
+            call.messages,
+            call.max_tokens,
+            call.temperature,
+            call.context,
+        )
         private = context is not None and context.sensitivity == "private"
         store = self.private_store if private else self.store
         if store is None:  # a private call without a private store: never cached, never looked up
-            return await self.inner.complete(
-                messages, max_tokens=max_tokens, temperature=temperature, context=context
-            )
+            return await self.forward(call)
         model = str(getattr(self.inner, "model", info.name))
         key = cache_key(
             info.name,
@@ -314,9 +311,7 @@ class CachedWorker:
             )
         self.misses += 1
         store.misses += 1
-        comp = await self.inner.complete(
-            messages, max_tokens=max_tokens, temperature=temperature, context=context
-        )
+        comp = await self.forward(call)
         sink = STREAM_SINK.get()
         if sink is not None and (sink.closed or not comp.finish_reason):
             return comp  # a stream that did not end whole (no end marker) is never a stored answer

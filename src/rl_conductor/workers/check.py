@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from rl_conductor.errors import ConfigError, UserError
 from rl_conductor.tasks.base import Task
-from rl_conductor.workers.base import CallContext, Worker
+from rl_conductor.workers.base import CallContext, Worker, innermost
 
 CHECK_PROMPT = "Reply with the single word OK."
 #: output tokens a check call may use (the executor's minimum call size, so the cost stays tiny)
@@ -90,16 +90,6 @@ class PoolReport:
         }
 
 
-def _innermost(worker: Any) -> Any:
-    """The worker beneath its wrappers (``.inner``: the cache, the predictor's metrics)."""
-    for _ in range(16):
-        inner = getattr(worker, "inner", None)
-        if inner is None:
-            return worker
-        worker = inner
-    return worker
-
-
 def _url(worker: Any) -> str:
     return str(getattr(worker, "base_url", None) or "-")
 
@@ -116,7 +106,7 @@ _CHECK_TASK = Task(
 
 async def check_worker(worker: Worker, *, timeout_s: float = DEFAULT_CHECK_TIMEOUT_S) -> WorkerCheck:
     """Call ``worker`` (beneath its cache) once with :data:`CHECK_PROMPT`."""
-    real = _innermost(worker)
+    real = innermost(worker)
     info = worker.info
     base = WorkerCheck(name=info.name, kind=info.kind, hosting=info.hosting, url=_url(real), status="ok")
     if info.kind in NOT_CALLABLE_KINDS:
