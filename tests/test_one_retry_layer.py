@@ -12,6 +12,8 @@ fallback names who was asked, who answered and why.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -186,12 +188,15 @@ async def test_a_refused_key_names_the_key_variable(monkeypatch: pytest.MonkeyPa
     assert "RLC_WRONG_KEY" in message and "sk-wrong" not in message
 
 
-async def test_a_fallback_records_who_was_asked_who_answered_and_why() -> None:
+@contextmanager
+def _keyless_and_spare() -> Iterator[Any]:
+    """A pool of two external workers: ``keyless`` sends no key to a server that wants one (401),
+    ``spare`` (dearer) reaches an open server."""
     with (
         byo_openai_server(api_key="sk-right-0123456789", model="m") as guarded,
         byo_openai_server(model="m") as open_server,
     ):
-        pool = build_pool(
+        yield build_pool(
             {
                 "workers": [
                     _spec("keyless", f"{guarded.root}/v1", model="m", hosting="external"),
@@ -199,6 +204,10 @@ async def test_a_fallback_records_who_was_asked_who_answered_and_why() -> None:
                 ]
             }
         )
+
+
+async def test_a_fallback_records_who_was_asked_who_answered_and_why() -> None:
+    with _keyless_and_spare() as pool:
         trace = await execute(Workflow((Step(0, "solve", ()),)), TASK, pool.view(), Limits())
     step = trace.steps[0]
     assert step.status == "ok" and step.requested_worker == "keyless" and step.worker == "spare"
@@ -240,18 +249,7 @@ async def test_an_evaluation_counts_worker_fallbacks() -> None:
     """A wrong key behind `single:NAME`: the row's calls went to another worker; the summary says so."""
     from rl_conductor.evaluation.runner import evaluate_async
 
-    with (
-        byo_openai_server(api_key="sk-right-0123456789", model="m") as guarded,
-        byo_openai_server(model="m") as open_server,
-    ):
-        pool = build_pool(
-            {
-                "workers": [
-                    _spec("keyless", f"{guarded.root}/v1", model="m", hosting="external"),
-                    _spec("spare", f"{open_server.root}/v1", model="m", hosting="external", price_out=0.3),
-                ]
-            }
-        )
+    with _keyless_and_spare() as pool:
         res = await evaluate_async(make_policy("single:keyless", pool), pool.view(), [TASK], progress=False)
     summary = res.summary()
     assert summary["worker_fallback_rate"] == 1.0 and summary["fallback_rate"] == 0.0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -89,52 +90,64 @@ def pareto_front(summaries: Sequence[dict[str, Any]]) -> list[str]:
     return front
 
 
-def pareto_plot(
-    summaries: Sequence[dict[str, Any]], path: str | Path, title: str = "Cost vs accuracy"
-) -> Path:
-    """Scatter of mean cost (log x) vs accuracy with the Pareto front drawn; writes a PNG."""
+COST_AXIS = "mean cost per question (USD, log scale)"
+
+
+@contextmanager
+def _figure(path: str | Path, title: str, xlabel: str) -> Iterator[Any]:
+    """The axes of one 8 x 5.5 in chart of accuracy (y) against ``xlabel``, titled and gridded,
+    written to ``path`` as a PNG when the block ends."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    front = set(pareto_front(summaries))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
-    for s in summaries:
-        on = s["policy"] in front
-        is_cond = s["policy"].startswith("conductor")
-        ax.scatter(
-            max(s["mean_cost_usd"], 1e-6),
-            100 * s["accuracy"],
-            s=90 if is_cond else 45,
-            marker="*" if is_cond else "o",
-            color="C3" if is_cond else ("C0" if on else "C7"),
-            zorder=3,
+    try:
+        yield ax
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(Path(path))
+    finally:
+        plt.close(fig)
+
+
+def pareto_plot(
+    summaries: Sequence[dict[str, Any]], path: str | Path, title: str = "Cost vs accuracy"
+) -> Path:
+    """Scatter of mean cost (log x) vs accuracy with the Pareto front drawn; writes a PNG."""
+    front = set(pareto_front(summaries))
+    with _figure(path, title, COST_AXIS) as ax:
+        for s in summaries:
+            on = s["policy"] in front
+            is_cond = s["policy"].startswith("conductor")
+            ax.scatter(
+                max(s["mean_cost_usd"], 1e-6),
+                100 * s["accuracy"],
+                s=90 if is_cond else 45,
+                marker="*" if is_cond else "o",
+                color="C3" if is_cond else ("C0" if on else "C7"),
+                zorder=3,
+            )
+            ax.annotate(
+                s["policy"],
+                (max(s["mean_cost_usd"], 1e-6), 100 * s["accuracy"]),
+                fontsize=7,
+                xytext=(4, 3),
+                textcoords="offset points",
+            )
+        pts = sorted(
+            (max(s["mean_cost_usd"], 1e-6), 100 * s["accuracy"]) for s in summaries if s["policy"] in front
         )
-        ax.annotate(
-            s["policy"],
-            (max(s["mean_cost_usd"], 1e-6), 100 * s["accuracy"]),
-            fontsize=7,
-            xytext=(4, 3),
-            textcoords="offset points",
-        )
-    pts = sorted(
-        (max(s["mean_cost_usd"], 1e-6), 100 * s["accuracy"]) for s in summaries if s["policy"] in front
-    )
-    if pts:
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "--", color="C0", lw=1, label="Pareto front")
-        ax.legend(loc="lower right")
-    ax.set_xscale("log")
-    ax.set_xlabel("mean cost per question (USD, log scale)")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "--", color="C0", lw=1, label="Pareto front")
+            ax.legend(loc="lower right")
+        ax.set_xscale("log")
+    return Path(path)
 
 
 # --------------------------------------------------------------------------- behaviour
@@ -287,38 +300,26 @@ def budget_plot(
     summaries: Sequence[dict[str, Any]], path: str | Path, title: str = "Accuracy under budgets"
 ) -> Path:
     """Cost (log x) vs accuracy, one marker per budget and a line joining each policy's points."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     budgets = list(dict.fromkeys(str(s.get("budget", "none")) for s in summaries))
     markers = "os^Dvx*"
-    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
-    by_policy: dict[str, list[dict[str, Any]]] = {}
-    for s in summaries:
-        by_policy.setdefault(s["policy"], []).append(s)
-    for i, (policy, points) in enumerate(by_policy.items()):
-        xy = [(max(p["mean_cost_usd"], 1e-6), 100 * p["accuracy"]) for p in points]
-        ax.plot([x for x, _ in xy], [y for _, y in xy], "-", color=f"C{i % 10}", lw=0.8, alpha=0.6)
-        for p, (x, y) in zip(points, xy, strict=True):
-            b = str(p.get("budget", "none"))
-            ax.scatter(x, y, marker=markers[budgets.index(b) % len(markers)], color=f"C{i % 10}", zorder=3)
-        ax.annotate(policy, xy[-1], fontsize=7, xytext=(4, 3), textcoords="offset points")
-    for j, b in enumerate(budgets):
-        ax.scatter([], [], marker=markers[j % len(markers)], color="k", label=f"budget {b}")
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("mean cost per question (USD, log scale)")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    with _figure(path, title, COST_AXIS) as ax:
+        by_policy: dict[str, list[dict[str, Any]]] = {}
+        for s in summaries:
+            by_policy.setdefault(s["policy"], []).append(s)
+        for i, (policy, points) in enumerate(by_policy.items()):
+            xy = [(max(p["mean_cost_usd"], 1e-6), 100 * p["accuracy"]) for p in points]
+            ax.plot([x for x, _ in xy], [y for _, y in xy], "-", color=f"C{i % 10}", lw=0.8, alpha=0.6)
+            for p, (x, y) in zip(points, xy, strict=True):
+                b = str(p.get("budget", "none"))
+                ax.scatter(
+                    x, y, marker=markers[budgets.index(b) % len(markers)], color=f"C{i % 10}", zorder=3
+                )
+            ax.annotate(policy, xy[-1], fontsize=7, xytext=(4, 3), textcoords="offset points")
+        for j, b in enumerate(budgets):
+            ax.scatter([], [], marker=markers[j % len(markers)], color="k", label=f"budget {b}")
+        ax.legend(loc="lower right", fontsize=8)
+        ax.set_xscale("log")
+    return Path(path)
 
 
 # --------------------------------------------------------------------------- deadlines
@@ -362,50 +363,36 @@ def deadline_plot(
 ) -> Path:
     """Latency-vs-accuracy view: deadline (log x; no deadline drawn at the right edge, labelled
     ``none``) vs accuracy, one line per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     labels = list(dict.fromkeys(str(s.get("deadline", "none")) for s in summaries))
     finite = sorted(float(d) for d in labels if d != "none")
     none_x = (finite[-1] * 2.5) if finite else 1.0
-    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
-    by_policy: dict[str, list[dict[str, Any]]] = {}
-    for s in summaries:
-        by_policy.setdefault(s["policy"], []).append(s)
-    for i, (policy, points) in enumerate(by_policy.items()):
-        xy = sorted(
-            (
-                none_x if str(p.get("deadline", "none")) == "none" else float(p["deadline"]),
-                100 * p["accuracy"],
+    with _figure(path, title, "deadline per request (s, log scale)") as ax:
+        by_policy: dict[str, list[dict[str, Any]]] = {}
+        for s in summaries:
+            by_policy.setdefault(s["policy"], []).append(s)
+        for i, (policy, points) in enumerate(by_policy.items()):
+            xy = sorted(
+                (
+                    none_x if str(p.get("deadline", "none")) == "none" else float(p["deadline"]),
+                    100 * p["accuracy"],
+                )
+                for p in points
             )
-            for p in points
-        )
-        style = ("-", "--", ":")[i // 10 % 3]  # ten colours, then the same colours dashed
-        ax.plot(
-            [x for x, _ in xy],
-            [y for _, y in xy],
-            marker="o",
-            ls=style,
-            color=f"C{i % 10}",
-            lw=1,
-            ms=4,
-            label=policy,
-        )
-    ticks = [*finite, none_x] if finite else [none_x]
-    ax.set_xscale("log")
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([*(f"{t:g}" for t in finite), "none"])
-    ax.minorticks_off()
-    ax.set_xlabel("deadline per request (s, log scale)")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+            style = ("-", "--", ":")[i // 10 % 3]  # ten colours, then the same colours dashed
+            ax.plot(
+                [x for x, _ in xy],
+                [y for _, y in xy],
+                marker="o",
+                ls=style,
+                color=f"C{i % 10}",
+                lw=1,
+                ms=4,
+                label=policy,
+            )
+        ticks = [*finite, none_x] if finite else [none_x]
+        ax.set_xscale("log")
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([*(f"{t:g}" for t in finite), "none"])
+        ax.minorticks_off()
+        ax.legend(loc="lower right", fontsize=7)
+    return Path(path)
