@@ -162,7 +162,7 @@ def test_grpo_rollouts_continue_by_the_review_rule(tmp_path: Path) -> None:
     """With the rule, a rollout of the pair pays for the escalation on hard questions only and
     is graded on the final answer after it (without the rule the hard questions are wrong)."""
     from rl_conductor.training.adaptive import pair
-    from rl_conductor.training.rewards import ConductorReward
+    from rl_conductor.training.grpo_reward import ConductorReward
     from rl_conductor.training.train import _warm_start
 
     pool, tasks = _pool(), _tasks()

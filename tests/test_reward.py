@@ -13,7 +13,7 @@ from rl_conductor.prompting import conductor_prompt
 from rl_conductor.reward import REWARD_PRESETS, RewardConfig, budget_stopped, compute_reward, grade_trace
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits, StepRecord, Trace
-from rl_conductor.training.rewards import ConductorReward
+from rl_conductor.training.grpo_reward import ConductorReward
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool
 from rl_conductor.workflow import Step, Workflow

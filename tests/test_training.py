@@ -32,7 +32,7 @@ from rl_conductor.training.data import (
     sft_records,
     synth_workflow,
 )
-from rl_conductor.training.rewards import ConductorReward, completion_text
+from rl_conductor.training.grpo_reward import ConductorReward, completion_text
 from rl_conductor.workers.base import CallContext, Message
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool

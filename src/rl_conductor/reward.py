@@ -13,7 +13,7 @@ deadline (``Limits.max_latency_s``) that skipped a step (``skipped_deadline``) c
 learns to plan fewer sequential steps or faster workers when time is short rather than to plan
 as if there were no deadline and lose steps to it.
 
-``rl_conductor.training.rewards.ConductorReward`` adapts this to TRL's reward-function contract
+``rl_conductor.training.grpo_reward.ConductorReward`` adapts this to TRL's reward-function contract
 ``(prompts, completions, **kwargs) -> list[float | None]``; training, evaluation and serving
 share :func:`grade_trace` so "correct" means the same thing everywhere.
 """

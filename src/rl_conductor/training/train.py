@@ -160,7 +160,7 @@ def train(
     from rl_conductor.trace import Limits
     from rl_conductor.tracking import mlflow_utils
     from rl_conductor.training.data import grpo_records, make_specs, sft_records, warm_sft_records
-    from rl_conductor.training.rewards import ConductorReward
+    from rl_conductor.training.grpo_reward import ConductorReward
     from rl_conductor.workers.pool import load_pool
 
     out = Path(out_dir)
