@@ -218,3 +218,28 @@ def test_eval_of_a_split_with_no_questions_is_an_error_not_a_table_of_dashes(tmp
     assert "split 'test' of dataset" in result.output and "(train 3, validation 0, test 0)" in result.output
     ok = CliRunner().invoke(app, ["eval", "--pool", str(pool), "--policy", "single:m1", "--split", "train"])
     assert ok.exit_code == 0, ok.output
+
+
+# --------------------------------------------------------------------------- F6: nothing answered
+
+
+def test_train_stops_with_the_reason_when_no_worker_answers_a_training_question(tmp_path: Path) -> None:
+    """A recordings pool trained on a dataset it holds none of (``--dataset gsm8k``): every call of
+    the warm start's table failed and training ran to the end, exit 0, ``reward 0.000``."""
+    from typer.testing import CliRunner
+
+    from rl_conductor.cli import app
+
+    pool = _recordings_pool(tmp_path, [{**_item(i), "split": "train"} for i in range(6)])
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(yaml.safe_dump({"model": "tiny", "tiny_vocab_size": 512, "tiny_hidden_size": 32,
+                                      "tiny_layers": 1, "tiny_intermediate_size": 64, "sft_examples": 8,
+                                      "grpo_steps": 1, "warm_items_per_domain": 4,
+                                      "warm_cache_dir": str(tmp_path / "cache")}))  # fmt: skip
+    args = ["train", "--preset", str(preset), "--pool", str(pool), "--dataset", "gsm8k", "--out"]
+    result = CliRunner().invoke(app, [*args, str(tmp_path / "run")])
+    assert result.exit_code == 1, result.output
+    assert (
+        "no worker answered any of the" in result.output and "no recording of task 'gsm8k/" in result.output
+    )
+    assert not (tmp_path / "run" / "final").exists()

@@ -369,6 +369,31 @@ def warm_start(
     return _warm_start(cfg, tasks, pool, progress=progress)[:3]
 
 
+def fail_if_nothing_answered(table: Any, items: list[Any], pool: Any) -> None:
+    """Raise when no candidate of the warm start's table got an answer on any training question.
+
+    Why: a pool that answers none of the dataset's questions (a recordings file without its items,
+    a dataset given by mistake, a dead endpoint) fails every call inside the traces; SFT and GRPO
+    then train on all-zero outcomes to the end and exit 0. The error names the first call's."""
+    import numpy as np
+
+    executed = table.done[:, :, 0]
+    if not executed.any() or bool(np.any(table.tokens[:, :, 0][executed] > 0)):
+        return
+    from rl_conductor.errors import UserError
+    from rl_conductor.trace import Limits
+    from rl_conductor.training.candidates import _execute, single
+
+    view = pool.view()
+    names = view.names()
+    (trace,) = _execute([(items[0], single(names[0]).workflow(names), Limits())], view)
+    first = next((a.error for a in trace.attempts if a.error), "no answer")
+    raise UserError(
+        f"no worker answered any of the {len(table.task_ids)} training questions of the warm start "
+        f"(every candidate workflow failed); e.g. {first}"
+    )
+
+
 def _warm_start(
     cfg: TrainConfig, tasks: list[Any], pool: Any, *, progress: bool = False
 ) -> tuple[Any, Any, dict[str, dict[str, float]] | None, dict[tuple[str, str, str], str] | None]:
@@ -402,6 +427,7 @@ def _warm_start(
         max_steps=cfg.max_steps_per_workflow,
         progress=progress,
     )
+    fail_if_nothing_answered(table, items, pool)
     if cfg.warm_group_by != "source":  # the cached table is grouped by source; regroup its rows
         by_id = {t.id: t for t in items}
         table = replace(table, groups=[group_of(by_id[i], cfg.warm_group_by) for i in table.task_ids])
