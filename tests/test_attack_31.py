@@ -243,3 +243,35 @@ def test_train_stops_with_the_reason_when_no_worker_answers_a_training_question(
         "no worker answered any of the" in result.output and "no recording of task 'gsm8k/" in result.output
     )
     assert not (tmp_path / "run" / "final").exists()
+
+
+# --------------------------------------------------------------------------- F5: plan --execute
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Any:
+    from _tiny import trained_micro
+
+    return trained_micro(tmp_path_factory, mlflow_db_template)
+
+
+def test_plan_execute_answers_a_recorded_item_and_fails_loudly_on_free_text(
+    micro: Any, tmp_path: Path
+) -> None:
+    """On a replay pool ``plan --execute "free text"`` printed a blank answer, $0, 0 calls and exited
+    0 (the replay worker refuses free text); a question that is a recorded item got the same."""
+    from typer.testing import CliRunner
+
+    from rl_conductor.cli import app
+
+    pool = _recordings_pool(tmp_path, [_item(i) for i in range(3)])
+    base = ["plan", str(micro.final_dir), "--pool", str(pool), "--execute"]
+    item = CliRunner().invoke(app, [*base[:2], "What is 1 + 1?", *base[2:]])
+    assert item.exit_code == 0, item.output
+    assert "final answer: #### 2" in item.output and "calls 1" in item.output
+    free = CliRunner().invoke(app, [*base[:2], "Tell me a joke.", *base[2:]])
+    assert free.exit_code == 1, free.output
+    assert (
+        "no worker answered the question" in free.output
+        and "no recording of task 'cli/question'" in free.output
+    )

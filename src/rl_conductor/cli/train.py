@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -107,12 +107,15 @@ def plan_cmd(
     from rl_conductor.policies.conductor import ConductorPolicy
     from rl_conductor.tasks.base import Task
     from rl_conductor.trace import Limits
+    from rl_conductor.validation import has_visible_text
     from rl_conductor.workers.pool import load_pool
 
     p = load_pool(pool or str(trained_meta([f"conductor:{model_dir}"]).get("pool") or "paper-sim"))
     view = p.view()
     pol = ConductorPolicy(str(model_dir))
-    task = Task(id="cli/question", question=question, answer="", domain="unknown", source="cli", grader="qa")
+    task = _recorded_item(p, question) or Task(
+        id="cli/question", question=question, answer="", domain="unknown", source="cli", grader="qa"
+    )
     rounds = max_rounds or int(pol.meta.get("max_rounds", 1))
     limits = Limits(max_cost_usd=max_cost_usd, max_rounds=rounds)
     plan = asyncio.run(pol.plan(task, view, limits))
@@ -138,3 +141,23 @@ def plan_cmd(
                 console.print(f"  step {i}: {rec.worker} sees {rec.visible}: {rec.instruction}", markup=False)
         console.print(f"final answer: {trace.final_answer}", markup=False)
         console.print(f"cost ${trace.cost_usd:.5f}, tokens {trace.tokens}, calls {trace.calls}")
+        if not has_visible_text(trace.final_answer or ""):  # never a blank answer with exit 0
+            from rl_conductor.errors import UserError
+
+            why = (
+                next((a.error for a in trace.attempts if a.error), "")
+                or trace.stopped_reason
+                or "no step ran"
+            )
+            raise UserError(f"no worker answered the question; e.g. {why}")
+
+
+def _recorded_item(pool: Any, question: str) -> Any:
+    """The pool's own dataset item whose question is exactly ``question``, or None: a replay
+    worker answers items, not free text (and a simulated one grades an item against its gold)."""
+    from rl_conductor.tasks.datasets import load_tasks
+
+    dataset = pool.options.get("default_dataset")
+    if not dataset:
+        return None
+    return next((t for t in load_tasks(str(dataset)) if t.question == question), None)
