@@ -275,3 +275,20 @@ def test_plan_execute_answers_a_recorded_item_and_fails_loudly_on_free_text(
         "no worker answered the question" in free.output
         and "no recording of task 'cli/question'" in free.output
     )
+
+
+# --------------------------------------------------------------------------- F8: the documented flag
+
+
+def test_traffic_index_size_is_a_flag_as_documented() -> None:
+    """docs/closed-loop.md names ``--traffic_index_size``; the predictor refused it as unrecognised."""
+    import argparse
+
+    from rl_conductor.loop.serving import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(["--traffic_store", "/tmp/s", "--traffic_index_size", "7"]))
+    assert config is not None and config.index_size == 7
+    with pytest.raises(InvalidValue, match="--traffic_index_size"):
+        config_from_args(parser.parse_args(["--traffic_store", "/tmp/s", "--traffic_index_size", "0"]))

@@ -10,7 +10,7 @@ Flags (each also read from an environment variable, for a pod spec)::
     --traffic_private_store URI    CONDUCTOR_TRAFFIC_PRIVATE_STORE  private requests' store (self-hosted)
     --traffic_batch_size N         (100)   --traffic_flush_interval_s S (2)
     --traffic_max_queue N          (10000) --traffic_retention_days D   (30; 0 = keep)
-    --traffic_max_bytes N          (0 = no cap)
+    --traffic_max_bytes N          (0 = no cap)     --traffic_index_size N       (100000)
 
 Routes: ``POST /v1/feedback`` (errors ``{"error": ...}``, as the v1 route's) and ``POST
 /openai/v1/feedback`` (errors in OpenAI's shape). Both sit behind the request guard, so they need
@@ -74,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="most bytes per store; oldest files go first (0: no cap)",
     )
+    g.add_argument(
+        "--traffic_index_size",
+        type=int,
+        default=TrafficConfig.index_size,
+        help="request ids kept in memory for feedback look-ups",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> TrafficConfig | None:
@@ -94,6 +100,7 @@ def config_from_args(args: argparse.Namespace) -> TrafficConfig | None:
         max_queue=args.traffic_max_queue,
         retention_days=args.traffic_retention_days or None,
         max_store_bytes=args.traffic_max_bytes or None,
+        index_size=args.traffic_index_size,
     )
 
 
