@@ -218,3 +218,14 @@ def test_a_micro_run_with_two_rounds_trains_a_conductor_that_reviews(tmp_path: P
     rounds = episode.trace.rounds
     # round 2 began with the trained Conductor's review (keep or continue) of what round 1 answered
     assert len(rounds) == 2 and rounds[1].decision in ("keep", "continue") and rounds[1].seen
+
+
+def test_the_gsm8k_six_preset_weights_the_decision_of_plans_and_reviews() -> None:
+    """The shipped adaptive preset trains two rounds with the decision tokens weighted: at weight
+    1 its tiny model learnt the review's format and not its choice (it kept after 98.8 % of its test
+    reviews, agreeing or not; configs/train/gsm8k-six.yaml has the validation figures)."""
+    from rl_conductor.training.config import load_preset
+
+    cfg = load_preset("gsm8k-six")
+    assert cfg.max_rounds == 2 and cfg.evidence == "none"
+    assert cfg.sft_decision_weight > 1.0
