@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from servers import MlflowServer, S3Server, mlflow_server, seaweedfs_s3
+from servers import (
+    MlflowServer,
+    S3Server,
+    build_tiny_worker_model,
+    mlflow_server,
+    seaweedfs_s3,
+    worker_serve_processes,
+)
 
 if TYPE_CHECKING:  # mlflow is imported by the fixtures that need it: it takes seconds
     from rl_conductor.tracking.mlflow_utils import TrackingConfig
@@ -57,6 +64,42 @@ def mlflow_sqlite_uri(mlflow_db_template: Path, tmp_path_factory: pytest.TempPat
     path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
     shutil.copyfile(mlflow_db_template, path)
     return f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="module")
+def tiny_worker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny randomly initialised chat model folder that ``conductor worker serve`` loads."""
+    return build_tiny_worker_model(tmp_path_factory.mktemp("worker-model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def local_workers(
+    tiny_worker_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, int]]:
+    """Two ``conductor worker serve`` processes of it, ``tiny-self`` and ``tiny-ext`` (the workers
+    of the ``local-live`` pool, see :func:`servers.local_live_env`); yields {served name: port}."""
+    names = ("tiny-self", "tiny-ext")
+    with worker_serve_processes(tiny_worker_dir, names, tmp_path_factory.mktemp("worker-logs")) as ports:
+        yield ports
+
+
+@pytest.fixture
+def mlflow_local(mlflow_db_template: Path, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """MLflow configured on a fresh sqlite store in ``tmp_path`` (artifacts in ``tmp_path/mlruns``),
+    restored afterwards; yields the environment a predictor process needs to reach the same store."""
+    import mlflow
+
+    from rl_conductor.tracking import mlflow_utils
+
+    db = tmp_path / "mlflow.db"
+    shutil.copyfile(mlflow_db_template, db)
+    uri = f"sqlite:///{db}"
+    previous = mlflow.get_tracking_uri()
+    mlflow_utils.configure(uri, artifact_root=str(tmp_path / "mlruns"))
+    yield {"MLFLOW_TRACKING_URI": uri, "CONDUCTOR_ARTIFACT_ROOT": str(tmp_path / "mlruns")}
+    mlflow_utils.reset()
+    mlflow.set_tracking_uri(previous)
+    mlflow.set_registry_uri(previous)
 
 
 @pytest.fixture(scope="session")

@@ -71,10 +71,6 @@ class Predictor:
         return f"http://{LOOPBACK}:{self.port}"
 
 
-def _ready(url: str) -> bool:
-    return _ok(f"{url}/v2/health/ready")
-
-
 def _ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
@@ -132,18 +128,6 @@ def predictor(
         env and "CONDUCTOR_API_KEYS" in env
     ):
         cmd += ["--auth", "none"]  # tests of authentication pass their keys
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            cmd, stdout=fh, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
-        )
-    try:
-        server = Predictor(port=port, log=log)
-        deadline = time.monotonic() + timeout_s
-        while not _ready(server.url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"predictor did not start ({' '.join(cmd)}):\n{_log_tail(log)}")
-            time.sleep(0.2)
+    server = Predictor(port=port, log=log)
+    with process(cmd, log, f"{server.url}/v2/health/ready", env=env, timeout_s=timeout_s):
         yield server
-    finally:
-        _stop(proc, grace_s=5.0)

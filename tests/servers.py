@@ -343,6 +343,18 @@ def build_tiny_worker_model(out: Path) -> Path:
     return path
 
 
+def local_live_env(ports: dict[str, int], tmp_path: Path) -> dict[str, str]:
+    """What the ``local-live`` pool file reads: the ports and models of the two workers that
+    :func:`worker_serve_processes` started as ``tiny-self`` and ``tiny-ext``, and a cache file."""
+    return {
+        "CONDUCTOR_SELF_PORT": str(ports["tiny-self"]),
+        "CONDUCTOR_EXTERNAL_PORT": str(ports["tiny-ext"]),
+        "CONDUCTOR_SELF_MODEL": "tiny-self",
+        "CONDUCTOR_EXTERNAL_MODEL": "tiny-ext",
+        "CONDUCTOR_CACHE": str(tmp_path / "cache.sqlite"),
+    }
+
+
 @contextmanager
 def worker_serve_processes(model_dir: Path, names: tuple[str, ...], logs: Path) -> Iterator[dict[str, int]]:
     """One real ``conductor worker serve`` process per served name on free loopback ports;

@@ -13,7 +13,6 @@ also caps ``max_tokens`` to what the time left affords and skips a step that can
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -25,33 +24,17 @@ from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import load_pool
 from rl_conductor.workflow import Step, Workflow
-from servers import build_tiny_worker_model, worker_serve_processes
+from servers import local_live_env
 
 pytestmark = pytest.mark.slow
-NAMES = ("tiny-self", "tiny-ext")
 #: Seconds the measured wall time may exceed the deadline (not worker time: see the docstring).
 MARGIN_S = 1.0
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_worker_model(tmp_path_factory.mktemp("deadline-worker-model") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def workers(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, int]]:
-    """Two ``conductor worker serve`` processes; yields {served name: port}."""
-    with worker_serve_processes(tiny_dir, NAMES, tmp_path_factory.mktemp("deadline-worker-logs")) as ports:
-        yield ports
-
-
 @pytest.fixture
-def live_env(workers: dict[str, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    monkeypatch.setenv("CONDUCTOR_SELF_PORT", str(workers["tiny-self"]))
-    monkeypatch.setenv("CONDUCTOR_EXTERNAL_PORT", str(workers["tiny-ext"]))
-    monkeypatch.setenv("CONDUCTOR_SELF_MODEL", "tiny-self")
-    monkeypatch.setenv("CONDUCTOR_EXTERNAL_MODEL", "tiny-ext")
-    monkeypatch.setenv("CONDUCTOR_CACHE", str(tmp_path / "cache.sqlite"))
+def live_env(local_workers: dict[str, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    for name, value in local_live_env(local_workers, tmp_path).items():
+        monkeypatch.setenv(name, value)
     return tmp_path
 
 

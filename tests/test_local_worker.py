@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,44 +23,30 @@ from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, load_pool
 from rl_conductor.workflow import Step, Workflow
-from servers import build_tiny_worker_model, worker_serve_processes
+from servers import local_live_env
 
 pytestmark = pytest.mark.slow
-NAMES = ("tiny-self", "tiny-ext")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_worker_model(tmp_path_factory.mktemp("worker-model") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def workers(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, int]]:
-    """Two ``conductor worker serve`` processes; yields {served name: port}."""
-    with worker_serve_processes(tiny_dir, NAMES, tmp_path_factory.mktemp("worker-logs")) as ports:
-        yield ports
 
 
 @pytest.fixture
-def live_pool(workers: dict[str, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Pool:
-    monkeypatch.setenv("CONDUCTOR_SELF_PORT", str(workers["tiny-self"]))
-    monkeypatch.setenv("CONDUCTOR_EXTERNAL_PORT", str(workers["tiny-ext"]))
-    monkeypatch.setenv("CONDUCTOR_SELF_MODEL", "tiny-self")
-    monkeypatch.setenv("CONDUCTOR_EXTERNAL_MODEL", "tiny-ext")
-    monkeypatch.setenv("CONDUCTOR_CACHE", str(tmp_path / "cache.sqlite"))
+def live_pool(local_workers: dict[str, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Pool:
+    for name, value in local_live_env(local_workers, tmp_path).items():
+        monkeypatch.setenv(name, value)
     return load_pool("local-live")
 
 
-def test_openai_sdk_sees_models_and_real_usage(workers: dict[str, int], tiny_dir: Path) -> None:
+def test_openai_sdk_sees_models_and_real_usage(local_workers: dict[str, int], tiny_worker_dir: Path) -> None:
     import openai
 
     from rl_conductor.workers.live.server import ChatModel
 
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{workers['tiny-self']}/openai/v1", api_key="EMPTY")
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{local_workers['tiny-self']}/openai/v1", api_key="EMPTY"
+    )
     assert [m.id for m in client.models.list().data] == ["tiny-self"]
     messages = [{"role": "user", "content": "Natalia sold clips to 48 of her friends."}]
     resp = client.chat.completions.create(model="tiny-self", messages=messages, max_tokens=7, temperature=0.0)
-    local = ChatModel("tiny-self", tiny_dir)  # the served model's own tokenizer and prompt format
+    local = ChatModel("tiny-self", tiny_worker_dir)  # the served model's own tokenizer and prompt format
     local.load()
     assert resp.usage is not None
     assert resp.usage.prompt_tokens == len(local.prompt_ids(messages)) > 10
@@ -76,10 +61,12 @@ def test_openai_sdk_sees_models_and_real_usage(workers: dict[str, int], tiny_dir
         client.chat.completions.create(model="tiny-self", messages=[], max_tokens=4)
 
 
-def test_worker_serve_answers_stream_true_in_the_streaming_wire_format(workers: dict[str, int]) -> None:
+def test_worker_serve_answers_stream_true_in_the_streaming_wire_format(local_workers: dict[str, int]) -> None:
     import openai
 
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{workers['tiny-self']}/openai/v1", api_key="EMPTY")
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{local_workers['tiny-self']}/openai/v1", api_key="EMPTY"
+    )
     messages = [{"role": "user", "content": "Natalia sold clips to 48 of her friends."}]
     whole = client.chat.completions.create(
         model="tiny-self", messages=messages, max_tokens=6, temperature=0.0
@@ -102,7 +89,7 @@ def test_worker_serve_answers_stream_true_in_the_streaming_wire_format(workers: 
 
 
 async def test_two_step_workflow_over_http_reports_tokens_and_keeps_the_budget(
-    live_pool: Pool, tiny_dir: Path
+    live_pool: Pool, tiny_worker_dir: Path
 ) -> None:
     from rl_conductor.workers.live.server import ChatModel
     from rl_conductor.workflow import worker_message
@@ -113,7 +100,7 @@ async def test_two_step_workflow_over_http_reports_tokens_and_keeps_the_budget(
     limits = Limits(max_cost_usd=0.01, max_tokens=64, temperature=0.7)
     trace = await execute(wf, task, view, limits)
     assert [s.status for s in trace.steps] == ["ok", "ok"], [s.note for s in trace.steps]
-    local = ChatModel("tiny-self", tiny_dir)
+    local = ChatModel("tiny-self", tiny_worker_dir)
     local.load()
     for i, step in enumerate(trace.steps):  # the trace carries the servers' own prompt token counts
         visible = [(0, wf.steps[0].instruction, trace.steps[0].answer)] if i else []
@@ -149,16 +136,8 @@ async def test_repeated_workflow_is_served_from_the_cache(live_pool: Pool) -> No
     assert again.final_answer == first.final_answer and again.cost_usd == first.cost_usd
 
 
-def test_conductor_eval_on_local_live(workers: dict[str, int], tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "CONDUCTOR_SELF_PORT": str(workers["tiny-self"]),
-        "CONDUCTOR_EXTERNAL_PORT": str(workers["tiny-ext"]),
-        "CONDUCTOR_SELF_MODEL": "tiny-self",
-        "CONDUCTOR_EXTERNAL_MODEL": "tiny-ext",
-        "CONDUCTOR_CACHE": str(tmp_path / "cache.sqlite"),
-    }
+def test_conductor_eval_on_local_live(local_workers: dict[str, int], tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **local_live_env(local_workers, tmp_path)}
     out = tmp_path / "eval.json"
     cmd = [sys.executable, "-m", "rl_conductor.cli", "eval", "--pool", "local-live", "--limit", "2"]
     cmd += ["--policy", "single:smol-self", "--policy", "single:smol-external", "--json", str(out)]
@@ -172,10 +151,10 @@ def test_conductor_eval_on_local_live(workers: dict[str, int], tmp_path: Path) -
     assert results["single:smol-external"]["mean_cost_usd"] > results["single:smol-self"]["mean_cost_usd"]
 
 
-def test_kserve_v1_predict_and_readiness(workers: dict[str, int]) -> None:
+def test_kserve_v1_predict_and_readiness(local_workers: dict[str, int]) -> None:
     import urllib.request
 
-    root = f"http://127.0.0.1:{workers['tiny-ext']}"
+    root = f"http://127.0.0.1:{local_workers['tiny-ext']}"
     with urllib.request.urlopen(f"{root}/v1/models/tiny-ext", timeout=30) as resp:
         assert json.loads(resp.read())["ready"] is True
     body = {"instances": [{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}]}
@@ -189,18 +168,10 @@ def test_kserve_v1_predict_and_readiness(workers: dict[str, int]) -> None:
     assert pred["object"] == "chat.completion" and 1 <= pred["usage"]["completion_tokens"] <= 3
 
 
-def test_pool_check_on_local_live(workers: dict[str, int], tmp_path: Path) -> None:
+def test_pool_check_on_local_live(local_workers: dict[str, int], tmp_path: Path) -> None:
     """`conductor pool check local-live` against the two real worker processes: one call each,
     the servers' own token counts, and a worker that is not running is named (exit 1)."""
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "CONDUCTOR_SELF_PORT": str(workers["tiny-self"]),
-        "CONDUCTOR_EXTERNAL_PORT": str(workers["tiny-ext"]),
-        "CONDUCTOR_SELF_MODEL": "tiny-self",
-        "CONDUCTOR_EXTERNAL_MODEL": "tiny-ext",
-        "CONDUCTOR_CACHE": str(tmp_path / "cache.sqlite"),
-    }
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **local_live_env(local_workers, tmp_path)}
     cmd = [sys.executable, "-m", "rl_conductor.cli", "pool", "check", "local-live", "--json", "-"]
     res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

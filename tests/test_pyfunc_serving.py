@@ -6,7 +6,6 @@ document and the planning are one code path (only the request id and the wall ti
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +32,10 @@ def _same(doc: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_kserve_and_pyfunc_answer_the_same_request_identically(
-    micro: Micro, mlflow_db_template: Path, tmp_path: Path
+    micro: Micro, mlflow_local: dict[str, str], tmp_path: Path
 ) -> None:
-    from rl_conductor.tracking import mlflow_utils, registry
+    from rl_conductor.tracking import registry
 
-    db = tmp_path / "mlflow.db"
-    shutil.copyfile(mlflow_db_template, db)
-    uri = f"sqlite:///{db}"
-    previous = mlflow.get_tracking_uri()
-    mlflow_utils.configure(uri, artifact_root=str(tmp_path / "mlruns"))
     (question, other) = [t.question for t in load_tasks("paper-mix", split="test", limit=2, seed=3)]
     requests: list[dict[str, Any]] = [
         {"question": question},
@@ -49,22 +43,16 @@ def test_kserve_and_pyfunc_answer_the_same_request_identically(
         {"question": question, "max_cost_usd": 1e-7},  # below any call: the service's budget floor
         {"question": other, "max_cost_usd": 0.003, "max_steps": 2},
     ]
-    try:
-        info = registry.log_conductor_model(micro.final_dir, alias="champion")
-        env = {"MLFLOW_TRACKING_URI": uri, "CONDUCTOR_ARTIFACT_ROOT": str(tmp_path / "mlruns")}
-        with (
-            predictor(["--model", info.model_uri, "--pool", "paper-sim"], tmp_path, env=env) as srv,
-            httpx.Client(base_url=srv.url, timeout=120) as client,
-        ):
-            resp = client.post("/v1/models/conductor:predict", json={"instances": requests})
-        assert resp.status_code == 200, resp.text
-        served = resp.json()["predictions"]
-        loaded = mlflow.pyfunc.load_model(info.model_uri)
-        answered = loaded.predict(requests)
-    finally:
-        mlflow_utils.reset()
-        mlflow.set_tracking_uri(previous)
-        mlflow.set_registry_uri(previous)
+    info = registry.log_conductor_model(micro.final_dir, alias="champion")
+    with (
+        predictor(["--model", info.model_uri, "--pool", "paper-sim"], tmp_path, env=mlflow_local) as srv,
+        httpx.Client(base_url=srv.url, timeout=120) as client,
+    ):
+        resp = client.post("/v1/models/conductor:predict", json={"instances": requests})
+    assert resp.status_code == 200, resp.text
+    served = resp.json()["predictions"]
+    loaded = mlflow.pyfunc.load_model(info.model_uri)
+    answered = loaded.predict(requests)
     assert len(served) == len(answered) == len(requests)
     for over_http, in_process in zip(served, answered, strict=True):
         assert set(PER_CALL) <= set(over_http) and set(PER_CALL) <= set(in_process)

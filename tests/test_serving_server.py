@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -404,66 +403,52 @@ def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) ->
 
 @pytest.mark.slow
 def test_micro_conductor_from_the_registry_plans_in_batches_and_traces(
-    micro: Micro, mlflow_db_template: Path, tmp_path: Path
+    micro: Micro, mlflow_local: dict[str, str], tmp_path: Path
 ) -> None:
     import mlflow
 
     from rl_conductor.tracking import mlflow_utils, registry
 
-    db = tmp_path / "mlflow.db"
-    shutil.copyfile(mlflow_db_template, db)
-    uri = f"sqlite:///{db}"
-    previous = mlflow.get_tracking_uri()
-    mlflow_utils.configure(uri, artifact_root=str(tmp_path / "mlruns"))
-    try:
-        registry.log_conductor_model(micro.final_dir, alias="champion")
-        env = {"MLFLOW_TRACKING_URI": uri, "CONDUCTOR_ARTIFACT_ROOT": str(tmp_path / "mlruns")}
-        with (
-            predictor(["--pool", "paper-sim"], tmp_path, env=env) as srv,
-            httpx.Client(base_url=srv.url, timeout=120) as client,
-        ):  # no --model: the default is models:/conductor@champion
-            questions = [{"question": f"What is {i} + {i}?"} for i in range(6)]
-            # a 1 s deadline no paper-sim worker meets: that request is planned twice, and says so
-            rushed = {"question": "What is 7 + 7?", "max_latency_s": 1}
-            private = {"question": "Keep this private", "sensitivity": "private"}
-            resp = v1(client, *questions, rushed, private)
-            assert resp.status_code == 200, resp.text
-            docs = resp.json()["predictions"]
-            batch_sum = metric(client, "conductor_plan_batch_size_sum")
-            batch_count = metric(client, "conductor_plan_batch_size_count")
-            exp = mlflow_utils.client().get_experiment_by_name("conductor-serving")
-            deadline = time.monotonic() + 60
-            traces: list[Any] = []
-            # a trace is listed once its first span is exported; wait until each has its root
-            while time.monotonic() < deadline and (
-                len(traces) < len(docs)
-                or not all(any(s.parent_id is None for s in t.data.spans) for t in traces)
-            ):
-                time.sleep(0.5)
-                if exp is None:
-                    exp = mlflow_utils.client().get_experiment_by_name("conductor-serving")
-                    continue
-                traces = mlflow.search_traces(locations=[exp.experiment_id], return_type="list")
-        for doc in docs:
-            assert doc["workflow"] and doc["raw_plan"]
-            assert doc["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in doc["steps"]))
-        assert not any(n.startswith("planning:") for n in docs[0]["notes"])  # no deadline: one pass
-        assert docs[-2]["notes"][0].startswith("planning: the plan made without the deadline")
-        assert docs[-2]["notes"][0].endswith("planned again with it")  # no worker answers in 1 s
-        assert batch_sum / batch_count > 1, "concurrent questions were planned one by one"
-        assert len(traces) == len(docs)
-        for tr in traces:
-            spans = tr.data.spans
-            root = next(s for s in spans if s.parent_id is None)
-            doc = next(d for d in docs if d["request_id"] == root.attributes["request_id"])
-            assert len(spans) == 1 + len(doc["steps"])
-            assert "Keep this private" not in json.dumps(
-                [s.inputs for s in spans] + [s.outputs for s in spans]
-            )
-    finally:
-        mlflow_utils.reset()
-        mlflow.set_tracking_uri(previous)
-        mlflow.set_registry_uri(previous)
+    registry.log_conductor_model(micro.final_dir, alias="champion")
+    with (
+        predictor(["--pool", "paper-sim"], tmp_path, env=mlflow_local) as srv,
+        httpx.Client(base_url=srv.url, timeout=120) as client,
+    ):  # no --model: the default is models:/conductor@champion
+        questions = [{"question": f"What is {i} + {i}?"} for i in range(6)]
+        # a 1 s deadline no paper-sim worker meets: that request is planned twice, and says so
+        rushed = {"question": "What is 7 + 7?", "max_latency_s": 1}
+        private = {"question": "Keep this private", "sensitivity": "private"}
+        resp = v1(client, *questions, rushed, private)
+        assert resp.status_code == 200, resp.text
+        docs = resp.json()["predictions"]
+        batch_sum = metric(client, "conductor_plan_batch_size_sum")
+        batch_count = metric(client, "conductor_plan_batch_size_count")
+        exp = mlflow_utils.client().get_experiment_by_name("conductor-serving")
+        deadline = time.monotonic() + 60
+        traces: list[Any] = []
+        # a trace is listed once its first span is exported; wait until each has its root
+        while time.monotonic() < deadline and (
+            len(traces) < len(docs) or not all(any(s.parent_id is None for s in t.data.spans) for t in traces)
+        ):
+            time.sleep(0.5)
+            if exp is None:
+                exp = mlflow_utils.client().get_experiment_by_name("conductor-serving")
+                continue
+            traces = mlflow.search_traces(locations=[exp.experiment_id], return_type="list")
+    for doc in docs:
+        assert doc["workflow"] and doc["raw_plan"]
+        assert doc["cost_usd"] == pytest.approx(sum(s["cost_usd"] for s in doc["steps"]))
+    assert not any(n.startswith("planning:") for n in docs[0]["notes"])  # no deadline: one pass
+    assert docs[-2]["notes"][0].startswith("planning: the plan made without the deadline")
+    assert docs[-2]["notes"][0].endswith("planned again with it")  # no worker answers in 1 s
+    assert batch_sum / batch_count > 1, "concurrent questions were planned one by one"
+    assert len(traces) == len(docs)
+    for tr in traces:
+        spans = tr.data.spans
+        root = next(s for s in spans if s.parent_id is None)
+        doc = next(d for d in docs if d["request_id"] == root.attributes["request_id"])
+        assert len(spans) == 1 + len(doc["steps"])
+        assert "Keep this private" not in json.dumps([s.inputs for s in spans] + [s.outputs for s in spans])
 
 
 # -- live local workers (`conductor worker serve`) ---------------------------------------------
