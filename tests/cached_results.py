@@ -10,7 +10,7 @@ simulated pool, the executor, the graders or the data change. The result is stor
 * the source of every ``rl_conductor`` module loaded while computing it (recorded in a fresh
   process, so exactly the modules the computation imports: a change that makes it run other
   code must edit one of them to import it), plus this file and the sandbox's harness;
-* every file under the package's ``data``, ``configs`` and ``prompts`` folders;
+* every file under the package's ``data``, ``configs/pools`` and ``prompts`` folders;
 * the Python version, the machine type and the version of every third-party distribution it
   used (whose modules it loaded, and math-verify's and the sandbox's, used in subprocesses).
 
@@ -38,8 +38,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "rl_conductor"
 STORE = Path(__file__).resolve().parent / "data" / "cached"
-#: Folders of the package whose every file counts as an input (data the code reads).
-DATA_DIRS = ("data", "configs", "prompts")
+#: Folders of the package whose every file counts as an input (data the code reads: datasets,
+#: calibration, pool files, prompts; not the training presets, which no computation here reads).
+DATA_DIRS = ("data", "configs/pools", "prompts")
 #: Inputs not imported as modules (the sandbox compiles its harness from the source file).
 EXTRA = ("src/rl_conductor/tasks/sandbox_harness.py", "tests/cached_results.py")
 #: Distributions used outside this process: math-verify and its parsers in the math helper,
