@@ -18,6 +18,12 @@ Conductor's cost (the kNN router refitted at cost weights 0 … 1 on the recorde
 with the single workers, :func:`~rl_conductor.evaluation.frontier.hull_accuracy`; the bootstrap
 resamples the questions of every point).
 
+``--extra NAME=DIR`` (repeatable) adds more Conductor folders of the same pool (an ablation: its
+paired intervals against the same routers and against ``conductor``, the routers evaluated once).
+``--rewards FILE`` writes every policy's per-question rewards and summary; ``--reuse FILE`` reads
+such a file instead of evaluating the rule and the routers again (same pool, splits and questions:
+they do not depend on the Conductor folder beyond its evidence model, which a recipe's seed fixes).
+
 Usage: ``python benchmarks/recordings_conductor.py --model runs/mine/final --sft --json
 benchmarks/results/recordings_conductor_routellm.json``.
 """
@@ -94,6 +100,13 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="at most N questions per split")
     ap.add_argument("--boot", type=int, default=2000)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--rewards", type=Path, help="also write each policy's per-question rewards here (JSON)")
+    ap.add_argument(
+        "--reuse", type=Path, help="the rule's and routers' rewards from an earlier --rewards file"
+    )
+    ap.add_argument(
+        "--extra", action="append", default=[], metavar="NAME=DIR", help="another Conductor folder to compare"
+    )
     args = ap.parse_args()
     meta = json.loads((args.model / "conductor.json").read_text())
     pool = load_pool(meta["pool"], seed=0)
@@ -102,7 +115,19 @@ def main() -> None:
     specs = {"conductor": f"conductor:{args.model}"}
     if args.sft:
         specs["conductor-sft"] = f"conductor:{args.model.parent / 'sft'}"
-    specs |= {"evidence-rule": f"evidence-rule:{args.model}", "knn": "knn", "domain-router": "domain-router"}
+    for extra in args.extra:
+        name, sep, folder = extra.partition("=")
+        if not sep or not name or name in specs or name in ("evidence-rule", "knn", "domain-router"):
+            ap.error(f"--extra takes NAME=DIR with a new NAME, not {extra!r}")
+        specs[name] = f"conductor:{folder}"
+    conductors = [k for k, s in specs.items() if s.startswith("conductor:")]
+    reused: dict[str, Any] = json.loads(args.reuse.read_text()) if args.reuse else {}
+    if not reused:
+        specs |= {
+            "evidence-rule": f"evidence-rule:{args.model}",
+            "knn": "knn",
+            "domain-router": "domain-router",
+        }
     policies = {k: make_policy(s, pool, seed=0, dataset=dataset, reward_config=rc) for k, s in specs.items()}
     tr_tasks = load_tasks(dataset, split="train")
     train = {"out": single_outcomes(pool, tr_tasks), "emb": cached_embeddings([t.question for t in tr_tasks])}
@@ -113,6 +138,7 @@ def main() -> None:
         "splits": {},
     }
     console = Console()
+    per_q: dict[str, Any] = {}
     for split in args.splits.split(","):
         tasks = load_tasks(dataset, split=split, limit=args.limit)
         test = {"out": single_outcomes(pool, tasks), "emb": cached_embeddings([t.question for t in tasks])}
@@ -121,13 +147,25 @@ def main() -> None:
             for k, p in policies.items()
         }
         rewards = {k: np.array([r.reward for r in res.records]) for k, res in results.items()}
+        summary = {k: res.summary() for k, res in results.items()}
+        if reused:
+            if split not in reused:
+                ap.error(f"--reuse {args.reuse} has no {split} split")
+            old = reused[split]
+            where = {i: j for j, i in enumerate(old["ids"])}
+            missing = [t.id for t in tasks if t.id not in where]
+            if missing:
+                ap.error(f"--reuse {args.reuse} lacks {len(missing)} {split} questions, e.g. {missing[0]!r}")
+            rows = [where[t.id] for t in tasks]
+            for k in ("evidence-rule", "knn", "domain-router"):
+                rewards[k] = np.array(old["rewards"][k])[rows]
+                summary[k] = old["policies"][k]
         draws = np.random.default_rng(0).integers(0, len(tasks), size=(args.boot, len(tasks)))
         choices = knn_choices(train, test, rc)
         every = np.arange(len(tasks))
         gaps = [
             frontier_gap(results["conductor"], test, choices, d) for d in draws[: max(200, args.boot // 10)]
         ]
-        summary = {k: res.summary() for k, res in results.items()}
         block = {
             "n": len(tasks),
             "policies": {
@@ -144,14 +182,32 @@ def main() -> None:
                 for k, s in summary.items()
             },
             "conductor_minus": {
-                k: paired(rewards["conductor"], rewards[k], draws) for k in results if k != "conductor"
+                k: paired(rewards["conductor"], rewards[k], draws) for k in rewards if k != "conductor"
             },
             "conductor_above_knn_frontier_points": {
                 "mean": frontier_gap(results["conductor"], test, choices, every),
                 "ci95": [float(np.percentile(gaps, 2.5)), float(np.percentile(gaps, 97.5))],
             },
         }
+        for name in conductors[1:]:  # the SFT-only folder and the extras, against the same policies
+            other = [
+                frontier_gap(results[name], test, choices, d) for d in draws[: max(200, args.boot // 10)]
+            ]
+            block.setdefault("others", {})[name] = {
+                "minus": {k: paired(rewards[name], rewards[k], draws) for k in rewards if k != name},
+                "above_knn_frontier_points": {
+                    "mean": frontier_gap(results[name], test, choices, every),
+                    "ci95": [float(np.percentile(other, 2.5)), float(np.percentile(other, 97.5))],
+                },
+            }
         out["splits"][split] = block
+        if args.rewards:  # for paired comparisons with folders evaluated later
+            per_q[split] = {
+                "ids": [t.id for t in tasks],
+                "rewards": {k: v.tolist() for k, v in rewards.items()},
+                "policies": block["policies"],
+            }
+            args.rewards.write_text(json.dumps(per_q))
         table = Table(title=f"{meta['pool']} {split} (n = {len(tasks)}, cost weight {rc.cost_weight})")
         for col in ("policy", "acc %", "$/q", "reward", "agreement", "conductor − it (95 % CI)"):
             table.add_column(col, justify="left" if col == "policy" else "right")
@@ -168,6 +224,12 @@ def main() -> None:
         console.print(table)
         g = block["conductor_above_knn_frontier_points"]
         console.print(f"conductor above the kNN frontier at its cost: {g['mean']:+.2f} points {g['ci95']}")
+        for name, o in block.get("others", {}).items():
+            diffs = ", ".join(
+                f"{k} {d['mean']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
+                for k, d in o["minus"].items()
+            )
+            console.print(f"{name} − {diffs}")
         if args.json:  # after every split: a long run leaves what it measured
             write_json(args.json, "recordings_conductor", out)
 
