@@ -169,3 +169,11 @@ def test_reference_answers_grade_correct_on_a_sample(name: str) -> None:
     wrong = [t for t in sample[:5] if t.grader != "code"]
     for t in wrong:
         assert not grade(t, "I do not know.")
+
+
+def test_the_cli_offers_the_dataset_splits() -> None:
+    """The CLI writes its ``--split`` choices out (its help is built before any import of tasks):
+    they are the datasets' own."""
+    from rl_conductor.cli.core import SPLITS as CLI_SPLITS
+
+    assert CLI_SPLITS == ds.SPLITS

@@ -23,6 +23,7 @@ from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.conductor import CONFIG_FILE, model_source
 from rl_conductor.reward import RewardConfig, reward_config, reward_from_dict
+from rl_conductor.tasks.base import DATA_SPLITS
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.trace import SENSITIVITIES, Limits, Sensitivity
 from rl_conductor.workers.pool import Pool, load_pool
@@ -223,7 +224,7 @@ def no_questions(dataset: str, split: str) -> InvalidArgument:
     from rl_conductor.tasks.datasets import split_of_task
 
     counts = Counter(split_of_task(t) for t in load_tasks(dataset, split="all"))
-    have = ", ".join(f"{s} {counts.get(s, 0)}" for s in ("train", "validation", "test"))
+    have = ", ".join(f"{s} {counts.get(s, 0)}" for s in DATA_SPLITS)
     return InvalidArgument(
         f"split {split!r} of dataset {dataset!r} has no questions ({have}); choose another --split"
     )

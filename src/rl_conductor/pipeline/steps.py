@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rl_conductor import storage
+from rl_conductor.tasks.base import DATA_SPLITS as SPLITS  # the splits every prepared dataset has
 from rl_conductor.tasks.base import Task
 
 if TYPE_CHECKING:
@@ -81,7 +82,6 @@ BUDGETS: tuple[float, ...] = (0.002,)
 #: Per-request deadlines (seconds) under which the evaluation re-runs them (latency vs accuracy);
 #: one by default to keep the step short, more with the pipeline's ``eval_deadlines``.
 DEADLINES: tuple[float, ...] = (5.0,)
-SPLITS = ("train", "validation", "test")
 CONDUCTOR_LABEL = "conductor"
 #: Keys of the Conductor's evaluation summary that become MLflow metrics of the version.
 REGISTERED_METRICS = (

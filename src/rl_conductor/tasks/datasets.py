@@ -46,10 +46,10 @@ from importlib import resources
 from typing import Any
 
 from rl_conductor.errors import UnknownName
-from rl_conductor.tasks.base import DOMAINS, Task
+from rl_conductor.tasks.base import DATA_SPLITS, DOMAINS, Task
 from rl_conductor.tasks.recordings import recordings_tasks
 
-SPLITS = ("train", "validation", "test", "all")
+SPLITS = (*DATA_SPLITS, "all")
 #: Upper bounds of the hash fraction for train and validation; the rest is test.
 SPLIT_BOUNDS = (0.7, 0.8)
 #: No domain of ``paper-mix`` holds more tasks than this.
@@ -111,7 +111,7 @@ def split_of(task_id: str) -> str:
 def split_of_task(task: Task) -> str:
     """The split of ``task``: its ``metadata["split"]`` when it states one, else :func:`split_of`."""
     stated = task.metadata.get("split")
-    return stated if stated in SPLITS[:3] else split_of(task.id)
+    return stated if stated in DATA_SPLITS else split_of(task.id)
 
 
 @functools.cache
