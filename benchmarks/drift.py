@@ -2,9 +2,10 @@
 the new prices, and the gate promotes it; with no change the gate keeps the champion.
 
 Why: the loop (rl_conductor.loop) is worth having only if it (a) follows a pool change — here
-``--worker``'s prices x ``--price-factor`` (default gemini-2.5-pro x4, the worker the paper-sim
-champion calls most) — and (b) does not churn when nothing changed. Both are measured with the
-loop's own steps on ``paper-sim``:
+``--worker``'s prices x ``--price-factor`` (gemini-2.5-pro x4), or with ``--degrade`` that
+worker's accuracy per domain set to ``--degrade-accuracy`` (an endpoint that got worse: in the
+simulated pool file, the worker's ``accuracy``) — and (b) does not churn when nothing changed.
+Both are measured with the loop's own steps on ``paper-sim``:
 
 1. a champion: ``--champion DIR`` (a trained tiny Conductor of paper-sim; the figures below used
    the tiny preset with ``evidence: probe``), else one trained here from the ``tiny`` preset,
@@ -21,14 +22,28 @@ loop's own steps on ``paper-sim``:
    pool ``--retrains`` times (seeds 1..N), each gated against the champion of the moment.
 
 Reports, per retrain: challenger and champion mean reward / accuracy / cost on the same questions,
-the paired reward gain with its 95 % CI, the gate's decision; and the traffic window's figures.
+the paired reward gain with its 95 % CI, the gate's floor (best single worker or router), the
+gate's decision, wall and CPU seconds (this process and its children); and the traffic window's
+figures.
+
+Which change: at the cost-aware reward (0.03 per cent spent) gemini-2.5-pro x4 barely moves the
+optimum (the champion loses 0.021 reward on 120 test questions, 0.8746 -> 0.8533; the best
+candidate workflows per domain change by at most ~0.03), so no retrain can win by a margin a
+gate could see. ``--degrade deepseek-r1-distill-qwen-32b`` (the worker the champion sends a
+third of its questions to alone) costs the champion 0.088 (0.8746 -> 0.7871) while the best
+workflows without it score as before: a change the retrain can win back.
 
 Simplifications: the simulated pool answers a served request (no gold) with a placeholder, so the
 served answers earn nothing and the feedback grades them wrong: the retraining reads the
 questions, re-executed as their paper-mix items (what a live pool's response cache would replay);
 the simulation cannot reward good instructions. Sizes are small for a shared 2-core machine.
 
-Usage: ``nice python benchmarks/drift.py --out /tmp/drift --json benchmarks/results/drift.json``
+Usage (the figures of docs/closed-loop.md; the no-change retrains as parallel ``--same-only`` runs)::
+
+    A="--champion DIR --retrain-items 100 --retrain-sft 480 --base-train 320 --eval-limit 80 --fit-limit 200"
+    nice python benchmarks/drift.py --out /tmp/drift-deg --requests 80 --retrains 0 \
+        --worker deepseek-r1-distill-qwen-32b --degrade $A --json drift-deg.json
+    nice python benchmarks/drift.py --out /tmp/same1 --same-only TRAFFIC --seed 1 $A --json same1.json
 """
 
 from __future__ import annotations
@@ -53,7 +68,11 @@ from _results import write_json
 COMMON: dict[str, Any] = {
     "deadline_fraction": 0.0,
     "evidence": "probe",  # as the champion of `--champion` (the tiny preset with evidence) was trained
-    "grpo_steps": 2,
+    # one small GRPO step: at this size GRPO only polishes (configs/train/tiny.yaml), and a step of
+    # 32 rollouts took ~250 s on the loaded machine
+    "grpo_steps": 1,
+    "prompts_per_step": 2,
+    "num_generations": 4,
     "torch_threads": 1,
     "logging_steps": 1,
     "save_steps": 1000,
@@ -61,19 +80,23 @@ COMMON: dict[str, Any] = {
 }
 
 
-def _changed_pool(out: Path, worker: str, factor: float) -> str:
+def _changed_pool(out: Path, worker: str, factor: float, degrade: dict[str, float] | None) -> str:
     from rl_conductor.workers.pool import load_pool_config
 
     cfg = load_pool_config("paper-sim")
     for w in cfg["workers"]:
         if w["name"] == worker:
-            w["price_in"] = round(float(w["price_in"]) * factor, 6)
-            w["price_out"] = round(float(w["price_out"]) * factor, 6)
+            if degrade:
+                w["accuracy"] = dict(degrade)
+            else:
+                w["price_in"] = round(float(w["price_in"]) * factor, 6)
+                w["price_out"] = round(float(w["price_out"]) * factor, 6)
             break
     else:
         raise SystemExit(f"paper-sim has no worker {worker!r}")
-    cfg["name"] = "paper-sim"  # same pool, new prices (the file is what changed)
-    path = out / f"paper-sim-{worker}-x{factor:g}.yaml"
+    cfg["name"] = "paper-sim"  # same pool, changed worker (the file is what changed)
+    what = "degraded" if degrade else f"x{factor:g}"
+    path = out / f"paper-sim-{worker}-{what}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return str(path)
 
@@ -106,7 +129,7 @@ async def _serve(champion_dir: str, pool: str, store: str, questions: list[Any])
     service = ConductorService(load_policy(champion_dir, None, p), p)
     log = TrafficLog(TrafficConfig(store=store, batch_size=100, flush_interval_s=1.0))
     service.on_answered.append(log.submit)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), _cpu()
     docs = []
     for i in range(0, len(questions), 16):  # 16 in flight: the planner batches them
         chunk = questions[i : i + 16]
@@ -123,7 +146,12 @@ async def _serve(champion_dir: str, pool: str, store: str, questions: list[Any])
             body["score"] = 0.0
         await asyncio.to_thread(fb.submit, parse_feedback(body))
     log.close()
-    return {"requests": len(docs), "served_s": served_s, "requests_per_s": len(docs) / served_s}
+    return {
+        "requests": len(docs),
+        "served_s": served_s,
+        "requests_per_s": len(docs) / served_s,
+        "cpu_s": _cpu() - cpu,
+    }
 
 
 def _retrain(
@@ -137,6 +165,9 @@ def _retrain(
     items: int,
     only_on_change: bool,
     eval_limit: int,
+    base_train: int,
+    lr: float,
+    fit_limit: int,
 ) -> dict[str, Any]:
     from rl_conductor.loop import retrain
 
@@ -144,13 +175,14 @@ def _retrain(
     folder.mkdir(parents=True, exist_ok=True)
     paths = {k: str(folder / f"{k}.jsonl") for k in ("train", "holdout", "test")}
     paths["champion"] = str(folder / "champion")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     collected = retrain.collect_step(
         traffic_store=store,
         outputs=paths,
         pool=pool,
         model_name=model_name,
         eval_limit=eval_limit,
+        base_train_limit=base_train,
         only_on_pool_change=only_on_change,
         seed=0,
         run_tag=folder.name,
@@ -171,11 +203,17 @@ def _retrain(
         model_dir=str(folder / "challenger"),
         preset="tiny",
         pool=pool,
-        overrides={**COMMON, "sft_examples": sft, "warm_items_per_domain": items, "sft_epochs": 1.0},
+        overrides={
+            **COMMON,
+            "sft_examples": sft,
+            "warm_items_per_domain": items,
+            "sft_epochs": 1.0,
+            "sft_learning_rate": lr,
+        },
         seed=seed,
         run_tag=folder.name,
     )
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), _cpu()
     gated = retrain.gate_step(
         challenger_dir=str(folder / "challenger"),
         champion_dir=paths["champion"],
@@ -187,10 +225,17 @@ def _retrain(
         seed=0,
         run_tag=folder.name,
         reason=collected.reason,
+        train_path=paths["train"],
+        fit_limit=fit_limit or None,
     )
     row |= {
         "train_s": t1 - t0,
         "gate_s": time.perf_counter() - t1,
+        "train_cpu_s": c1 - c0,
+        "gate_cpu_s": _cpu() - c1,
+        "n_train": collected.n_train,
+        "floor": gated.challenger.get("baseline_policy")
+        or {k: v for k, v in gated.challenger.items() if k.startswith("baseline")},
         "global_step": trained.global_step,
         "n_compared": gated.n,
         "challenger": gated.challenger,
@@ -217,8 +262,16 @@ def _line(r: dict[str, Any]) -> str:
     verdict = "PROMOTED" if r["promoted"] else "kept"
     return (
         f"  challenger {fig(c)} vs champion {fig(k)}; gain {r['reward_gain']:+.4f} "
-        f"CI [{lo:+.4f}, {hi:+.4f}] n={r['n_compared']} -> {verdict}"
+        f"CI [{lo:+.4f}, {hi:+.4f}] n={r['n_compared']} -> {verdict}: {r['gate_reason']}"
     )
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (the table's workers, graders)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def main() -> None:
@@ -227,6 +280,17 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=600, help="served requests per scenario")
     ap.add_argument("--worker", default="gemini-2.5-pro")
     ap.add_argument("--price-factor", type=float, default=4.0)
+    ap.add_argument("--degrade", action="store_true", help="change --worker's accuracy, not its prices")
+    ap.add_argument(
+        "--degrade-accuracy",
+        default="math=0.30,knowledge=0.40,reasoning=0.12,code=0.08",
+        help="the degraded worker's accuracy per domain (with --degrade)",
+    )
+    ap.add_argument(
+        "--base-train", type=int, default=0, help="standing training questions added to the traffic's"
+    )
+    ap.add_argument("--retrain-lr", type=float, default=3e-3, help="SFT learning rate of each retrain")
+    ap.add_argument("--fit-limit", type=int, default=0, help="training tasks the gate's routers fit on")
     ap.add_argument("--retrains", type=int, default=3, help="retrains without a pool change")
     ap.add_argument("--champion-sft", type=int, default=1200, help="SFT examples of the champion")
     ap.add_argument("--retrain-sft", type=int, default=800, help="SFT examples of each retrain")
@@ -280,6 +344,9 @@ def main() -> None:
             items=args.retrain_items,
             only_on_change=False,
             eval_limit=args.eval_limit,
+            base_train=args.base_train,
+            lr=args.retrain_lr,
+            fit_limit=args.fit_limit,
         )
         print(f"no-change retrain {args.seed}:\n" + _line(row), flush=True)
         if args.json:
@@ -287,7 +354,12 @@ def main() -> None:
         return
     items = load_tasks("paper-mix", "train") + load_tasks("paper-mix", "validation")
     random.Random(0).shuffle(items)
-    changed = _changed_pool(out, args.worker, args.price_factor)
+    degrade = (
+        {k: float(v) for k, v in (kv.split("=") for kv in args.degrade_accuracy.split(","))}
+        if args.degrade
+        else None
+    )
+    changed = _changed_pool(out, args.worker, args.price_factor, degrade)
     results: dict[str, Any] = {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     }
@@ -306,6 +378,9 @@ def main() -> None:
         items=args.retrain_items,
         only_on_change=True,
         eval_limit=args.eval_limit,
+        base_train=args.base_train,
+        lr=args.retrain_lr,
+        fit_limit=args.fit_limit,
     )
     print("drift retrain:\n" + _line(drift), flush=True)
     results["drift"] = drift
@@ -333,11 +408,15 @@ def main() -> None:
             items=args.retrain_items,
             only_on_change=False,
             eval_limit=args.eval_limit,
+            base_train=args.base_train,
+            lr=args.retrain_lr,
+            fit_limit=args.fit_limit,
         )
         print(f"no-change retrain {seed}:\n" + _line(row), flush=True)
         results["same"].append(row)
     results["churn"] = sum(bool(r.get("promoted")) for r in results["same"])
     results["total_s"] = time.perf_counter() - t0
+    results["total_cpu_s"] = _cpu()
     print(json.dumps({"drift_promoted": drift.get("promoted"), "churn": results["churn"]}))
     if args.json:
         write_json(args.json, "drift", results)

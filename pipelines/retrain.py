@@ -49,6 +49,7 @@ def conductor_retrain(
     spend_cap_usd: float = 0.0,
     min_reward_gain: float = 0.0,
     require_significant: bool = True,
+    fit_limit: int = 0,
     seed: int = 0,
     model_name: str = "conductor",
     mlflow_tracking_uri: str = "",
@@ -62,7 +63,8 @@ def conductor_retrain(
     schedule's window and trigger; eval_limit: standing test questions compared on besides the
     held-out traffic; base_train_limit: standing training questions added to the traffic's;
     spend_cap_usd: most the warm-start table may pay live workers for calls the cache lacks;
-    min_reward_gain / require_significant: the gate (paired 95 % interval of the reward gain).
+    min_reward_gain / require_significant: the gate (paired 95 % interval of the reward gain);
+    fit_limit: training tasks the gate's routers (domain-router, knn) are fitted on (0: all).
     Returns whether it retrained (the reason and the gate's decision: MLflow experiment
     ``<model_name>-loop`` and the registered version's ``gate.*`` tags).
     """
@@ -104,6 +106,7 @@ def conductor_retrain(
             champion=collect.outputs["champion"],
             holdout_data=collect.outputs["holdout_data"],
             test_data=collect.outputs["test_data"],
+            train_data=collect.outputs["train_data"],
             pool=pool,
             model_name=model_name,
             min_reward_gain=min_reward_gain,
@@ -111,6 +114,7 @@ def conductor_retrain(
             seed=seed,
             mlflow_tracking_uri=mlflow_tracking_uri,
             run_tag=run_tag,
+            fit_limit=fit_limit,
         )
         gate.set_caching_options(enable_caching=False)  # moves the registry's aliases
         for task in (train, gate):

@@ -101,6 +101,31 @@ def test_pool_changes_name_new_removed_and_repriced_workers(tmp_path: Path) -> N
     assert pool_change.changes(before, pool_change.snapshot("paper-sim")) == []
 
 
+def _degraded_pool(tmp_path: Path) -> Path:
+    """paper-sim with deepseek-r1-distill-qwen-32b degraded in place: same name, same prices."""
+    cfg = yaml.safe_load((Path(pool_change.__file__).parents[1] / "configs/pools/paper-sim.yaml").read_text())
+    for w in cfg["workers"]:
+        if w["name"] == "deepseek-r1-distill-qwen-32b":
+            w["accuracy"] = {"math": 0.3, "knowledge": 0.4, "reasoning": 0.12, "code": 0.08}
+    path = tmp_path / "degraded.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_a_worker_degraded_in_place_is_a_pool_change_and_not_a_cached_router_fit(tmp_path: Path) -> None:
+    from rl_conductor.policies.routers import pool_key
+    from rl_conductor.workers.pool import load_pool
+
+    path = _degraded_pool(tmp_path)
+    found = pool_change.changes(pool_change.snapshot("paper-sim"), pool_change.snapshot(str(path)))
+    assert len(found) == 1 and found[0].startswith(
+        "changed worker deepseek-r1-distill-qwen-32b: accuracy None -> {"
+    ), found
+    # the gate's routers measure the single workers once per pool key: a degraded worker with the
+    # same name and prices must not reuse the measurements of the pool before it degraded
+    assert pool_key(load_pool(str(path))) != pool_key(load_pool("paper-sim"))
+
+
 def test_the_spend_cap_applies_only_to_live_pools(tmp_path: Path) -> None:
     assert spend_capped_pool("paper-sim", 5.0, tmp_path) == "paper-sim"  # simulated: nothing to pay
     capped = spend_capped_pool("local-live", 2.5, tmp_path)
@@ -225,6 +250,9 @@ def test_served_traffic_and_feedback_retrain_on_the_local_runner_and_the_gate_de
         assert (
             "champion/mean_reward" in gate_run.data.metrics and "reward_gain_ci_low" in gate_run.data.metrics
         )
+        # the floor is the training pipeline's: every single worker and both routers, fitted here
+        for floor in ("single_gpt-5", "domain-router", "knn"):
+            assert f"{floor}/mean_reward" in gate_run.data.metrics, floor
     finally:
         mlflow_utils.reset()
         mlflow.set_tracking_uri(previous)

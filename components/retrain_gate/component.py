@@ -17,6 +17,7 @@ def gate_challenger(
     champion: dsl.Input[dsl.Model],
     holdout_data: dsl.Input[dsl.Dataset],
     test_data: dsl.Input[dsl.Dataset],
+    train_data: dsl.Input[dsl.Dataset],
     gate_metrics: dsl.Output[dsl.Metrics],
     pool: str = "paper-sim",
     model_name: str = "conductor",
@@ -25,10 +26,12 @@ def gate_challenger(
     seed: int = 0,
     mlflow_tracking_uri: str = "",
     run_tag: str = "local",
+    fit_limit: int = 0,
 ) -> NamedTuple("GateOutputs", [("promoted", bool), ("reason", str), ("version", int), ("champion", int)]):
     """Evaluate both on the held-out traffic and the test split, gate by mean reward (paired 95 %
     interval above ``min_reward_gain`` when ``require_significant``), register the challenger and
-    promote it if it passed. The trigger (``reason``) and the champion's version come from
+    promote it if it passed. The floor's routers are fitted on ``train_data`` (``fit_limit``: a
+    seeded sample of that many; 0: all). The trigger (``reason``) and the champion's version come from
     ``holdout_data``'s metadata (written by ``collect_traffic``)."""
     from collections import namedtuple
 
@@ -48,6 +51,8 @@ def gate_challenger(
         mlflow_tracking_uri=mlflow_tracking_uri,
         run_tag=run_tag,
         reason=str(holdout_data.metadata.get("reason", "")),
+        train_path=train_data.path,
+        fit_limit=fit_limit or None,
     )
     for name in ("reward_gain", "ci_low", "ci_high", "n"):
         gate_metrics.log_metric(name, float(getattr(outcome, name)))

@@ -4,8 +4,10 @@ Why: a new, removed or re-priced worker changes what the best workflow is (a wor
 dearer should see fewer questions), so it is an event that retrains the Conductor, not a detail.
 
 A pool *snapshot* is, per worker, the facts that change a workflow's reward or feasibility:
-kind, model, prices and hosting. The champion's snapshot is the ``loop.pool_snapshot`` tag of its
-registry version (the loop sets it when it registers a version), else the snapshot of the pool
+kind, model, prices, hosting and, for a simulated worker, its declared per-domain ``accuracy``
+(how a simulated pool models an endpoint that degraded; a live worker has none). The champion's
+snapshot is the ``loop.pool_snapshot`` tag of its registry version (the loop sets it when it
+registers a version), else the snapshot of the pool
 its ``conductor.json`` names, loaded now (exact when the pool changed by a new file, as a
 rollout of a new pool file usually does; an in-place edit of the champion's own pool file is seen
 once the loop has tagged a snapshot).
@@ -18,11 +20,11 @@ from typing import Any
 
 #: The registry version tag that holds the snapshot of the pool a version was evaluated on.
 SNAPSHOT_TAG = "loop.pool_snapshot"
-_FIELDS = ("kind", "model", "price_in", "price_out", "hosting")
+_FIELDS = ("kind", "model", "price_in", "price_out", "hosting", "accuracy")
 
 
 def snapshot(pool: str) -> dict[str, dict[str, Any]]:
-    """Per worker of the pool file ``pool`` (name or path): kind, model, prices and hosting."""
+    """Per worker of the pool file ``pool`` (name or path): kind, model, prices, hosting, accuracy."""
     from rl_conductor.workers.pool import load_pool_config
 
     cfg = load_pool_config(pool)

@@ -18,17 +18,19 @@ itself: it calls the existing steps.
    it refuses fails, and its workflow earns nothing in the table).
 3. :func:`gate_step` — evaluate the challenger and the champion on the same questions (the
    held-out recent traffic plus the standing test split) *under the current pool* (its prices),
-   with every single worker as the gate's baseline floor; apply :func:`rl_conductor.tracking.gate.decide`
-   by mean reward (``versus_champion="reward"``), and in addition require the paired per-question
-   reward gain's confidence interval to lie above ``min_reward_gain`` (no churn on noise); register
+   with the training pipeline's baseline floor (every single worker, the ``domain-router`` and
+   the ``knn`` router, fitted at the challenger's reward on the retrain's training tasks under the
+   same pool: :data:`rl_conductor.tracking.gate.GATE_BASELINES`); apply
+   :func:`rl_conductor.tracking.gate.decide` by mean reward (``versus_champion="reward"``), and
+   in addition require the paired per-question reward gain's confidence interval to lie above
+   ``min_reward_gain`` (no churn on noise); register
    the challenger (``challenger`` alias, the window's and the champion's numbers on its run) and
    move ``champion`` if it passed.
 
 Deliberate simplifications: the served workflows' earned rewards (feedback) are reported and
 logged, and their questions re-executed; the trainer's loss does not read them directly (its
 targets come from executing candidate workflows, which is where a re-priced pool shows). The
-baseline floor is the single workers only (the kNN and domain routers need a fit per pool; the
-training pipeline's gate has them). The interval is the normal approximation of the paired mean.
+interval is the normal approximation of the paired mean.
 """
 
 from __future__ import annotations
@@ -262,6 +264,7 @@ class Comparison:
     reward_gain: float
     ci_low: float
     ci_high: float
+    #: the gate's floor on the same questions: every single worker, then the two routers
     singles: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -275,10 +278,24 @@ def paired_gain(challenger: Sequence[float], champion: Sequence[float]) -> tuple
     return mean, mean - Z95 * se, mean + Z95 * se
 
 
+#: The routers of the gate's floor (:data:`rl_conductor.tracking.gate.GATE_BASELINES`).
+ROUTERS = ("domain-router", "knn")
+
+
 def compare(
-    challenger_dir: str, champion_dir: str, tasks: Sequence[Task], *, pool: str, seed: int = 0
+    challenger_dir: str,
+    champion_dir: str,
+    tasks: Sequence[Task],
+    *,
+    pool: str,
+    seed: int = 0,
+    train_path: str | None = None,
+    fit_limit: int | None = None,
 ) -> Comparison:
-    """Run both Conductors and every single worker on ``tasks`` under ``pool`` (see module docstring)."""
+    """Run both Conductors, every single worker and the two routers on ``tasks`` under ``pool``
+    (see module docstring). The routers are fitted at the challenger's reward on the ``train``
+    split of ``train_path``'s tasks (the retrain's training data), else of the pool's dataset;
+    ``fit_limit``: a seeded sample of that many."""
     from rl_conductor.evaluation.runner import evaluate
     from rl_conductor.evaluation.suite import eval_limits, eval_reward
     from rl_conductor.policies.base import make_policy
@@ -288,13 +305,22 @@ def compare(
     p = load_pool(pool, seed=seed)
     view = p.view()
     dataset = str(p.options.get("default_dataset", "paper-mix"))
+    fit_on = steps.register_prepared([train_path]) if train_path else dataset
     specs = [f"conductor:{challenger_dir}", f"conductor:{champion_dir}"]
     rc = eval_reward(specs[:1], None, None)  # the challenger's reward: the champion's, warm-started
     meta = json.loads((Path(challenger_dir) / "conductor.json").read_text())
     limits = eval_limits(None, "public", None, None, int(meta.get("max_rounds", 1)))
     results = {}
-    for spec in [*specs, *(f"single:{n}" for n in p.names())]:
-        pol = make_policy(spec, p, seed=seed, dataset=dataset, reward_config=rc)
+    floor = [*(f"single:{n}" for n in p.names()), *ROUTERS]
+    for spec in [*specs, *floor]:
+        pol = make_policy(
+            spec,
+            p,
+            seed=seed,
+            dataset=fit_on if spec in ROUTERS else dataset,
+            reward_config=rc,
+            fit_limit=fit_limit,
+        )
         results[spec] = evaluate(pol, view, list(tasks), limits, progress=False, reward_config=rc)
     split_id = steps.test_split_id(tasks, pool, seed)
 
@@ -305,7 +331,7 @@ def compare(
         return s
 
     chal, champ = summary(specs[0], "challenger"), summary(specs[1], "champion")
-    singles = [summary(f"single:{n}", f"single:{n}") for n in p.names()]
+    singles = [summary(spec, spec) for spec in floor]
     by_task = [{r.task_id: r.reward for r in results[s].records} for s in specs]
     ids = [t.id for t in tasks]
     gain, low, high = paired_gain([by_task[0][i] for i in ids], [by_task[1][i] for i in ids])
@@ -389,8 +415,12 @@ def gate_step(
     mlflow_tracking_uri: str = "",
     run_tag: str = "local",
     reason: str = "",
+    train_path: str | None = None,
+    fit_limit: int | None = None,
 ) -> GateOutcome:
-    """Compare, decide, register the challenger and promote it if it passed (module docstring)."""
+    """Compare, decide, register the challenger and promote it if it passed (module docstring).
+    ``train_path`` (the retrain's training tasks) and ``fit_limit``: what the routers of the floor
+    are fitted on (:func:`compare`)."""
     import mlflow
 
     from rl_conductor.loop import pool_change
@@ -399,7 +429,15 @@ def gate_step(
     tasks: dict[str, Task] = {}
     for t in [*steps.read_tasks(holdout_path), *steps.read_tasks(test_path)]:
         tasks.setdefault(t.id, t)
-    comparison = compare(challenger_dir, champion_dir, list(tasks.values()), pool=pool, seed=seed)
+    comparison = compare(
+        challenger_dir,
+        champion_dir,
+        list(tasks.values()),
+        pool=pool,
+        seed=seed,
+        train_path=train_path,
+        fit_limit=fit_limit,
+    )
     decision = decide(comparison, min_reward_gain=min_reward_gain, require_significant=require_significant)
     challenger_metrics = {**_flat(comparison.challenger), **(comparison.baseline or {})}
     challenger_metrics.pop(registry.BASELINE_POLICY_KEY, None)
@@ -427,7 +465,9 @@ def gate_step(
                 {"reward_gain": comparison.reward_gain, "reward_gain_ci_low": comparison.ci_low}
                 | {"reward_gain_ci_high": comparison.ci_high}
             )
-            for s in comparison.singles:  # "single:NAME" -> "single_NAME/mean_reward" (no colons in MLflow)
+            for s in (
+                comparison.singles
+            ):  # "single:NAME" -> "single_NAME/mean_reward" (no colons in MLflow), "knn/…"
                 mlflow_utils.log_metrics(
                     {f"{s['policy'].replace(':', '_')}/mean_reward": float(s["mean_reward"])}
                 )

@@ -134,10 +134,12 @@ def _run_sync(pool: Pool, tasks: Sequence[Task]) -> SingleOutcomes:
 
 
 def pool_key(pool: Pool) -> str:
-    """What a measurement on ``pool`` depends on: its name, options, worker facts and the code."""
+    """What a measurement on ``pool`` depends on: its name, options, worker facts (a simulated
+    worker's accuracy targets too: a pool file that degrades a worker in place keeps its name
+    and prices) and the code."""
     from rl_conductor.fingerprint import code_version, fingerprint
 
-    facts = [asdict(w.info) for w in pool.workers]
+    facts = [asdict(w.info) | {"targets": getattr(w, "targets", None)} for w in pool.workers]
     return fingerprint(
         [
             pool.name,
