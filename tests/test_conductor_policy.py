@@ -175,6 +175,86 @@ async def test_fallback_respects_the_request(
     assert fallback_workflow(pool.view(), only_w0).workers() == [0]
 
 
+#: a plan whose worker choice is readable but whose subtasks are not (a gsm8k-six test completion)
+BROKEN_SUBTASKS = "model_id = [{ids}]\nsubtasks = [[], []]"
+
+
+async def test_an_unparseable_plan_keeps_the_workers_of_its_model_id_list(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every attempt fails to parse, but the greedy completion's model_id list names usable
+    workers: those run (default instruction), not the dearest worker; the plan stays marked a
+    fallback and the trace says what was salvaged. Access: in one round the last step sees the
+    earlier ones, with more rounds the steps are parallel solves, and the completion's own
+    valid access list wins."""
+    script = Script(lambda prompt, call: BROKEN_SUBTASKS.format(ids="0, 2") if call == 1 else GARBAGE)
+    monkeypatch.setattr(policy, "_generate", script)
+    view = _pool(("external",) * 4).view()
+    ep = await policy.run(_task(), view, Limits())
+    assert len(script.calls) == policy.retries + 1
+    assert ep.plan.fallback and ep.trace.fallback_plan and ep.plan.parse_error
+    assert ep.plan.workflow == Workflow(
+        steps=(Step(0, FALLBACK_INSTRUCTION, ()), Step(2, FALLBACK_INSTRUCTION, "all"))
+    )
+    assert [s.worker for s in ep.trace.steps] == ["w0", "w2"] and ep.trace.final_answer == "\\boxed{w2}"
+    assert ep.plan.text == render(ep.plan.workflow) and ep.trace.workflow_text == ep.plan.text
+    assert any("salvaged its model_id list: workers [0, 2]" in n for n in ep.trace.notes)
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: BROKEN_SUBTASKS.format(ids="0, 2")))
+    apart = (await policy.plan(_task(), view, Limits(max_rounds=2))).workflow
+    assert apart.workers() == [0, 2] and [s.access for s in apart.steps] == [(), ()]
+    own = "model_id = [0, 2]\nsubtasks = [1, 2]\naccess_list = [[], []]"
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: own))
+    kept = (await policy.plan(_task(), view, Limits())).workflow
+    assert kept.workers() == [0, 2] and [s.access for s in kept.steps] == [(), ()]
+
+
+@pytest.mark.parametrize(
+    ("ids", "hosting", "limits", "expected"),
+    [
+        ("0, 9", ("external",) * 4, Limits(), [3]),  # an id outside the view
+        ("0, 'w2'", ("external",) * 4, Limits(), [3]),  # not an int
+        ("", ("external",) * 4, Limits(), [3]),  # no workers
+        ("0, 2", ("external",) * 4, Limits(max_steps=1), [3]),  # more steps than allowed
+        ("0, 1", ("self", "external", "self", "external"), Limits(sensitivity="private"), [2]),
+        ("0, 2", ("external",) * 4, Limits(allowed_workers=frozenset({"w0", "w1"})), [1]),
+        ("0, 2", ("external",) * 4, Limits(max_cost_usd=0.003), [1]),  # w2 alone is over budget
+        # each fits, both do not (0.0053 > 0.0045): a chain is not cut, the fallback stands
+        ("2, 0", ("external",) * 4, Limits(max_cost_usd=0.0045), [2]),
+    ],
+)
+async def test_a_model_id_list_the_limits_forbid_gets_the_default_fallback(
+    policy: ConductorPolicy,
+    monkeypatch: pytest.MonkeyPatch,
+    ids: str,
+    hosting: tuple[Hosting, ...],
+    limits: Limits,
+    expected: list[int],
+) -> None:
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: BROKEN_SUBTASKS.format(ids=ids)))
+    view = _pool(hosting).view()
+    plan = await policy.plan(_task(), view, limits)
+    assert plan.fallback and plan.workflow == fallback_workflow(view, limits)
+    assert plan.workflow.workers() == expected and not plan.notes
+
+
+async def test_a_salvaged_plan_meets_the_budget_and_the_deadline(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parallel solves that the budget affords one of are cut to the answering step, as a parsed
+    plan is (rounds.single_within_budget); a salvaged chain that misses the deadline falls back
+    to the default plan (the fast worker)."""
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: BROKEN_SUBTASKS.format(ids="2, 0")))
+    view = _pool(("external",) * 4).view()
+    cut = await policy.plan(_task(), view, Limits(max_cost_usd=0.0045, max_rounds=2))
+    assert cut.fallback and cut.workflow == Workflow(steps=(Step(0, FALLBACK_INSTRUCTION, ()),))
+    timed = _timed_pool().view()
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: BROKEN_SUBTASKS.format(ids="0, 1")))
+    assert (await policy.plan(_task(), timed, Limits())).workflow.workers() == [0, 1]
+    late = await policy.plan(_task(), timed, Limits(max_latency_s=5))
+    assert late.fallback and late.workflow == Workflow(steps=(Step(0, FALLBACK_INSTRUCTION, ()),))
+    assert not any("salvaged" in n for n in late.notes)
+
+
 async def test_a_retry_that_parses_is_used(policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
     script = Script(lambda prompt, call: GARBAGE if call == 1 else _plan_text([0, 1]))
     monkeypatch.setattr(policy, "_generate", script)

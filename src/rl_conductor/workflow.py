@@ -229,13 +229,9 @@ def parse(
         raise ParseError("the workflow has no steps")
     if len(ids) > max_steps:
         raise ParseError(f"the workflow has {len(ids)} steps; at most {max_steps} are allowed")
-    top = pool_size - 1
     steps: list[Step] = []
     for i, (wid, sub, acc) in enumerate(zip(ids, subtasks, access, strict=True)):
-        if isinstance(wid, bool) or not isinstance(wid, int):
-            raise ParseError(f"model_id[{i}] must be an int, got {_show(wid)}")
-        if not 0 <= wid <= top:
-            raise ParseError(f"model_id[{i}] = {_show(wid)} is out of range 0..{top}")
+        _check_id(i, wid, pool_size)
         if not isinstance(sub, str):
             raise ParseError(f"subtasks[{i}] must be a string, got {type(sub).__name__}")
         if not sub.strip():
@@ -244,6 +240,44 @@ def parse(
         steps.append(Step(worker=wid, instruction=sub.strip(), access=access))
     reasoning = text[: min(m.start() for n in LIST_NAMES for m in [LIST_ASSIGN[n].search(text)] if m)].strip()
     return Workflow(steps=tuple(steps), reasoning=reasoning)
+
+
+def _check_id(i: int, wid: object, pool_size: int) -> int:
+    if isinstance(wid, bool) or not isinstance(wid, int):
+        raise ParseError(f"model_id[{i}] must be an int, got {_show(wid)}")
+    if not 0 <= wid < pool_size:
+        raise ParseError(f"model_id[{i}] = {_show(wid)} is out of range 0..{pool_size - 1}")
+    return wid
+
+
+def model_ids(text: str, *, pool_size: int, max_steps: int = DEFAULT_MAX_STEPS) -> list[int]:
+    """The ``model_id`` list alone, checked as :func:`parse` checks it (ints in range, at least
+    one and at most ``max_steps``), whatever the other two lists hold: which workers a plan whose
+    ``subtasks`` or ``access_list`` is broken meant to run (the Conductor's fallback salvages
+    them). Raises :class:`ParseError` when that list is missing, does not evaluate or fails a check."""
+    got = _scan_lists(text).get("model_id") if isinstance(text, str) else None
+    if got is None:
+        raise ParseError("missing `model_id = [...]`")
+    if isinstance(got, ParseError):
+        raise got
+    ids = got[0]
+    if not ids:
+        raise ParseError("the workflow has no steps")
+    if len(ids) > max_steps:
+        raise ParseError(f"the workflow has {len(ids)} steps; at most {max_steps} are allowed")
+    return [_check_id(i, wid, pool_size) for i, wid in enumerate(ids)]
+
+
+def access_entries(text: str, count: int) -> tuple[Access, ...] | None:
+    """The ``access_list`` of ``text`` read as :func:`parse` reads it, for a plan of ``count``
+    steps; None when it is missing, does not evaluate, has another length or an invalid entry."""
+    got = _scan_lists(text).get("access_list") if isinstance(text, str) else None
+    if got is None or isinstance(got, ParseError) or len(got[0]) != count:
+        return None
+    try:
+        return tuple(_parse_access(entry, i) for i, entry in enumerate(got[0]))
+    except ParseError:
+        return None
 
 
 def _access_literal(step: Step) -> str:

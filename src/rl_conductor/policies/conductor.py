@@ -2,9 +2,18 @@
 
 It loads a trained model folder (weights, tokenizer, ``conductor.json``), plans greedily by
 default and batches generation across tasks (``plan_many``, which ``run_many`` plans with). On an
-unparseable plan it samples ``retries`` more times; if none parses it falls back to a documented
-default plan — one step on the view's highest-priced usable worker, which is the safest single
-choice a platform team would make by hand — and marks the plan (``Plan.fallback``, ``Trace.fallback_plan``).
+unparseable plan it samples ``retries`` more times; if none parses it falls back
+(:func:`salvaged_workflow`, else :func:`fallback_workflow`) and marks the plan (``Plan.fallback``,
+``Trace.fallback_plan``; the fallback_rate of evaluations counts both kinds). Where the greedy
+completion's ``model_id`` list is valid and its workers are usable under the request's limits
+(permitted, each affordable and all together within the budget, within the deadline), those
+workers run with the default instruction: the model's decision is which workers run (what it was
+trained to weigh: the SFT loss weights those tokens), and a broken ``subtasks`` or ``access_list``
+does not unmake it — measured on gsm8k-six, the one test plan that did not parse was
+``model_id = [5, 1]`` with ``subtasks = [[], []]``, the cheap pair every other plan chose, and its
+fallback was a $0.85 call. Otherwise the documented default plan — one step on the view's
+highest-priced usable worker, which is the safest single choice a platform team would make by
+hand.
 
 Under a budget, decoding is constrained (:func:`allowed_ids`): inside the plan's ``model_id`` list
 the ids of workers the prompt flags ``over budget`` are masked, so the model's next choice among
@@ -43,13 +52,23 @@ from rl_conductor.prompting import (
     over_budget,
     quantile_seconds,
     review_prompt,
+    typical_cost,
 )
 from rl_conductor.reward import reward_from_dict
 from rl_conductor.rounds import continuation_within_limits, single_within_budget, summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, PoolView
-from rl_conductor.workflow import ParseError, Step, Workflow, parse, render
+from rl_conductor.workflow import (
+    Access,
+    ParseError,
+    Step,
+    Workflow,
+    access_entries,
+    model_ids,
+    parse,
+    render,
+)
 
 CONFIG_FILE = "conductor.json"
 FALLBACK_INSTRUCTION = "Solve the problem step by step and give the final answer."
@@ -159,6 +178,44 @@ def fallback_workflow(view: PoolView, limits: Limits) -> Workflow:
         usable = fast or usable
     best = max(usable, key=lambda j: (view.worker(j).info.price_out, -j))
     return Workflow(steps=(Step(best, FALLBACK_INSTRUCTION, ()),))
+
+
+def salvaged_workflow(
+    text: str, view: PoolView, limits: Limits, quantile: float = DEADLINE_QUANTILE
+) -> Workflow | None:
+    """The workers of an unparseable completion's own ``model_id`` list
+    (:func:`~rl_conductor.workflow.model_ids`), each with :data:`FALLBACK_INSTRUCTION`; None (the
+    caller falls back to :func:`fallback_workflow`) where that list is missing, invalid or longer
+    than ``limits.max_steps``, or names a worker the limits forbid (allow-list, private →
+    self-hosted), one the prompt flags ``over budget``, more than the budget affords together (the
+    typical answers' cost, after :func:`~rl_conductor.rounds.single_within_budget`'s cut of
+    parallel solves) or a plan whose critical path at ``quantile`` misses the deadline (or is
+    unknown). Access: the completion's own ``access_list`` where it is valid for those steps; else,
+    where the request allows more rounds than one, every step solves afresh (the parallel answers a
+    review compares, as the adaptive targets' pairs do: answers that saw each other agree for
+    the wrong reason), and in one round the earlier steps solve afresh and the last, whose output
+    is the answer, sees them all."""
+    try:
+        ids = model_ids(text, pool_size=len(view), max_steps=limits.max_steps)
+    except ParseError:
+        return None
+    infos = view.infos()
+    budget = limits.max_cost_usd
+    if not all(limits.permits(infos[j].name, infos[j].hosting) for j in ids):
+        return None
+    if budget is not None and any(over_budget(infos[j], budget) for j in ids):
+        return None
+    access = access_entries(text, len(ids))
+    if access is None:
+        last: Access = () if limits.max_rounds > 1 or len(ids) == 1 else "all"
+        access = tuple(() if k < len(ids) - 1 else last for k in range(len(ids)))
+    wf = Workflow(steps=tuple(Step(j, FALLBACK_INSTRUCTION, a) for j, a in zip(ids, access, strict=True)))
+    wf = single_within_budget(wf, view, budget) or wf
+    if budget is not None and sum(typical_cost(view.worker(s.worker).info) for s in wf.steps) > budget:
+        return None
+    if limits.max_latency_s is not None and plan_seconds(wf, view, quantile) > limits.max_latency_s:
+        return None
+    return wf
 
 
 class ConductorPolicy(Policy):
@@ -277,6 +334,7 @@ class ConductorPolicy(Policy):
         """Generate for every prompt, retry the unparseable ones, fall back where retries fail."""
         plans: list[Plan | None] = [None] * len(prompts)
         errors: list[str] = [""] * len(prompts)
+        first_texts: list[str] = [""] * len(prompts)  # the first (greedy) completion, for the salvage
         todo = list(range(len(prompts)))
         for attempt in range(self.retries + 1):
             if not todo:
@@ -288,6 +346,8 @@ class ConductorPolicy(Policy):
             )
             still = []
             for i, text, mask in zip(todo, texts, masks, strict=True):
+                if attempt == 0:
+                    first_texts[i] = text
                 try:
                     wf = parse(
                         text,
@@ -305,8 +365,18 @@ class ConductorPolicy(Policy):
                     still.append(i)
             todo = still
         for i in todo:
-            wf = fallback_workflow(views[i], limits[i])
-            plans[i] = Plan(workflow=wf, text=render(wf), fallback=True, parse_error=errors[i])
+            # a review's fallback is to keep its answer (review_many): only plans are salvaged
+            wf = (
+                None
+                if allow_empty
+                else salvaged_workflow(first_texts[i], views[i], limits[i], self.deadline_quantile)
+            )
+            notes: tuple[str, ...] = ()
+            if wf is not None:
+                notes = (f"planning: unparseable; salvaged its model_id list: workers {wf.workers()}",)
+            else:
+                wf = fallback_workflow(views[i], limits[i])
+            plans[i] = Plan(workflow=wf, text=render(wf), fallback=True, parse_error=errors[i], notes=notes)
         return [p for p in plans if p is not None]
 
     def _plan_requests(
