@@ -97,6 +97,14 @@ async def test_measure_singles_runs_every_worker_alone_and_grades_it() -> None:
         assert all(SOLVE in str(c["messages"]) for c in w.calls)
 
 
+async def test_measuring_singles_shows_progress_when_output_is_not_a_terminal(capsys) -> None:
+    """Off a terminal (a log, CI, a pod) the measurement prints progress lines: the routers' fit
+    ran for minutes with no output (attack 31 F11)."""
+    pool = Pool(name="fake", workers=[_worker("dear", 50.0, {"t/0"}), _worker("cheap", 1.0, set())])
+    await measure_singles(pool, [_task(i) for i in range(3)])
+    assert "measure 2 workers alone: 3/3 (100 %)" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- hand-built neighbours
 
 

@@ -259,7 +259,7 @@ def test_cascade_specs() -> None:
             make_policy(bad, pool)
 
 
-def test_the_fit_replays_what_the_cascade_earns() -> None:
+def test_the_fit_replays_what_the_cascade_earns(capsys) -> None:
     """The fitted (pair, escalation) on measured questions earns, run for real through the
     executor, exactly the accuracy and cost the fit computed (replay of the measured calls)."""
     from rl_conductor.evaluation.runner import evaluate
@@ -268,6 +268,7 @@ def test_the_fit_replays_what_the_cascade_earns() -> None:
     pool = load_pool("routellm-replay")
     tasks = load_tasks("routellm", split="train", limit=40, seed=1)
     outcomes = asyncio.run(measure_samples(pool, tasks))
+    assert "sample 2 workers x" in capsys.readouterr().err  # progress off a terminal (attack 31 F11)
     config = REWARD_PRESETS["cost-aware"]
     fits = fit_cascade(outcomes, tasks, config, cheap_only=False)
     assert fits == sorted(fits, key=lambda f: (-f.mean_reward, f.mean_cost_usd))

@@ -40,6 +40,7 @@ from rl_conductor.executor import Continuation, RoundRequest, execute
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.policies.routers import FIT_LIMIT, _reward_config, pool_key, training_tasks
+from rl_conductor.progress import progress as progress_display
 from rl_conductor.reward import RewardConfig, grade_trace, reward_of
 from rl_conductor.rounds import continuation_within_limits, single_within_budget, summarize
 from rl_conductor.tasks.base import Task
@@ -95,22 +96,25 @@ async def measure_samples(pool: Pool, tasks: Sequence[Task]) -> SampleOutcomes:
     cost = np.zeros((len(tasks), w, SAMPLES), dtype=np.float64)
     keys: list[list[list[str | None]]] = []
     limits = Limits(max_steps=SAMPLES)
-    for start in range(0, len(tasks), 32):
-        chunk = tasks[start : start + 32]
-        wf = [Workflow(steps=tuple(Step(j, SOLVE, ()) for _ in range(SAMPLES))) for j in range(w)]
-        traces = await asyncio.gather(*(execute(wf[j], t, view, limits) for t in chunk for j in range(w)))
-        for i, t in enumerate(chunk):
-            row: list[list[str | None]] = []
-            for j in range(w):
-                tr = traces[i * w + j]
-                row.append([])
-                for k, rec in enumerate(tr.steps):
-                    text = rec.answer if rec.status == "ok" else ""
-                    one = replace(tr, steps=[rec], final_answer=text)
-                    correct[start + i, j, k] = grade_trace(t, one)
-                    cost[start + i, j, k] = rec.cost_usd
-                    row[j].append(extract_answer(t, text) if text else None)
-            keys.append(row)
+    wf = [Workflow(steps=tuple(Step(j, SOLVE, ()) for _ in range(SAMPLES))) for j in range(w)]
+    with progress_display() as bar:  # minutes on a large pool: a log must show that work goes on
+        pid = bar.add_task(f"sample {w} workers x{SAMPLES}", total=len(tasks))
+        for start in range(0, len(tasks), 32):
+            chunk = tasks[start : start + 32]
+            traces = await asyncio.gather(*(execute(wf[j], t, view, limits) for t in chunk for j in range(w)))
+            for i, t in enumerate(chunk):
+                row: list[list[str | None]] = []
+                for j in range(w):
+                    tr = traces[i * w + j]
+                    row.append([])
+                    for k, rec in enumerate(tr.steps):
+                        text = rec.answer if rec.status == "ok" else ""
+                        one = replace(tr, steps=[rec], final_answer=text)
+                        correct[start + i, j, k] = grade_trace(t, one)
+                        cost[start + i, j, k] = rec.cost_usd
+                        row[j].append(extract_answer(t, text) if text else None)
+                keys.append(row)
+            bar.advance(pid, len(chunk))
     return SampleOutcomes(view.names(), [t.id for t in tasks], correct, cost, keys)
 
 

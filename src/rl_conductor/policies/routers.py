@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 from rl_conductor.executor import execute
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
+from rl_conductor.progress import progress as progress_display
 from rl_conductor.reward import REWARD_PRESETS, RewardConfig, grade_trace, reward_config, reward_of
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
@@ -101,17 +102,22 @@ async def measure_singles(pool: Pool, tasks: Sequence[Task], limits: Limits | No
     w = len(view)
     correct = np.zeros((len(tasks), w), dtype=bool)
     cost = np.zeros((len(tasks), w), dtype=np.float64)
-    for start in range(0, len(tasks), 64):
-        chunk = tasks[start : start + 64]
-        runs = [
-            execute(Workflow(steps=(Step(j, SOLVE, ()),)), t, view, limits) for t in chunk for j in range(w)
-        ]
-        traces = await asyncio.gather(*runs)
-        for i, t in enumerate(chunk):
-            for j in range(w):
-                tr = traces[i * w + j]
-                correct[start + i, j] = grade_trace(t, tr)
-                cost[start + i, j] = tr.cost_usd
+    with progress_display() as bar:  # minutes on a large pool: a log must show that work goes on
+        pid = bar.add_task(f"measure {w} workers alone", total=len(tasks))
+        for start in range(0, len(tasks), 64):
+            chunk = tasks[start : start + 64]
+            runs = [
+                execute(Workflow(steps=(Step(j, SOLVE, ()),)), t, view, limits)
+                for t in chunk
+                for j in range(w)
+            ]
+            traces = await asyncio.gather(*runs)
+            for i, t in enumerate(chunk):
+                for j in range(w):
+                    tr = traces[i * w + j]
+                    correct[start + i, j] = grade_trace(t, tr)
+                    cost[start + i, j] = tr.cost_usd
+            bar.advance(pid, len(chunk))
     return SingleOutcomes(
         names=view.names(),
         task_ids=[t.id for t in tasks],
