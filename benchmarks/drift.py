@@ -333,21 +333,26 @@ def main() -> None:
         out, args.champion_sft, args.champion_items, model_name, args.champion
     )
     print(f"champion trained in {champion_s:.0f} s: {champion_dir}", flush=True)
-    if args.same_only is not None:  # one no-change retrain against this champion
-        row = _retrain(
+
+    def retrain(store: str, pool: str, *, seed: int, only_on_change: bool) -> dict[str, Any]:
+        """One retrain of this run's champion at the command line's retrain sizes."""
+        return _retrain(
             out,
-            str(args.same_only),
-            "paper-sim",
+            store,
+            pool,
             model_name,
-            seed=args.seed,
+            seed=seed,
             sft=args.retrain_sft,
             items=args.retrain_items,
-            only_on_change=False,
+            only_on_change=only_on_change,
             eval_limit=args.eval_limit,
             base_train=args.base_train,
             lr=args.retrain_lr,
             fit_limit=args.fit_limit,
         )
+
+    if args.same_only is not None:  # one no-change retrain against this champion
+        row = retrain(str(args.same_only), "paper-sim", seed=args.seed, only_on_change=False)
         print(f"no-change retrain {args.seed}:\n" + _line(row), flush=True)
         if args.json:
             write_json(args.json, "drift-same", {"config": {"seed": args.seed}, "same": [row]})
@@ -368,20 +373,7 @@ def main() -> None:
     store = str(out / "traffic-drift")
     results["drift_serving"] = asyncio.run(_serve(champion_dir, changed, store, items[: args.requests]))
     print(f"drift: served {results['drift_serving']}", flush=True)
-    drift = _retrain(
-        out,
-        store,
-        changed,
-        model_name,
-        seed=1,
-        sft=args.retrain_sft,
-        items=args.retrain_items,
-        only_on_change=True,
-        eval_limit=args.eval_limit,
-        base_train=args.base_train,
-        lr=args.retrain_lr,
-        fit_limit=args.fit_limit,
-    )
+    drift = retrain(store, changed, seed=1, only_on_change=True)
     print("drift retrain:\n" + _line(drift), flush=True)
     results["drift"] = drift
     # no change: a fresh champion of the old world (the one just trained), served on paper-sim
@@ -398,20 +390,7 @@ def main() -> None:
     # questions and their feedback; their recorded costs are not used), on the unchanged pool
     results["same"] = []
     for seed in range(1, args.retrains + 1):
-        row = _retrain(
-            out,
-            store,
-            "paper-sim",
-            model_name,
-            seed=seed,
-            sft=args.retrain_sft,
-            items=args.retrain_items,
-            only_on_change=False,
-            eval_limit=args.eval_limit,
-            base_train=args.base_train,
-            lr=args.retrain_lr,
-            fit_limit=args.fit_limit,
-        )
+        row = retrain(store, "paper-sim", seed=seed, only_on_change=False)
         print(f"no-change retrain {seed}:\n" + _line(row), flush=True)
         results["same"].append(row)
     results["churn"] = sum(bool(r.get("promoted")) for r in results["same"])
