@@ -67,7 +67,6 @@ from _results import write_json
 
 COMMON: dict[str, Any] = {
     "deadline_fraction": 0.0,
-    "evidence": "probe",  # as the champion of `--champion` (the tiny preset with evidence) was trained
     # one small GRPO step: at this size GRPO only polishes (configs/train/tiny.yaml), and a step of
     # 32 rollouts took ~250 s on the loaded machine
     "grpo_steps": 1,
@@ -209,6 +208,7 @@ def _retrain(
             "warm_items_per_domain": items,
             "sft_epochs": 1.0,
             "sft_learning_rate": lr,
+            "evidence": _champion_evidence(paths["champion"]),
         },
         seed=seed,
         run_tag=folder.name,
@@ -248,6 +248,12 @@ def _retrain(
         "champion_after": gated.champion,
     }
     return row
+
+
+def _champion_evidence(champion_dir: str) -> str:
+    """The champion's prompt evidence: a warm start keeps the prompt it was trained on."""
+    meta = json.loads((Path(champion_dir) / "conductor.json").read_text())
+    return str(meta.get("evidence", "none"))
 
 
 def _line(r: dict[str, Any]) -> str:
