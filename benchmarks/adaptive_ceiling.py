@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -43,11 +42,13 @@ from typing import Any
 
 import numpy as np
 from _results import write_json
+from adaptive_conductor import paired_ci
 from numpy.typing import NDArray
 
 from rl_conductor.policies.cascade import SampleOutcomes, measure_samples
-from rl_conductor.policies.evidence import fit_evidence
-from rl_conductor.policies.knn import cached_embeddings
+from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
+from rl_conductor.policies.knn import KnnRouter, cached_embeddings
+from rl_conductor.policies.routers import SingleOutcomes
 from rl_conductor.reward import REWARD_PRESETS, RewardConfig, reward_of
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
@@ -95,13 +96,6 @@ def cascade(s: Split, order: tuple[int, ...]) -> dict[str, NDArray[Any]]:
     return {"correct": correct, "cost": cost, "rounds": rounds}
 
 
-def paired(x: NDArray[Any], y: NDArray[Any]) -> dict[str, float]:
-    d = x.astype(np.float64) - y.astype(np.float64)
-    m = float(d.mean())
-    se = float(d.std(ddof=1) / math.sqrt(len(d)))
-    return {"mean": m, "low": m - 1.96 * se, "high": m + 1.96 * se}
-
-
 def summary(name: str, correct: NDArray[Any], cost: NDArray[Any], rc: RewardConfig) -> dict[str, Any]:
     return {
         "policy": name,
@@ -122,10 +116,6 @@ def hull_at(points: list[tuple[float, float]], budget: float) -> float:
 
 def routers(train: Split, test: Split, rc: RewardConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every one-round router's test outcome; and the threshold routers' per-question choices."""
-    from rl_conductor.policies.evidence import estimated_rewards
-    from rl_conductor.policies.knn import KnnRouter
-    from rl_conductor.policies.routers import SingleOutcomes
-
     emb_train = cached_embeddings([t.question for t in train.tasks])
     emb_test = cached_embeddings([t.question for t in test.tasks])
     rows: list[dict[str, Any]] = []
@@ -141,6 +131,7 @@ def routers(train: Split, test: Split, rc: RewardConfig) -> tuple[list[dict[str,
         correct=train.correct,
         cost=train.cost,
     )
+    mean_cost = {n: float(train.cost[:, j].mean()) for j, n in enumerate(train.names)}
     for w in WEIGHTS:
         cfg = replace(rc, cost_weight=w)
         for k in KS:
@@ -148,7 +139,6 @@ def routers(train: Split, test: Split, rc: RewardConfig) -> tuple[list[dict[str,
             choice = []
             for q in emb_test:
                 expected, _ = knn.expected(q)
-                mean_cost = {n: float(train.cost[:, j].mean()) for j, n in enumerate(train.names)}
                 choice.append(
                     min(
                         range(len(train.names)),
@@ -239,7 +229,7 @@ def main() -> None:
         under = [x for x in fits_cost if x[0] <= f["test_mean_cost_usd"]]
         c_cost, k = max(under)
         ch = threshold["choices"][k]
-        d = paired(te["correct"], test.correct[idx, ch])
+        d = paired_ci(te["correct"], test.correct[idx, ch])
         result["cascades_fitted"][str(r)] = {
             **{k2: v for k2, v in f.items() if k2 != "_o"},
             "one_round_ceiling_accuracy": ceiling,
