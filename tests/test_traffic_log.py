@@ -285,3 +285,18 @@ def test_bad_traffic_flags_are_one_line_and_exit_2(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.strip().startswith("Error:") and "--traffic_private_store" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_batches_written_in_the_same_millisecond_read_back_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen clock (every batch in one millisecond) still reads the records in write order:
+    CI once read r6 before r3 when two batches shared their name's millisecond."""
+    frozen = time.time()
+    monkeypatch.setattr(tl.time, "time", lambda: frozen)
+    log = tl.TrafficLog(tl.TrafficConfig(store=str(tmp_path), batch_size=1, flush_interval_s=30))
+    for i in range(12):
+        log.submit(ConductorRequest(question=f"q{i}"), _doc(f"r{i}"), "v1")
+    log.close()
+    assert len(tl.batch_files(str(tmp_path))) == 12
+    assert [r["request_id"] for r in tl.read_traffic(str(tmp_path))] == [f"r{i}" for i in range(12)]

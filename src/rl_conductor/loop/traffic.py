@@ -371,11 +371,27 @@ def _write_retrying(uri: str, data: bytes) -> None:
     storage.write_bytes(uri, data)
 
 
+_last_ms = 0
+_last_ms_lock = threading.Lock()
+
+
+def _next_ms(t: float) -> int:
+    """Epoch milliseconds of ``t``, strictly above the last name this process gave: two batches
+    written in the same millisecond otherwise tie, and :func:`batch_files` (which orders by the
+    name's milliseconds) read them back in the random order of their suffixes."""
+    global _last_ms
+    with _last_ms_lock:
+        _last_ms = max(int(t * 1000), _last_ms + 1)
+        return _last_ms
+
+
 def batch_uri(store: str, now: float | None = None) -> str:
-    """A new batch file's URI below ``store`` (day folder, then epoch milliseconds)."""
+    """A new batch file's URI below ``store`` (day folder, then epoch milliseconds, increasing
+    within a process)."""
     t = time.time() if now is None else now
-    day = datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d")
-    return storage.join(store, TRAFFIC_DIR, day, f"{int(t * 1000):013d}-{uuid.uuid4().hex[:8]}.jsonl")
+    ms = _next_ms(t) if now is None else int(t * 1000)
+    day = datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d")
+    return storage.join(store, TRAFFIC_DIR, day, f"{ms:013d}-{uuid.uuid4().hex[:8]}.jsonl")
 
 
 def _batch_ms(rel: str) -> int | None:
