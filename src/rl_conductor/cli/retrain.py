@@ -62,3 +62,40 @@ def compile_cmd(
     from rl_conductor.loop.pipeline import compile_pipeline
 
     console.print(f"compiled: {compile_pipeline(out)}")
+
+
+@retrain_app.command("check")
+def check_cmd(
+    traffic_store: Annotated[str, typer.Option(help="the predictor's --traffic_store (folder or s3://)")],
+    pool: Annotated[str, typer.Option(help="the pool now served (name or YAML path)")] = "paper-sim",
+    model_name: Annotated[str, typer.Option(help="the registered model whose champion serves")] = (
+        "conductor"
+    ),
+    window_hours: Annotated[float, typer.Option(help="hours of recent traffic to read (0: all)")] = 24.0,
+    min_tasks: Annotated[
+        int, typer.Option(min=2, help="fewest requests with feedback to give a verdict on")
+    ] = 30,
+    fit_limit: Annotated[
+        int, typer.Option(min=0, help="training tasks the floor's routers fit on (0: all)")
+    ] = 0,
+    prom_textfile: Annotated[
+        str, typer.Option(help="write the check's gauges here (node-exporter textfile collector)")
+    ] = "",
+    pushgateway: Annotated[str, typer.Option(help="push the check's gauges to this Pushgateway")] = "",
+) -> None:
+    """Is the serving champion below the gate's floor on recent traffic with feedback? Exit 3 if so
+    (page on it), 0 if not, 1 without a verdict (docs/closed-loop.md)."""
+    from rl_conductor.loop.monitor import BELOW_FLOOR_EXIT, check_champion, export_metrics
+
+    outcome = check_champion(
+        traffic_store=traffic_store,
+        pool=pool,
+        model_name=model_name,
+        window_hours=window_hours,
+        min_tasks=min_tasks,
+        fit_limit=fit_limit or None,
+    )
+    export_metrics(outcome, textfile=prom_textfile, pushgateway=pushgateway)
+    console.print(("ALERT " if outcome.below_floor else "ok: ") + outcome.reason, soft_wrap=True)
+    if outcome.below_floor:
+        raise typer.Exit(BELOW_FLOOR_EXIT)

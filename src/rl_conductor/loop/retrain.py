@@ -282,33 +282,33 @@ def paired_gain(challenger: Sequence[float], champion: Sequence[float]) -> tuple
 ROUTERS = ("domain-router", "knn")
 
 
-def compare(
-    challenger_dir: str,
-    champion_dir: str,
+def evaluate_with_floor(
+    conductor_dirs: Sequence[str],
     tasks: Sequence[Task],
     *,
     pool: str,
     seed: int = 0,
     train_path: str | None = None,
     fit_limit: int | None = None,
-) -> Comparison:
-    """Run both Conductors, every single worker and the two routers on ``tasks`` under ``pool``
-    (see module docstring). The routers are fitted at the challenger's reward on the ``train``
-    split of ``train_path``'s tasks (the retrain's training data), else of the pool's dataset;
-    ``fit_limit``: a seeded sample of that many."""
+) -> tuple[dict[str, Any], list[str]]:
+    """Run each Conductor of ``conductor_dirs``, every single worker and the two routers on
+    ``tasks`` under ``pool``, at the first Conductor's reward; returns the evaluation results by
+    policy spec (``conductor:DIR``, ``single:NAME``, ``knn`` …) and the floor's specs. The routers
+    are fitted at that reward on the ``train`` split of ``train_path``'s tasks, else of the pool's
+    dataset; ``fit_limit``: a seeded sample of that many. What :func:`compare` and the champion
+    check (:mod:`rl_conductor.loop.monitor`) both measure."""
     from rl_conductor.evaluation.runner import evaluate
     from rl_conductor.evaluation.suite import eval_limits, eval_reward
     from rl_conductor.policies.base import make_policy
-    from rl_conductor.tracking.gate import best_baseline
     from rl_conductor.workers.pool import load_pool
 
     p = load_pool(pool, seed=seed)
     view = p.view()
     dataset = str(p.options.get("default_dataset", "paper-mix"))
     fit_on = steps.register_prepared([train_path]) if train_path else dataset
-    specs = [f"conductor:{challenger_dir}", f"conductor:{champion_dir}"]
-    rc = eval_reward(specs[:1], None, None)  # the challenger's reward: the champion's, warm-started
-    meta = json.loads((Path(challenger_dir) / "conductor.json").read_text())
+    specs = [f"conductor:{d}" for d in conductor_dirs]
+    rc = eval_reward(specs[:1], None, None)  # the first Conductor's reward
+    meta = json.loads((Path(conductor_dirs[0]) / "conductor.json").read_text())
     limits = eval_limits(None, "public", None, None, int(meta.get("max_rounds", 1)))
     results = {}
     floor = [*(f"single:{n}" for n in p.names()), *ROUTERS]
@@ -322,6 +322,33 @@ def compare(
             fit_limit=fit_limit,
         )
         results[spec] = evaluate(pol, view, list(tasks), limits, progress=False, reward_config=rc)
+    return results, floor
+
+
+def compare(
+    challenger_dir: str,
+    champion_dir: str,
+    tasks: Sequence[Task],
+    *,
+    pool: str,
+    seed: int = 0,
+    train_path: str | None = None,
+    fit_limit: int | None = None,
+) -> Comparison:
+    """Run both Conductors, every single worker and the two routers on ``tasks`` under ``pool``
+    (see module docstring), at the challenger's reward (the champion's, warm-started):
+    :func:`evaluate_with_floor`."""
+    from rl_conductor.tracking.gate import best_baseline
+
+    specs = [f"conductor:{challenger_dir}", f"conductor:{champion_dir}"]
+    results, floor = evaluate_with_floor(
+        [challenger_dir, champion_dir],
+        tasks,
+        pool=pool,
+        seed=seed,
+        train_path=train_path,
+        fit_limit=fit_limit,
+    )
     split_id = steps.test_split_id(tasks, pool, seed)
 
     def summary(spec: str, label: str) -> dict[str, Any]:
@@ -517,6 +544,7 @@ __all__ = [
     "collect_step",
     "compare",
     "decide",
+    "evaluate_with_floor",
     "gate_step",
     "paired_gain",
     "retrain_step",
