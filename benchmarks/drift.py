@@ -7,43 +7,55 @@ worker's accuracy per domain set to ``--degrade-accuracy`` (an endpoint that got
 simulated pool file, the worker's ``accuracy``) — and (b) does not churn when nothing changed.
 Both are measured with the loop's own steps on ``paper-sim``:
 
-1. a champion: ``--champion DIR`` (a trained tiny Conductor of paper-sim; the figures below used
-   the tiny preset with ``evidence: probe``), else one trained here from the ``tiny`` preset,
-   smaller (``--champion-sft`` SFT examples, 2 GRPO steps, no deadline prompts); registered and
-   aliased ``champion``;
+1. a champion: ``--champion DIR`` (a trained paper-sim Conductor; docs/closed-loop.md's figures
+   use the ``tiny`` preset exactly as ``make run`` trains it, which clears the gate's floor on
+   the unchanged pool), else one trained here from the ``tiny`` preset, smaller
+   (``--champion-sft`` SFT examples, 2 GRPO steps, no deadline prompts: a smoke run, below the
+   floor); registered and aliased ``champion``;
 2. **drift**: ``--requests`` questions (paper-mix train and validation items, shuffled) served by
    the champion through the predictor's service (:class:`ConductorService` with the traffic log
    hooked in, in-process) on the *changed* pool, each with feedback (its gold answer); then
-   ``collect_step(only_on_pool_change=True)`` (it must see the re-pricing) → ``retrain_step``
-   (warm start from the champion) → ``gate_step`` on the held-out recent traffic + the standing
-   test split, at the new prices;
+   ``collect_step(only_on_pool_change=True)`` (it must see the change) → ``retrain_step``
+   (warm start from the champion, keeping its prompt evidence) → ``gate_step`` on the held-out
+   recent traffic + ``--eval-limit`` standing test questions, under the changed pool, against
+   the training pipeline's floor (every single worker, domain-router and knn fitted on the
+   retrain's training tasks, ``--fit-limit`` of them, 0 = all);
 3. **no change**: the original champion again, the same traffic window (or, with
    ``--serve-again``, the same questions served anew on paper-sim), retrained on the unchanged
-   pool ``--retrains`` times (seeds 1..N), each gated against the champion of the moment.
+   pool ``--retrains`` times (seeds 1..N), each gated against the champion of the moment;
+   ``--same-only TRAFFIC --seed N`` runs one such retrain on a stored window (one process per
+   seed, each with its own ``--out``).
 
 Reports, per retrain: challenger and champion mean reward / accuracy / cost on the same questions,
-the paired reward gain with its 95 % CI, the gate's floor (best single worker or router), the
+the paired reward gain with its 95 % CI, the gate's floor (the best single worker or router), the
 gate's decision, wall and CPU seconds (this process and its children); and the traffic window's
 figures.
 
-Which change: at the cost-aware reward (0.03 per cent spent) gemini-2.5-pro x4 barely moves the
-optimum (the champion loses 0.021 reward on 120 test questions, 0.8746 -> 0.8533; the best
-candidate workflows per domain change by at most ~0.03), so no retrain can win by a margin a
-gate could see. ``--degrade deepseek-r1-distill-qwen-32b`` (the worker the champion sends a
-third of its questions to alone) costs the champion 0.088 (0.8746 -> 0.7871) while the best
-workflows without it score as before: a change the retrain can win back.
+Which change: the one that matters is a worker the champion relies on. A re-pricing
+(``--price-factor``, gemini-2.5-pro x4 at the cost-aware reward) barely moves the optimum, so no
+retrain can win it by a margin a gate can see; ``--degrade`` sets the worker's simulated accuracy
+per domain (``--degrade-accuracy``). Which worker to degrade depends on the champion's routing
+(the window's ``served_share``): degrading one it rarely calls changes nothing, rightly.
+
+The retrain's size matters as much as the change: a retrain smaller than the champion's own
+training (fewer table items, SFT examples or standing training questions) loses reward even with
+no change and can fall short of the routers after one. ``--retrain-items``, ``--retrain-sft`` and
+``--base-train`` at the champion's own table, step count and training split are the full size.
 
 Simplifications: the simulated pool answers a served request (no gold) with a placeholder, so the
 served answers earn nothing and the feedback grades them wrong: the retraining reads the
 questions, re-executed as their paper-mix items (what a live pool's response cache would replay);
-the simulation cannot reward good instructions. Sizes are small for a shared 2-core machine.
+the simulation cannot reward good instructions. One GRPO step per retrain (it only polishes at
+this size).
 
-Usage (the figures of docs/closed-loop.md; the no-change retrains as parallel ``--same-only`` runs)::
+Usage (docs/closed-loop.md's figures: the full-size retrain after gemini-2.5-pro degraded, and
+the no-change retrains at the same size)::
 
-    A="--champion DIR --retrain-items 100 --retrain-sft 480 --base-train 320 --eval-limit 80 --fit-limit 200"
-    nice python benchmarks/drift.py --out /tmp/drift-deg --requests 80 --retrains 0 \
-        --worker deepseek-r1-distill-qwen-32b --degrade $A --json drift-deg.json
-    nice python benchmarks/drift.py --out /tmp/same1 --same-only TRAFFIC --seed 1 $A --json same1.json
+    A="--champion DIR --retrain-items 500 --retrain-sft 4800 --base-train 1671 --eval-limit 300 --fit-limit 0"
+    nice python benchmarks/drift.py --out /tmp/drift-gem --requests 100 --retrains 0 \
+        --worker gemini-2.5-pro --degrade $A --json drift-gem.json
+    nice python benchmarks/drift.py --out /tmp/same1 --same-only /tmp/drift-gem/traffic-drift \
+        --seed 1 $A --json same1.json
 """
 
 from __future__ import annotations
