@@ -196,7 +196,8 @@ def test_grpo_and_sft_records_carry_what_the_reward_and_trainer_need() -> None:
     ]
     base = Limits(max_steps=3)
     grpo = grpo_records(specs, pool, base, max_question_chars=200)
-    assert [set(r) for r in grpo] == [{"prompt", "task_id", "view", "budget", "deadline"}] * 2
+    assert [set(r) for r in grpo] == [{"prompt", "task_id", "view", "budget", "deadline", "ranking"}] * 2
+    assert [r["ranking"] for r in grpo] == [[], []]  # no evidence: no ranking line, no @k to resolve
     assert [r["task_id"] for r in grpo] == ["t/0", "t/1"]
     assert [r["view"] for r in grpo] == [[3, 1], [0, 1, 2, 3]]
     assert [r["budget"] for r in grpo] == [0.02, -1.0]

@@ -19,7 +19,9 @@ estimate: 3, 1, 5`` (the workers the request may use, ordered by their estimated
 question) and ``Best by estimate: 3``. The best id comes last, right before the plan the model
 writes, so following it is copying the token a fixed number of tokens back whatever the pool's
 size (measured: a ~2M-parameter model trained on targets made from per-worker percentages alone
-did not learn to compare them).
+did not learn to compare them). The plan may name a shown worker by its place in that line
+(``model_id = [@1]``, :mod:`rl_conductor.workflow`): the Conductor parses with
+:func:`shown_ranking`, the ids the line showed.
 """
 
 from __future__ import annotations
@@ -149,10 +151,16 @@ def cut(question: str, max_chars: int, how: str = "head") -> str:
 RANK_SHOWN = 3
 
 
+def shown_ranking(order: Sequence[int] | None) -> list[int] | None:
+    """The ids of a ranking the prompt's line shows (its first :data:`RANK_SHOWN`), best first:
+    what ``@1``, ``@2`` … in a plan refer to (``workflow.parse(ranking=...)``); None for None."""
+    return None if order is None else [int(i) for i in list(order)[:RANK_SHOWN]]
+
+
 def rank_line(order: Sequence[int]) -> str:
     """``Ranked by estimate: 3, 1, 5`` (the first :data:`RANK_SHOWN` ids of ``order``; only with
     two or more) and ``Best by estimate: 3``, the best id last (see the module docstring)."""
-    ids = [str(i) for i in list(order)[:RANK_SHOWN]]
+    ids = [str(i) for i in shown_ranking(order) or []]
     if not ids:
         raise ValueError("a ranking needs at least one worker")
     ranked = f"Ranked by estimate: {', '.join(ids)}\n" if len(ids) > 1 else ""

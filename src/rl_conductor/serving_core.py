@@ -216,13 +216,17 @@ def step_document(s: StepRecord) -> dict[str, Any]:
 
 def response_document(view: PoolView, episode: Episode) -> dict[str, Any]:
     """The response for one executed request: answer, workflow (every round's steps), per-step
-    usage, the rounds (what the Conductor saw and decided after each, what each cost), totals."""
+    usage, the rounds (what the Conductor saw and decided after each, what each cost), totals.
+    A planned step the plan named by evidence rank carries ``evidence_rank`` beside its resolved
+    worker."""
     trace = episode.trace
     planned = [
         {
             "worker": view.worker(s.worker).info.name,
             "instruction": s.instruction,
             "access": list(s.visible(i)),
+            # named by its place in the prompt's evidence ranking (``@k``): which place
+            **({} if s.rank is None else {"evidence_rank": s.rank}),
         }
         for i, s in enumerate(episode.plan.workflow.steps)
     ]

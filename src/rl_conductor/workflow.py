@@ -8,7 +8,13 @@ The Conductor writes, after optional free-text reasoning, three equal-length Pyt
     access_list = [[], "all"]
 
 ``access_list`` entries are ``"all"`` (see every earlier step), ``[]`` (see none) or a list of
-earlier step indices (an extension of the paper). Worker ids run from 0 to the pool size - 1. A
+earlier step indices (an extension of the paper). Worker ids run from 0 to the pool size - 1.
+Where the prompt ranked the workers (``evidence: rank``: ``Ranked by estimate: 3, 1, 5``), a
+``model_id`` entry may also name a worker by its place in that ranking, ``@1`` for the first
+(bare or quoted): :func:`parse` resolves it to the id with the ``ranking`` the prompt showed, and
+refuses it when there was none or the place is beyond it. Why: following the evidence is then
+one constant token sequence a tiny model can learn, where copying the id from the prompt was not
+learnt (docs/recordings.md); an id still names any worker, so deviating stays possible. A
 later round's continuation is parsed with ``first_index`` = the steps so far, so its steps are
 numbered after them and may see any of them. Parsing uses ``ast.literal_eval`` on
 bracket-matched list literals, never ``eval``; anything malformed raises :class:`ParseError`
@@ -43,6 +49,9 @@ class Step:
     worker: int
     instruction: str
     access: Access = ()
+    #: the place in the prompt's evidence ranking the plan named this worker by (``@rank``);
+    #: None when it was named by id. ``worker`` is always the resolved id.
+    rank: int | None = field(default=None, compare=False)
 
     def visible(self, index: int) -> tuple[int, ...]:
         """Indices of earlier steps this step (at position ``index``) sees."""
@@ -66,6 +75,16 @@ class Workflow:
 
     def workers(self) -> list[int]:
         return [s.worker for s in self.steps]
+
+    def by_rank(self) -> bool:
+        """Whether any step names its worker by its place in the evidence ranking (``@k``)."""
+        return any(s.rank is not None for s in self.steps)
+
+
+#: a bare rank reference in a ``model_id`` list (``@1``), quoted before the literal is evaluated
+_BARE_RANK = re.compile(r"(?<![\w\"'@])@(\d+)")
+#: a rank reference as a list entry (at most four digits: a longer one is refused as not a rank)
+_RANK_ENTRY = re.compile(r"@([0-9]{1,4})")
 
 
 LIST_ASSIGN = {name: re.compile(rf"\b{name}\s*(?:=|:)\s*\[") for name in LIST_NAMES}
@@ -122,7 +141,8 @@ def _scan_lists(text: str) -> dict[str, tuple[list[object], int, int] | ParseErr
             continue
         try:
             literal = _extract_list_literal(text, bracket)
-            results[name] = (_literal_list(literal, name), bracket, bracket + len(literal))
+            quoted = _BARE_RANK.sub(r'"@\1"', literal) if name == "model_id" else literal
+            results[name] = (_literal_list(quoted, name), bracket, bracket + len(literal))
         except ParseError as exc:
             results[name] = exc
             continue
@@ -202,6 +222,7 @@ def parse(
     max_steps: int = DEFAULT_MAX_STEPS,
     allow_empty: bool = False,
     first_index: int = 0,
+    ranking: Sequence[int] | None = None,
 ) -> Workflow:
     """Parse a Conductor completion into a :class:`Workflow`.
 
@@ -212,6 +233,9 @@ def parse(
         allow_empty: accept three empty lists (a later round's review that keeps the answer).
         first_index: the index of the first step (a later round's continuation: the number of
             steps so far); access lists may name any step before each step's own index.
+        ranking: the worker ids the prompt's ranking line showed, best first
+            (:func:`rl_conductor.prompting.shown_ranking`); ``@k`` in ``model_id`` is its k-th.
+            None: the prompt showed none, and a rank reference is refused.
 
     Raises:
         ParseError: with a message naming the problem.
@@ -231,13 +255,13 @@ def parse(
         raise ParseError(f"the workflow has {len(ids)} steps; at most {max_steps} are allowed")
     steps: list[Step] = []
     for i, (wid, sub, acc) in enumerate(zip(ids, subtasks, access, strict=True)):
-        _check_id(i, wid, pool_size)
+        wid, rank = _resolve(i, wid, pool_size, ranking)
         if not isinstance(sub, str):
             raise ParseError(f"subtasks[{i}] must be a string, got {type(sub).__name__}")
         if not sub.strip():
             raise ParseError(f"subtasks[{i}] is empty")
         access = _parse_access(acc, first_index + i)
-        steps.append(Step(worker=wid, instruction=sub.strip(), access=access))
+        steps.append(Step(worker=wid, instruction=sub.strip(), access=access, rank=rank))
     reasoning = text[: min(m.start() for n in LIST_NAMES for m in [LIST_ASSIGN[n].search(text)] if m)].strip()
     return Workflow(steps=tuple(steps), reasoning=reasoning)
 
@@ -250,11 +274,36 @@ def _check_id(i: int, wid: object, pool_size: int) -> int:
     return wid
 
 
-def model_ids(text: str, *, pool_size: int, max_steps: int = DEFAULT_MAX_STEPS) -> list[int]:
+def _resolve(i: int, wid: object, pool_size: int, ranking: Sequence[int] | None) -> tuple[int, int | None]:
+    """``model_id[i]`` as a worker id and the rank it was named by (None: named by id)."""
+    m = _RANK_ENTRY.fullmatch(wid.strip()) if isinstance(wid, str) else None
+    if m is None:
+        return _check_id(i, wid, pool_size), None
+    rank = int(m.group(1))
+    if not ranking:
+        raise ParseError(
+            f"model_id[{i}] = @{rank} names a worker by its evidence rank, "
+            "but the prompt showed no ranking: name it by id"
+        )
+    if not 1 <= rank <= len(ranking):
+        raise ParseError(
+            f"model_id[{i}] = @{rank} is out of range @1..@{len(ranking)} (the ranking the prompt showed)"
+        )
+    return _check_id(i, ranking[rank - 1], pool_size), rank
+
+
+def model_ids(
+    text: str,
+    *,
+    pool_size: int,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    ranking: Sequence[int] | None = None,
+) -> list[int]:
     """The ``model_id`` list alone, checked as :func:`parse` checks it (ints in range, at least
     one and at most ``max_steps``), whatever the other two lists hold: which workers a plan whose
     ``subtasks`` or ``access_list`` is broken meant to run (the Conductor's fallback salvages
-    them). Raises :class:`ParseError` when that list is missing, does not evaluate or fails a check."""
+    them); rank references resolve as in :func:`parse`. Raises :class:`ParseError` when that list
+    is missing, does not evaluate or fails a check."""
     got = _scan_lists(text).get("model_id") if isinstance(text, str) else None
     if got is None:
         raise ParseError("missing `model_id = [...]`")
@@ -265,7 +314,7 @@ def model_ids(text: str, *, pool_size: int, max_steps: int = DEFAULT_MAX_STEPS) 
         raise ParseError("the workflow has no steps")
     if len(ids) > max_steps:
         raise ParseError(f"the workflow has {len(ids)} steps; at most {max_steps} are allowed")
-    return [_check_id(i, wid, pool_size) for i, wid in enumerate(ids)]
+    return [_resolve(i, wid, pool_size, ranking)[0] for i, wid in enumerate(ids)]
 
 
 def access_entries(text: str, count: int) -> tuple[Access, ...] | None:
@@ -293,9 +342,9 @@ def render(workflow: Workflow, *, reasoning: str | None = None) -> str:
 
     ``parse(render(w)) == w`` for every workflow ``parse`` can return (stripped, non-empty
     instructions; a first step whose access is ``()``, which is how ``parse`` reads a first step's
-    ``"all"``)."""
+    ``"all"``; a step named by rank is written ``@k`` and parses back with the same ranking)."""
     r = workflow.reasoning if reasoning is None else reasoning
-    ids = "[" + ", ".join(str(s.worker) for s in workflow.steps) + "]"
+    ids = "[" + ", ".join(str(s.worker) if s.rank is None else f"@{s.rank}" for s in workflow.steps) + "]"
     subs = "[" + ", ".join(repr(s.instruction) for s in workflow.steps) + "]"
     acc = "[" + ", ".join(_access_literal(s) for s in workflow.steps) + "]"
     body = f"model_id = {ids}\nsubtasks = {subs}\naccess_list = {acc}"
@@ -305,7 +354,7 @@ def render(workflow: Workflow, *, reasoning: str | None = None) -> str:
 def normalize(workflow: Workflow) -> Workflow:
     """Canonical form: ``"all"`` spelled as explicit indices (so equality ignores spelling)."""
     steps = tuple(
-        Step(worker=s.worker, instruction=s.instruction, access=s.visible(i))
+        Step(worker=s.worker, instruction=s.instruction, access=s.visible(i), rank=s.rank)
         for i, s in enumerate(workflow.steps)
     )
     return Workflow(steps=steps, reasoning=workflow.reasoning)

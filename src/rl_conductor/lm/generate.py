@@ -135,13 +135,15 @@ def generate(
 
 #: The open ``model_id`` list at the end of a completion so far (the ids written, and the rest).
 _OPEN_LIST = re.compile(LIST_ASSIGN["model_id"].pattern + r"([^\]]*)$")  # opened as parse reads it
-_DIGITS = re.compile(r"\d+")
+_DIGITS = re.compile(r"(?<![@\d])\d+")  # a run after "@" is a rank reference (workflow.parse), not an id
 
 
 def ids_prefix_ok(body: str, allowed: frozenset[int]) -> bool:
     """Whether ``body`` (the text of an open ``model_id`` list so far) can still become a list of
     ``allowed`` ids: every finished run of digits in it is an allowed id and a run still being
-    written (at the end) is a prefix of one. Other text is left alone (parsing judges it)."""
+    written (at the end) is a prefix of one. Other text is left alone (parsing judges it), and so
+    is a rank reference (``@1``: the prompt's ranking holds only workers the request may use, and
+    the Conductor checks the resolved id against the same set)."""
     words = {str(i) for i in allowed}
     for m in _DIGITS.finditer(body):
         run = m.group().lstrip("0") or "0"

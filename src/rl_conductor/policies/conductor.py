@@ -52,6 +52,7 @@ from rl_conductor.prompting import (
     over_budget,
     quantile_seconds,
     review_prompt,
+    shown_ranking,
     typical_cost,
 )
 from rl_conductor.reward import reward_from_dict
@@ -181,7 +182,11 @@ def fallback_workflow(view: PoolView, limits: Limits) -> Workflow:
 
 
 def salvaged_workflow(
-    text: str, view: PoolView, limits: Limits, quantile: float = DEADLINE_QUANTILE
+    text: str,
+    view: PoolView,
+    limits: Limits,
+    quantile: float = DEADLINE_QUANTILE,
+    ranking: Sequence[int] | None = None,
 ) -> Workflow | None:
     """The workers of an unparseable completion's own ``model_id`` list
     (:func:`~rl_conductor.workflow.model_ids`), each with :data:`FALLBACK_INSTRUCTION`; None (the
@@ -194,9 +199,10 @@ def salvaged_workflow(
     where the request allows more rounds than one, every step solves afresh (the parallel answers a
     review compares, as the adaptive targets' pairs do: answers that saw each other agree for
     the wrong reason), and in one round the earlier steps solve afresh and the last, whose output
-    is the answer, sees them all."""
+    is the answer, sees them all. ``ranking``: the ids the prompt's ranking line showed (what
+    ``@k`` entries name)."""
     try:
-        ids = model_ids(text, pool_size=len(view), max_steps=limits.max_steps)
+        ids = model_ids(text, pool_size=len(view), max_steps=limits.max_steps, ranking=ranking)
     except ParseError:
         return None
     infos = view.infos()
@@ -216,6 +222,11 @@ def salvaged_workflow(
     if limits.max_latency_s is not None and plan_seconds(wf, view, quantile) > limits.max_latency_s:
         return None
     return wf
+
+
+def rank_names(wf: Workflow) -> str:
+    """How a plan named its workers, for the trace: ``@1 -> 3, 0`` (rank references resolved)."""
+    return ", ".join(str(s.worker) if s.rank is None else f"@{s.rank} -> {s.worker}" for s in wf.steps)
 
 
 class ConductorPolicy(Policy):
@@ -330,8 +341,12 @@ class ConductorPolicy(Policy):
         *,
         allow_empty: bool = False,
         first_index: int = 0,
+        rankings: Sequence[Sequence[int] | None] | None = None,
     ) -> list[Plan]:
-        """Generate for every prompt, retry the unparseable ones, fall back where retries fail."""
+        """Generate for every prompt, retry the unparseable ones, fall back where retries fail.
+        ``rankings``: per prompt, the ids its ranking line showed (``@k`` in a plan names the k-th;
+        None or absent: the prompt showed none and a rank reference does not parse)."""
+        shown = list(rankings) if rankings is not None else [None] * len(prompts)
         plans: list[Plan | None] = [None] * len(prompts)
         errors: list[str] = [""] * len(prompts)
         first_texts: list[str] = [""] * len(prompts)  # the first (greedy) completion, for the salvage
@@ -355,11 +370,13 @@ class ConductorPolicy(Policy):
                         max_steps=limits[i].max_steps,
                         allow_empty=allow_empty,
                         first_index=first_index,
+                        ranking=shown[i],
                     )
                     if mask is not None and not set(wf.workers()) <= mask:
                         # a spelling the decoding mask did not follow (e.g. 0x1): retried as unparseable
                         raise ParseError(f"the plan names workers over the budget: {wf.workers()}")
-                    plans[i] = Plan(workflow=wf, text=text, parse_error=errors[i] or None)
+                    notes = (f"planning: named by evidence rank: {rank_names(wf)}",) if wf.by_rank() else ()
+                    plans[i] = Plan(workflow=wf, text=text, parse_error=errors[i] or None, notes=notes)
                 except ParseError as exc:
                     errors[i] = str(exc)
                     still.append(i)
@@ -369,7 +386,7 @@ class ConductorPolicy(Policy):
             wf = (
                 None
                 if allow_empty
-                else salvaged_workflow(first_texts[i], views[i], limits[i], self.deadline_quantile)
+                else salvaged_workflow(first_texts[i], views[i], limits[i], self.deadline_quantile, shown[i])
             )
             notes: tuple[str, ...] = ()
             if wf is not None:
@@ -409,16 +426,18 @@ class ConductorPolicy(Policy):
             replace(lim, max_latency_s=None) if self.deadline_check and lim.max_latency_s is not None else lim
             for lim in limits
         ]
+        orders = [
+            self.evidence_ranking(t, v, lim, e)
+            for t, v, lim, e in zip(tasks, views, first, evidence, strict=True)
+        ]
         plans = self._parse_all(
             [self.prompt(t, v, lim, e) for t, v, lim, e in zip(tasks, views, first, evidence, strict=True)],
             views,
             first,
+            rankings=[shown_ranking(o) for o in orders],
         )
         if self.ranker is not None:  # what the evidence alone would pick (evaluation: agreement)
-            plans = [
-                replace(p, evidence_best=(self.evidence_ranking(t, v, lim, e) or [None])[0])
-                for p, t, v, lim, e in zip(plans, tasks, views, first, evidence, strict=True)
-            ]
+            plans = [replace(p, evidence_best=(o or [None])[0]) for p, o in zip(plans, orders, strict=True)]
         again: list[int] = []
         why: dict[int, str] = {}
         for i, (plan, view, lim) in enumerate(zip(plans, views, limits, strict=True)):
@@ -442,6 +461,10 @@ class ConductorPolicy(Policy):
                 [self.prompt(tasks[i], views[i], limits[i], evidence[i]) for i in again],
                 [views[i] for i in again],
                 [limits[i] for i in again],
+                rankings=[
+                    shown_ranking(self.evidence_ranking(tasks[i], views[i], limits[i], evidence[i]))
+                    for i in again
+                ],
             )
             for i, plan in zip(again, redo, strict=True):
                 plan = replace(plan, notes=(f"{why[i]}; planned again with it", *plan.notes))

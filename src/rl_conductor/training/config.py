@@ -53,6 +53,12 @@ class TrainConfig:
         "(the estimates shrunk towards each domain's rate, and a last prompt line ranking the "
         "usable workers by estimated reward; the target is its first id alone)",
     )
+    plan_by_rank: bool = _f(
+        True,
+        "with evidence: rank, write the warm-start target as a rank address (model_id = [@1], the "
+        "ranking line's first worker; workflow.parse resolves it) instead of that worker's id: "
+        "following the evidence is then one constant a tiny model learns, ids still parse",
+    )
     # tiny model shape
     tiny_vocab_size: int = _f(4096, "BPE vocabulary of the tiny model's tokenizer")
     tiny_hidden_size: int = _f(128, "hidden size of the tiny Qwen2 model")

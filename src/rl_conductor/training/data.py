@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from rl_conductor.prompting import conductor_prompt
+from rl_conductor.prompting import conductor_prompt, shown_ranking
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.training.candidates import single
@@ -169,6 +169,20 @@ def spec_prompt(
     )
 
 
+def spec_ranking(
+    spec: PromptSpec,
+    pool: Pool,
+    base: Limits,
+    evidence: Mapping[str, Mapping[str, float]] | None,
+    rank: Rank | None,
+) -> list[int] | None:
+    """The ranking :func:`spec_prompt` shows for ``spec`` (None when it shows none)."""
+    mine = None if evidence is None else evidence.get(spec.task.id)
+    if rank is None or mine is None:
+        return None
+    return list(rank(spec.task, mine, spec.pool_view(pool), spec.limits(base)))
+
+
 def chat(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
@@ -206,12 +220,14 @@ def warm_sft_records(
     evidence: Mapping[str, Mapping[str, float]] | None = None,
     question_cut: str = "head",
     rank: Rank | None = None,
+    by_rank: bool = False,
 ) -> list[dict[str, Any]]:
     """Prompt/completion pairs whose completion is the prompt's expected-best workflow
     (:mod:`rl_conductor.training.warmstart`): only the shown workers, affordable under the
     prompt's budget and planned for its deadline, ids as the prompt shows them. With ``rank``
     (``evidence: rank``) the completion is the first worker of the prompt's ranking line alone
-    (the line and the target come from the same :class:`~rl_conductor.policies.evidence.Ranker`)."""
+    (the line and the target come from the same :class:`~rl_conductor.policies.evidence.Ranker`);
+    with ``by_rank`` that worker is written as its rank address, ``model_id = [@1]``."""
     out = []
     for s in specs:
         view = s.pool_view(pool)
@@ -220,6 +236,8 @@ def warm_sft_records(
         if rank is not None and mine is not None:
             best = rank(s.task, mine, view, lim)[0]
             wf = single(view.names()[best]).workflow(view.names())
+            if by_rank:
+                wf = Workflow(steps=tuple(replace(st, rank=1) for st in wf.steps))
         else:
             wf = targets.target(s.task, view.names(), s.budget, s.deadline)
         out.append(
@@ -251,6 +269,8 @@ def grpo_records(
             ),
             "task_id": s.task.id,
             "view": list(s.view),
+            # the ids the prompt's ranking line showed (what a plan's @k names; [] for none)
+            "ranking": shown_ranking(spec_ranking(s, pool, base, evidence, rank)) or [],
             "budget": -1.0 if s.budget is None else float(s.budget),
             "deadline": -1.0 if s.deadline is None else float(s.deadline),
         }

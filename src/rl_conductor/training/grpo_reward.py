@@ -84,11 +84,12 @@ class ConductorReward:
         view_idx: Sequence[int],
         budget: float | None,
         deadline: float | None = None,
+        ranking: Sequence[int] | None = None,
     ) -> dict[str, float]:
         view = self.pool.view(view_idx)
         limits = Limits(**{**self.base_limits.__dict__, "max_cost_usd": budget, "max_latency_s": deadline})
         try:
-            wf = parse(text, pool_size=len(view), max_steps=limits.max_steps)
+            wf = parse(text, pool_size=len(view), max_steps=limits.max_steps, ranking=ranking or None)
         except ParseError:
             return {
                 "reward": 0.0,
@@ -137,6 +138,7 @@ class ConductorReward:
         view: Sequence[Sequence[int]],
         budget: Sequence[float],
         deadline: Sequence[float] | None = None,
+        ranking: Sequence[Sequence[int] | None] | None = None,
         log_metric: Callable[[str, float], None] | None = None,
         **_: Any,
     ) -> list[float | None]:
@@ -146,8 +148,9 @@ class ConductorReward:
             async with sem:
                 b = None if budget[i] is None or budget[i] < 0 else float(budget[i])
                 d = None if deadline is None or deadline[i] is None or deadline[i] < 0 else float(deadline[i])
+                shown = None if ranking is None or not ranking[i] else list(ranking[i])
                 return await self.score(
-                    completion_text(completions[i]), self.tasks[task_id[i]], view[i], b, d
+                    completion_text(completions[i]), self.tasks[task_id[i]], view[i], b, d, shown
                 )
 
         results = await asyncio.gather(*(one(i) for i in range(len(completions))))

@@ -208,6 +208,7 @@ def train(
             evidence=evidence,
             question_cut=cfg.question_cut,
             rank=rank,
+            by_rank=cfg.plan_by_rank,
         )
         if rule is not None:  # rounds: the review prompt after each target first plan, and its target
             from rl_conductor.training.adaptive import review_records

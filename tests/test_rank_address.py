@@ -1,0 +1,225 @@
+"""Rank addresses (``model_id = [@1]``): a plan names a worker by its place in the prompt's
+evidence ranking; one parser resolves it for training, evaluation and serving (workflow.parse,
+ConductorPolicy, ConductorReward), refuses it where the prompt showed no ranking or the place is
+beyond it, and the trace records the resolved ids and that they were named by rank."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests._tiny import Micro, trained_micro
+from tests.test_conductor_policy import Script
+from tests.test_evidence import COST_AWARE, _tasks
+from tests.test_warmstart import EASY_HARD, PRICES, _table
+
+from rl_conductor.lm.generate import ids_prefix_ok
+from rl_conductor.policies.conductor import ConductorPolicy
+from rl_conductor.policies.evidence import Ranker, fit_evidence
+from rl_conductor.prompting import RANK_SHOWN, shown_ranking
+from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Limits
+from rl_conductor.workers.fake import fake_pool
+from rl_conductor.workflow import ParseError, Step, Workflow, model_ids, parse, render
+
+PLAN = "model_id = [{ids}]\nsubtasks = [{subs}]\naccess_list = [{acc}]"
+
+
+def _plan(*ids: str) -> str:
+    subs = ", ".join(['"Solve it."'] * len(ids))
+    acc = ", ".join(["[]"] + ['"all"'] * (len(ids) - 1))
+    return PLAN.format(ids=", ".join(ids), subs=subs, acc=acc)
+
+
+def test_rank_references_resolve_to_the_ids_the_prompt_ranked() -> None:
+    wf = parse(_plan("@2", '"@1"', "0"), pool_size=6, ranking=[3, 1, 5])
+    assert wf.workers() == [1, 3, 0]
+    assert [s.rank for s in wf.steps] == [2, 1, None]
+    assert wf.by_rank()
+    again = parse(render(wf), pool_size=6, ranking=[3, 1, 5])
+    assert again == wf and [s.rank for s in again.steps] == [2, 1, None]
+    assert render(wf).startswith("model_id = [@2, @1, 0]")
+    # an id-only plan is as before, with or without a ranking
+    assert parse(_plan("4"), pool_size=6, ranking=[3]).steps == (Step(4, "Solve it.", ()),)
+    assert not parse(_plan("4"), pool_size=6).by_rank()
+    assert model_ids(_plan("@3", "2"), pool_size=6, ranking=[3, 1, 5]) == [5, 2]
+
+
+@pytest.mark.parametrize(
+    ("ids", "ranking", "why"),
+    [
+        (("@1",), None, "the prompt showed no ranking"),
+        (("@1",), [], "the prompt showed no ranking"),
+        (("@4",), [3, 1, 5], r"out of range @1..@3"),
+        (("@0",), [3, 1, 5], r"out of range @1..@3"),
+        (("1", "@2"), [3], r"model_id\[1\] = @2 is out of range @1..@1"),
+        (('"@12345"',), [3], "must be an int"),
+        (("@1",), [9], "out of range 0..5"),  # a ranking naming a worker the view lacks
+    ],
+)
+def test_rank_references_without_a_ranking_or_beyond_it_are_refused(
+    ids: tuple[str, ...], ranking: list[int] | None, why: str
+) -> None:
+    with pytest.raises(ParseError, match=why):
+        parse(_plan(*ids), pool_size=6, ranking=ranking)
+    with pytest.raises(ParseError, match=why):
+        model_ids(_plan(*ids), pool_size=6, ranking=ranking)
+
+
+def test_the_ranking_a_plan_may_name_is_the_shown_one() -> None:
+    assert shown_ranking([4, 2, 0, 1, 3]) == [4, 2, 0][:RANK_SHOWN]
+    assert shown_ranking(None) is None
+
+
+def test_budget_mask_leaves_rank_digits_alone() -> None:
+    """Under a budget decoding masks ids outside the allowed set; ``@1``'s digit is a rank."""
+    assert ids_prefix_ok("@1", frozenset({0, 2}))
+    assert ids_prefix_ok("@1, 2", frozenset({0, 2}))
+    assert not ids_prefix_ok("@1, 1", frozenset({0, 2}))
+    assert not ids_prefix_ok("1", frozenset({0, 2}))
+
+
+@pytest.fixture(scope="session")
+def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
+    return trained_micro(tmp_path_factory, mlflow_db_template)
+
+
+@pytest.fixture(scope="module")
+def policy(micro: Micro) -> ConductorPolicy:
+    return ConductorPolicy(micro.final_dir)
+
+
+def _ranked_policy(policy: ConductorPolicy, order: list[int] | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give the micro policy a ranking line (``evidence: rank``) without refitting evidence."""
+    monkeypatch.setattr(policy, "ranker", object() if order is not None else None)
+    monkeypatch.setattr(policy, "task_evidence", lambda tasks: [{} for _ in tasks])
+    monkeypatch.setattr(
+        policy, "evidence_ranking", lambda t, v, lim, e: None if order is None else list(order)
+    )
+
+
+TASK = Task(id="m/1", question="What is 2 + 2?", answer="4", domain="math", source="t", grader="math")
+
+
+async def test_the_conductor_resolves_ranks_with_its_prompts_ranking_and_the_trace_says_so(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = fake_pool(4)
+    view = pool.view()
+    _ranked_policy(policy, [2, 0, 1], monkeypatch)
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: _plan("@1")))
+    plan = await policy.plan(TASK, view, Limits())
+    assert not plan.fallback and plan.workflow.workers() == [2]
+    assert plan.evidence_best == 2
+    assert any("named by evidence rank: @1 -> 2" in n for n in plan.notes)
+    ep = await policy.run(TASK, view, Limits(), plan=plan)
+    assert ep.trace.notes[0].endswith("@1 -> 2")
+    assert [a.worker for a in ep.trace.attempts] == [view.names()[2]]
+    from rl_conductor.serving_core import response_document
+
+    doc = response_document(view, ep)
+    assert doc["workflow"][0]["worker"] == view.names()[2] and doc["workflow"][0]["evidence_rank"] == 1
+    assert doc["raw_plan"].startswith("model_id = [@1]")
+    assert any(n.endswith("@1 -> 2") for n in doc["notes"])
+
+
+async def test_a_rank_without_a_ranking_falls_back_with_the_reason(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = fake_pool(4)
+    _ranked_policy(policy, None, monkeypatch)
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: _plan("@1")))
+    plan = await policy.plan(TASK, pool.view(), Limits())
+    assert plan.fallback and "showed no ranking" in (plan.parse_error or "")
+    _ranked_policy(policy, [1, 0], monkeypatch)
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: _plan("@3")))
+    plan = await policy.plan(TASK, pool.view(), Limits())
+    assert plan.fallback and "out of range @1..@2" in (plan.parse_error or "")
+
+
+async def test_a_rank_resolving_to_a_worker_over_budget_is_refused_like_its_id(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a budget the resolved id meets the same check as a written id: a ranking that (all
+    workers being over budget, say) names a masked worker does not slip past it."""
+    from rl_conductor.policies.conductor import allowed_ids
+
+    pool = fake_pool(4)
+    view = pool.view()
+    from rl_conductor.prompting import typical_cost
+
+    costs = sorted(typical_cost(i) for i in view.infos())
+    limits = Limits(max_cost_usd=(costs[0] + costs[-1]) / 2)
+    mask = allowed_ids(view, limits)
+    assert mask is not None and len(mask) < len(view)
+    banned = next(j for j in range(len(view)) if j not in mask)
+    _ranked_policy(policy, [banned], monkeypatch)
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: _plan("@1")))
+    plan = await policy.plan(TASK, view, limits)
+    assert plan.fallback and banned not in plan.workflow.workers()
+
+
+def test_rank_targets_are_rank_addresses_of_the_lines_first_worker() -> None:
+    """``evidence: rank`` warm-start targets with ``by_rank``: the completion is ``@1``, which
+    parses (with the prompt's ranking) to the line's first worker and does not parse without it."""
+    from rl_conductor.training.data import grpo_records, make_specs, warm_sft_records
+    from rl_conductor.training.warmstart import ExpectedRewards
+
+    pool = fake_pool(4)
+    tasks, emb, _ = _tasks(60)
+    correct = np.random.default_rng(0).random((60, 4)) < [0.3, 0.5, 0.7, 0.9]
+    cost = np.tile([0.0001, 0.001, 0.003, 0.02], (60, 1))
+    model, oof = fit_evidence(tasks, emb, pool.names(), correct, cost=cost, shrink=True)
+    evidence = {t.id: model.as_mapping(row) for t, row in zip(tasks, oof, strict=True)}
+    rank = Ranker(model, COST_AWARE)
+    specs = make_specs(
+        tasks, pool, 80, rng=random.Random(0), budget_prob=0.5, budgets=[0.002, 0.01], random_pool_prob=0.5
+    )
+    targets = ExpectedRewards.fit(_table(EASY_HARD, PRICES), COST_AWARE)
+    kw = dict(max_question_chars=200, evidence=evidence, rank=rank)
+    records = warm_sft_records(specs, pool, Limits(), targets, by_rank=True, **kw)  # type: ignore[arg-type]
+    grpo = grpo_records(specs, pool, Limits(), **kw)  # type: ignore[arg-type]
+    for spec, rec, g in zip(specs, records, grpo, strict=True):
+        text = rec["completion"][0]["content"]
+        assert text.startswith("model_id = [@1]")
+        view, lim = spec.pool_view(pool), spec.limits(Limits())
+        order = rank(spec.task, evidence[spec.task.id], view, lim)
+        assert g["ranking"] == shown_ranking(order)
+        wf = parse(text, pool_size=len(view), ranking=g["ranking"])
+        assert wf.workers() == [order[0]]
+        with pytest.raises(ParseError):
+            parse(text, pool_size=len(view))
+
+
+async def test_grpo_scores_a_rank_address_with_the_prompts_ranking() -> None:
+    """The GRPO reward parses through the same function: ``@1`` runs the ranked worker where the
+    record carries the ranking, and scores as unparseable (reward 0) where it carries none."""
+    from rl_conductor.reward import RewardConfig
+    from rl_conductor.training.grpo_reward import ConductorReward
+
+    pool = fake_pool(3)
+    task = TASK
+    reward = ConductorReward(pool, {task.id: task}, RewardConfig(), Limits())
+    got = await reward(
+        [""] * 2,
+        [_plan("@1")] * 2,
+        task_id=[task.id] * 2,
+        view=[[0, 1, 2]] * 2,
+        budget=[-1.0] * 2,
+        ranking=[[2, 0], []],
+    )
+    assert reward.history[-1]["parsed"] == pytest.approx(0.5)
+    assert got[0] is not None and got[0] > 0 and got[1] == 0.0
+
+
+def test_the_tiny_tokenizer_trained_on_rank_targets_encodes_them_and_round_trips() -> None:
+    from rl_conductor.lm.tokenizer import train_bpe
+
+    corpus = [render(Workflow(steps=(Step(i % 4, "Solve it.", (), rank=1 + i % 3),))) for i in range(200)]
+    tok = train_bpe(corpus, vocab_size=300)
+    text = "model_id = [@1]"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text
+    assert len(ids) <= len(tok.encode("model_id = [3]", add_special_tokens=False)) + 1
