@@ -4,10 +4,14 @@ The honest baseline for adaptive rounds (FrugalGPT-style cascades, self-consiste
 asks two cheap workers (or one cheap worker twice) to solve the question independently; after
 it, the cascade reads their extracted answers (:mod:`rl_conductor.rounds`, the same summary the
 Conductor's review prompt shows) and keeps the answer when they agree, else adds one step on the
-escalation worker, which solves the question afresh (it sees no earlier answer). A cascade is two
-rounds by definition, so it runs with ``max_rounds`` of at least 2 whatever the request says (as
-self-consistency lifts ``max_steps`` to its samples); the budget, deadline and privacy rule hold
-across both rounds as for every policy.
+escalation worker, which solves the question afresh (it sees no earlier answer); it never adds a
+third round. A cascade is two rounds and a first pair of two steps by definition, so it runs with
+``max_rounds`` and ``max_steps`` raised to at least 2 whatever the request says (self-consistency,
+by contrast, keeps ``max_steps`` as its cap on samples); ``max_calls``, the budget, the deadline
+and the privacy rule hold across both rounds as for every policy. A budget that cannot afford both
+first answers gets one answer (:func:`rl_conductor.rounds.single_within_budget`), and an
+escalation the budget or time left cannot afford is not added
+(:func:`rl_conductor.rounds.continuation_within_limits`).
 
 * ``cascade:a,b>c`` — ``a`` and ``b`` first, ``c`` on disagreement; ``cascade:a*2>c`` samples
   ``a`` twice; ``cascade:a,b`` never escalates.
