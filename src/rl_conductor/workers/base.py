@@ -179,24 +179,12 @@ class WorkerCall:
     context: CallContext | None = None
 
 
-class WorkerWrapper:
-    """A worker around another (``inner``) that adds one concern to its calls: the response
-    cache, the predictor's metrics, its step events, the answering step's settings. Every other
-    attribute (``info``, ``stats()``, ``breaker``, ``model``, ...) is the wrapped worker's, so
-    wrappers stack in any order. A subclass overrides :meth:`call` and hands the call (changed or
-    not) on with :meth:`forward`; this one passes it through."""
+class CallWorker:
+    """The one :meth:`Worker.complete`: it bundles the call's arguments into a
+    :class:`WorkerCall` and hands it to :meth:`call`, which each worker (simulated, replay, fake,
+    live) and each :class:`WorkerWrapper` implements. Callers keep calling ``complete``."""
 
-    inner: Worker
     info: WorkerInfo
-
-    def __init__(self, inner: Worker) -> None:
-        self.inner = inner
-        self.info = inner.info
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":  # not set yet (copying, unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     async def complete(
         self,
@@ -207,6 +195,29 @@ class WorkerWrapper:
         context: CallContext | None = None,
     ) -> Completion:
         return await self.call(WorkerCall(messages, max_tokens, temperature, context))
+
+    async def call(self, call: WorkerCall) -> Completion:
+        """Answer ``call``."""
+        raise NotImplementedError(f"{type(self).__name__} answers no calls")
+
+
+class WorkerWrapper(CallWorker):
+    """A worker around another (``inner``) that adds one concern to its calls: the response
+    cache, the predictor's metrics, its step events, the answering step's settings. Every other
+    attribute (``info``, ``stats()``, ``breaker``, ``model``, ...) is the wrapped worker's, so
+    wrappers stack in any order. A subclass overrides :meth:`call` and hands the call (changed or
+    not) on with :meth:`forward`; this one passes it through."""
+
+    inner: Worker
+
+    def __init__(self, inner: Worker) -> None:
+        self.inner = inner
+        self.info = inner.info
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     async def call(self, call: WorkerCall) -> Completion:
         """This wrapper's concern around ``call``."""

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 
 from rl_conductor.workers.base import (
     CallContext,
+    CallWorker,
     Completion,
     Hosting,
     Message,
+    WorkerCall,
     WorkerError,
     WorkerInfo,
     estimate_tokens,
@@ -44,7 +46,7 @@ class CallLog(list[dict[str, object]]):
 
 
 @dataclass
-class FakeWorker:
+class FakeWorker(CallWorker):
     """A worker that answers with ``answer`` (or ``responder(messages, context)``) after ``latency_s``.
 
     Attributes:
@@ -70,14 +72,8 @@ class FakeWorker:
     def __post_init__(self) -> None:
         self._rng = random.Random(f"{self.info.name}|{self.seed}")
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        max_tokens: int,
-        temperature: float,
-        context: CallContext | None = None,
-    ) -> Completion:
+    async def call(self, call: WorkerCall) -> Completion:
+        messages, max_tokens, context = call.messages, call.max_tokens, call.context
         t0 = time.perf_counter()
         self.calls.append({"messages": list(messages), "max_tokens": max_tokens, "t": t0, "context": context})
         if self.hang:

@@ -56,7 +56,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -71,9 +70,9 @@ from rl_conductor.tasks.recordings import (
 )
 from rl_conductor.tasks.routellm import RECORDED_MODELS, recording
 from rl_conductor.workers.base import (
-    CallContext,
+    CallWorker,
     Completion,
-    Message,
+    WorkerCall,
     WorkerError,
     WorkerInfo,
     estimate_tokens,
@@ -212,7 +211,7 @@ def replay_answer(
 
 
 @dataclass
-class ReplayWorker:
+class ReplayWorker(CallWorker):
     """Answers an item with ``model``'s recorded response (see the module docstring).
 
     Attributes:
@@ -234,14 +233,8 @@ class ReplayWorker:
     latency_scale: float = 0.0
     source: RecordingSource = ROUTELLM
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        max_tokens: int,
-        temperature: float,
-        context: CallContext | None = None,
-    ) -> Completion:
+    async def call(self, call: WorkerCall) -> Completion:
+        messages, max_tokens, context = call.messages, call.max_tokens, call.context
         if context is None:
             raise WorkerError(
                 f"replay worker {self.info.name!r} needs CallContext(task=...): it answers benchmark "

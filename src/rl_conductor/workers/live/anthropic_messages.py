@@ -91,10 +91,8 @@ class AnthropicWorker(LiveWorker):
                 kwargs["thinking"] = {"type": "enabled", "budget_tokens": budget}
         return {"model": self.model, "max_tokens": max_tokens, "messages": chat, **kwargs}
 
-    async def _send(
-        self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float
-    ) -> WireResult:
-        resp = await client.messages.create(**self._request(messages, max_tokens, temperature))
+    async def _send(self, client: Any, request: dict[str, Any]) -> WireResult:
+        resp = await client.messages.create(**request)
         try:
             parts = [b.text for b in resp.content if getattr(b, "type", "") == "text"]
             stop = resp.stop_reason
@@ -113,14 +111,9 @@ class AnthropicWorker(LiveWorker):
         )
 
     async def _send_stream(
-        self,
-        client: Any,
-        messages: Sequence[Message],
-        max_tokens: int,
-        temperature: float,
-        on_delta: Callable[[str], None],
+        self, client: Any, request: dict[str, Any], on_delta: Callable[[str], None]
     ) -> WireResult:
-        stream = await client.messages.create(**self._request(messages, max_tokens, temperature), stream=True)
+        stream = await client.messages.create(**request, stream=True)
         parts: list[str] = []
         stop: str | None = None
         in_tok: int | None = None

@@ -1,8 +1,9 @@
 """What every live client shares: timeouts, retries, the circuit breaker, spend guard, usage.
 
-A wire-API module (:mod:`.openai`, :mod:`.anthropic`, :mod:`.gemini`) only says how to send
-one request with its SDK and how to read the answer (:meth:`LiveWorker._send`) and how to turn
-the SDK's exceptions into transient or permanent errors (:meth:`LiveWorker._classify`).
+A wire-API module (:mod:`.openai`, :mod:`.anthropic`, :mod:`.gemini`) only says what one
+request's SDK arguments are (:meth:`LiveWorker._request`), how to send them and read the answer
+(:meth:`LiveWorker._send`) and how to turn the SDK's exceptions into transient or permanent
+errors (:meth:`LiveWorker._classify`).
 :meth:`LiveWorker.complete` adds the rest, the same for every API:
 
 * a per-attempt timeout, retries (``resilience.RetryPolicy``), a circuit breaker;
@@ -47,11 +48,12 @@ import httpx2
 
 from rl_conductor.workers.base import (
     STREAM_SINK,
-    CallContext,
+    CallWorker,
     Completion,
     Message,
     RetryRefusedError,
     TokenSink,
+    WorkerCall,
     WorkerError,
     WorkerInfo,
     note_unanswered_bill,
@@ -154,7 +156,7 @@ class CallStats:
 
 
 @dataclass(kw_only=True)
-class LiveWorker(abc.ABC):
+class LiveWorker(CallWorker, abc.ABC):
     """Base of the live clients. Subclasses implement ``_send`` and ``_classify``.
 
     Attributes:
@@ -197,23 +199,21 @@ class LiveWorker(abc.ABC):
         """The SDK client over ``http_client``."""
 
     @abc.abstractmethod
-    async def _send(
-        self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float
-    ) -> WireResult:
-        """Send one request with the SDK and read the answer; raise SDK exceptions as they come."""
+    def _request(self, messages: Sequence[Message], max_tokens: int, temperature: float) -> dict[str, Any]:
+        """The SDK call's keyword arguments for one request (the same whole or streamed)."""
+
+    @abc.abstractmethod
+    async def _send(self, client: Any, request: dict[str, Any]) -> WireResult:
+        """Send ``request`` (:meth:`_request`'s) with the SDK and read the answer; raise SDK
+        exceptions as they come."""
 
     async def _send_stream(
-        self,
-        client: Any,
-        messages: Sequence[Message],
-        max_tokens: int,
-        temperature: float,
-        on_delta: Callable[[str], None],
+        self, client: Any, request: dict[str, Any], on_delta: Callable[[str], None]
     ) -> WireResult:
-        """Send one streaming request, pass each text delta to ``on_delta`` as it arrives, and
+        """Send ``request`` streaming, pass each text delta to ``on_delta`` as it arrives, and
         return the whole result (usage from the stream's last event). The default answers whole,
         for an API whose streaming is not implemented here."""
-        return await self._send(client, messages, max_tokens, temperature)
+        return await self._send(client, request)
 
     @abc.abstractmethod
     def _classify(self, exc: Exception) -> WorkerError | None:
@@ -247,11 +247,13 @@ class LiveWorker(abc.ABC):
     ) -> WireResult:
         self._counts["attempts"] += 1
         client = self._client()
-        if sink is None:
-            call = self._send(client, messages, max_tokens, temperature)
-        else:
-            call = self._send_stream(client, messages, max_tokens, temperature, sink.delta)
         try:
+            request = self._request(messages, max_tokens, temperature)
+            call = (
+                self._send(client, request)
+                if sink is None
+                else self._send_stream(client, request, sink.delta)
+            )
             result = await asyncio.wait_for(call, self.timeout_s)
             if sink is not None and not result.finish_reason:
                 # every vendor ends a whole stream with a marker (the finish reason rides on it);
@@ -312,14 +314,8 @@ class LiveWorker(abc.ABC):
         except SpendLimitError as exc:
             raise RetryRefusedError(f"{last}; retry not sent: {exc}", by="pool") from None
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        max_tokens: int,
-        temperature: float,
-        context: CallContext | None = None,
-    ) -> Completion:
+    async def call(self, call: WorkerCall) -> Completion:
+        messages, max_tokens, temperature = call.messages, call.max_tokens, call.temperature
         self._counts["calls"] += 1
         name = self.info.name
         try:

@@ -87,10 +87,8 @@ class GeminiWorker(LiveWorker):
         )
         return {"model": self.model, "contents": contents, "config": config}
 
-    async def _send(
-        self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float
-    ) -> WireResult:
-        resp = await client.aio.models.generate_content(**self._request(messages, max_tokens, temperature))
+    async def _send(self, client: Any, request: dict[str, Any]) -> WireResult:
+        resp = await client.aio.models.generate_content(**request)
         candidates = getattr(resp, "candidates", None)
         if not candidates:
             raise MalformedResponseError(f"{self.info.name}: response has no candidates")
@@ -100,16 +98,9 @@ class GeminiWorker(LiveWorker):
         return _result(text, cand.finish_reason, getattr(resp, "usage_metadata", None))
 
     async def _send_stream(
-        self,
-        client: Any,
-        messages: Sequence[Message],
-        max_tokens: int,
-        temperature: float,
-        on_delta: Callable[[str], None],
+        self, client: Any, request: dict[str, Any], on_delta: Callable[[str], None]
     ) -> WireResult:
-        stream = await client.aio.models.generate_content_stream(
-            **self._request(messages, max_tokens, temperature)
-        )
+        stream = await client.aio.models.generate_content_stream(**request)
         parts: list[str] = []
         finish: Any = None
         usage: Any = None

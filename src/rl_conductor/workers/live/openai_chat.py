@@ -87,10 +87,8 @@ class OpenAIChatWorker(LiveWorker):
             kwargs["extra_body"] = self.extra_body
         return kwargs
 
-    async def _send(
-        self, client: Any, messages: Sequence[Message], max_tokens: int, temperature: float
-    ) -> WireResult:
-        resp = await client.chat.completions.create(**self._request(messages, max_tokens, temperature))
+    async def _send(self, client: Any, request: dict[str, Any]) -> WireResult:
+        resp = await client.chat.completions.create(**request)
         try:
             choice = resp.choices[0]
             text = choice.message.content
@@ -104,15 +102,10 @@ class OpenAIChatWorker(LiveWorker):
         return _result(text or "", getattr(resp, "usage", None), str(finish))
 
     async def _send_stream(
-        self,
-        client: Any,
-        messages: Sequence[Message],
-        max_tokens: int,
-        temperature: float,
-        on_delta: Callable[[str], None],
+        self, client: Any, request: dict[str, Any], on_delta: Callable[[str], None]
     ) -> WireResult:
         stream = await client.chat.completions.create(
-            **self._request(messages, max_tokens, temperature),
+            **request,
             stream=True,
             stream_options={"include_usage": True},
         )

@@ -15,8 +15,9 @@ from typing import Any
 from rl_conductor.tasks.base import DOMAINS, Task
 from rl_conductor.workers.base import (
     CallContext,
+    CallWorker,
     Completion,
-    Message,
+    WorkerCall,
     WorkerInfo,
     estimate_tokens,
     offline_completion,
@@ -113,7 +114,7 @@ _GENERIC_PROFILE = WorkerProfile(_lengths(500, 180, 450, 700), ttft_s=0.5, token
 
 
 @dataclass
-class SimulatedWorker:
+class SimulatedWorker(CallWorker):
     """One simulated worker: static facts, behaviour profile, accuracy targets, shared model.
 
     Attributes:
@@ -222,15 +223,9 @@ class SimulatedWorker:
                 return top_wrong, False
         return await self.model.pick_wrong(task, *key), False
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        max_tokens: int,
-        temperature: float,
-        context: CallContext | None = None,
-    ) -> Completion:
+    async def call(self, call: WorkerCall) -> Completion:
         """Answer one call (see the package docstring); ``temperature`` is ignored."""
+        messages, max_tokens, context = call.messages, call.max_tokens, call.context
         input_tokens = sum(estimate_tokens(m.get("content", "")) for m in messages)
         value: str | None
         role: Role = "solve"
