@@ -35,6 +35,7 @@ from rl_conductor.workers.live.testing import (
     count_chars,
     count_words,
     scripted_server,
+    worker_spec,
 )
 from rl_conductor.workers.pool import Pool, build_pool
 from rl_conductor.workflow import Step, Workflow
@@ -77,18 +78,16 @@ def world() -> Iterator[_World]:
                 build_pool(
                     {
                         "workers": [
-                            {
-                                "name": f"{v}-w",
-                                "kind": v,
-                                "model": "test-model",
-                                "base_url": s.base_url,
-                                "api_key_env": KEY_VAR,
-                                "price_in": p_in,
-                                "price_out": p_out,
-                                "hosting": "external",
-                                "retries": {"attempts": 1},
-                                "timeout_s": 20,
-                            }
+                            worker_spec(
+                                v,
+                                s.base_url,
+                                f"{v}-w",
+                                api_key_env=KEY_VAR,
+                                price_in=p_in,
+                                price_out=p_out,
+                                retries={"attempts": 1},
+                                timeout_s=20,
+                            )
                             for v, s, (p_in, p_out) in zip(VENDORS, servers, prices, strict=True)
                         ]
                     }

@@ -10,6 +10,7 @@ so a test compares what the request was charged with what the vendor would bill.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import ExitStack, suppress
 from typing import Any
@@ -33,6 +34,7 @@ from rl_conductor.workers.live.testing import (
     request_max_tokens,
     request_messages,
     scripted_server,
+    worker_spec,
 )
 from rl_conductor.workers.pool import build_pool
 from rl_conductor.workflow import Step, Workflow
@@ -48,20 +50,14 @@ def _api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KEY_VAR, "sk-test-money")
 
 
-def _spec(vendor: str, url: str, name: str = "w", **extra: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "kind": vendor,
-        "model": "test-model",
-        "base_url": url,
-        "api_key_env": KEY_VAR,
-        "price_in": PRICE_IN,
-        "price_out": PRICE_OUT,
-        "hosting": "external",
-        "retries": {"attempts": 1},
-        "timeout_s": 10,
-        **extra,
-    }
+_spec = functools.partial(
+    worker_spec,
+    api_key_env=KEY_VAR,
+    price_in=PRICE_IN,
+    price_out=PRICE_OUT,
+    retries={"attempts": 1},
+    timeout_s=10,
+)
 
 
 def _task(question: str) -> Task:

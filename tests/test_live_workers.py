@@ -9,6 +9,7 @@ the spend guard, the cache (sqlite and a real S3 server) and key redaction.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from typing import Any
@@ -30,7 +31,15 @@ from rl_conductor.workers.live.resilience import (
     retry_after_seconds,
 )
 from rl_conductor.workers.live.spend import SpendLimitError
-from rl_conductor.workers.live.testing import Reply, Request, error, ok, scripted_server, success_body
+from rl_conductor.workers.live.testing import (
+    Reply,
+    Request,
+    error,
+    ok,
+    scripted_server,
+    success_body,
+    worker_spec,
+)
 from rl_conductor.workers.pool import Pool, PoolConfigError, build_pool
 from rl_conductor.workflow import Step, Workflow
 
@@ -46,20 +55,14 @@ def _api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KEY_VAR, KEY)
 
 
-def _spec(vendor: str, url: str, name: str = "w", **extra: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "kind": vendor,
-        "model": "test-model",
-        "base_url": url,
-        "api_key_env": KEY_VAR,
-        "price_in": 2.0,
-        "price_out": 8.0,
-        "hosting": "external",
-        "retries": {"attempts": 3, "initial_s": 0.0, "jitter_s": 0.0},
-        "timeout_s": 5,
-        **extra,
-    }
+_spec = functools.partial(
+    worker_spec,
+    api_key_env=KEY_VAR,
+    price_in=2.0,
+    price_out=8.0,
+    retries={"attempts": 3, "initial_s": 0.0, "jitter_s": 0.0},
+    timeout_s=5,
+)
 
 
 class SleepRecorder:

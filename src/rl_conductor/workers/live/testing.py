@@ -587,3 +587,32 @@ def scripted_server(
         yield server
     finally:
         server.stop()
+
+
+def worker_spec(
+    vendor: str,
+    base_url: str,
+    name: str = "w",
+    *,
+    api_key_env: str,
+    price_in: float,
+    price_out: float,
+    retries: dict[str, Any],
+    timeout_s: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A pool file's entry for a ``vendor`` worker (model ``test-model``, external hosting)
+    behind the server at ``base_url``; ``extra`` adds or replaces fields."""
+    return {
+        "name": name,
+        "kind": vendor,
+        "model": "test-model",
+        "base_url": base_url,
+        "api_key_env": api_key_env,
+        "price_in": price_in,
+        "price_out": price_out,
+        "hosting": "external",
+        "retries": retries,
+        "timeout_s": timeout_s,
+        **extra,
+    }
