@@ -27,6 +27,7 @@ did not learn to compare them). The plan may name a shown worker by its place in
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING
@@ -38,7 +39,6 @@ from rl_conductor.workers.pool import PoolView
 
 if TYPE_CHECKING:
     from rl_conductor.executor import RoundRequest
-    from rl_conductor.rounds import RoundSummary
 
 DEFAULT_MAX_QUESTION_CHARS = 700
 
@@ -192,6 +192,22 @@ def conductor_prompt(
         question=cut(task.question, max_question_chars, question_cut),
     )
     return text if ranking is None else f"{text.rstrip()}\n{rank_line(ranking)}\n"
+
+
+@dataclass(frozen=True)
+class RoundSummary:
+    """The answered steps of the rounds so far (indices), their extracted answers and agreement,
+    as a review prompt shows them (:func:`rl_conductor.rounds.summarize` makes one)."""
+
+    steps: tuple[int, ...]
+    answers: tuple[str | None, ...]
+    agree: bool | None
+
+    def line(self) -> str:
+        """The sentence a review prompt shows."""
+        if self.agree is None:
+            return "One answer so far." if self.steps else "No answer so far."
+        return "The answers so far agree." if self.agree else "The answers so far disagree."
 
 
 def review_prompt(

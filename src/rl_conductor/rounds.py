@@ -12,29 +12,14 @@ plans rounds to cut its plan before the executor would stop it part way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from rl_conductor.executor import RoundRequest
-from rl_conductor.prompting import quantile_seconds, typical_cost
+from rl_conductor.prompting import RoundSummary, quantile_seconds, typical_cost
 from rl_conductor.tasks.graders import agreement, extract_answer
 from rl_conductor.trace import ANSWERED, Limits
 from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Step, Workflow
-
-
-@dataclass(frozen=True)
-class RoundSummary:
-    """The answered steps of the rounds so far (indices), their extracted answers and agreement."""
-
-    steps: tuple[int, ...]
-    answers: tuple[str | None, ...]
-    agree: bool | None
-
-    def line(self) -> str:
-        """The sentence a review prompt shows."""
-        if self.agree is None:
-            return "One answer so far." if self.steps else "No answer so far."
-        return "The answers so far agree." if self.agree else "The answers so far disagree."
 
 
 def summarize(request: RoundRequest) -> RoundSummary:
