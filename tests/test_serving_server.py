@@ -192,6 +192,68 @@ def test_bad_v1_requests_get_4xx_saying_what_is_wrong(
     assert says.lower() in resp.text.lower()
 
 
+_Q = {"name": "question", "shape": [1], "datatype": "BYTES", "data": ["What is 6*7?"]}
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"inputs": [_Q], "parameters": {"max_rounds": {"int64_param": 2}}}, "parameters.max_rounds: a v2"),
+        ({"inputs": [_Q], "parameters": {"max_rounds": [2]}}, "parameters.max_rounds"),
+        ({"inputs": [_Q], "parameters": {"max_rounds": "2"}}, "parameters.max_rounds"),
+        ({"inputs": [_Q], "parameters": {"max_cost_usd": None}}, "parameters.max_cost_usd"),
+        ({"inputs": [_Q], "parameters": {"allowed_workers": ["local-a"]}}, "comma-separated"),
+        ({"inputs": [_Q], "parameters": [1]}, "parameters: expected an object"),
+        ({"id": 5, "inputs": [_Q]}, "id: expected a string"),
+        ({"inputs": [{**_Q, "name": 7}]}, "inputs.0.name"),
+        ({"inputs": [{k: v for k, v in _Q.items() if k != "datatype"}]}, "inputs.0.datatype"),
+        ({"inputs": [{k: v for k, v in _Q.items() if k != "shape"}]}, "inputs.0.shape"),
+        ({"inputs": [{k: v for k, v in _Q.items() if k != "data"}]}, "inputs.0.data"),
+        ({"inputs": [_Q], "outputs": [{"name": 5}]}, "outputs.0.name"),
+        ({"inputs": [_Q], "outputs": [{}]}, "outputs.0.name"),
+    ],
+)
+def test_malformed_v2_bodies_get_a_400_naming_the_field_not_fastapis_422(
+    http: httpx.Client, body: dict[str, Any], says: str
+) -> None:
+    """KServe's own request model answered these with FastAPI's raw 422 (a list of union branches)."""
+    resp = http.post("/v2/models/conductor/infer", json=body)
+    assert resp.status_code == 400, resp.text
+    assert says in resp.json()["error"], resp.text
+    assert "detail" not in resp.json()
+
+
+def test_v2_allowed_workers_is_a_comma_separated_string(http: httpx.Client) -> None:
+    body = {"inputs": [_Q], "parameters": {"allowed_workers": "local-b, local-a", "max_steps": 1}}
+    resp = http.post("/v2/models/conductor/infer", json=body)
+    assert resp.status_code == 200, resp.text
+    doc = json.loads({o["name"]: o for o in resp.json()["outputs"]}["response"]["data"][0])
+    assert doc["workers_called"] and set(doc["workers_called"]) <= {"local-a", "local-b"}
+    resp = http.post("/v2/models/conductor/infer", json={**body, "parameters": {"allowed_workers": "nobody"}})
+    assert resp.status_code == 400 and "unknown workers ['nobody']" in resp.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/models/conductor:predict",
+            {"instances": [{"question": "q", "max_rounds": {"int64_param": 2}}]},
+        ),
+        (
+            "/openai/v1/chat/completions",
+            {"model": "conductor", "messages": [{"role": "user", "content": "q"}], "max_rounds": [2]},
+        ),
+    ],
+)
+def test_a_wrongly_typed_max_rounds_is_a_400_on_v1_and_openai_too(
+    http: httpx.Client, path: str, body: dict[str, Any]
+) -> None:
+    resp = http.post(path, json=body)
+    assert resp.status_code == 400, resp.text
+    assert "max_rounds" in resp.text and "detail" not in resp.json()
+
+
 def test_content_type_and_body_size_are_checked(http: httpx.Client) -> None:
     good = json.dumps({"instances": [{"question": "q"}]})
     for path in ("/v1/models/conductor:predict", "/v2/models/conductor/infer", "/openai/v1/chat/completions"):

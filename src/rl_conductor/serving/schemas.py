@@ -16,8 +16,10 @@ Deliberate simplifications:
   ``max_completion_tokens`` apply to the workflow's final step; the other common SDK fields
   (:data:`IGNORED_CHAT_FIELDS`) are accepted and ignored; ``n`` > 1 and tools are refused.
 - A v2 body may carry only the fields of the v2 protocol (:func:`check_v2_body`); the limits go
-  in the request's ``parameters``. A binary-extension body is turned into the same JSON request
-  (:func:`v2_binary_to_json`); the response is JSON.
+  in the request's ``parameters``, each a bool, a number or a string (``allowed_workers`` is a
+  comma-separated string there), checked here so that KServe's own model never answers a 422.
+  A binary-extension body is turned into the same JSON request (:func:`v2_binary_to_json`); the
+  response is JSON.
 """
 
 from __future__ import annotations
@@ -183,11 +185,25 @@ def check_batch_budget(requests: list[ConductorRequest], where: str) -> None:
 
 
 def parse_v2_parameters(params: Any) -> dict[str, Any]:
-    """The limits of a v2 request ride in its ``parameters`` (applied to every question)."""
+    """The limits of a v2 request ride in its ``parameters`` (applied to every question).
+
+    A v2 parameter is a bool, a number or a string (the Open Inference Protocol has no lists), so
+    ``allowed_workers`` is a comma-separated string there (``"local-a,local-b"``)."""
     if params is None:
         return {}
     if not isinstance(params, dict):
         raise WireError(f"parameters: expected an object, got {_kind(params)}")
+    for key, value in params.items():
+        if value is None or isinstance(value, list | dict):
+            form = "a comma-separated string" if key == "allowed_workers" else "a bool, a number or a string"
+            grpc = " (the {'int64_param': ...} form is gRPC's; over HTTP send the value itself)"
+            raise WireError(
+                f"parameters.{key}: a v2 parameter is a bool, a number or a string, got {_kind(value)}; "
+                f"send {form}" + (grpc if isinstance(value, dict) else "")
+            )
+    workers = params.get("allowed_workers")
+    if isinstance(workers, str):
+        params = {**params, "allowed_workers": [w.strip() for w in workers.split(",") if w.strip()]}
     try:
         return WireLimits.model_validate(params).model_dump()
     except ValidationError as exc:
@@ -371,6 +387,9 @@ def check_v2_body(doc: Any) -> None:
     for key in sorted(set(doc) - _V2_FIELDS):
         hint = " (limits such as this go in 'parameters')" if key in WireLimits.model_fields else ""
         raise WireError(f"{key}: unknown field of a v2 request{hint}")
+    if doc.get("id") is not None and not isinstance(doc["id"], str):
+        raise WireError(f"id: expected a string, got {_kind(doc['id'])}")
+    parse_v2_parameters(doc.get("parameters"))  # KServe's own model would answer a raw 422
     inputs = doc.get("inputs")
     if not isinstance(inputs, list):
         raise WireError("inputs: expected a list of tensors")
@@ -381,6 +400,9 @@ def check_v2_body(doc: Any) -> None:
         for key in sorted(set(tensor) - _V2_INPUT_FIELDS):
             raise WireError(f"inputs.{i}.{key}: unknown field of a v2 tensor")
         name = tensor.get("name")
+        for key in ("name", "datatype"):
+            if not isinstance(tensor.get(key), str):
+                raise WireError(f"inputs.{i}.{key}: expected a string, got {_kind(tensor.get(key))}")
         if isinstance(name, str) and name in names:
             raise WireError(f"inputs.{i}.name: a second input named {name!r}; each input name appears once")
         names.add(name)
@@ -402,6 +424,8 @@ def check_v2_body(doc: Any) -> None:
                 raise WireError(f"outputs.{i}: expected an object, got {_kind(out)}")
             for key in sorted(set(out) - _V2_OUTPUT_FIELDS):
                 raise WireError(f"outputs.{i}.{key}: unknown field of a v2 output")
+            if not isinstance(out.get("name"), str):
+                raise WireError(f"outputs.{i}.name: expected a string, got {_kind(out.get('name'))}")
             oparams = out.get("parameters")
             if oparams is not None and not isinstance(oparams, dict):
                 raise WireError(f"outputs.{i}.parameters: expected an object, got {_kind(oparams)}")
@@ -413,7 +437,7 @@ def _check_shape(tensor: dict[str, Any], where: str) -> None:
     """A tensor's ``shape`` is a list of counts whose product is the number of its data elements."""
     shape = tensor.get("shape")
     if shape is None:
-        return  # KServe's own parser says it is required
+        raise WireError(f"{where}.shape: required (a list of counts, [n] for n questions)")
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
@@ -519,6 +543,5 @@ def loads(raw: bytes | str) -> Any:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(value), f"a {type(value).__name__}"
-    )
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer"}
+    return {**kinds, float: "a number", type(None): "null"}.get(type(value), f"a {type(value).__name__}")
