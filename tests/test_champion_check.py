@@ -200,6 +200,8 @@ def test_too_little_feedback_in_the_window_gives_no_verdict_and_exit_1(
     result = _check(["--traffic-store", str(store), "--model-name", name, "--min-tasks", "13"])
     assert result.exit_code == 1  # not a silent 0: a pager must tell "fine" from "unknown"
     assert "12 requests with feedback" in result.output and "no verdict" in result.output
+    result = _check(["--traffic-store", str(tmp_path / "nothing-here"), "--model-name", name])
+    assert result.exit_code == 1 and "no traffic records in the window of" in result.output
 
 
 def test_the_gauges_of_a_champion_not_below_the_floor_read_0(tmp_path: Path) -> None:

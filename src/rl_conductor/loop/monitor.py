@@ -118,6 +118,11 @@ def check_champion(
     window = loop_data.collect(traffic_store, dataset=dataset, since=since, until=end, holdout_fraction=1.0)
     with_feedback = {e.task.id for e in window.examples if e.task is not None and e.feedback is not None}
     tasks = [t for t in window.holdout if t.id in with_feedback]
+    if not window.examples:
+        raise UserError(
+            f"no traffic records in the window of {traffic_store}: no verdict on the champion (is it "
+            "the predictor's --traffic_store? widen --window-hours)"
+        )
     if len(tasks) < min_tasks:
         raise UserError(
             f"{len(tasks)} requests with feedback that stand for a task in the window of "
