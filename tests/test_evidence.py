@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -19,6 +20,9 @@ from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Limits
 from rl_conductor.workers.fake import fake_pool
+
+if TYPE_CHECKING:
+    from rl_conductor.training.config import TrainConfig
 
 COST_AWARE = REWARD_PRESETS["cost-aware"]
 
@@ -191,25 +195,17 @@ def test_prompt_evidence_reads_only_the_tables_training_questions(monkeypatch: p
     assert model.names == ["cheap", "strong", "extra"]
 
 
-@pytest.mark.slow
-def test_trained_conductor_reads_its_evidence(tmp_path: Path) -> None:
-    """A micro Conductor trained with ``evidence: probe`` on the replay pool: its folder holds the
-    evidence model, conductor.json says so, and its prompts show an estimate per worker; a folder
-    whose evidence files are missing fails to load with one line."""
+def replay_evidence_config(tmp_path: Path, evidence: str) -> TrainConfig:
+    """The micro Conductor's training config on the replay pool with ``evidence`` in its prompts:
+    expected-best warm start from a small table, one GRPO step (the trained-evidence tests')."""
     from tests._tiny import micro_config
 
-    from rl_conductor.errors import ModelNotFound
-    from rl_conductor.policies.conductor import ConductorPolicy
-    from rl_conductor.tasks.datasets import load_tasks
-    from rl_conductor.training.train import train
-    from rl_conductor.workers.pool import load_pool
-
-    cfg = micro_config(
+    return micro_config(
         f"sqlite:///{tmp_path / 'mlflow.db'}",
         pool="routellm-replay",
         dataset="routellm",
         sft_targets="expected-best",
-        evidence="probe",
+        evidence=evidence,
         warm_items_per_domain=40,
         warm_top_k=1,
         warm_cheap_k=1,
@@ -219,6 +215,20 @@ def test_trained_conductor_reads_its_evidence(tmp_path: Path) -> None:
         sft_examples=64,
         warm_cache_dir=str(tmp_path / "cache"),
     )
+
+
+@pytest.mark.slow
+def test_trained_conductor_reads_its_evidence(tmp_path: Path) -> None:
+    """A micro Conductor trained with ``evidence: probe`` on the replay pool: its folder holds the
+    evidence model, conductor.json says so, and its prompts show an estimate per worker; a folder
+    whose evidence files are missing fails to load with one line."""
+    from rl_conductor.errors import ModelNotFound
+    from rl_conductor.policies.conductor import ConductorPolicy
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.training.train import train
+    from rl_conductor.workers.pool import load_pool
+
+    cfg = replay_evidence_config(tmp_path, "probe")
     res = train(cfg, tmp_path / "run", progress=False)
     final = res.final_dir
     meta = json.loads((final / "conductor.json").read_text())

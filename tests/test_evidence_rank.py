@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.test_evidence import COST_AWARE, _tasks
+from tests.test_evidence import COST_AWARE, _tasks, replay_evidence_config
 from tests.test_warmstart import EASY_HARD, PRICES, _table
 
 from rl_conductor.evaluation.runner import Record, summarize
@@ -199,29 +199,13 @@ def test_trained_rank_conductor_shows_the_line_and_eval_measures_agreement(tmp_p
     """A micro Conductor trained with ``evidence: rank`` on the replay pool: conductor.json says
     so, its prompts end with the ranking line, and its evaluation reports how often the plan is
     the line's first worker."""
-    from tests._tiny import micro_config
-
     from rl_conductor.evaluation.runner import evaluate
     from rl_conductor.policies.conductor import ConductorPolicy
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.training.train import train
     from rl_conductor.workers.pool import load_pool
 
-    cfg = micro_config(
-        f"sqlite:///{tmp_path / 'mlflow.db'}",
-        pool="routellm-replay",
-        dataset="routellm",
-        sft_targets="expected-best",
-        evidence="rank",
-        warm_items_per_domain=40,
-        warm_top_k=1,
-        warm_cheap_k=1,
-        budgets_usd=[0.005],
-        deadline_fraction=0.0,
-        grpo_steps=1,
-        sft_examples=64,
-        warm_cache_dir=str(tmp_path / "cache"),
-    )
+    cfg = replay_evidence_config(tmp_path, "rank")
     final = train(cfg, tmp_path / "run", progress=False).final_dir
     meta = json.loads((final / "conductor.json").read_text())
     assert meta["evidence"] == "rank"
