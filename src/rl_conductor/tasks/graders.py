@@ -478,6 +478,28 @@ def _unhedged_math(cand: str, gold: str) -> str | None:
     return cand
 
 
+def _lenient(fallback: Any) -> Any:
+    """A grader method that answers ``fallback`` for a reply that is not text or that its parsing
+    chokes on, instead of raising: an unreadable reply is a wrong one. A grading service's own
+    failure (:class:`MathServiceError`) still raises: no service means no grading."""
+
+    def wrap(method: Any) -> Any:
+        @functools.wraps(method)
+        def guarded(self: Any, task: Task, text: str) -> Any:
+            if not isinstance(text, str):
+                return fallback
+            try:
+                return method(self, task, text)
+            except MathServiceError:
+                raise
+            except Exception:
+                return fallback
+
+        return guarded
+
+    return wrap
+
+
 @dataclass(frozen=True)
 class MathGrader:
     """Symbolic equivalence of the extracted answer and the gold answer (math-verify, run in a
@@ -485,31 +507,19 @@ class MathGrader:
 
     name: str = "math"
 
+    @_lenient(None)
     def extract(self, task: Task, text: str) -> str | None:
-        if not isinstance(text, str):
-            return None
-        try:
-            cand = _math_candidate(text)
-            return _key_string(cand) if cand else None
-        except MathServiceError:
-            raise
-        except Exception:
-            return None
+        cand = _math_candidate(text)
+        return _key_string(cand) if cand else None
 
+    @_lenient(False)
     def grade(self, task: Task, text: str) -> bool:
-        if not isinstance(text, str):
+        cand = _math_candidate(text)
+        gold = _clean_math(last_boxed(task.answer) or task.answer)
+        if cand is None or not gold:
             return False
-        try:
-            cand = _math_candidate(text)
-            gold = _clean_math(last_boxed(task.answer) or task.answer)
-            if cand is None or not gold:
-                return False
-            cand = _unhedged_math(cand, gold)
-            return cand is not None and _verify_strings(gold, cand)
-        except MathServiceError:
-            raise
-        except (Exception, RecursionError):
-            return False
+        cand = _unhedged_math(cand, gold)
+        return cand is not None and _verify_strings(gold, cand)
 
 
 # --------------------------------------------------------------------------- multiple choice
@@ -604,13 +614,9 @@ class ChoiceGrader:
 
     name: str = "choice"
 
+    @_lenient(None)
     def extract(self, task: Task, text: str) -> str | None:
-        if not isinstance(text, str):
-            return None
-        try:
-            return _choice_letter(task, text)
-        except Exception:
-            return None
+        return _choice_letter(task, text)
 
     def grade(self, task: Task, text: str) -> bool:
         letter = self.extract(task, text)
@@ -714,34 +720,26 @@ class QAGrader:
 
     name: str = "qa"
 
+    @_lenient(None)
     def extract(self, task: Task, text: str) -> str | None:
-        if not isinstance(text, str):
-            return None
-        try:
-            cand = _qa_candidate(text)
-            norm = normalize_text(cand) if cand else ""
-            return norm or None
-        except Exception:
-            return None
+        cand = _qa_candidate(text)
+        norm = normalize_text(cand) if cand else ""
+        return norm or None
 
+    @_lenient(False)
     def grade(self, task: Task, text: str) -> bool:
-        if not isinstance(text, str):
-            return False
-        try:
-            raw = _qa_candidate(text)
-            cand = normalize_text(raw) if raw else ""
-            whole = normalize_text(_tail(text)) if len(text) <= 2000 else ""
-            for alias in gold_aliases(task):
-                gold = normalize_text(alias)
-                if not gold:
-                    continue
-                if gold in (cand, whole):
-                    return True
-                if raw and _contains_unhedged(raw, gold):
-                    return True
-            return False
-        except Exception:
-            return False
+        raw = _qa_candidate(text)
+        cand = normalize_text(raw) if raw else ""
+        whole = normalize_text(_tail(text)) if len(text) <= 2000 else ""
+        for alias in gold_aliases(task):
+            gold = normalize_text(alias)
+            if not gold:
+                continue
+            if gold in (cand, whole):
+                return True
+            if raw and _contains_unhedged(raw, gold):
+                return True
+        return False
 
 
 # --------------------------------------------------------------------------- code
@@ -808,15 +806,11 @@ class CodeGrader:
 
     name: str = "code"
 
+    @_lenient(None)
     def extract(self, task: Task, text: str) -> str | None:
-        if not isinstance(text, str):
-            return None
-        try:
-            code = extract_code(_tail(text), task.metadata.get("entry_point"))
-            key = " ".join(code.split())
-            return key or None
-        except Exception:
-            return None
+        code = extract_code(_tail(text), task.metadata.get("entry_point"))
+        key = " ".join(code.split())
+        return key or None
 
     def grade(self, task: Task, text: str) -> bool:
         if not isinstance(text, str) or not text.strip():
