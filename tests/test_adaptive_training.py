@@ -40,6 +40,8 @@ def _answer(name: str) -> Any:
 
 
 def _pool() -> Pool:
+    """Two cheap workers, right on the easy questions and wrong apart on the hard ones, and a dear
+    one right on both."""
     workers = [
         FakeWorker(info=fake_info(n, price_in=p, price_out=p), responder=_answer(n))
         for n, p in (("a", 0.1), ("b", 0.1), ("dear", 50.0))
@@ -47,7 +49,8 @@ def _pool() -> Pool:
     return Pool(name="hand-built-rounds", workers=list(workers))
 
 
-def _tasks() -> list[Task]:
+def _tasks(numbers: range = range(1, 7)) -> list[Task]:
+    """``easy/i`` and ``hard/i``: 'What is i + i?' for each i of ``numbers``."""
     return [
         Task(
             id=f"{kind}/{i}",
@@ -58,7 +61,7 @@ def _tasks() -> list[Task]:
             grader="math",
         )
         for kind in ("easy", "hard")
-        for i in range(1, 7)
+        for i in numbers
     ]
 
 

@@ -294,35 +294,13 @@ def test_review_targets_keep_where_answers_agree_and_escalate_where_they_disagre
     (both wrong); the dear worker is right on both. The target keeps the answer after agreement and
     escalates to the dear worker after disagreement, and each record's prompt is the review prompt
     the Conductor would see, its completion a parseable continuation."""
+    from tests.test_adaptive_training import _pool, _tasks
+
     from rl_conductor.reward import REWARD_PRESETS
     from rl_conductor.training.rounds import review_examples, review_sft_records, review_targets
     from rl_conductor.workflow import parse
 
-    def answer(name: str):  # type: ignore[no-untyped-def]
-        def reply(messages, ctx):  # type: ignore[no-untyped-def]
-            hard = ctx.task.id.startswith("hard")
-            off = {"a": 2, "b": 1}.get(name, 0) if hard else 0  # both cheap ones wrong, apart
-            return f"\\boxed{{{int(ctx.task.answer) + off}}}"
-
-        return reply
-
-    workers = [
-        FakeWorker(info=fake_info(n, price_in=p, price_out=p), responder=answer(n))
-        for n, p in (("a", 0.1), ("b", 0.1), ("dear", 50.0))
-    ]
-    view = Pool(name="p", workers=list(workers)).view()
-    tasks = [
-        Task(
-            id=f"{kind}/{i}",
-            question=f"What is {i} + {i}?",
-            answer=str(2 * i),
-            domain="math",
-            source="t",
-            grader="math",
-        )
-        for kind in ("easy", "hard")
-        for i in range(3)
-    ]
+    view, tasks = _pool().view(), _tasks(range(3))
     first = Workflow(steps=(Step(0, "solve", ()), Step(1, "solve", ())))
     rc = REWARD_PRESETS["cost-aware"]
     examples = asyncio.run(review_examples(tasks, view, [first], rc))
