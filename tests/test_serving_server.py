@@ -343,6 +343,30 @@ def test_budgets_are_never_exceeded_and_a_hopeless_budget_says_so(http: httpx.Cl
     assert set(full) <= set(tiny), set(full) - set(tiny)
 
 
+def test_a_streamed_request_whose_budget_bought_no_answer_says_budget_exhausted(http: httpx.Client) -> None:
+    """Unstreamed, such a request is a 422 ``budget_exhausted``; streamed, the status line is sent
+    before the budget runs out, so it is an error event, with the same code (it said
+    ``workers_failed``, a server error, for the client's own budget)."""
+    body = {
+        "model": "conductor",
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_cost_usd": 0.00005,  # affords local-a's call, not the plan's cloud-x first step
+    }
+    plain = http.post("/openai/v1/chat/completions", json={**body, "stream": False})
+    assert plain.status_code == 422 and plain.json()["error"]["code"] == "budget_exhausted", plain.text
+    events = [
+        json.loads(line[len("data: ") :])
+        for line in http.post("/openai/v1/chat/completions", json=body).text.splitlines()
+        if line.startswith("data: {")
+    ]
+    errors = [e["error"] for e in events if "error" in e]
+    assert len(errors) == 1 and errors[0]["code"] == "budget_exhausted", events
+    assert errors[0]["type"] == "invalid_request_error"
+    doc = next(e["conductor"] for e in events if "error" in e)
+    assert doc["budget_stop"] and doc["cost_usd"] <= body["max_cost_usd"]
+
+
 def test_metrics_count_requests_workers_tokens_cost_and_latency(http: httpx.Client) -> None:
     v1(http, {"question": "count me"})
     http.post("/v1/models/conductor:predict", content=b"{", headers=JSON_HEADERS)

@@ -13,8 +13,9 @@ routes, ``/metrics`` and its CLI flags; the Conductor adds
   (field ``conductor_step``), the answering step's text as its worker streams it (the answer in
   one chunk where the worker does not stream), then a final chunk with ``usage`` and the whole
   response document (``conductor``). A failure after the status line is an ``error`` event (code
-  ``workers_failed``, or ``stream_interrupted`` when the answer broke off after part of it was
-  sent), never a truncated answer that ends like a good one;
+  ``workers_failed``, ``budget_exhausted`` when the request's budget bought no answer, as the
+  unstreamed route's 422, or ``stream_interrupted`` when the answer broke off after part of it
+  was sent), never a truncated answer that ends like a good one;
 * the request guard (:mod:`.guard`: API keys, request ids, the size/time limits of a request,
   no model-repository routes, liveness that fails once the model is gone).
 
@@ -449,8 +450,10 @@ async def _stream(
         return chunk({}, conductor_step={k: v for k, v in event.items() if not k.endswith("_ns")})
 
     def failed(message: str, code: str, **extra: Any) -> bytes:
-        m.ERRORS.labels("unavailable").inc()
-        return _sse({"error": {"message": message, "type": "server_error", "code": code}, **extra})
+        # the request's own budget bought no answer: the client's error, as the unstreamed 422's
+        kind = "invalid_request_error" if code == "budget_exhausted" else "server_error"
+        m.ERRORS.labels("bad_request" if code == "budget_exhausted" else "unavailable").inc()
+        return _sse({"error": {"message": message, "type": kind, "code": code}, **extra})
 
     # steps, the answering step's text deltas and a broken stream, in the order they happened
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -514,7 +517,8 @@ async def _stream(
             log.warning(
                 "POST /openai/v1/chat/completions (stream) failed: %s", loggable_error(doc, req.sensitivity)
             )
-            yield failed(doc["error"], "workers_failed", conductor=doc)
+            code = "budget_exhausted" if doc.get("budget_stop") else "workers_failed"
+            yield failed(doc["error"], code, conductor=doc)
             return
         if not streamed:  # the answering worker does not stream (replay, simulated, cached)
             yield chunk({"content": doc["answer"]})
