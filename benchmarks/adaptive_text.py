@@ -1,0 +1,448 @@
+"""Can a stop/escalate rule that reads the first answers' texts beat one-round routers?
+
+``benchmarks/adaptive_ceiling.py`` measured cascades that escalate on *disagreement* only. This
+measures, on the same recorded answers (no LM), the richer rule issue 22 hopes a Conductor's
+review could learn: after round 1 (one worker, or two in parallel; the round's answer is its
+last step's, as on replay), estimate the chance that this answer is right from what came back,
+and ask one more worker (round 2, whose answer is then final) only where the estimated gain pays
+for its cost at the reward.
+
+What the rule reads (:func:`text_features`, per answer of round 1): whether a final number was
+extracted, the length, lines, the worker's calculator annotations (``<<6*3=18>>``) and inline
+equations with their arithmetic re-checked (how many do not hold), whether the final number is an
+integer, negative, copied from the question, the result of the text's last equation, hedging words
+("I think", "approximately", "assume", ...), plus the agreement of the two first answers, and the
+per-question evidence: every worker's probe estimate (``policies/evidence.py``, out of fold on
+train). Two L2 logistic regressions on those (round 1's answer right; the escalation worker
+right) give the estimated gain; the rule escalates where the gain in reward is above ``tau``.
+
+Fitting, all on the training split: the probes' out-of-fold estimates as features; the two
+logistic regressions' own out-of-fold predictions (5 folds) to choose ``tau`` at the reward;
+then fitted on every training question and applied to test. Every (first round, escalation
+worker) among the pool's workers is fitted; the one with the best out-of-fold train reward is
+reported, plus its whole test frontier over ``tau``.
+
+Compared on test with paired 95 % CIs (normal approximation over questions) against the
+strongest one-round routers: the probe threshold router at the most cost not above the rule's
+(``adaptive_ceiling``'s comparator), the one-round hull at its cost (chosen on test in
+hindsight), and the routers fitted on train at the same reward (evidence router, kNN k=100,
+the threshold router with its threshold fitted on train). Also the disagreement-only cascade
+for reference. Writes ``benchmarks/results/adaptive_text.json``.
+
+Usage::
+
+    python benchmarks/adaptive_text.py --cost-weight 0.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import math
+import re
+import time
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _results import write_json
+from adaptive_ceiling import WEIGHTS, Split, cascade, hull_at, routers, summary
+from adaptive_conductor import paired_ci
+from numpy.typing import NDArray
+
+from rl_conductor.policies.cascade import measure_samples
+from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
+from rl_conductor.policies.knn import cached_embeddings
+from rl_conductor.reward import REWARD_PRESETS, RewardConfig, reward_of
+from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.tasks.gsm8k_six import RECORDINGS
+from rl_conductor.tasks.recordings import load_recordings
+from rl_conductor.workers.pool import load_pool
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDS = 5
+CS = (0.03, 0.1, 0.3, 1.0)
+_NUM = re.compile(r"-?\d[\d,]*\.?\d*")
+_ANNOT = re.compile(r"<<([^<>=]+)=([^<>]+)>>")
+# an inline equation: an arithmetic expression with an operator, "=", a number
+_INLINE = re.compile(r"((?:\$?\d[\d,]*\.?\d*\s*[-+*/x×÷]\s*)+\$?\d[\d,]*\.?\d*)\s*=\s*\$?(-?\d[\d,]*\.?\d*)")
+_HEDGE = re.compile(
+    r"\b(i think|approximately|about|around|assum\w*|not sure|cannot|can't|unclear|however|"
+    r"estimate|roughly|likely|probably|seems|wait|mistake|actually|re-?evaluat\w*)\b",
+    re.I,
+)
+FEATURES = (
+    "has_answer",
+    "log_chars",
+    "lines",
+    "annotations",
+    "equations_checked",
+    "equations_wrong",
+    "any_wrong",
+    "non_integer",
+    "negative",
+    "copied_from_question",
+    "log_magnitude",
+    "is_last_result",
+    "hedges",
+    "new_numbers",
+)
+
+
+def _number(s: str) -> float | None:
+    try:
+        return float(s.replace(",", "").replace("$", "").strip().rstrip("."))
+    except ValueError:
+        return None
+
+
+def _eval(expr: str) -> float | None:
+    e = expr.replace(",", "").replace("$", "").replace("x", "*").replace("×", "*").replace("÷", "/")
+    if not re.fullmatch(r"[\d.\s+\-*/()%]+", e):
+        return None
+    try:
+        with warnings.catch_warnings():  # "2(3)" warns before it raises
+            warnings.simplefilter("ignore", SyntaxWarning)
+            v = eval(e, {"__builtins__": {}}, {})  # digits and operators only (checked above)
+        return float(v)
+    except (SyntaxError, ZeroDivisionError, TypeError, ValueError, OverflowError):
+        return None
+
+
+def _holds(lhs: float, rhs: float) -> bool:
+    """A stated result holds when it equals the expression up to the rounding a text would do."""
+    return abs(lhs - rhs) <= max(0.011, 0.006 * abs(lhs)) or abs(round(lhs) - rhs) < 1e-9
+
+
+def text_features(text: str, key: str | None, question: str) -> list[float]:
+    """What one recorded answer shows about itself (see the module docstring); order: FEATURES."""
+    results: list[float] = []
+    checked = wrong = 0
+    for m in list(_ANNOT.finditer(text)) + list(_INLINE.finditer(text)):
+        lhs, rhs = _eval(m.group(1)), _number(m.group(2))
+        if lhs is None or rhs is None:
+            continue
+        checked += 1
+        wrong += not _holds(lhs, rhs)
+        results.append(rhs)
+    k = _number(key) if key is not None else None
+    q_numbers = {_number(x) for x in _NUM.findall(question)}
+    t_numbers = {_number(x) for x in _NUM.findall(text)}
+    return [
+        float(key is not None),
+        math.log1p(len(text)),
+        min(text.count("\n"), 40) / 10.0,
+        min(len(_ANNOT.findall(text)), 20) / 5.0,
+        min(checked, 20) / 5.0,
+        min(wrong, 10) / 2.0,
+        float(wrong > 0),
+        float(k is not None and abs(k - round(k)) > 1e-9),
+        float(k is not None and k < 0),
+        float(k is not None and k in q_numbers),
+        math.log10(abs(k) + 1.0) if k is not None else 0.0,
+        float(k is not None and bool(results) and abs(results[-1] - k) < 1e-9),
+        min(len(_HEDGE.findall(text)), 10) / 2.0,
+        min(len(t_numbers - q_numbers), 40) / 10.0,
+    ]
+
+
+def feature_table(s: Split, texts: dict[str, dict[str, str]]) -> NDArray[np.float64]:
+    """``[questions, workers, features]`` of every recorded answer of a split."""
+    out = np.zeros((len(s.tasks), len(s.names), len(FEATURES)))
+    keys = s.keys
+    for i, t in enumerate(s.tasks):
+        for j, name in enumerate(s.names):
+            out[i, j] = text_features(texts[t.id][name], keys[i][j], t.question)
+    return out
+
+
+def _design(f: NDArray[Any], agree: NDArray[Any], p: NDArray[Any], first: tuple[int, ...]) -> NDArray[Any]:
+    cols = [f[:, j] for j in first]
+    if len(first) == 2:
+        cols.append(agree[:, first[0], first[1]][:, None].astype(float))
+    cols.append(p)
+    return np.concatenate(cols, axis=1)
+
+
+def _fit_predict(x: NDArray[Any], y: NDArray[Any], x_new: NDArray[Any], seed: int = 0) -> tuple[Any, Any]:
+    """Out-of-fold predictions on ``x`` (C chosen by out-of-fold log-loss) and the full fit's on ``x_new``."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    def model(c: float) -> Any:
+        return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000))
+
+    if y.min() == y.max():
+        rate = (y.sum() + 0.5) / (len(y) + 1.0)
+        return np.full(len(x), rate), np.full(len(x_new), rate)
+    folds = list(StratifiedKFold(FOLDS, shuffle=True, random_state=seed).split(x, y))
+    best: tuple[float, float, NDArray[Any]] | None = None
+    for c in CS:
+        pred = np.zeros(len(x))
+        for tr, held in folds:
+            pred[held] = model(c).fit(x[tr], y[tr]).predict_proba(x[held])[:, 1]
+        q = np.clip(pred, 1e-6, 1 - 1e-6)
+        loss = float(-np.mean(y * np.log(q) + (1 - y) * np.log(1 - q)))
+        if best is None or loss < best[0]:
+            best = (loss, c, pred)
+    assert best is not None
+    return best[2], model(best[1]).fit(x, y).predict_proba(x_new)[:, 1]
+
+
+def rule_outcome(
+    s: Split, first: tuple[int, ...], esc: int, gain: NDArray[Any], tau: float
+) -> dict[str, NDArray[Any]]:
+    """Per question: correct, cost and escalated of the rule (escalate where ``gain > tau``)."""
+    b = first[-1]
+    cost = sum(s.cost[:, j] for j in first)
+    go = gain > tau
+    return {
+        "correct": np.where(go, s.correct[:, esc], s.correct[:, b]),
+        "cost": cost + np.where(go, s.cost[:, esc], 0.0),
+        "escalated": go,
+    }
+
+
+def _ci(d: dict[str, float], scale: float, digits: int) -> str:
+    return (
+        f"{scale * d['mean']:+.{digits}f} [{scale * d['low']:+.{digits}f}, {scale * d['high']:+.{digits}f}]"
+    )
+
+
+def _reward(rc: RewardConfig, o: dict[str, NDArray[Any]]) -> float:
+    return float(np.mean(reward_of(rc, correct=o["correct"], cost=o["cost"])))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pool", default="gsm8k-six")
+    ap.add_argument("--cost-weight", type=float, default=0.25)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "adaptive_text.json")
+    args = ap.parse_args()
+    t0 = time.process_time()
+    rc = replace(REWARD_PRESETS["cost-aware"], cost_weight=args.cost_weight)
+    pool = load_pool(args.pool)
+    dataset = str(pool.options.get("default_dataset", args.pool))
+    rec = load_recordings(RECORDINGS)
+    data: dict[str, Split] = {}
+    for split in ("train", "test"):
+        tasks = load_tasks(dataset, split=split)
+        out = asyncio.run(measure_samples(pool, tasks))
+        data[split] = Split(tasks, out)
+        data[split].keys = [[row[j][0] for j in range(len(out.names))] for row in out.keys]
+    train, test = data["train"], data["test"]
+    texts = {t.id: {m: (rec.get(t.id, m).text or "") for m in rec.models} for t in train.tasks + test.tasks}
+    f_train, f_test = feature_table(train, texts), feature_table(test, texts)
+    emb_train = cached_embeddings([t.question for t in train.tasks])
+    emb_test = cached_embeddings([t.question for t in test.tasks])
+    probe, p_train = fit_evidence(train.tasks, emb_train, train.names, train.correct, cost=train.cost)
+    p_test = probe.predict(test.tasks, emb_test)
+    w = len(train.names)
+    preds = []  # per (first round, escalation worker): out-of-fold train and test estimates
+    firsts = [(b,) for b in range(w)] + list(itertools.permutations(range(w), 2))
+    for first in firsts:
+        x_tr = _design(f_train, train.agree, p_train, first)
+        x_te = _design(f_test, test.agree, p_test, first)
+        s_tr, s_te = _fit_predict(x_tr, train.correct[:, first[-1]].astype(int), x_te)
+        for esc in range(w):
+            if esc not in first:
+                e_tr, e_te = _fit_predict(x_tr, train.correct[:, esc].astype(int), x_te)
+                preds.append((first, esc, s_tr, s_te, e_tr, e_te))
+
+    def fit_at(cfg: RewardConfig) -> list[dict[str, Any]]:
+        """Every rule's tau fitted on train at ``cfg``, best out-of-fold train reward first."""
+        out = []
+        for first, esc, s_tr, s_te, e_tr, e_te in preds:
+            mean_esc_cost = float(train.cost[:, esc].mean())
+            # the estimated reward gain of escalating (the cost term linear below its cap)
+            g_tr = cfg.correct_weight * (e_tr - s_tr) - cfg.cost_weight / cfg.cost_scale * mean_esc_cost
+            g_te = cfg.correct_weight * (e_te - s_te) - cfg.cost_weight / cfg.cost_scale * mean_esc_cost
+            taus = np.unique(np.concatenate([np.quantile(g_tr, np.linspace(0, 1, 101)), [np.inf]]))
+            tau = max(taus, key=lambda t: _reward(cfg, rule_outcome(train, first, esc, g_tr, t)))
+            out.append(
+                {
+                    "first": first,
+                    "escalate": esc,
+                    "tau": float(tau),
+                    "train_reward": _reward(cfg, rule_outcome(train, first, esc, g_tr, tau)),
+                    "g_test": g_te,
+                }
+            )
+        out.sort(key=lambda f: -f["train_reward"])
+        return out
+
+    fits = fit_at(rc)
+    best = fits[0]
+
+    router_rows, threshold = routers(train, test, rc)
+    points = [(r["mean_cost_usd"], r["accuracy"]) for r in router_rows]
+    idx = np.arange(len(test.tasks))
+    by_name = {r["policy"]: r for r in router_rows}
+
+    # the threshold router with t fitted on train (out-of-fold probe estimates) at the reward
+    strong, cheap = train.names.index(threshold["strong"]), train.names.index(threshold["cheap"])
+    m_tr = p_train[:, strong] - p_train[:, cheap]
+    m_te = p_test[:, strong] - p_test[:, cheap]
+    rows_tr = np.arange(len(train.tasks))
+
+    def thr_train_reward(t: float) -> float:
+        ch = np.where(m_tr > t, strong, cheap)
+        return float(np.mean(reward_of(rc, correct=train.correct[rows_tr, ch], cost=train.cost[rows_tr, ch])))
+
+    t_fit = max(np.unique(np.concatenate([m_tr, [np.inf, -np.inf]])), key=thr_train_reward)
+    thr_fit_choice = np.where(m_te > t_fit, strong, cheap)
+    one_round_fitted = {
+        f"evidence router w={args.cost_weight}": by_name[f"evidence w={args.cost_weight}"],
+        f"knn k=100 w={args.cost_weight}": by_name[f"knn k=100 w={args.cost_weight}"],
+        "threshold router, t fitted on train": summary(
+            "threshold router, t fitted on train",
+            test.correct[idx, thr_fit_choice],
+            test.cost[idx, thr_fit_choice],
+            rc,
+        ),
+    }
+    per_question = {
+        f"evidence router w={args.cost_weight}": None,
+        "threshold router, t fitted on train": (
+            test.correct[idx, thr_fit_choice],
+            test.cost[idx, thr_fit_choice],
+        ),
+    }
+
+    def compare(o: dict[str, NDArray[Any]]) -> dict[str, Any]:
+        c = float(o["cost"].mean())
+        fits_cost = [(float(test.cost[idx, ch].mean()), k) for k, ch in enumerate(threshold["choices"])]
+        c_cost, k = max(x for x in fits_cost if x[0] <= c)
+        ch = threshold["choices"][k]
+        return {
+            "accuracy": float(o["correct"].mean()),
+            "mean_cost_usd": c,
+            "mean_reward": _reward(rc, o),
+            "escalated_rate": float(o["escalated"].mean()),
+            "one_round_ceiling_accuracy": hull_at(points, c),
+            "threshold_router_at_or_below": {
+                "accuracy": float(test.correct[idx, ch].mean()),
+                "mean_cost_usd": c_cost,
+            },
+            "accuracy_minus_threshold_router": paired_ci(o["correct"], test.correct[idx, ch]),
+        }
+
+    def name(f: dict[str, Any]) -> str:
+        return f"{' + '.join(train.names[j] for j in f['first'])} > {train.names[f['escalate']]}"
+
+    result: dict[str, Any] = {
+        "pool": args.pool,
+        "cost_weight": args.cost_weight,
+        "n_train": len(train.tasks),
+        "n_test": len(test.tasks),
+        "features": list(FEATURES),
+    }
+    o = rule_outcome(test, best["first"], best["escalate"], best["g_test"], best["tau"])
+    result["text_rule_fitted"] = {
+        "rule": name(best),
+        "tau": best["tau"],
+        "train_reward": best["train_reward"],
+        **compare(o),
+    }
+    # reward comparisons vs routers fitted on train at the same reward (paired)
+    rq = reward_of(rc, correct=o["correct"], cost=o["cost"])
+    vs = {}
+    ev = np.argmax(estimated_rewards(probe, test.tasks, p_test, rc), axis=1)
+    per_question[f"evidence router w={args.cost_weight}"] = (test.correct[idx, ev], test.cost[idx, ev])
+    for k, (corr, cost) in per_question.items():
+        rr = reward_of(rc, correct=corr, cost=cost)
+        vs[k] = {
+            "reward": paired_ci(rq, rr),
+            "accuracy": paired_ci(o["correct"], corr),
+            "cost": paired_ci(o["cost"], cost),
+        }
+    result["text_rule_minus_fitted_routers"] = vs
+    result["one_round_routers_fitted_on_train"] = one_round_fitted
+    dis = cascade(
+        test,
+        (
+            train.names.index("mixtral-8x7b-instruct"),
+            train.names.index("gpt3-6b-finetuned"),
+            train.names.index("gpt-4-1106-preview"),
+        ),
+    )
+    result["disagreement_cascade"] = summary("disagreement cascade", dis["correct"], dis["cost"], rc)
+    # the fitted rule's whole test frontier over tau: the largest margin over the one-round ceiling
+    frontier = []
+    for t in np.unique(np.quantile(best["g_test"], np.linspace(0, 1, 41))):
+        ot = rule_outcome(test, best["first"], best["escalate"], best["g_test"], t - 1e-12)
+        cmp = compare(ot)
+        frontier.append(
+            {
+                "tau": float(t),
+                **{k: cmp[k] for k in ("accuracy", "mean_cost_usd", "one_round_ceiling_accuracy")},
+                "margin_over_ceiling": cmp["accuracy"] - cmp["one_round_ceiling_accuracy"],
+            }
+        )
+    result["fitted_rule_test_frontier"] = frontier
+    # the rule fitted on train at each cost weight: its test point against one-round routers
+    sweep = []
+    print(
+        "\n| cost weight the rule is fitted at | rule | acc % | $/q | escalated % | "
+        "threshold router at <= its cost: acc %, $/q | rule minus it, points [95 % CI] | "
+        "one-round ceiling, acc % |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for wt in WEIGHTS:
+        f = fit_at(replace(rc, cost_weight=wt))[0]
+        cmp = compare(rule_outcome(test, f["first"], f["escalate"], f["g_test"], f["tau"]))
+        sweep.append({"cost_weight": wt, "rule": name(f), **cmp})
+        d, tr = cmp["accuracy_minus_threshold_router"], cmp["threshold_router_at_or_below"]
+        print(
+            f"| {wt} | {name(f)} | {100 * cmp['accuracy']:.1f} | {cmp['mean_cost_usd']:.6f} "
+            f"| {100 * cmp['escalated_rate']:.0f} | {100 * tr['accuracy']:.1f}, {tr['mean_cost_usd']:.6f} "
+            f"| {100 * d['mean']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] "
+            f"| {100 * cmp['one_round_ceiling_accuracy']:.1f} |"
+        )
+    result["cost_weight_sweep"] = sweep
+    result["top_rules_by_train_reward"] = [
+        {
+            "rule": name(f),
+            "train_reward": f["train_reward"],
+            **{
+                k: v
+                for k, v in compare(
+                    rule_outcome(test, f["first"], f["escalate"], f["g_test"], f["tau"])
+                ).items()
+                if k in ("accuracy", "mean_cost_usd", "mean_reward", "escalated_rate")
+            },
+        }
+        for f in fits[:8]
+    ]
+    r = result["text_rule_fitted"]
+    print(f"test n={len(test.tasks)}, w={args.cost_weight}; rules fitted on train n={len(train.tasks)}")
+    print(
+        f"fitted text rule {r['rule']} tau={r['tau']:.4f}: {100 * r['accuracy']:.1f} % "
+        f"${r['mean_cost_usd']:.6f} reward {r['mean_reward']:.4f} escalated {100 * r['escalated_rate']:.0f} %"
+    )
+    tr0 = r["threshold_router_at_or_below"]
+    print(
+        f"  vs threshold router at <= cost ({100 * tr0['accuracy']:.1f} % ${tr0['mean_cost_usd']:.6f}): "
+        f"{_ci(r['accuracy_minus_threshold_router'], 100, 1)} points; "
+        f"ceiling {100 * r['one_round_ceiling_accuracy']:.1f} %"
+    )
+    for k, v in vs.items():
+        print(f"  minus {k}: reward {_ci(v['reward'], 1, 4)}, acc {_ci(v['accuracy'], 100, 1)}")
+    for k, v in one_round_fitted.items():
+        print(f"  {k}: {100 * v['accuracy']:.1f} % ${v['mean_cost_usd']:.6f} reward {v['mean_reward']:.4f}")
+    print(f"  disagreement cascade: {result['disagreement_cascade']}")
+    for tr in result["top_rules_by_train_reward"]:
+        print("  ", tr)
+    print("frontier max margin:", max(frontier, key=lambda x: x["margin_over_ceiling"]))
+    result["cpu_seconds"] = time.process_time() - t0
+    write_json(args.out, "adaptive_text", result)
+    print(f"wrote {args.out} ({result['cpu_seconds']:.0f} CPU s)")
+
+
+if __name__ == "__main__":
+    main()
