@@ -201,6 +201,11 @@ _Q = {"name": "question", "shape": [1], "datatype": "BYTES", "data": ["What is 6
         ({"inputs": [_Q], "parameters": {"max_rounds": {"int64_param": 2}}}, "parameters.max_rounds: a v2"),
         ({"inputs": [_Q], "parameters": {"max_rounds": [2]}}, "parameters.max_rounds"),
         ({"inputs": [_Q], "parameters": {"max_rounds": "2"}}, "parameters.max_rounds"),
+        # one line per field, not one per branch of the union (was "max_cost_usd.float: ...; .int: ...")
+        (
+            {"inputs": [_Q], "parameters": {"max_cost_usd": "0.01"}},
+            "parameters.max_cost_usd: Input should be a number",
+        ),
         ({"inputs": [_Q], "parameters": {"max_cost_usd": None}}, "parameters.max_cost_usd"),
         ({"inputs": [_Q], "parameters": {"allowed_workers": ["local-a"]}}, "comma-separated"),
         ({"inputs": [_Q], "parameters": [1]}, "parameters: expected an object"),
@@ -220,7 +225,7 @@ def test_malformed_v2_bodies_get_a_400_naming_the_field_not_fastapis_422(
     resp = http.post("/v2/models/conductor/infer", json=body)
     assert resp.status_code == 400, resp.text
     assert says in resp.json()["error"], resp.text
-    assert "detail" not in resp.json()
+    assert "detail" not in resp.json() and ".float" not in resp.text
 
 
 def test_v2_allowed_workers_is_a_comma_separated_string(http: httpx.Client) -> None:

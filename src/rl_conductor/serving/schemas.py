@@ -66,16 +66,27 @@ class WireError(ValueError):
         self.param = param
 
 
+#: The branch names pydantic appends to the location of a union's error (``max_cost_usd.float``).
+_UNION_BRANCHES = {"float", "int", "bool", "str"}
+
+
 def _errors(exc: ValidationError, prefix: str = "") -> str:
-    parts = []
+    """One ``field: message`` per field (a union's failed branches are one field)."""
+    parts: dict[str, list[tuple[str, str]]] = {}
     for e in exc.errors():
-        loc = ".".join(str(p) for p in e["loc"])
+        path = [str(p) for p in e["loc"]]
+        if len(path) > 1 and path[-1] in _UNION_BRANCHES:
+            path.pop()
+        loc = ".".join(path)
         where = f"{prefix}{loc}" if loc else (prefix.rstrip(".") or "request")
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        parts.append(f"{where}: {msg}")
-    return "; ".join(parts)
+        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        parts.setdefault(where, []).append((e["type"], msg))
+    out = []
+    for where, errs in parts.items():
+        types = {t for t, _ in errs}
+        msg = "Input should be a number" if {"float_type", "int_type"} <= types else errs[0][1]
+        out.append(f"{where}: {msg}")
+    return "; ".join(out)
 
 
 class WireLimits(BaseModel):
