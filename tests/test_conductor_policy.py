@@ -157,7 +157,7 @@ async def test_garbage_retries_then_falls_back_and_marks_the_trace(
     assert ep.plan.parse_error and "model_id" in ep.plan.parse_error
     # the documented default: one step on the highest-priced permitted worker
     assert ep.plan.workflow == Workflow(steps=(Step(1, FALLBACK_INSTRUCTION, ()),))
-    assert ep.plan.text == render(ep.plan.workflow)
+    assert ep.plan.text == GARBAGE and ep.trace.workflow_text == GARBAGE  # what the model wrote
     assert [s.worker for s in ep.trace.steps] == ["w1"]
     assert ep.trace.final_answer == "\\boxed{w1}"
 
@@ -197,7 +197,7 @@ async def test_an_unparseable_plan_keeps_the_workers_of_its_model_id_list(
         steps=(Step(0, FALLBACK_INSTRUCTION, ()), Step(2, FALLBACK_INSTRUCTION, "all"))
     )
     assert [s.worker for s in ep.trace.steps] == ["w0", "w2"] and ep.trace.final_answer == "\\boxed{w2}"
-    assert ep.plan.text == render(ep.plan.workflow) and ep.trace.workflow_text == ep.plan.text
+    assert ep.plan.text == GARBAGE and ep.trace.workflow_text == GARBAGE  # the last attempt's, as parse_error
     assert any("salvaged its model_id list: workers [0, 2]" in n for n in ep.trace.notes)
     monkeypatch.setattr(policy, "_generate", Script(lambda p, c: BROKEN_SUBTASKS.format(ids="0, 2")))
     apart = (await policy.plan(_task(), view, Limits(max_rounds=2))).workflow
@@ -288,6 +288,24 @@ async def test_too_many_steps_or_unknown_worker_is_unparseable(
     monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call: _plan_text([7])))
     plan = await policy.plan(_task(), _pool().view(), Limits())
     assert plan.fallback and "out of range" in str(plan.parse_error)
+
+
+async def test_a_refused_plan_shows_the_completion_that_was_refused_not_the_fallbacks_rendering(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A well-formed completion refused by the request (more steps than max_steps, a worker out of
+    range) falls back; the raw plan shown (``conductor plan``'s "raw completion", the response's
+    ``raw_plan``) is that completion. It was the fallback's own rendering: a well-formed plan,
+    called unparseable next to it (attack 31)."""
+    for text, limits, why in (
+        (_plan_text([0, 1, 0]), Limits(max_steps=2), "at most 2"),
+        (_plan_text([7]), Limits(), "out of range"),
+    ):
+        monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call, t=text: t))
+        ep = await policy.run(_task(), _pool().view(), limits)
+        assert ep.plan.fallback and why in str(ep.plan.parse_error)
+        assert ep.plan.text == text and ep.plan.text != render(ep.plan.workflow)
+        assert ep.trace.workflow_text == text and ep.trace.fallback_plan
 
 
 # --------------------------------------------------------------------------- rounds

@@ -68,7 +68,6 @@ from rl_conductor.workflow import (
     access_entries,
     model_ids,
     parse,
-    render,
 )
 
 CONFIG_FILE = "conductor.json"
@@ -349,6 +348,7 @@ class ConductorPolicy(Policy):
         shown = list(rankings) if rankings is not None else [None] * len(prompts)
         plans: list[Plan | None] = [None] * len(prompts)
         errors: list[str] = [""] * len(prompts)
+        failed: list[str] = [""] * len(prompts)  # the completion whose error ``errors`` holds
         first_texts: list[str] = [""] * len(prompts)  # the first (greedy) completion, for the salvage
         todo = list(range(len(prompts)))
         for attempt in range(self.retries + 1):
@@ -378,7 +378,7 @@ class ConductorPolicy(Policy):
                     notes = (f"planning: named by evidence rank: {rank_names(wf)}",) if wf.by_rank() else ()
                     plans[i] = Plan(workflow=wf, text=text, parse_error=errors[i] or None, notes=notes)
                 except ParseError as exc:
-                    errors[i] = str(exc)
+                    errors[i], failed[i] = str(exc), text
                     still.append(i)
             todo = still
         for i in todo:
@@ -393,7 +393,10 @@ class ConductorPolicy(Policy):
                 notes = (f"planning: unparseable; salvaged its model_id list: workers {wf.workers()}",)
             else:
                 wf = fallback_workflow(views[i], limits[i])
-            plans[i] = Plan(workflow=wf, text=render(wf), fallback=True, parse_error=errors[i], notes=notes)
+            # the text is the model's completion that did not parse (what the trace's raw plan and
+            # `conductor plan` show), not a rendering of the fallback, which would read as a
+            # well-formed plan called unparseable; the workflow that ran is ``wf``
+            plans[i] = Plan(workflow=wf, text=failed[i], fallback=True, parse_error=errors[i], notes=notes)
         return [p for p in plans if p is not None]
 
     def _plan_requests(
