@@ -9,7 +9,10 @@ evaluates, on the validation and test splits of the pool the model was trained o
 * ``conductor`` (the folder given; with ``--sft`` also the SFT-only folder next to it: GRPO's
   effect);
 * ``evidence-rule``, ``knn`` and ``domain-router`` (fitted at the model's reward on every training
-  question);
+  question), ``knn-k100`` (the kNN router on the 100 nearest training questions) and
+  ``evidence-router`` (``benchmarks/adaptive_ceiling.py``'s probe router: the evidence probes fitted
+  on every training question without shrinking, each question to the best estimated reward; scored
+  from the recorded single outcomes, which is what the executor replays);
 
 and reports per policy accuracy, $/question, mean reward, the Conductor's agreement with its
 evidence (``evidence_agreement``), paired bootstrap 95 % intervals of the Conductor's reward minus
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,12 +48,16 @@ from rich.table import Table
 from rl_conductor.evaluation.frontier import Point, hull_accuracy
 from rl_conductor.evaluation.runner import EvalResult, evaluate
 from rl_conductor.policies.base import make_policy
-from rl_conductor.policies.knn import cached_embeddings
+from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
+from rl_conductor.policies.knn import KnnRouter, cached_embeddings
 from rl_conductor.policies.routers import reward_matrix, single_outcomes
 from rl_conductor.reward import reward_from_dict
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import load_pool
+
+#: the policies --reuse reads from an earlier --rewards file instead of evaluating them again
+ROUTERS = ("evidence-rule", "knn", "knn-k100", "domain-router", "evidence-router")
 
 #: cost weights of the kNN frontier (the router refitted at each)
 FRONTIER_WEIGHTS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
@@ -117,7 +125,7 @@ def main() -> None:
         specs["conductor-sft"] = f"conductor:{args.model.parent / 'sft'}"
     for extra in args.extra:
         name, sep, folder = extra.partition("=")
-        if not sep or not name or name in specs or name in ("evidence-rule", "knn", "domain-router"):
+        if not sep or not name or name in specs or name in ROUTERS:
             ap.error(f"--extra takes NAME=DIR with a new NAME, not {extra!r}")
         specs[name] = f"conductor:{folder}"
     conductors = [k for k, s in specs.items() if s.startswith("conductor:")]
@@ -131,7 +139,13 @@ def main() -> None:
     policies = {k: make_policy(s, pool, seed=0, dataset=dataset, reward_config=rc) for k, s in specs.items()}
     tr_tasks = load_tasks(dataset, split="train")
     train = {"out": single_outcomes(pool, tr_tasks), "emb": cached_embeddings([t.question for t in tr_tasks])}
+    if not reused:
+        policies["knn-k100"] = KnnRouter(train["emb"], train["out"], k=100, reward=rc)
+        probes, _ = fit_evidence(
+            tr_tasks, train["emb"], train["out"].names, train["out"].correct, cost=train["out"].cost
+        )
     out: dict[str, Any] = {
+        "command": " ".join(["python", *sys.argv]),
         "model": str(args.model),
         "pool": meta["pool"],
         "reward": rc.to_dict(),
@@ -148,6 +162,17 @@ def main() -> None:
         }
         rewards = {k: np.array([r.reward for r in res.records]) for k, res in results.items()}
         summary = {k: res.summary() for k, res in results.items()}
+        if not reused:  # the probe router, from the recorded outcomes of its choices
+            choice = estimated_rewards(probes, tasks, probes.predict(tasks, test["emb"]), rc).argmax(axis=1)
+            rows = np.arange(len(tasks))
+            rewards["evidence-router"] = reward_matrix(test["out"], rc)[rows, choice]
+            summary["evidence-router"] = {
+                "accuracy": float(test["out"].correct[rows, choice].mean()),
+                "mean_cost_usd": float(test["out"].cost[rows, choice].mean()),
+                "mean_reward": float(rewards["evidence-router"].mean()),
+                "evidence_agreement": None,
+                "fallback_rate": 0.0,
+            }
         if reused:
             if split not in reused:
                 ap.error(f"--reuse {args.reuse} has no {split} split")
@@ -157,7 +182,9 @@ def main() -> None:
             if missing:
                 ap.error(f"--reuse {args.reuse} lacks {len(missing)} {split} questions, e.g. {missing[0]!r}")
             rows = [where[t.id] for t in tasks]
-            for k in ("evidence-rule", "knn", "domain-router"):
+            for k in ROUTERS:
+                if k not in old["rewards"]:
+                    ap.error(f"--reuse {args.reuse} has no {k!r} rewards (written before it was measured)")
                 rewards[k] = np.array(old["rewards"][k])[rows]
                 summary[k] = old["policies"][k]
         draws = np.random.default_rng(0).integers(0, len(tasks), size=(args.boot, len(tasks)))
