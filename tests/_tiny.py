@@ -22,12 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from rl_conductor.training.config import TrainConfig
-
-# Two threads on the shared 2-core machine are ~25x slower under load than one.
-torch.set_num_threads(1)
 
 #: The micro training run (see module docstring); ``micro_config`` adds paths and overrides.
 MICRO: dict[str, Any] = {

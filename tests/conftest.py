@@ -3,11 +3,16 @@ and MLflow stores that use them."""
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import shutil
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -22,6 +27,43 @@ from servers import (
 
 if TYPE_CHECKING:  # mlflow is imported by the fixtures that need it: it takes seconds
     from rl_conductor.tracking.mlflow_utils import TrackingConfig
+
+
+class _OneTorchThread(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Runs torch on one thread from its first import in this process: two threads on a loaded
+    2-core machine are many times slower than one. Test files import torch lazily (tests/_lazy.py),
+    so this happens when a test first needs it rather than at collection."""
+
+    def __init__(self) -> None:
+        self._loader: Any = None
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        self._loader, spec.loader = spec.loader, self
+        return spec
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        module.set_num_threads(1)
+
+    def __getattr__(self, name: str) -> Any:  # resource readers etc. of the real loader
+        return getattr(self._loader, name)
+
+
+if "torch" in sys.modules:
+    sys.modules["torch"].set_num_threads(1)
+else:
+    sys.meta_path.insert(0, _OneTorchThread())
 
 
 @pytest.fixture(scope="session")

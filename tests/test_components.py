@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 from kfp import dsl, local
 
+from _lazy import lazy
 from rl_conductor import storage
 from rl_conductor.pipeline import steps
 from rl_conductor.pipeline.runner import QUICK_ARGUMENTS, repo_root
 from rl_conductor.tasks.datasets import split_of
-from rl_conductor.tracking import mlflow_utils, registry
 from servers import S3Server
 
 sys.path.insert(0, str(repo_root()))
@@ -37,6 +37,10 @@ from components.prepare_data.component import prepare_data
 from components.promote_conductor.component import promote_conductor
 from components.register_conductor.component import register_conductor
 from components.train_conductor.component import train_conductor
+
+# imported by the first test that uses them (tests/_lazy.py): MLflow takes seconds to import
+mlflow_utils = lazy("rl_conductor.tracking.mlflow_utils")
+registry = lazy("rl_conductor.tracking.registry")
 
 TRAIN_LIMIT = QUICK_ARGUMENTS["train_limit"]
 EVAL_LIMIT = QUICK_ARGUMENTS["eval_limit"]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from rl_conductor.tracking import registry
+from _lazy import lazy
 from rl_conductor.tracking.gate import (
     GateDecision,
     GateThresholds,
@@ -16,8 +17,12 @@ from rl_conductor.tracking.gate import (
     decide,
     promote_if_better,
 )
-from rl_conductor.tracking.mlflow_utils import TrackingConfig
 from rl_conductor.validation import InvalidValue
+
+if TYPE_CHECKING:
+    from rl_conductor.tracking.mlflow_utils import TrackingConfig
+
+registry = lazy("rl_conductor.tracking.registry")  # MLflow: imported by the test that uses it
 
 CHAMP = {"accuracy": 0.60, "mean_cost_usd": 0.010, "test_split_id": "test-v1"}
 

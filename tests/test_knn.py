@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from rl_conductor.policies import make_policy
 from rl_conductor.policies.knn import SOLVE, KnnRouter
@@ -28,8 +27,6 @@ from rl_conductor.trace import Limits
 from rl_conductor.workers.base import CallContext, Hosting, Message
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool, load_pool
-
-torch.set_num_threads(1)  # two threads on the shared 2-core machine are far slower under load
 
 
 def _task(i: int, domain: str = "math") -> Task:

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from transformers import AutoTokenizer
 
+from _lazy import lazy
 from rl_conductor.lm.generate import apply_chat, generate, load_lm
 from rl_conductor.lm.models import build_smol, build_tiny, resolve_model
 from rl_conductor.policies.knn_embed import EMBED_DIM, embed
 from rl_conductor.workflow import Step, Workflow, render
+
+torch = lazy("torch")
 
 SAMPLES = [
     "What is 17 * 23? Show your work.",
@@ -92,6 +93,8 @@ def test_tiny_build_is_deterministic_for_a_seed(tiny_dir: Path, tmp_path: Path) 
 
 
 def test_tokenizer_reloads_as_qwen2_with_identical_ids(tiny_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
     from rl_conductor.lm.tokenizer import train_bpe
 
     trained = train_bpe(_corpus(), vocab_size=1024)

@@ -28,11 +28,15 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from _lazy import lazy
 from rl_conductor.cli import app
 from rl_conductor.pipeline import runner, steps
 from rl_conductor.pipeline.runner import QUICK_ARGUMENTS, pipeline_arguments, repo_root
 from rl_conductor.tasks.datasets import load_tasks
-from rl_conductor.tracking import mlflow_utils, registry
+
+# imported by the first test that uses them (tests/_lazy.py): MLflow takes seconds to import
+mlflow_utils = lazy("rl_conductor.tracking.mlflow_utils")
+registry = lazy("rl_conductor.tracking.registry")
 
 ROOT = repo_root()
 SRC = ROOT / "src"

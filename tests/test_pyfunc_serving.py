@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import mlflow
 import pytest
 
+from _lazy import lazy
 from _tiny import Micro, trained_micro
 from predictor import predictor
 from rl_conductor.tasks.datasets import load_tasks
+
+mlflow = lazy("mlflow")  # imported by the first test that uses it (tests/_lazy.py): it takes seconds
 
 #: Per-request values: a fresh id and the wall-clock time of each answer.
 PER_CALL = ("request_id", "wall_s")

@@ -13,15 +13,22 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import mlflow
-import pandas as pd
 import pytest
 
+from _lazy import lazy
 from rl_conductor import storage
-from rl_conductor.tracking import mlflow_utils, registry
-from rl_conductor.tracking.mlflow_utils import TrackingConfig
 from servers import MlflowServer, S3Server
+
+if TYPE_CHECKING:
+    from rl_conductor.tracking.mlflow_utils import TrackingConfig
+
+# imported by the first test that uses them (tests/_lazy.py): MLflow takes seconds to import
+mlflow = lazy("mlflow")
+pd = lazy("pandas")
+mlflow_utils = lazy("rl_conductor.tracking.mlflow_utils")
+registry = lazy("rl_conductor.tracking.registry")
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -164,6 +171,35 @@ def test_fresh_process_downloads_challenger(mlflow_tracking: TrackingConfig, tmp
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == _digest(folder)
+
+
+def test_a_download_without_dst_is_removed_when_the_process_exits(s3_bucket: str, tmp_path: Path) -> None:
+    """A server or CLI command that loads ``models:/…`` or ``s3://…`` without ``dst`` leaves no
+    ``conductor-model-*`` copy in the temp folder after it exits."""
+    folder = _model_folder(tmp_path)
+    storage.upload_dir(folder, f"{s3_bucket}/models/v1")
+    script = (
+        "import json, pathlib, sys\n"
+        "from rl_conductor.tracking.registry import load_model_dir\n"
+        "d = pathlib.Path(load_model_dir(sys.argv[1]))\n"
+        "print(json.dumps({'dir': str(d), 'files': sum(p.is_file() for p in d.rglob('*'))}))\n"
+    )
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(SRC), "TMPDIR": str(temp)}  # S3 settings from the fixture
+    result = subprocess.run(
+        [sys.executable, "-c", script, f"{s3_bucket}/models/v1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["files"] == len(_digest(folder)) > 0
+    assert Path(out["dir"]).parent == temp and Path(out["dir"]).name.startswith("conductor-model-")
+    assert list(temp.iterdir()) == []
 
 
 def test_load_model_dir_from_plain_locations(s3_bucket: str, tmp_path: Path) -> None:

@@ -10,11 +10,14 @@ from typing import Any
 
 import pytest
 
+from _lazy import lazy
 from _tiny import Micro, trained_micro
-from rl_conductor.serving.pyfunc import answer_batch
 from rl_conductor.serving_core import ConductorRequest, RequestError, parse_request
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.workers.pool import load_pool
+
+# imported by the first test that uses it (tests/_lazy.py): it imports MLflow, seconds of CPU
+pyfunc = lazy("rl_conductor.serving.pyfunc")
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +73,7 @@ def test_parse_request_accepts_strings_and_drops_missing_values() -> None:
 
 
 def test_answer_batch_returns_answer_workflow_steps_and_cost(micro: Micro, questions: list[str]) -> None:
-    out = answer_batch(micro.final_dir, questions[:3])
+    out = pyfunc.answer_batch(micro.final_dir, questions[:3])
     assert len(out) == 3
     names = set(load_pool("paper-sim").names())
     for res in out:
@@ -91,7 +94,8 @@ def test_a_request_states_its_rounds_and_the_response_shows_them(micro: Micro, q
     """max_rounds 1 (the micro model's conductor.json default) records no rounds; max_rounds 2
     records the plan and the review (the micro model's review rarely parses: it keeps then), and
     a later round's steps are in the workflow and the steps alike."""
-    one, two = answer_batch(micro.final_dir, [questions[0], {"question": questions[0], "max_rounds": 2}])
+    inputs = [questions[0], {"question": questions[0], "max_rounds": 2}]
+    one, two = pyfunc.answer_batch(micro.final_dir, inputs)
     assert one["rounds"] == []
     first, review = two["rounds"]
     assert first["decision"] == "plan" and first["steps"] == list(range(len(first["steps"])))
@@ -99,13 +103,13 @@ def test_a_request_states_its_rounds_and_the_response_shows_them(micro: Micro, q
     assert len(two["workflow"]) == len(two["steps"]) == len(first["steps"]) + len(review["steps"])
     assert sum(r["cost_usd"] for r in two["rounds"]) == pytest.approx(two["cost_usd"])
     with pytest.raises(RequestError, match="max_rounds"):
-        answer_batch(micro.final_dir, [{"question": questions[0], "max_rounds": 0}])
+        pyfunc.answer_batch(micro.final_dir, [{"question": questions[0], "max_rounds": 0}])
 
 
 def test_private_requests_only_reach_self_hosted_workers(micro: Micro, questions: list[str]) -> None:
     pool = load_pool("paper-sim")
     hosting = {w.info.name: w.info.hosting for w in pool.workers}
-    out = answer_batch(micro.final_dir, [{"question": q, "sensitivity": "private"} for q in questions])
+    out = pyfunc.answer_batch(micro.final_dir, [{"question": q, "sensitivity": "private"} for q in questions])
     ran = [s for res in out for s in res["steps"] if s["status"] == "ok"]
     assert ran, "no step ran at all"
     assert all(hosting[s["worker"]] == "self" for s in ran)
@@ -118,21 +122,21 @@ def test_private_requests_only_reach_self_hosted_workers(micro: Micro, questions
 
 
 def test_allowed_workers_are_honoured_and_unknown_ones_rejected(micro: Micro, questions: list[str]) -> None:
-    out = answer_batch(
+    out = pyfunc.answer_batch(
         micro.final_dir, [{"question": q, "allowed_workers": ["gemma-3-27b-it"]} for q in questions[:2]]
     )
     assert {s["worker"] for res in out for s in res["steps"] if s["status"] == "ok"} == {"gemma-3-27b-it"}
     with pytest.raises(RequestError, match="allowed_workers"):
-        answer_batch(micro.final_dir, [{"question": "q", "allowed_workers": ["gpt-17"]}])
+        pyfunc.answer_batch(micro.final_dir, [{"question": "q", "allowed_workers": ["gpt-17"]}])
     with pytest.raises(RequestError, match="no worker"):
-        answer_batch(
+        pyfunc.answer_batch(
             micro.final_dir, [{"question": "q", "allowed_workers": ["gpt-5"], "sensitivity": "private"}]
         )
 
 
 @pytest.mark.parametrize("budget", [1e-5, 2e-4, 3e-3])
 def test_a_budget_is_never_exceeded(micro: Micro, questions: list[str], budget: float) -> None:
-    out = answer_batch(micro.final_dir, [{"question": q, "max_cost_usd": budget} for q in questions])
+    out = pyfunc.answer_batch(micro.final_dir, [{"question": q, "max_cost_usd": budget} for q in questions])
     for res in out:
         assert res["cost_usd"] <= budget
     if budget == 1e-5:  # too small for any call: the service's budget floor, nothing is spent
@@ -145,8 +149,8 @@ def test_the_operator_picks_the_pool(micro: Micro, questions: list[str], tmp_pat
     evil = tmp_path / "evil.yaml"
     evil.write_text("name: evil\nworkers:\n  - {name: spy, kind: fake, hosting: self}\n")
     with pytest.raises(RequestError, match="cannot choose the worker pool"):
-        answer_batch(micro.final_dir, [{"question": questions[0], "pool": str(evil)}])
-    (res,) = answer_batch(micro.final_dir, [questions[0]], pool=str(evil))
+        pyfunc.answer_batch(micro.final_dir, [{"question": questions[0], "pool": str(evil)}])
+    (res,) = pyfunc.answer_batch(micro.final_dir, [questions[0]], pool=str(evil))
     assert res["workers_called"] and set(res["workers_called"]) == {"spy"}
 
 

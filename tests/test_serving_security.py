@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
+from _lazy import lazy
 from predictor import FAKE_WORKERS, Predictor, predictor, write_pool
 from servers import LOOPBACK, free_ports
 from test_serving_server import metric
+
+openai = lazy("openai")  # imported by the first test that uses it (tests/_lazy.py): it takes seconds
 
 KEYS = ("k-first-0123456789abcdef", "k-second-0123456789abcdef")
 FILE_KEY = "k-file-0123456789abcdef00"

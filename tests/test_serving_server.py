@@ -19,15 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _lazy import lazy
 from _tiny import Micro, trained_micro
 from predictor import HOSTING, Predictor, predictor, process, write_pool
 from servers import free_ports
+
+openai = lazy("openai")  # imported by the first test that uses it (tests/_lazy.py): it takes seconds
 
 JSON_HEADERS = {"content-type": "application/json"}
 

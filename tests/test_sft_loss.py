@@ -10,20 +10,26 @@ weight 1 is the unweighted loss bit for bit, and TRL's loss refuses weights it w
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import torch
-from datasets import Dataset
-from trl import SFTConfig, SFTTrainer
 
+from _lazy import lazy
 from rl_conductor.errors import ConfigError
 from rl_conductor.lm.models import build_tiny
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.training.config import TrainConfig
 from rl_conductor.training.data import chat
-from rl_conductor.training.sft_loss import CompletionLossSFTTrainer, completion_nll, decision_mask
 from rl_conductor.workflow import Workflow, render
+
+if TYPE_CHECKING:
+    from rl_conductor.training.sft_loss import CompletionLossSFTTrainer
+
+# imported by the first test that uses them (tests/_lazy.py): TRL takes seconds to import
+datasets = lazy("datasets")
+torch = lazy("torch")
+trl = lazy("trl")
+sft_loss = lazy("rl_conductor.training.sft_loss")
 
 #: a review that keeps the answer (prompts/conductor_review.txt): three empty lists
 KEEP = render(Workflow(steps=()))
@@ -48,7 +54,7 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> CompletionLossSFTTraine
         {"prompt": chat(f"Plan for: {t.question[:80]}"), "completion": [{"role": "assistant", "content": c}]}
         for t, c in zip(tasks, plans, strict=False)
     ]
-    args = SFTConfig(
+    args = trl.SFTConfig(
         output_dir=str(tmp_path_factory.mktemp("sft-loss-work")),
         per_device_train_batch_size=6,
         completion_only_loss=True,
@@ -59,7 +65,9 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> CompletionLossSFTTraine
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    return CompletionLossSFTTrainer(model=str(model_dir), args=args, train_dataset=Dataset.from_list(records))
+    return sft_loss.CompletionLossSFTTrainer(
+        model=str(model_dir), args=args, train_dataset=datasets.Dataset.from_list(records)
+    )
 
 
 def _batch(trainer: CompletionLossSFTTrainer) -> dict[str, Any]:
@@ -80,7 +88,9 @@ def test_loss_and_gradients_equal_trls(trainer: CompletionLossSFTTrainer) -> Non
     model.train()
     batch = _batch(trainer)
     ours, g_ours = _loss_and_grads(lambda: trainer.compute_loss(model, dict(batch)), model)
-    theirs, g_theirs = _loss_and_grads(lambda: SFTTrainer.compute_loss(trainer, model, dict(batch)), model)
+    theirs, g_theirs = _loss_and_grads(
+        lambda: trl.SFTTrainer.compute_loss(trainer, model, dict(batch)), model
+    )
     assert ours == pytest.approx(theirs, rel=1e-5) and ours > 0
     assert g_ours.keys() == g_theirs.keys() and len(g_ours) > 0
     for name, g in g_ours.items():
@@ -90,7 +100,7 @@ def test_loss_and_gradients_equal_trls(trainer: CompletionLossSFTTrainer) -> Non
     n = (batch["labels"][:, 1:] != -100).sum()
     for items in (n, 2 * n, n + 7):
         ours_n = trainer.compute_loss(model, dict(batch), num_items_in_batch=items)
-        theirs_n = SFTTrainer.compute_loss(trainer, model, dict(batch), num_items_in_batch=items)
+        theirs_n = trl.SFTTrainer.compute_loss(trainer, model, dict(batch), num_items_in_batch=items)
         assert float(ours_n) == pytest.approx(float(theirs_n), rel=1e-5)
     halved = trainer.compute_loss(model, dict(batch), num_items_in_batch=2 * n)
     assert float(halved) == pytest.approx(ours / 2)
@@ -99,7 +109,7 @@ def test_loss_and_gradients_equal_trls(trainer: CompletionLossSFTTrainer) -> Non
 def test_prompt_tokens_carry_no_loss(trainer: CompletionLossSFTTrainer) -> None:
     model = trainer.model
     batch = _batch(trainer)
-    loss, n, top1 = completion_nll(model, batch)
+    loss, n, top1 = sft_loss.completion_nll(model, batch)
     completion = int((batch["labels"][:, 1:] != -100).sum())
     assert int(n) == completion and 0 < completion < int(batch["attention_mask"].sum())
     assert 0 <= int(top1) <= completion
@@ -115,7 +125,7 @@ def test_prompt_tokens_carry_no_loss(trainer: CompletionLossSFTTrainer) -> None:
     labels = batch["labels"].clone()
     row, col = (labels[:, 1:] != -100).nonzero()[0].tolist()
     labels[row, col + 1] = -100
-    loss2, n2, _ = completion_nll(model, {**batch, "labels": labels})
+    loss2, n2, _ = sft_loss.completion_nll(model, {**batch, "labels": labels})
     assert int(n2) == completion - 1 and float(loss2) != pytest.approx(float(loss), rel=1e-9)
 
 
@@ -126,13 +136,13 @@ def test_outside_the_plain_case_trls_loss_is_used(
     model.train()
     batch = _batch(trainer)
     calls: list[bool] = []
-    real = SFTTrainer.compute_loss
+    real = trl.SFTTrainer.compute_loss
 
     def spy(self: Any, *a: Any, **k: Any) -> Any:
         calls.append(True)
         return real(self, *a, **k)
 
-    monkeypatch.setattr(SFTTrainer, "compute_loss", spy)
+    monkeypatch.setattr(trl.SFTTrainer, "compute_loss", spy)
     trainer.compute_loss(model, dict(batch))
     assert calls == []  # the plain case: ours
     with pytest.warns(FutureWarning):
@@ -166,7 +176,7 @@ def test_training_uses_this_loss_and_logs_token_accuracy(
     def never(*a: Any, **k: Any) -> Any:
         raise AssertionError("TRL's loss was used in training")
 
-    monkeypatch.setattr(SFTTrainer, "compute_loss", never)
+    monkeypatch.setattr(trl.SFTTrainer, "compute_loss", never)
     trainer.args.num_train_epochs = 1
     trainer.args.logging_steps = 1
     trainer.args.output_dir = str(tmp_path)
@@ -207,7 +217,7 @@ def test_decision_tokens_are_the_model_id_list_of_plans_and_reviews(
     rows = [_completions(b) for b in trainer.get_train_dataloader()]
     seen = {"keep": 0, "pair": 0}
     for ids in (ids for batch in rows for ids in batch):
-        mask = decision_mask(ids, tok)
+        mask = sft_loss.decision_mask(ids, tok)
         assert mask == _by_hand_mask(ids, tok)
         picked = "".join(tok.decode([t]) for t, f in zip(ids, mask, strict=True) if f)
         text = tok.decode(ids)
@@ -221,7 +231,7 @@ def test_decision_tokens_are_the_model_id_list_of_plans_and_reviews(
             assert picked in ("[0]", "[1]", "[2]")
     assert seen == {"keep": 2, "pair": 1}
     with pytest.raises(ValueError, match="no model_id list"):
-        decision_mask(tok.encode("subtasks = ['Solve.']"), tok)
+        sft_loss.decision_mask(tok.encode("subtasks = ['Solve.']"), tok)
 
 
 def test_decision_weight_multiplies_those_tokens_loss_exactly(
@@ -230,7 +240,7 @@ def test_decision_weight_multiplies_those_tokens_loss_exactly(
     model = trainer.model
     model.train()
     batch = _batch(trainer)
-    today = completion_nll(model, dict(batch))[0]
+    today = sft_loss.completion_nll(model, dict(batch))[0]
     assert trainer.decision_weight == 1.0 and trainer.decision_weights(batch["labels"]) is None
     assert torch.equal(trainer.compute_loss(model, dict(batch)), today)  # bit for bit
     with torch.no_grad():
@@ -295,14 +305,14 @@ def test_the_warm_start_trains_with_the_configured_weight(
     from rl_conductor.training import train as train_mod
 
     seen: list[tuple[float, int]] = []
-    real = CompletionLossSFTTrainer.compute_loss
+    real = sft_loss.CompletionLossSFTTrainer.compute_loss
 
     def spy(self: CompletionLossSFTTrainer, model: Any, inputs: dict[str, Any], *a: Any, **k: Any) -> Any:
         w = self.decision_weights(inputs["labels"])
         seen.append((self.decision_weight, 0 if w is None else int((w == self.decision_weight).sum())))
         return real(self, model, inputs, *a, **k)
 
-    monkeypatch.setattr(CompletionLossSFTTrainer, "compute_loss", spy)
+    monkeypatch.setattr(sft_loss.CompletionLossSFTTrainer, "compute_loss", spy)
     records = [
         {"prompt": chat(f"Plan {i}"), "completion": [{"role": "assistant", "content": KEEP}]}
         for i in range(4)

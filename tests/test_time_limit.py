@@ -8,9 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from rl_conductor.training import callbacks
-from rl_conductor.training.callbacks import TimeLimit
+from _lazy import lazy
 from rl_conductor.training.config import load_preset
+
+# imported by the first test that uses it (tests/_lazy.py): it imports transformers
+callbacks = lazy("rl_conductor.training.callbacks")
 
 
 class _Clock:
@@ -26,7 +28,7 @@ def test_time_limit_stops_logs_and_records_the_step(
 ) -> None:
     clock = _Clock()
     monkeypatch.setattr(callbacks.time, "perf_counter", clock)
-    cb = TimeLimit(60.0)
+    cb = callbacks.TimeLimit(60.0)
     state = SimpleNamespace(global_step=0, max_steps=100)
     control = SimpleNamespace(should_save=False, should_training_stop=False)
     cb.on_train_begin(None, state, control)

@@ -17,16 +17,13 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
-import openai
 import pytest
 import yaml
 
+from _lazy import lazy
 from predictor import Predictor, predictor
 from rl_conductor.workers.base import STREAM_SINK, TokenSink, WorkerInfo
-from rl_conductor.workers.live.anthropic_messages import AnthropicWorker
 from rl_conductor.workers.live.base import LiveWorker, StreamInterruptedError
-from rl_conductor.workers.live.gemini import GeminiWorker
-from rl_conductor.workers.live.openai_chat import OpenAIChatWorker
 from rl_conductor.workers.live.resilience import RetryPolicy
 from rl_conductor.workers.live.spend import SpendGuard, worst_case_cost
 from rl_conductor.workers.live.testing import (
@@ -41,10 +38,12 @@ from rl_conductor.workers.live.testing import (
 PIECES = ["The", " answer", " is", " 42."]
 MESSAGES = [{"role": "user", "content": "What is 6*7?"}]
 INFO = WorkerInfo(name="w", price_in=1.0, price_out=2.0, hosting="external")
-CLASSES: dict[str, type[LiveWorker]] = {
-    "openai": OpenAIChatWorker,
-    "anthropic": AnthropicWorker,
-    "gemini": GeminiWorker,
+# vendor SDKs are imported by the first test that uses them (tests/_lazy.py): seconds of CPU each
+openai = lazy("openai")
+CLASSES = {  # vendor -> (module, class)
+    "openai": ("rl_conductor.workers.live.openai_chat", "OpenAIChatWorker"),
+    "anthropic": ("rl_conductor.workers.live.anthropic_messages", "AnthropicWorker"),
+    "gemini": ("rl_conductor.workers.live.gemini", "GeminiWorker"),
 }
 VENDORS = list(CLASSES)
 
@@ -54,7 +53,9 @@ async def _no_wait(_: float) -> None:
 
 
 def _worker(vendor: str, srv: ScriptedServer, spend: SpendGuard | None = None) -> LiveWorker:
-    return CLASSES[vendor](
+    module, name = CLASSES[vendor]
+    cls: type[LiveWorker] = getattr(lazy(module), name)
+    return cls(
         info=INFO,
         model="m",
         base_url=srv.base_url,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_conductor import validation
-from rl_conductor.tracking import registry
+from rl_conductor.tracking.keys import BASELINE_POLICY_KEY, TEST_SPLIT_KEY
 
 __all__ = [
     "ACCURACY",
@@ -53,11 +53,11 @@ __all__ = [
 
 ACCURACY = "accuracy"
 COST = "mean_cost_usd"
-SPLIT = registry.TEST_SPLIT_KEY
+SPLIT = TEST_SPLIT_KEY
 #: Metrics (and a param) the evaluation attaches to the challenger: its best baseline's numbers.
 BASELINE_ACCURACY = "baseline_accuracy"
 BASELINE_COST = "baseline_mean_cost_usd"
-BASELINE_POLICY = registry.BASELINE_POLICY_KEY
+BASELINE_POLICY = BASELINE_POLICY_KEY
 REWARD = "mean_reward"
 BASELINE_REWARD = "baseline_mean_reward"
 #: Policies of an evaluation the challenger must not fall below: every single worker and the
@@ -246,6 +246,8 @@ def promote_if_better(
     ``challenger_metrics`` default to the metrics of the run that logged the version. The
     champion's come from its run. The decision is recorded as ``gate.*`` tags on the version.
     """
+    from rl_conductor.tracking import registry  # MLflow: imported only when a version is gated
+
     metrics = (
         dict(challenger_metrics)
         if challenger_metrics is not None

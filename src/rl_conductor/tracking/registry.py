@@ -23,6 +23,7 @@ Deliberate simplifications:
 
 from __future__ import annotations
 
+import atexit
 import importlib.metadata
 import os
 import shutil
@@ -42,6 +43,7 @@ from mlflow.exceptions import MlflowException
 from rl_conductor import storage
 from rl_conductor.errors import UserError, model_not_found
 from rl_conductor.tracking import mlflow_utils
+from rl_conductor.tracking.keys import BASELINE_POLICY_KEY, TEST_SPLIT_KEY
 
 __all__ = [
     "MODEL_DIR_ARTIFACT",
@@ -60,9 +62,6 @@ __all__ = [
 MODEL_DIR_ARTIFACT = "model_dir"
 CHALLENGER = "challenger"
 CHAMPION = "champion"
-TEST_SPLIT_KEY = "test_split_id"
-#: Run param naming the best baseline of the version's evaluation (what the gate compares with).
-BASELINE_POLICY_KEY = "baseline_policy"
 _MODEL_CODE = """\
 import mlflow.models
 
@@ -272,16 +271,25 @@ def list_versions(name: str) -> list[VersionRow]:
     return sorted(rows, key=lambda r: r.version)
 
 
+def _process_temp_dir() -> str:
+    """A new temporary folder that is removed when this process exits (a server's or a CLI
+    command's downloaded model is its own: left behind, every run would add a copy to /tmp)."""
+    path = tempfile.mkdtemp(prefix="conductor-model-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def load_model_dir(uri: str, dst: str | os.PathLike[str] | None = None) -> str:
     """A local folder holding the Conductor named by ``uri``.
 
     ``models:/conductor@champion``, ``models:/conductor/3`` or ``runs:/<id>/model``: download
     the MLflow model and return its model folder. ``s3://…``: download that folder. A local
-    folder is returned as is. ``dst`` defaults to a new temporary folder.
+    folder is returned as is. ``dst`` defaults to a new temporary folder that lasts as long as
+    this process; pass ``dst`` to keep the copy.
     """
     if not uri.startswith(("models:/", "runs:/")):
         if storage.is_s3(uri):
-            return storage.download_dir(uri, dst or tempfile.mkdtemp(prefix="conductor-model-"))
+            return storage.download_dir(uri, dst or _process_temp_dir())
         if not Path(uri).is_dir():
             raise model_not_found(uri, "model folder not found")
         return uri
@@ -289,7 +297,7 @@ def load_model_dir(uri: str, dst: str | os.PathLike[str] | None = None) -> str:
     try:
         local = mlflow.artifacts.download_artifacts(
             artifact_uri=uri,
-            dst_path=str(dst or tempfile.mkdtemp(prefix="conductor-model-")),
+            dst_path=str(dst or _process_temp_dir()),
             tracking_uri=cfg.tracking_uri,
             registry_uri=cfg.registry_uri,
         )
