@@ -8,6 +8,7 @@ step sees); live workers ignore it and see only ``messages``.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import math
 import statistics
@@ -179,7 +180,7 @@ class WorkerCall:
     context: CallContext | None = None
 
 
-class CallWorker:
+class CallWorker(abc.ABC):
     """The one :meth:`Worker.complete`: it bundles the call's arguments into a
     :class:`WorkerCall` and hands it to :meth:`call`, which each worker (simulated, replay, fake,
     live) and each :class:`WorkerWrapper` implements. Callers keep calling ``complete``."""
@@ -196,9 +197,9 @@ class CallWorker:
     ) -> Completion:
         return await self.call(WorkerCall(messages, max_tokens, temperature, context))
 
+    @abc.abstractmethod
     async def call(self, call: WorkerCall) -> Completion:
         """Answer ``call``."""
-        raise NotImplementedError(f"{type(self).__name__} answers no calls")
 
 
 class WorkerWrapper(CallWorker):
