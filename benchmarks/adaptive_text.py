@@ -39,10 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import math
-import re
 import time
-import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -56,6 +53,7 @@ from numpy.typing import NDArray
 from rl_conductor.policies.cascade import measure_samples
 from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
 from rl_conductor.policies.knn import cached_embeddings
+from rl_conductor.review_evidence import FEATURES, choose_tau, design, fit_probe, gain_of, text_features
 from rl_conductor.reward import REWARD_PRESETS, RewardConfig, reward_of
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.gsm8k_six import RECORDINGS
@@ -63,90 +61,6 @@ from rl_conductor.tasks.recordings import load_recordings
 from rl_conductor.workers.pool import load_pool
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDS = 5
-CS = (0.03, 0.1, 0.3, 1.0)
-_NUM = re.compile(r"-?\d[\d,]*\.?\d*")
-_ANNOT = re.compile(r"<<([^<>=]+)=([^<>]+)>>")
-# an inline equation: an arithmetic expression with an operator, "=", a number
-_INLINE = re.compile(r"((?:\$?\d[\d,]*\.?\d*\s*[-+*/x×÷]\s*)+\$?\d[\d,]*\.?\d*)\s*=\s*\$?(-?\d[\d,]*\.?\d*)")
-_HEDGE = re.compile(
-    r"\b(i think|approximately|about|around|assum\w*|not sure|cannot|can't|unclear|however|"
-    r"estimate|roughly|likely|probably|seems|wait|mistake|actually|re-?evaluat\w*)\b",
-    re.I,
-)
-FEATURES = (
-    "has_answer",
-    "log_chars",
-    "lines",
-    "annotations",
-    "equations_checked",
-    "equations_wrong",
-    "any_wrong",
-    "non_integer",
-    "negative",
-    "copied_from_question",
-    "log_magnitude",
-    "is_last_result",
-    "hedges",
-    "new_numbers",
-)
-
-
-def _number(s: str) -> float | None:
-    try:
-        return float(s.replace(",", "").replace("$", "").strip().rstrip("."))
-    except ValueError:
-        return None
-
-
-def _eval(expr: str) -> float | None:
-    e = expr.replace(",", "").replace("$", "").replace("x", "*").replace("×", "*").replace("÷", "/")
-    if not re.fullmatch(r"[\d.\s+\-*/()%]+", e):
-        return None
-    try:
-        with warnings.catch_warnings():  # "2(3)" warns before it raises
-            warnings.simplefilter("ignore", SyntaxWarning)
-            v = eval(e, {"__builtins__": {}}, {})  # digits and operators only (checked above)
-        return float(v)
-    except (SyntaxError, ZeroDivisionError, TypeError, ValueError, OverflowError):
-        return None
-
-
-def _holds(lhs: float, rhs: float) -> bool:
-    """A stated result holds when it equals the expression up to the rounding a text would do."""
-    return abs(lhs - rhs) <= max(0.011, 0.006 * abs(lhs)) or abs(round(lhs) - rhs) < 1e-9
-
-
-def text_features(text: str, key: str | None, question: str) -> list[float]:
-    """What one recorded answer shows about itself (see the module docstring); order: FEATURES."""
-    results: list[float] = []
-    checked = wrong = 0
-    for m in list(_ANNOT.finditer(text)) + list(_INLINE.finditer(text)):
-        lhs, rhs = _eval(m.group(1)), _number(m.group(2))
-        if lhs is None or rhs is None:
-            continue
-        checked += 1
-        wrong += not _holds(lhs, rhs)
-        results.append(rhs)
-    k = _number(key) if key is not None else None
-    q_numbers = {_number(x) for x in _NUM.findall(question)}
-    t_numbers = {_number(x) for x in _NUM.findall(text)}
-    return [
-        float(key is not None),
-        math.log1p(len(text)),
-        min(text.count("\n"), 40) / 10.0,
-        min(len(_ANNOT.findall(text)), 20) / 5.0,
-        min(checked, 20) / 5.0,
-        min(wrong, 10) / 2.0,
-        float(wrong > 0),
-        float(k is not None and abs(k - round(k)) > 1e-9),
-        float(k is not None and k < 0),
-        float(k is not None and k in q_numbers),
-        math.log10(abs(k) + 1.0) if k is not None else 0.0,
-        float(k is not None and bool(results) and abs(results[-1] - k) < 1e-9),
-        min(len(_HEDGE.findall(text)), 10) / 2.0,
-        min(len(t_numbers - q_numbers), 40) / 10.0,
-    ]
 
 
 def feature_table(s: Split, texts: dict[str, dict[str, str]]) -> NDArray[np.float64]:
@@ -160,38 +74,23 @@ def feature_table(s: Split, texts: dict[str, dict[str, str]]) -> NDArray[np.floa
 
 
 def _design(f: NDArray[Any], agree: NDArray[Any], p: NDArray[Any], first: tuple[int, ...]) -> NDArray[Any]:
-    cols = [f[:, j] for j in first]
-    if len(first) == 2:
-        cols.append(agree[:, first[0], first[1]][:, None].astype(float))
-    cols.append(p)
-    return np.concatenate(cols, axis=1)
+    """The library's review rows (:func:`rl_conductor.review_evidence.design`), one per question."""
+    return np.stack(
+        [
+            design(
+                [f[i, j] for j in first],
+                bool(agree[i, first[0], first[-1]]) if len(first) == 2 else None,
+                p[i],
+            )
+            for i in range(len(f))
+        ]
+    )
 
 
 def _fit_predict(x: NDArray[Any], y: NDArray[Any], x_new: NDArray[Any], seed: int = 0) -> tuple[Any, Any]:
-    """Out-of-fold predictions on ``x`` (C chosen by out-of-fold log-loss) and the full fit's on ``x_new``."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import StratifiedKFold
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    def model(c: float) -> Any:
-        return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000))
-
-    if y.min() == y.max():
-        rate = (y.sum() + 0.5) / (len(y) + 1.0)
-        return np.full(len(x), rate), np.full(len(x_new), rate)
-    folds = list(StratifiedKFold(FOLDS, shuffle=True, random_state=seed).split(x, y))
-    best: tuple[float, float, NDArray[Any]] | None = None
-    for c in CS:
-        pred = np.zeros(len(x))
-        for tr, held in folds:
-            pred[held] = model(c).fit(x[tr], y[tr]).predict_proba(x[held])[:, 1]
-        q = np.clip(pred, 1e-6, 1 - 1e-6)
-        loss = float(-np.mean(y * np.log(q) + (1 - y) * np.log(1 - q)))
-        if best is None or loss < best[0]:
-            best = (loss, c, pred)
-    assert best is not None
-    return best[2], model(best[1]).fit(x, y).predict_proba(x_new)[:, 1]
+    """Out-of-fold predictions on ``x`` and the full fit's on ``x_new`` (:func:`fit_probe`)."""
+    probe, oof = fit_probe(x, y, seed=seed)
+    return oof, probe.predict(x_new)
 
 
 def rule_outcome(
@@ -260,10 +159,12 @@ def main() -> None:
         for first, esc, s_tr, s_te, e_tr, e_te in preds:
             mean_esc_cost = float(train.cost[:, esc].mean())
             # the estimated reward gain of escalating (the cost term linear below its cap)
-            g_tr = cfg.correct_weight * (e_tr - s_tr) - cfg.cost_weight / cfg.cost_scale * mean_esc_cost
-            g_te = cfg.correct_weight * (e_te - s_te) - cfg.cost_weight / cfg.cost_scale * mean_esc_cost
-            taus = np.unique(np.concatenate([np.quantile(g_tr, np.linspace(0, 1, 101)), [np.inf]]))
-            tau = max(taus, key=lambda t: _reward(cfg, rule_outcome(train, first, esc, g_tr, t)))
+            g_tr = gain_of(cfg, s_tr, e_tr, mean_esc_cost)
+            g_te = gain_of(cfg, s_te, e_te, mean_esc_cost)
+            spent = sum(train.cost[:, j] for j in first)
+            keep = reward_of(cfg, correct=train.correct[:, first[-1]], cost=spent)
+            go = reward_of(cfg, correct=train.correct[:, esc], cost=spent + train.cost[:, esc])
+            tau = choose_tau(g_tr, keep, go)
             out.append(
                 {
                     "first": first,
