@@ -5,7 +5,8 @@ signatures, multipart uploads, the MLflow REST API and its artifact proxy). Both
 as child processes bound to 127.0.0.1 on free ports, so parallel test runs do not collide.
 
 Simplifications: one SeaweedFS process runs master, volume, filer and S3 together (``weed
-server``); its data folder is a temporary directory removed on exit. Free ports are found by
+server``); its data folder is a temporary directory removed on exit (or, when a killed run never got
+to its cleanup, by the next start: :func:`remove_stale_s3_dirs`). Free ports are found by
 binding port 0 and releasing it, which leaves a small race with other processes; a server
 that fails to start is retried once on fresh ports.
 """
@@ -197,6 +198,46 @@ def _wait_s3_ready(server: S3Server, proc: subprocess.Popen[bytes], timeout_s: f
     return False
 
 
+S3_DIR_PREFIX = "conductor-s3-"
+#: a data folder that names no live process and is older than this was left by a killed run
+_STALE_S3_DIR_S = 6 * 3600.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_s3_dirs(tmp: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the SeaweedFS data folders that runs killed before their cleanup left in ``tmp``.
+
+    Each folder names the test process and the ``weed`` process that use it (``pids``); it is
+    removed once neither is alive. A folder without that file (written before it existed) is
+    removed when untouched for six hours. Returns what was removed."""
+    now = time.time()
+    removed = []
+    for folder in Path(tmp or tempfile.gettempdir()).glob(S3_DIR_PREFIX + "*"):
+        try:
+            pids = [int(p) for p in (folder / "pids").read_text().split()]
+            stale = not any(_alive(p) for p in pids)
+        except FileNotFoundError:
+            try:
+                stale = now - folder.stat().st_mtime > _STALE_S3_DIR_S
+            except FileNotFoundError:
+                continue
+        except (OSError, ValueError):
+            continue
+        if stale:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 @contextmanager
 def seaweedfs_s3(*, access_key: str = "conductor-test", timeout_s: float = 30.0) -> Iterator[S3Server]:
     """Run ``weed server`` with an S3 gateway that enforces SigV4 for one identity.
@@ -213,8 +254,11 @@ def seaweedfs_s3(*, access_key: str = "conductor-test", timeout_s: float = 30.0)
             }
         ]
     }
-    with tempfile.TemporaryDirectory(prefix="conductor-s3-") as tmp:
+    remove_stale_s3_dirs()
+    with tempfile.TemporaryDirectory(prefix=S3_DIR_PREFIX) as tmp:
         root = Path(tmp)
+        pids = root / "pids"
+        pids.write_text(f"{os.getpid()}\n")
         config = root / "s3.json"
         config.write_text(json.dumps(identities))
         log_path = root / "weed.log"
@@ -231,6 +275,8 @@ def seaweedfs_s3(*, access_key: str = "conductor-test", timeout_s: float = 30.0)
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
+            with open(pids, "a") as f:  # weed outlives a killed test process
+                f.write(f"{proc.pid}\n")
             try:
                 if _wait_s3_ready(server, proc, timeout_s):
                     yield server

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kfp import dsl, local
+from kfp import dsl
 
 from _lazy import lazy
 from rl_conductor import storage
 from rl_conductor.pipeline import steps
-from rl_conductor.pipeline.runner import QUICK_ARGUMENTS, repo_root
+from rl_conductor.pipeline.runner import QUICK_ARGUMENTS, local_session, repo_root
 from rl_conductor.tasks.datasets import split_of
 from servers import S3Server
 
@@ -311,11 +311,29 @@ def test_later_registrations_go_through_the_gate(chain_env: Chain) -> None:
 
 
 @pytest.fixture
-def local_runner(chain: Chain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def local_runner(chain: Chain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """kfp's SubprocessRunner in this environment, with the chain's CONDUCTOR_HOME; local artifact root."""
     _isolated_env(monkeypatch, chain.home)
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"))
-    return tmp_path
+    with local_session(tmp_path / "kfp"):
+        yield tmp_path
+
+
+@dsl.component(base_image="python:3.11", packages_to_install=[], install_kfp_package=False)
+def _double(x: int) -> int:
+    return 2 * x
+
+
+def test_a_local_session_keeps_kfps_workspace_under_its_root_and_removes_it(tmp_path: Path) -> None:
+    """kfp.local.init left a /tmp/kfp-workspace-* folder behind for each lone component run."""
+    from kfp.local import config
+
+    with local_session(tmp_path / "kfp") as workspace:
+        assert workspace.parent == tmp_path / "kfp" and workspace.is_dir()
+        assert config.LocalExecutionConfig.instance.workspace_root == str(workspace)
+        assert _double(x=21).output == 42  # a lone component runs (kfp removes it only after a pipeline)
+        assert workspace.is_dir()
+    assert not workspace.exists()
+    assert [p.name for p in (tmp_path / "kfp").iterdir() if p.name.startswith("kfp-workspace-")] == []
 
 
 def test_prepare_data_on_the_local_runner(local_runner: Path) -> None:

@@ -269,3 +269,45 @@ def test_download_refuses_keys_that_leave_the_folder(
         s3.httpd.server_close()
     assert s3.fetched == []  # every key is checked before anything is fetched
     assert sorted(p.name for p in outside.rglob("*")) == []
+
+
+def test_s3_data_folders_left_by_killed_runs_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    """A killed test run left its SeaweedFS folder in /tmp (its cleanup never ran); the next
+    server start removes every such folder whose processes are all gone, and no other."""
+    import subprocess
+    import sys
+    import time
+
+    from servers import S3_DIR_PREFIX, remove_stale_s3_dirs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    folders = {name: tmp_path / f"{S3_DIR_PREFIX}{name}" for name in ("dead", "live", "mixed", "old", "new")}
+    for folder in folders.values():
+        (folder / "data-0").mkdir(parents=True)
+    (folders["dead"] / "pids").write_text(f"{gone.pid}\n")
+    (folders["live"] / "pids").write_text(f"{os.getpid()}\n")
+    (folders["mixed"] / "pids").write_text(f"{gone.pid}\n{os.getpid()}\n")  # the weed process lives on
+    week_ago = time.time() - 7 * 86400
+    os.utime(folders["old"], (week_ago, week_ago))  # no pids file: written before it existed
+    (tmp_path / "unrelated").mkdir()
+    removed = remove_stale_s3_dirs(tmp_path)
+    assert sorted(p.name for p in removed) == [f"{S3_DIR_PREFIX}dead", f"{S3_DIR_PREFIX}old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{S3_DIR_PREFIX}live", f"{S3_DIR_PREFIX}mixed", f"{S3_DIR_PREFIX}new", "unrelated"]
+    )
+
+
+def test_the_sessions_s3_server_names_its_processes_in_its_data_folder(s3_server: object) -> None:
+    import tempfile
+
+    from servers import S3_DIR_PREFIX, _alive
+
+    mine = [
+        f
+        for f in Path(tempfile.gettempdir()).glob(S3_DIR_PREFIX + "*")
+        if (f / "pids").is_file() and (f / "pids").read_text().split()[0] == str(os.getpid())
+    ]
+    assert len(mine) == 1
+    pids = [int(p) for p in (mine[0] / "pids").read_text().split()]
+    assert len(pids) >= 2 and _alive(pids[-1])  # this process, then the weed process that serves

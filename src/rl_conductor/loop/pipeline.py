@@ -137,8 +137,6 @@ def run_local(
     """Run ``conductor-retrain`` with kfp's local SubprocessRunner (``arguments``: its parameters)."""
     import json
 
-    from kfp import local  # type: ignore[import-untyped]
-
     from rl_conductor.errors import UserError
     from rl_conductor.tracking import mlflow_utils, registry
     from rl_conductor.tracking.mlflow_utils import conductor_home
@@ -148,8 +146,6 @@ def run_local(
         arguments["train_overrides"] = json.dumps(QUICK_RETRAIN_OVERRIDES, sort_keys=True)
     pipeline = load_pipeline()
     root = Path(pipeline_root) if pipeline_root is not None else conductor_home() / ".conductor" / "kfp"
-    root.mkdir(parents=True, exist_ok=True)
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
     model_name = str(arguments.get("model_name") or "conductor")
     mlflow_utils.configure(str(arguments.get("mlflow_tracking_uri") or "") or None)
     if registry.get_alias_version(model_name, registry.CHAMPION) is None:
@@ -158,6 +154,7 @@ def run_local(
     log_path: Path | None = None
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
+        stack.enter_context(runner.local_session(root))
         if not verbose:
             log_path = root / "logs" / f"retrain-{datetime.now(UTC):%Y%m%d-%H%M%S-%f}.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)

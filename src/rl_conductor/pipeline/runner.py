@@ -22,9 +22,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,6 +47,7 @@ __all__ = [
     "compile_pipeline",
     "default_package_path",
     "load_pipeline",
+    "local_session",
     "pipeline_arguments",
     "pipeline_parameters",
     "repo_root",
@@ -243,6 +246,33 @@ def _local_root() -> Path:
     return conductor_home() / ".conductor" / "kfp"
 
 
+@contextlib.contextmanager
+def local_session(root: str | Path) -> Iterator[Path]:
+    """kfp's local SubprocessRunner writing under ``root``, for the ``with`` block; yields the
+    block's kfp workspace folder, removed when the block ends.
+
+    Why: ``kfp.local.init`` without a workspace makes a ``/tmp/kfp-workspace-*`` folder on every
+    call and removes it only when a whole pipeline finishes in that process, so every component
+    run on its own (the tests) and every run stopped midway left one in ``/tmp``. Here it is a
+    fresh folder under ``root`` (runs that share a root do not share it), removed at the end.
+    """
+    from kfp import local  # type: ignore[import-untyped]
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    workspace = Path(tempfile.mkdtemp(prefix="kfp-workspace-", dir=root))
+    try:
+        local.init(
+            runner=local.SubprocessRunner(use_venv=False),
+            pipeline_root=str(root),
+            workspace_root=str(workspace),
+            raise_on_error=True,
+        )
+        yield workspace
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)  # a finished pipeline has removed it already
+
+
 def run_local(
     *,
     quick: bool = False,
@@ -256,18 +286,15 @@ def run_local(
     to ``<pipeline_root>/logs/<timestamp>.log`` unless ``verbose``. Raises RuntimeError (with the
     log's path) when a step fails.
     """
-    from kfp import local  # type: ignore[import-untyped]
-
     from rl_conductor.tracking import mlflow_utils, registry
 
     args = pipeline_arguments(quick=quick, **arguments)
     pipeline = load_pipeline()
     root = Path(pipeline_root) if pipeline_root is not None else _local_root()
-    root.mkdir(parents=True, exist_ok=True)
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
     log_path: Path | None = None
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
+        stack.enter_context(local_session(root))
         if not verbose:
             log_path = root / "logs" / f"{datetime.now(UTC):%Y%m%d-%H%M%S-%f}.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
