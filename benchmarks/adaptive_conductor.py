@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from rl_conductor.evaluation.runner import evaluate
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import make_policy
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.datasets import load_tasks
-from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import load_pool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,13 +119,13 @@ def main() -> None:
     result: dict[str, Any] = {"pool": args.pool, "cost_weight": args.cost_weight, "reward": asdict(rc)}
     for split in args.splits:
         tasks = load_tasks(dataset, split=split)
-        two = evaluate(conductor, view, tasks, Limits(max_rounds=2), progress=False, reward_config=rc)
-        one = evaluate(conductor, view, tasks, Limits(max_rounds=1), progress=False, reward_config=rc)
+        two = evaluate(conductor, view, tasks, RequestLimits(max_rounds=2), progress=False, reward_config=rc)
+        one = evaluate(conductor, view, tasks, RequestLimits(max_rounds=1), progress=False, reward_config=rc)
         rows = [row("conductor (max_rounds 2)", two), row("conductor (max_rounds 1)", one)]
         diffs = {"conductor (max_rounds 1)": differences(two, one)}
         cascade = None
         for spec, pol in zip(baselines, built, strict=True):
-            res = evaluate(pol, view, tasks, Limits(max_rounds=2), progress=False, reward_config=rc)
+            res = evaluate(pol, view, tasks, RequestLimits(max_rounds=2), progress=False, reward_config=rc)
             name = pol.name if spec == "cascade" else spec
             rows.append(row(name, res))
             diffs[name] = differences(two, res)

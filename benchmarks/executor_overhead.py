@@ -32,8 +32,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.base import CallContext
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool, PoolView
@@ -65,7 +65,9 @@ def chain(steps: int, pool_size: int) -> Workflow:
     )
 
 
-async def _time_executor(wf: Workflow, view: PoolView, limits: Limits, runs: int) -> tuple[float, float]:
+async def _time_executor(
+    wf: Workflow, view: PoolView, limits: RequestLimits, runs: int
+) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of ``runs`` executions."""
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(runs):
@@ -87,7 +89,7 @@ async def _time_bare(
 async def measure(steps: int, runs: int, repeats: int, budget: float | None) -> dict[str, Any]:
     view, workers = _pool(3)
     wf = chain(steps, len(view))
-    limits = Limits(max_cost_usd=budget)
+    limits = RequestLimits(max_cost_usd=budget)
     # one recorded run gives the exact messages the bare loop replays
     await execute(wf, TASK, view, limits)
     calls: list[tuple[FakeWorker, list[dict[str, str]], CallContext]] = []

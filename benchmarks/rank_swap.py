@@ -23,11 +23,11 @@ from typing import Any
 
 from _results import write_json  # benchmarks/_results.py (scripts run from this folder)
 
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Plan
 from rl_conductor.policies.conductor import ConductorPolicy
 from rl_conductor.prompting import shown_ranking
 from rl_conductor.tasks.datasets import load_tasks
-from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import load_pool
 
 
@@ -70,7 +70,9 @@ def main() -> None:
     tasks = load_tasks(str(meta["dataset"]), split=args.split, limit=args.limit)
     evidence = policy.task_evidence(tasks)
     own = policy.evidence_ranking
-    orders = {t.id: shown_ranking(own(t, view, Limits(), e)) for t, e in zip(tasks, evidence, strict=True)}
+    orders = {
+        t.id: shown_ranking(own(t, view, RequestLimits(), e)) for t, e in zip(tasks, evidence, strict=True)
+    }
     tasks = [t for t in tasks if len(orders[t.id] or []) > 1]
     out: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),
@@ -81,7 +83,7 @@ def main() -> None:
     plans: dict[str, list[Plan]] = {}
     for name, how in (("as_fitted", lambda o: o), ("swapped", swapped)):
         policy.evidence_ranking = lambda t, v, lim, e, how=how: how(own(t, v, lim, e))  # type: ignore[method-assign]
-        plans[name] = policy.plan_batch([(t, view, Limits()) for t in tasks])
+        plans[name] = policy.plan_batch([(t, view, RequestLimits()) for t in tasks])
         firsts = [how(orders[t.id])[0] for t in tasks]  # type: ignore[index]
         out[name] = describe(plans[name], firsts)
     moved = [

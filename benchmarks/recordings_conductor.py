@@ -47,13 +47,13 @@ from rich.table import Table
 
 from rl_conductor.evaluation.frontier import Point, hull_accuracy
 from rl_conductor.evaluation.runner import EvalResult, evaluate
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
 from rl_conductor.policies.knn import KnnRouter, cached_embeddings
 from rl_conductor.policies.routers import reward_matrix, single_outcomes
 from rl_conductor.reward import reward_from_dict
 from rl_conductor.tasks.datasets import load_tasks
-from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import load_pool
 
 #: the policies --reuse reads from an earlier --rewards file instead of evaluating them again
@@ -157,7 +157,7 @@ def main() -> None:
         tasks = load_tasks(dataset, split=split, limit=args.limit)
         test = {"out": single_outcomes(pool, tasks), "emb": cached_embeddings([t.question for t in tasks])}
         results = {
-            k: evaluate(p, pool.view(), tasks, Limits(), reward_config=rc, description=f"{split} {k}")
+            k: evaluate(p, pool.view(), tasks, RequestLimits(), reward_config=rc, description=f"{split} {k}")
             for k, p in policies.items()
         }
         rewards = {k: np.array([r.reward for r in res.records]) for k, res in results.items()}

@@ -54,6 +54,7 @@ from rl_conductor.evaluation.frontier import (
     mean_rewards,
 )
 from rl_conductor.evaluation.runner import EvalResult, evaluate
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Policy
 from rl_conductor.policies.baselines import SingleWorker
 from rl_conductor.policies.knn import KnnRouter, cached_embeddings
@@ -61,7 +62,6 @@ from rl_conductor.policies.routers import DomainRouter, SingleOutcomes, single_o
 from rl_conductor.reward import REWARD_PRESETS, RewardConfig
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
-from rl_conductor.trace import Limits
 from rl_conductor.training.config import TrainConfig, load_preset
 from rl_conductor.workers.pool import Pool, load_pool
 
@@ -107,7 +107,7 @@ def cost_weight_sweep(outcomes: SingleOutcomes, tasks: list[Task], base: RewardC
 
 
 def run_eval(
-    policy: Policy, pool: Pool, tasks: list[Task], limits: Limits, rc: RewardConfig, label: str
+    policy: Policy, pool: Pool, tasks: list[Task], limits: RequestLimits, rc: RewardConfig, label: str
 ) -> EvalResult:
     res = evaluate(policy, pool.view(), tasks, limits, reward_config=rc, description=f"eval {label}")
     res.policy = label
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     # 3. evaluation, one reward config for all
     from rl_conductor.policies.conductor import ConductorPolicy
 
-    limits = Limits(max_steps=cfg.max_steps_per_workflow)
+    limits = RequestLimits(max_steps=cfg.max_steps_per_workflow)
     knn = KnnRouter(cached_embeddings([t.question for t in train_tasks]), train_out, reward=rc)
     # the test questions embedded once (cached on disk) for every kNN router of the sweep
     test_emb = dict(

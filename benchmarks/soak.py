@@ -231,7 +231,7 @@ async def _run(url: str, port: int, n: int, concurrency: int, pid: int, seed: in
     done = 0
     t0 = time.perf_counter()
     async with httpx.AsyncClient(
-        base_url=url, timeout=60, limits=httpx.Limits(max_connections=concurrency)
+        base_url=url, timeout=60, limits=httpx.RequestLimits(max_connections=concurrency)
     ) as c:
 
         async def guarded(i: int, kind: str) -> None:

@@ -41,11 +41,11 @@ from rich.progress import track
 from rich.table import Table
 
 from rl_conductor.evaluation.runner import evaluate
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Plan, Policy, make_policy
 from rl_conductor.reward import RewardConfig
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
-from rl_conductor.trace import Limits
 from rl_conductor.training.candidates import build_table, group_of
 from rl_conductor.training.config import TrainConfig, load_preset
 from rl_conductor.training.train import _reward_config, warm_start_targets
@@ -62,13 +62,13 @@ class TargetPolicy(Policy):
         self.targets = targets
         self.name = name
 
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         wf = self.targets.target(task, view.names(), None)
         return Plan(workflow=wf, text=render(wf))
 
 
 def summary(policy: Policy, view: PoolView, tasks: list[Task], reward: RewardConfig) -> dict[str, Any]:
-    res = evaluate(policy, view, tasks, Limits(), progress=False, reward_config=reward)
+    res = evaluate(policy, view, tasks, RequestLimits(), progress=False, reward_config=reward)
     s = res.summary()
     return {
         "accuracy": round(100 * s["accuracy"], 2),

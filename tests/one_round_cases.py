@@ -30,13 +30,13 @@ POOLS = (
 
 
 def limit_cases() -> list[tuple[str, Any]]:
-    from rl_conductor.trace import Limits
+    from rl_conductor.limits import RequestLimits
 
     return [
-        ("none", Limits()),
-        ("budget", Limits(max_cost_usd=0.002)),
-        ("deadline", Limits(max_latency_s=15.0)),
-        ("private", Limits(sensitivity="private")),
+        ("none", RequestLimits()),
+        ("budget", RequestLimits(max_cost_usd=0.002)),
+        ("deadline", RequestLimits(max_latency_s=15.0)),
+        ("private", RequestLimits(sensitivity="private")),
     ]
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from rl_conductor.limits import RequestLimits
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.training.candidates import build_table
 from rl_conductor.training.config import TrainConfig
 from rl_conductor.training.data import PromptSpec, warm_sft_records
@@ -94,7 +94,7 @@ def test_without_rounds_the_table_targets_and_sft_records_are_unchanged(tmp_path
     direct = ExpectedRewards.fit(table, REWARD_PRESETS["cost-aware"], shrink=20.0)
     assert [c.name for c in targets.candidates] == [c.name for c in table.candidates]
     assert not any("|" in c.name for c in targets.candidates)  # no parallel pairs without rounds
-    lim = Limits(max_steps=2)
+    lim = RequestLimits(max_steps=2)
     specs = _specs(tasks, pool)
     assert warm_sft_records(specs, pool, lim, targets, max_question_chars=120) == warm_sft_records(
         specs, pool, lim, direct, max_question_chars=120
@@ -116,7 +116,7 @@ def test_with_rounds_the_pair_is_the_target_and_reviews_keep_or_escalate(tmp_pat
     assert targets.best(tasks[0], names, None).name == "solve:b|solve:a"
     specs = _specs(tasks, pool)
     firsts = [targets.target(s.task, names, None) for s in specs]
-    records = review_records(specs, pool, Limits(max_steps=2), firsts, rule, max_question_chars=120)
+    records = review_records(specs, pool, RequestLimits(max_steps=2), firsts, rule, max_question_chars=120)
     assert len(records) == len(tasks)  # 6 agree, 6 disagree: balanced already
     for rec in records:
         prompt = rec["prompt"][0]["content"]
@@ -151,7 +151,7 @@ def test_review_records_teach_keep_and_escalate_equally_often(tmp_path: Path) ->
     specs = _specs(tasks, pool)
     firsts = [targets.target(s.task, names, None) for s in specs]
     assert all(len(f.steps) == 2 for f in firsts)  # the pair, valued with its review
-    records = review_records(specs, pool, Limits(max_steps=2), firsts, rule, max_question_chars=120)
+    records = review_records(specs, pool, RequestLimits(max_steps=2), firsts, rule, max_question_chars=120)
     kinds = [
         parse(r["completion"][0]["content"], pool_size=3, allow_empty=True, first_index=2).workers()
         for r in records
@@ -173,8 +173,8 @@ def test_grpo_rollouts_continue_by_the_review_rule(tmp_path: Path) -> None:
     rc = REWARD_PRESETS["cost-aware"]
     text = render(pair("b", "a").workflow(pool.names()))
     by_id = {t.id: t for t in tasks}
-    plain = ConductorReward(pool, by_id, rc, Limits(max_steps=2))
-    ruled = ConductorReward(pool, by_id, rc, Limits(max_steps=2), review_rule=rule)
+    plain = ConductorReward(pool, by_id, rc, RequestLimits(max_steps=2))
+    ruled = ConductorReward(pool, by_id, rc, RequestLimits(max_steps=2), review_rule=rule)
     for t in tasks:
         one = asyncio.run(plain.score(text, t, range(3), None))
         two = asyncio.run(ruled.score(text, t, range(3), None))
@@ -217,7 +217,7 @@ def test_a_micro_run_with_two_rounds_trains_a_conductor_that_reviews(tmp_path: P
     assert policy.reviews()
     pool = load_pool("gsm8k-six")
     task = load_tasks("gsm8k-six", split="validation", limit=1)[0]
-    episode = asyncio.run(policy.run(task, pool.view(), Limits(max_steps=2, max_rounds=2)))
+    episode = asyncio.run(policy.run(task, pool.view(), RequestLimits(max_steps=2, max_rounds=2)))
     rounds = episode.trace.rounds
     # round 2 began with the trained Conductor's review (keep or continue) of what round 1 answered
     assert len(rounds) == 2 and rounds[1].decision in ("keep", "continue") and rounds[1].seen

@@ -21,8 +21,9 @@ from rl_conductor.evaluation.calibrate import (
     format_collaboration,
 )
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, Trace
+from rl_conductor.trace import Trace
 from rl_conductor.workers.pool import Pool, PoolConfigError, load_pool
 from rl_conductor.workers.simulated import grade_cached
 from rl_conductor.workers.simulated.collaboration import (
@@ -58,7 +59,7 @@ def run(p: Pool, steps: Sequence[tuple[str, str, object]], tasks: Sequence[Task]
     wf = Workflow(steps=tuple(Step(names.index(w), instr, access) for w, instr, access in steps))  # type: ignore[arg-type]
 
     async def go() -> list[Trace]:
-        return list(await asyncio.gather(*(execute(wf, t, view, Limits()) for t in tasks)))
+        return list(await asyncio.gather(*(execute(wf, t, view, RequestLimits()) for t in tasks)))
 
     return asyncio.run(go())
 
@@ -340,7 +341,7 @@ def test_moa_and_self_consistency_are_untouched() -> None:
         policy = make_policy(spec, p, seed=0)
 
         async def go() -> list[str]:
-            eps = await asyncio.gather(*(policy.run(t, p.view(), Limits()) for t in tasks))
+            eps = await asyncio.gather(*(policy.run(t, p.view(), RequestLimits()) for t in tasks))
             return [e.trace.final_answer for e in eps]
 
         return asyncio.run(go())

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from _tiny import Micro, trained_micro
+from rl_conductor.limits import RequestLimits
 from rl_conductor.lm.generate import generate, ids_prefix_ok
 from rl_conductor.policies import make_policy
 from rl_conductor.policies.conductor import (
@@ -29,7 +30,6 @@ from rl_conductor.prompting import conductor_prompt, typical_cost
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.graders import extract_answer
-from rl_conductor.trace import Limits
 from rl_conductor.workers.base import Hosting
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool, load_pool
@@ -101,7 +101,7 @@ async def test_greedy_plans_of_the_trained_model_parse(policy: ConductorPolicy, 
     """The SFT warm start taught the format: greedy completions mostly parse without retries."""
     pool = load_pool("paper-sim")
     view = pool.view()
-    limits = Limits(max_steps=micro.config.max_steps_per_workflow)
+    limits = RequestLimits(max_steps=micro.config.max_steps_per_workflow)
     tasks = load_tasks("paper-mix", split="test", limit=8, seed=3)
     strict = ConductorPolicy(micro.final_dir, retries=0)
     plans = await strict.plan_many(tasks, view, limits)
@@ -130,7 +130,7 @@ async def test_run_many_batches_generation_and_keeps_task_order(
     monkeypatch.setattr(conductor, "generate", spy)
     pool = load_pool("paper-sim")
     tasks = load_tasks("paper-mix", split="test", limit=5, seed=1)
-    episodes = await policy.run_many(tasks, pool.view(), Limits(max_steps=2))
+    episodes = await policy.run_many(tasks, pool.view(), RequestLimits(max_steps=2))
     assert [e.trace.task_id for e in episodes] == [t.id for t in tasks]
     assert batches[0] == len(tasks)  # one forward batch for all tasks, then only the retries
     assert sum(batches[1:]) <= len(tasks) * policy.retries
@@ -149,7 +149,7 @@ async def test_garbage_retries_then_falls_back_and_marks_the_trace(
     script = Script(lambda prompt, call: GARBAGE)
     monkeypatch.setattr(policy, "_generate", script)
     pool = _pool()
-    ep = await policy.run(_task(), pool.view(), Limits())
+    ep = await policy.run(_task(), pool.view(), RequestLimits())
     assert len(script.calls) == policy.retries + 1
     assert [c["greedy"] for c in script.calls] == [True] + [False] * policy.retries
     assert len({c["seed"] for c in script.calls}) == len(script.calls)  # each retry samples afresh
@@ -167,11 +167,11 @@ async def test_fallback_respects_the_request(
 ) -> None:
     monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call: GARBAGE))
     pool = _pool(("self", "external", "self", "external"))
-    private = Limits(sensitivity="private")
+    private = RequestLimits(sensitivity="private")
     assert fallback_workflow(pool.view(), private).workers() == [2]  # dearest self-hosted
     ep = await policy.run(_task(), pool.view(), private)
     assert ep.plan.fallback and [s.worker for s in ep.trace.steps] == ["w2"]
-    only_w0 = Limits(allowed_workers=frozenset({"w0"}))
+    only_w0 = RequestLimits(allowed_workers=frozenset({"w0"}))
     assert fallback_workflow(pool.view(), only_w0).workers() == [0]
 
 
@@ -190,7 +190,7 @@ async def test_an_unparseable_plan_keeps_the_workers_of_its_model_id_list(
     script = Script(lambda prompt, call: BROKEN_SUBTASKS.format(ids="0, 2") if call == 1 else GARBAGE)
     monkeypatch.setattr(policy, "_generate", script)
     view = _pool(("external",) * 4).view()
-    ep = await policy.run(_task(), view, Limits())
+    ep = await policy.run(_task(), view, RequestLimits())
     assert len(script.calls) == policy.retries + 1
     assert ep.plan.fallback and ep.trace.fallback_plan and ep.plan.parse_error
     assert ep.plan.workflow == Workflow(
@@ -200,26 +200,26 @@ async def test_an_unparseable_plan_keeps_the_workers_of_its_model_id_list(
     assert ep.plan.text == GARBAGE and ep.trace.workflow_text == GARBAGE  # the last attempt's, as parse_error
     assert any("salvaged its model_id list: workers [0, 2]" in n for n in ep.trace.notes)
     monkeypatch.setattr(policy, "_generate", Script(lambda p, c: BROKEN_SUBTASKS.format(ids="0, 2")))
-    apart = (await policy.plan(_task(), view, Limits(max_rounds=2))).workflow
+    apart = (await policy.plan(_task(), view, RequestLimits(max_rounds=2))).workflow
     assert apart.workers() == [0, 2] and [s.access for s in apart.steps] == [(), ()]
     own = "model_id = [0, 2]\nsubtasks = [1, 2]\naccess_list = [[], []]"
     monkeypatch.setattr(policy, "_generate", Script(lambda p, c: own))
-    kept = (await policy.plan(_task(), view, Limits())).workflow
+    kept = (await policy.plan(_task(), view, RequestLimits())).workflow
     assert kept.workers() == [0, 2] and [s.access for s in kept.steps] == [(), ()]
 
 
 @pytest.mark.parametrize(
     ("ids", "hosting", "limits", "expected"),
     [
-        ("0, 9", ("external",) * 4, Limits(), [3]),  # an id outside the view
-        ("0, 'w2'", ("external",) * 4, Limits(), [3]),  # not an int
-        ("", ("external",) * 4, Limits(), [3]),  # no workers
-        ("0, 2", ("external",) * 4, Limits(max_steps=1), [3]),  # more steps than allowed
-        ("0, 1", ("self", "external", "self", "external"), Limits(sensitivity="private"), [2]),
-        ("0, 2", ("external",) * 4, Limits(allowed_workers=frozenset({"w0", "w1"})), [1]),
-        ("0, 2", ("external",) * 4, Limits(max_cost_usd=0.003), [1]),  # w2 alone is over budget
+        ("0, 9", ("external",) * 4, RequestLimits(), [3]),  # an id outside the view
+        ("0, 'w2'", ("external",) * 4, RequestLimits(), [3]),  # not an int
+        ("", ("external",) * 4, RequestLimits(), [3]),  # no workers
+        ("0, 2", ("external",) * 4, RequestLimits(max_steps=1), [3]),  # more steps than allowed
+        ("0, 1", ("self", "external", "self", "external"), RequestLimits(sensitivity="private"), [2]),
+        ("0, 2", ("external",) * 4, RequestLimits(allowed_workers=frozenset({"w0", "w1"})), [1]),
+        ("0, 2", ("external",) * 4, RequestLimits(max_cost_usd=0.003), [1]),  # w2 alone is over budget
         # each fits, both do not (0.0053 > 0.0045): a chain is not cut, the fallback stands
-        ("2, 0", ("external",) * 4, Limits(max_cost_usd=0.0045), [2]),
+        ("2, 0", ("external",) * 4, RequestLimits(max_cost_usd=0.0045), [2]),
     ],
 )
 async def test_a_model_id_list_the_limits_forbid_gets_the_default_fallback(
@@ -227,7 +227,7 @@ async def test_a_model_id_list_the_limits_forbid_gets_the_default_fallback(
     monkeypatch: pytest.MonkeyPatch,
     ids: str,
     hosting: tuple[Hosting, ...],
-    limits: Limits,
+    limits: RequestLimits,
     expected: list[int],
 ) -> None:
     monkeypatch.setattr(policy, "_generate", Script(lambda p, c: BROKEN_SUBTASKS.format(ids=ids)))
@@ -245,12 +245,12 @@ async def test_a_salvaged_plan_meets_the_budget_and_the_deadline(
     to the default plan (the fast worker)."""
     monkeypatch.setattr(policy, "_generate", Script(lambda p, c: BROKEN_SUBTASKS.format(ids="2, 0")))
     view = _pool(("external",) * 4).view()
-    cut = await policy.plan(_task(), view, Limits(max_cost_usd=0.0045, max_rounds=2))
+    cut = await policy.plan(_task(), view, RequestLimits(max_cost_usd=0.0045, max_rounds=2))
     assert cut.fallback and cut.workflow == Workflow(steps=(Step(0, FALLBACK_INSTRUCTION, ()),))
     timed = _timed_pool().view()
     monkeypatch.setattr(policy, "_generate", Script(lambda p, c: BROKEN_SUBTASKS.format(ids="0, 1")))
-    assert (await policy.plan(_task(), timed, Limits())).workflow.workers() == [0, 1]
-    late = await policy.plan(_task(), timed, Limits(max_latency_s=5))
+    assert (await policy.plan(_task(), timed, RequestLimits())).workflow.workers() == [0, 1]
+    late = await policy.plan(_task(), timed, RequestLimits(max_latency_s=5))
     assert late.fallback and late.workflow == Workflow(steps=(Step(0, FALLBACK_INSTRUCTION, ()),))
     assert not any("salvaged" in n for n in late.notes)
 
@@ -258,7 +258,7 @@ async def test_a_salvaged_plan_meets_the_budget_and_the_deadline(
 async def test_a_retry_that_parses_is_used(policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
     script = Script(lambda prompt, call: GARBAGE if call == 1 else _plan_text([0, 1]))
     monkeypatch.setattr(policy, "_generate", script)
-    plan = await policy.plan(_task(), _pool().view(), Limits())
+    plan = await policy.plan(_task(), _pool().view(), RequestLimits())
     assert len(script.calls) == 2
     assert not plan.fallback and plan.workflow.workers() == [0, 1]
     assert plan.parse_error  # the first attempt's error is kept for diagnosis
@@ -273,7 +273,7 @@ async def test_plan_many_retries_only_the_failures(
 
     script = Script(reply)
     monkeypatch.setattr(policy, "_generate", script)
-    plans = await policy.plan_many([_task(i) for i in range(4)], _pool().view(), Limits())
+    plans = await policy.plan_many([_task(i) for i in range(4)], _pool().view(), RequestLimits())
     assert [len(c["prompts"]) for c in script.calls] == [4, 2]
     assert [p.workflow.workers() for p in plans] == [[0], [1], [0], [1]]
     assert not any(p.fallback for p in plans)
@@ -283,10 +283,10 @@ async def test_too_many_steps_or_unknown_worker_is_unparseable(
     policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call: _plan_text([0, 1, 0])))
-    plan = await policy.plan(_task(), _pool().view(), Limits(max_steps=2))
+    plan = await policy.plan(_task(), _pool().view(), RequestLimits(max_steps=2))
     assert plan.fallback and "at most 2" in str(plan.parse_error)
     monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call: _plan_text([7])))
-    plan = await policy.plan(_task(), _pool().view(), Limits())
+    plan = await policy.plan(_task(), _pool().view(), RequestLimits())
     assert plan.fallback and "out of range" in str(plan.parse_error)
 
 
@@ -298,8 +298,8 @@ async def test_a_refused_plan_shows_the_completion_that_was_refused_not_the_fall
     ``raw_plan``) is that completion. It was the fallback's own rendering: a well-formed plan,
     called unparseable next to it (attack 31)."""
     for text, limits, why in (
-        (_plan_text([0, 1, 0]), Limits(max_steps=2), "at most 2"),
-        (_plan_text([7]), Limits(), "out of range"),
+        (_plan_text([0, 1, 0]), RequestLimits(max_steps=2), "at most 2"),
+        (_plan_text([7]), RequestLimits(), "out of range"),
     ):
         monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call, t=text: t))
         ep = await policy.run(_task(), _pool().view(), limits)
@@ -322,7 +322,7 @@ async def test_a_second_round_adds_steps_that_see_the_first(
     # the review adds one step on w1 that sees step 0 (numbered after the steps so far)
     script = _review_script(_plan_text([0]), _plan_text([1], ["[0]"]))
     monkeypatch.setattr(policy, "_generate", script)
-    ep = await policy.run(_task(), pool.view(), Limits(max_rounds=2))
+    ep = await policy.run(_task(), pool.view(), RequestLimits(max_rounds=2))
     assert [s.worker for s in ep.trace.steps] == ["w0", "w1"]
     assert ep.trace.steps[1].visible == [0]
     assert ep.trace.final_answer == "\\boxed{w1}" and ep.trace.calls == 2
@@ -343,7 +343,7 @@ async def test_a_second_round_adds_steps_that_see_the_first(
 async def test_one_round_never_reviews(policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
     script = _review_script(_plan_text([0]), _plan_text([1]))
     monkeypatch.setattr(policy, "_generate", script)
-    ep = await policy.run(_task(), _pool().view(), Limits())
+    ep = await policy.run(_task(), _pool().view(), RequestLimits())
     assert len(script.calls) == 1 and ep.trace.rounds == [] and ep.trace.calls == 1
 
 
@@ -352,20 +352,20 @@ async def test_an_empty_review_keeps_the_answer(
 ) -> None:
     empty = "model_id = []\nsubtasks = []\naccess_list = []"
     monkeypatch.setattr(policy, "_generate", _review_script(_plan_text([0, 1], ["[]", "[]"]), empty))
-    ep = await policy.run(_task(), _pool().view(), Limits(max_rounds=3))
+    ep = await policy.run(_task(), _pool().view(), RequestLimits(max_rounds=3))
     assert [r.decision for r in ep.trace.rounds] == ["plan", "keep"]
     assert ep.trace.rounds[1].agree is False  # w0 and w1 answered differently
     assert ep.trace.final_answer == "\\boxed{w1}" and ep.trace.calls == 2
     # an empty plan is only acceptable in a review
     monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call: empty))
-    assert (await policy.plan(_task(), _pool().view(), Limits())).fallback
+    assert (await policy.plan(_task(), _pool().view(), RequestLimits())).fallback
 
 
 async def test_an_unparseable_review_keeps_the_answer(
     policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(policy, "_generate", _review_script(_plan_text([0]), "no lists here"))
-    ep = await policy.run(_task(), _pool().view(), Limits(max_rounds=2))
+    ep = await policy.run(_task(), _pool().view(), RequestLimits(max_rounds=2))
     assert [r.decision for r in ep.trace.rounds] == ["plan", "keep"] and ep.trace.calls == 1
 
 
@@ -377,7 +377,7 @@ async def test_later_rounds_share_the_budget(
     # room for the first call only: the review sees the budget left and adds none of the three
     # steps, each of which a typical answer of w1 would overrun (rounds.continuation_within_limits;
     # before, they were planned and stopped by the executor)
-    limits = Limits(max_rounds=2, max_cost_usd=0.0008)
+    limits = RequestLimits(max_rounds=2, max_cost_usd=0.0008)
     ep = await policy.run(_task(), pool.view(), limits)
     assert ep.trace.cost_usd <= 0.0008
     assert ep.trace.rounds[1].decision == "keep" and ep.trace.calls == 1
@@ -417,16 +417,18 @@ def test_allowed_ids_masks_only_workers_over_the_budget() -> None:
     view = pool.view()
     costs = [typical_cost(i) for i in view.infos()]
     assert costs == sorted(costs)
-    assert allowed_ids(view, Limits()) is None  # no budget: decoding as trained
+    assert allowed_ids(view, RequestLimits()) is None  # no budget: decoding as trained
     between = (costs[1] + costs[2]) / 2
-    assert allowed_ids(view, Limits(max_cost_usd=between)) == frozenset({0, 1})
-    assert allowed_ids(view, Limits(max_cost_usd=costs[-1])) is None  # every worker affordable
-    assert allowed_ids(view, Limits(max_cost_usd=costs[0] / 2)) is None  # none: nothing to prefer
+    assert allowed_ids(view, RequestLimits(max_cost_usd=between)) == frozenset({0, 1})
+    assert allowed_ids(view, RequestLimits(max_cost_usd=costs[-1])) is None  # every worker affordable
+    assert allowed_ids(view, RequestLimits(max_cost_usd=costs[0] / 2)) is None  # none: nothing to prefer
     # a private request is not masked: the executor replaces a forbidden worker (and says so)
-    assert allowed_ids(view, Limits(sensitivity="private")) is None
+    assert allowed_ids(view, RequestLimits(sensitivity="private")) is None
     # the fallback plan is the dearest worker that is permitted and affordable
-    assert fallback_workflow(view, Limits(max_cost_usd=between)).workers() == [1]
-    assert fallback_workflow(view, Limits(max_cost_usd=between, sensitivity="private")).workers() == [0]
+    assert fallback_workflow(view, RequestLimits(max_cost_usd=between)).workers() == [1]
+    assert fallback_workflow(view, RequestLimits(max_cost_usd=between, sensitivity="private")).workers() == [
+        0
+    ]
 
 
 async def test_the_policy_passes_the_budget_mask_to_generation(
@@ -436,8 +438,8 @@ async def test_the_policy_passes_the_budget_mask_to_generation(
     monkeypatch.setattr(policy, "_generate", script)
     view = _pool(("self", "external", "self")).view()
     cheap = (typical_cost(view.infos()[0]) + typical_cost(view.infos()[1])) / 2
-    await policy.plan(_task(), view, Limits(max_cost_usd=cheap))
-    await policy.plan(_task(), view, Limits())
+    await policy.plan(_task(), view, RequestLimits(max_cost_usd=cheap))
+    await policy.plan(_task(), view, RequestLimits())
     assert [c["allowed"] for c in script.calls] == [[frozenset({0})], [None]]
 
 
@@ -447,7 +449,9 @@ def test_masked_generation_never_writes_a_masked_id(micro: Micro, policy: Conduc
     pool = load_pool(micro.config.pool, seed=0)
     view = pool.view()
     tasks = load_tasks("paper-mix", split="train")[:24]
-    prompts = [policy._chat(conductor_prompt(t, view, Limits(), max_question_chars=120)) for t in tasks]
+    prompts = [
+        policy._chat(conductor_prompt(t, view, RequestLimits(), max_question_chars=120)) for t in tasks
+    ]
     allowed = frozenset({1})
     kw: dict[str, Any] = {"max_new_tokens": 40, "temperature": 1.3, "seed": 3, "num_return_sequences": 4}
     free = generate(policy.model, policy.tokenizer, prompts, **kw)
@@ -512,10 +516,10 @@ async def test_a_deadline_is_planned_for_only_where_it_binds(
     script = Script(lambda prompt, call: _plan_text([0] if "Deadline:" in prompt else [1]))
     monkeypatch.setattr(policy, "_generate", script)
     view = _timed_pool().view()
-    roomy = await policy.plan(_task(), view, Limits(max_latency_s=60))
+    roomy = await policy.plan(_task(), view, RequestLimits(max_latency_s=60))
     assert roomy.workflow.workers() == [1] and len(script.calls) == 1
     assert "Deadline:" not in script.calls[0]["prompts"][0]
-    tight = await policy.plan(_task(), view, Limits(max_latency_s=5))
+    tight = await policy.plan(_task(), view, RequestLimits(max_latency_s=5))
     assert tight.workflow.workers() == [0] and len(script.calls) == 3
     assert "Deadline: 5 s" in script.calls[2]["prompts"][0]
     # the plan says which pass it came from, and the trace carries it (before the executor's notes)
@@ -526,16 +530,16 @@ async def test_a_deadline_is_planned_for_only_where_it_binds(
 
     slow = f"{quantile_seconds(view.worker(1).info, policy.deadline_quantile):.4g} s"
     assert slow in roomy.notes[0] and slow in tight.notes[0]
-    episode = await policy.run(_task(), view, Limits(max_latency_s=5))
+    episode = await policy.run(_task(), view, RequestLimits(max_latency_s=5))
     assert episode.trace.notes[0] == tight.notes[0]
-    [ran] = await policy.run_many([_task()], view, Limits(max_latency_s=5))
+    [ran] = await policy.run_many([_task()], view, RequestLimits(max_latency_s=5))
     assert ran.trace.notes[0] == tight.notes[0]
     # batched: only the requests whose first plan misses their deadline are planned again
     plans = policy.plan_batch(
         [
-            (_task(0), view, Limits(max_latency_s=60)),
-            (_task(1), view, Limits(max_latency_s=5)),
-            (_task(2), view, Limits()),
+            (_task(0), view, RequestLimits(max_latency_s=60)),
+            (_task(1), view, RequestLimits(max_latency_s=5)),
+            (_task(2), view, RequestLimits()),
         ]
     )
     assert [p.workflow.workers() for p in plans] == [[1], [0], [1]]
@@ -543,7 +547,7 @@ async def test_a_deadline_is_planned_for_only_where_it_binds(
     assert len(script.calls[-1]["prompts"]) == 1
     # deadline_check off: every deadline goes into the prompt
     monkeypatch.setattr(policy, "deadline_check", False)
-    assert (await policy.plan(_task(), view, Limits(max_latency_s=60))).workflow.workers() == [0]
+    assert (await policy.plan(_task(), view, RequestLimits(max_latency_s=60))).workflow.workers() == [0]
 
 
 def test_the_mask_follows_every_spelling_the_parser_reads(
@@ -558,7 +562,7 @@ def test_the_mask_follows_every_spelling_the_parser_reads(
     sneaky = "model_id = [0x1]\nsubtasks = ['s']\naccess_list = [[]]"
     script = Script(lambda prompt, call: sneaky if call == 1 else _plan_text([0]))
     monkeypatch.setattr(policy, "_generate", script)
-    plan = await_(policy.plan(_task(), view, Limits(max_cost_usd=cheap)))
+    plan = await_(policy.plan(_task(), view, RequestLimits(max_cost_usd=cheap)))
     assert plan.workflow.workers() == [0] and "over the budget" in (plan.parse_error or "")
 
 
@@ -572,8 +576,8 @@ def test_no_mask_when_no_permitted_worker_is_affordable() -> None:
     view = _pool(("external", "external", "self")).view()
     costs = [typical_cost(i) for i in view.infos()]
     between = (costs[1] + costs[2]) / 2  # w0, w1 affordable; the only self-hosted one is not
-    assert allowed_ids(view, Limits(max_cost_usd=between)) == frozenset({0, 1})
-    assert allowed_ids(view, Limits(max_cost_usd=between, sensitivity="private")) is None
+    assert allowed_ids(view, RequestLimits(max_cost_usd=between)) == frozenset({0, 1})
+    assert allowed_ids(view, RequestLimits(max_cost_usd=between, sensitivity="private")) is None
 
 
 async def test_unknown_latency_puts_the_deadline_in_the_prompt(
@@ -581,15 +585,17 @@ async def test_unknown_latency_puts_the_deadline_in_the_prompt(
 ) -> None:
     script = Script(lambda prompt, call: _plan_text([0]))
     monkeypatch.setattr(policy, "_generate", script)
-    await policy.plan(_task(), _pool().view(), Limits(max_latency_s=0.5))  # fake workers: no latency model
+    await policy.plan(
+        _task(), _pool().view(), RequestLimits(max_latency_s=0.5)
+    )  # fake workers: no latency model
     assert len(script.calls) == 2 and "Deadline: 0.5 s" in script.calls[1]["prompts"][0]
 
 
 def test_the_fallback_prefers_a_worker_that_meets_the_deadline() -> None:
     view = _timed_pool().view()
-    assert fallback_workflow(view, Limits()).workers() == [1]  # the dearer one
-    assert fallback_workflow(view, Limits(max_latency_s=5)).workers() == [0]  # the one that fits
-    assert fallback_workflow(view, Limits(max_latency_s=0.1)).workers() == [1]  # none fits: as before
+    assert fallback_workflow(view, RequestLimits()).workers() == [1]  # the dearer one
+    assert fallback_workflow(view, RequestLimits(max_latency_s=5)).workers() == [0]  # the one that fits
+    assert fallback_workflow(view, RequestLimits(max_latency_s=0.1)).workers() == [1]  # none fits: as before
 
 
 def test_a_slow_answer_is_what_a_plan_must_fit() -> None:
@@ -626,9 +632,9 @@ async def test_a_deadline_the_typical_answer_meets_but_a_slow_one_misses_is_plan
     script = Script(lambda prompt, call: _plan_text([0] if "Deadline:" in prompt else [1]))
     monkeypatch.setattr(policy, "_generate", script)
     view = _timed_pool().view()
-    assert (await policy.plan(_task(), view, Limits(max_latency_s=30))).workflow.workers() == [0]
+    assert (await policy.plan(_task(), view, RequestLimits(max_latency_s=30))).workflow.workers() == [0]
     monkeypatch.setattr(policy, "deadline_quantile", 0.5)
-    assert (await policy.plan(_task(), view, Limits(max_latency_s=30))).workflow.workers() == [1]
+    assert (await policy.plan(_task(), view, RequestLimits(max_latency_s=30))).workflow.workers() == [1]
 
 
 async def test_a_deadline_plan_that_still_misses_is_cut_to_its_answering_step(
@@ -644,20 +650,20 @@ async def test_a_deadline_plan_that_still_misses_is_cut_to_its_answering_step(
     script = Script(lambda prompt, call: ends_fast if "Deadline:" in prompt else _plan_text([1]))
     monkeypatch.setattr(policy, "_generate", script)
     view = _timed_pool().view()
-    plan = await policy.plan(_task(), view, Limits(max_latency_s=5))
+    plan = await policy.plan(_task(), view, RequestLimits(max_latency_s=5))
     assert plan.workflow.steps == (Step(0, FALLBACK_INSTRUCTION, ()),)
     assert plan.text == ends_fast  # what the Conductor wrote stays on record
     assert len(plan.notes) == 2 and "cut to its last step's worker alone" in plan.notes[1]
-    episode = await policy.run(_task(), view, Limits(max_latency_s=5))
+    episode = await policy.run(_task(), view, RequestLimits(max_latency_s=5))
     assert [s.status for s in episode.trace.steps] == ["ok"] and episode.trace.notes[:2] == list(plan.notes)
     ends_slow = _plan_text([0, 1])
     monkeypatch.setattr(
         policy, "_generate", Script(lambda p, c: ends_slow if "Deadline:" in p else _plan_text([1]))
     )
-    assert (await policy.plan(_task(), view, Limits(max_latency_s=5))).workflow.workers() == [0, 1]
+    assert (await policy.plan(_task(), view, RequestLimits(max_latency_s=5))).workflow.workers() == [0, 1]
     monkeypatch.setattr(policy, "_generate", script)
     monkeypatch.setattr(policy, "deadline_trim", False)
-    assert (await policy.plan(_task(), view, Limits(max_latency_s=5))).workflow.workers() == [1, 0]
+    assert (await policy.plan(_task(), view, RequestLimits(max_latency_s=5))).workflow.workers() == [1, 0]
 
 
 async def test_a_chain_that_misses_is_cut_to_its_answering_step_before_any_replanning(
@@ -671,21 +677,21 @@ async def test_a_chain_that_misses_is_cut_to_its_answering_step_before_any_repla
     script = Script(lambda prompt, call: _plan_text([0]) if "Deadline:" in prompt else _plan_text([1, 0]))
     monkeypatch.setattr(policy, "_generate", script)
     view = _timed_pool().view()
-    plan = await policy.plan(_task(), view, Limits(max_latency_s=5))
+    plan = await policy.plan(_task(), view, RequestLimits(max_latency_s=5))
     assert plan.workflow.steps == (Step(0, FALLBACK_INSTRUCTION, ()),) and len(script.calls) == 1
     assert "misses 5 s" in plan.notes[0] and "cut to its last step's worker alone" in plan.notes[1]
     # the deadline shortened the workflow, before it ran: the trace and deadline_cut say so
     from rl_conductor.reward import deadline_shortened, deadline_stopped
 
-    episode = await policy.run(_task(), view, Limits(max_latency_s=5))
+    episode = await policy.run(_task(), view, RequestLimits(max_latency_s=5))
     assert plan.deadline_cut and episode.trace.plan_cut
     assert deadline_shortened(episode.trace) and not deadline_stopped(episode.trace)
     with pytest.raises(ValueError, match="deadline_quantile"):
         ConductorPolicy(policy.model_dir, deadline_quantile=1.0)
-    assert (await policy.plan(_task(), view, Limits(max_latency_s=60))).workflow.workers() == [1, 0]
+    assert (await policy.plan(_task(), view, RequestLimits(max_latency_s=60))).workflow.workers() == [1, 0]
     script = Script(lambda prompt, call: _plan_text([0]) if "Deadline:" in prompt else _plan_text([0, 1]))
     monkeypatch.setattr(policy, "_generate", script)
-    assert (await policy.plan(_task(), view, Limits(max_latency_s=5))).workflow.workers() == [0]
+    assert (await policy.plan(_task(), view, RequestLimits(max_latency_s=5))).workflow.workers() == [0]
     assert len(script.calls) == 2  # w1 alone misses 5 s too: planned again
     # a private request whose answering worker is external is planned again, not cut
     ext = Pool(
@@ -697,7 +703,7 @@ async def test_a_chain_that_misses_is_cut_to_its_answering_step_before_any_repla
     ).view()
     script = Script(lambda prompt, call: _plan_text([1]) if "Deadline:" in prompt else _plan_text([1, 0]))
     monkeypatch.setattr(policy, "_generate", script)
-    await policy.plan(_task(), ext, Limits(max_latency_s=5, sensitivity="private"))
+    await policy.plan(_task(), ext, RequestLimits(max_latency_s=5, sensitivity="private"))
     assert len(script.calls) == 2
 
 

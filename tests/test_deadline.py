@@ -1,4 +1,4 @@
-"""A request's deadline (``Limits.max_latency_s``), enforced by the executor (issue 13, first part).
+"""A request's deadline (``RequestLimits.max_latency_s``), enforced by the executor (issue 13, first part).
 
 The property runs random workflows on the simulated paper pool under random deadlines and checks
 that no step ends after the deadline on the critical path (so ``trace.latency_s`` never exceeds
@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rl_conductor.executor import DEADLINE_MARGIN, execute
+from rl_conductor.limits import MIN_OUTPUT_TOKENS, RequestLimits
 from rl_conductor.tasks.datasets import load_tasks
-from rl_conductor.trace import MIN_OUTPUT_TOKENS, Limits, Trace
+from rl_conductor.trace import Trace
 from rl_conductor.validation import InvalidValue
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool, info_from_spec, load_pool
@@ -69,7 +70,7 @@ def _check(trace: Trace, deadline: float) -> None:
 def test_critical_path_never_exceeds_the_deadline(
     workflow: Workflow, deadline: float, task_index: int, budget: float | None
 ) -> None:
-    limits = Limits(max_latency_s=deadline, max_cost_usd=budget)
+    limits = RequestLimits(max_latency_s=deadline, max_cost_usd=budget)
     trace = asyncio.run(execute(workflow, TASKS[task_index], VIEW, limits))
     _check(trace, deadline)
 
@@ -78,8 +79,8 @@ def test_critical_path_never_exceeds_the_deadline(
 @given(_workflows(), st.integers(0, len(TASKS) - 1))
 def test_a_distant_deadline_changes_nothing(workflow: Workflow, task_index: int) -> None:
     task = TASKS[task_index]
-    free = asyncio.run(execute(workflow, task, VIEW, Limits()))
-    far = asyncio.run(execute(workflow, task, VIEW, Limits(max_latency_s=3_600.0)))
+    free = asyncio.run(execute(workflow, task, VIEW, RequestLimits()))
+    far = asyncio.run(execute(workflow, task, VIEW, RequestLimits(max_latency_s=3_600.0)))
     assert [(s.status, s.answer, s.latency_s) for s in far.steps] == [
         (s.status, s.answer, s.latency_s) for s in free.steps
     ]
@@ -90,7 +91,7 @@ async def test_slow_step_and_its_dependents_are_skipped_while_an_independent_one
     names = VIEW.names()
     gemini, gpt5, claude = names.index("gemini-2.5-pro"), names.index("gpt-5"), names.index("claude-sonnet-4")
     wf = Workflow(steps=(Step(gemini, "solve", ()), Step(gpt5, "solve", ()), Step(claude, "use 0", (0,))))
-    trace = await execute(wf, TASKS[0], VIEW, Limits(max_latency_s=2.5))
+    trace = await execute(wf, TASKS[0], VIEW, RequestLimits(max_latency_s=2.5))
     first, second, third = trace.steps
     assert first.status == "skipped_deadline" and "too little for gemini-2.5-pro" in first.note
     assert first.attempts == []  # never called: the latency model says it cannot answer in time
@@ -102,7 +103,7 @@ async def test_slow_step_and_its_dependents_are_skipped_while_an_independent_one
 async def test_output_is_capped_to_what_the_time_left_affords() -> None:
     gpt5 = VIEW.worker(VIEW.names().index("gpt-5"))
     step = Workflow(steps=(Step(VIEW.names().index("gpt-5"), "solve", ()),))
-    trace = await execute(step, TASKS[1], VIEW, Limits(max_latency_s=4.0))
+    trace = await execute(step, TASKS[1], VIEW, RequestLimits(max_latency_s=4.0))
     (rec,) = trace.steps
     assert "deadline: output capped at" in rec.note
     cap = int(rec.note.split("capped at ")[1].split(" ")[0])
@@ -118,7 +119,7 @@ async def test_time_left_is_the_calls_timeout_on_a_worker_that_really_waits() ->
     view = Pool(name="p", workers=[slow]).view()
     wf = Workflow(steps=(Step(0, "solve", ()),))
     t0 = time.perf_counter()
-    trace = await execute(wf, TASKS[0], view, Limits(max_latency_s=0.3))
+    trace = await execute(wf, TASKS[0], view, RequestLimits(max_latency_s=0.3))
     wall = time.perf_counter() - t0
     (rec,) = trace.steps
     assert rec.status == "skipped_deadline"
@@ -138,6 +139,6 @@ def test_pool_files_state_a_latency_model_and_limits_validate_the_deadline() -> 
     assert VIEW.worker(0).info.ttft_s is not None  # simulated workers carry their profile's
     for bad in (0, -1.0, float("inf"), float("nan"), True):
         with pytest.raises(InvalidValue, match="max_latency_s"):
-            Limits(max_latency_s=bad)  # type: ignore[arg-type]
+            RequestLimits(max_latency_s=bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidValue, match="tokens_per_s"):
         info_from_spec({"name": "w", "kind": "openai", "tokens_per_s": 0})

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.tasks.datasets import load_tasks
-from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import load_pool
 from rl_conductor.workflow import Step, Workflow
 from servers import local_live_env
@@ -67,7 +67,7 @@ async def test_wall_time_stays_within_the_deadline_plus_margin(live_env: Path, t
     # 0.1 s binds on any machine: three levels of calls of up to 256 tokens over HTTP (0.4 s did
     # not on a fast 2-core machine, where the whole chain took 0.40-0.58 s and a short answer fit)
     for deadline, task in zip((0.1, 1.0, 2.5), tasks, strict=True):
-        limits = Limits(max_latency_s=deadline, max_tokens=256, temperature=1.0)
+        limits = RequestLimits(max_latency_s=deadline, max_tokens=256, temperature=1.0)
         t0 = time.perf_counter()
         trace = await execute(wf, task, view, limits)
         wall = time.perf_counter() - t0

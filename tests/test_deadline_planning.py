@@ -23,6 +23,7 @@ from rl_conductor.evaluation.report import (
 )
 from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.baselines import SingleWorker
 from rl_conductor.prompting import conductor_prompt, template
@@ -34,7 +35,6 @@ from rl_conductor.reward import (
     deadline_stopped,
 )
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.training.config import TrainConfig
 from rl_conductor.training.deadlines import draw_deadline
 from rl_conductor.workers.base import WorkerInfo
@@ -60,7 +60,7 @@ def _slow_pool() -> Pool:
 # -- prompt -------------------------------------------------------------------------------------
 
 
-def _old_prompt(view_pool: Pool, limits: Limits) -> str:
+def _old_prompt(view_pool: Pool, limits: RequestLimits) -> str:
     """The prompt as it was before deadlines existed (what trained models saw)."""
     lines = []
     for i, info in enumerate(view_pool.view().infos()):
@@ -72,16 +72,18 @@ def _old_prompt(view_pool: Pool, limits: Limits) -> str:
     )
 
 
-@pytest.mark.parametrize("limits", [Limits(), Limits(max_cost_usd=0.01), Limits(max_rounds=2)])
-def test_prompt_without_a_deadline_is_byte_identical_to_before(limits: Limits) -> None:
+@pytest.mark.parametrize(
+    "limits", [RequestLimits(), RequestLimits(max_cost_usd=0.01), RequestLimits(max_rounds=2)]
+)
+def test_prompt_without_a_deadline_is_byte_identical_to_before(limits: RequestLimits) -> None:
     pool = load_pool("paper-sim")
     assert conductor_prompt(TASK, pool.view(), limits) == _old_prompt(pool, limits)
 
 
 def test_prompt_carries_the_deadline_and_each_workers_typical_time() -> None:
     pool = load_pool("paper-sim")
-    without = conductor_prompt(TASK, pool.view(), Limits(max_cost_usd=0.01))
-    with_deadline = conductor_prompt(TASK, pool.view(), Limits(max_cost_usd=0.01, max_latency_s=15))
+    without = conductor_prompt(TASK, pool.view(), RequestLimits(max_cost_usd=0.01))
+    with_deadline = conductor_prompt(TASK, pool.view(), RequestLimits(max_cost_usd=0.01, max_latency_s=15))
     assert "Deadline" not in without and "Deadline: 15 s for the whole workflow" in with_deadline
     assert (
         with_deadline.index("Budget:") < with_deadline.index("Deadline:") < with_deadline.index("Question:")
@@ -96,16 +98,16 @@ def test_prompt_flags_the_workers_a_budget_cannot_afford_a_typical_answer_of() -
 
     pool = load_pool("paper-sim")
 
-    def flagged(limits: Limits) -> set[int]:
+    def flagged(limits: RequestLimits) -> set[int]:
         lines = [ln for ln in conductor_prompt(TASK, pool.view(), limits).splitlines() if ln[:1].isdigit()]
         return {int(ln.split(":")[0]) for ln in lines if ln.endswith(", over budget)")}
 
     infos = pool.view().infos()
     dear = {i for i, info in enumerate(infos) if typical_cost(info) > 0.002}
-    assert flagged(Limits()) == set() and flagged(Limits(max_cost_usd=1.0)) == set()
-    assert flagged(Limits(max_cost_usd=0.002)) == dear
+    assert flagged(RequestLimits()) == set() and flagged(RequestLimits(max_cost_usd=1.0)) == set()
+    assert flagged(RequestLimits(max_cost_usd=0.002)) == dear
     assert dear and len(dear) < len(infos)  # the frontier workers, not the open ones
-    both = conductor_prompt(TASK, pool.view(), Limits(max_cost_usd=0.002, max_latency_s=15))
+    both = conductor_prompt(TASK, pool.view(), RequestLimits(max_cost_usd=0.002, max_latency_s=15))
     assert any(ln.endswith(" s, over budget)") for ln in both.splitlines())
 
 
@@ -115,17 +117,17 @@ def test_prompt_flags_the_workers_too_slow_for_the_deadline() -> None:
     pool = load_pool("paper-sim")
     infos = pool.view().infos()
 
-    def flagged(limits: Limits) -> set[int]:
+    def flagged(limits: RequestLimits) -> set[int]:
         lines = [ln for ln in conductor_prompt(TASK, pool.view(), limits).splitlines() if ln[:1].isdigit()]
         return {int(ln.split(":")[0]) for ln in lines if ", too slow" in ln}
 
     secs = [typical_seconds(i) or 0.0 for i in infos]
-    assert flagged(Limits()) == set() and flagged(Limits(max_cost_usd=0.002)) == set()
-    assert flagged(Limits(max_latency_s=1000)) == set()
-    assert flagged(Limits(max_latency_s=0.5)) == set(range(len(infos)))
-    assert flagged(Limits(max_latency_s=15)) == {i for i, x in enumerate(secs) if x > 15}
-    assert 0 < len(flagged(Limits(max_latency_s=15))) < len(infos)  # the reasoning models only
-    both = conductor_prompt(TASK, pool.view(), Limits(max_cost_usd=0.002, max_latency_s=15))
+    assert flagged(RequestLimits()) == set() and flagged(RequestLimits(max_cost_usd=0.002)) == set()
+    assert flagged(RequestLimits(max_latency_s=1000)) == set()
+    assert flagged(RequestLimits(max_latency_s=0.5)) == set(range(len(infos)))
+    assert flagged(RequestLimits(max_latency_s=15)) == {i for i, x in enumerate(secs) if x > 15}
+    assert 0 < len(flagged(RequestLimits(max_latency_s=15))) < len(infos)  # the reasoning models only
+    both = conductor_prompt(TASK, pool.view(), RequestLimits(max_cost_usd=0.002, max_latency_s=15))
     assert any(ln.endswith(" s, too slow)") for ln in both.splitlines())
 
 
@@ -163,8 +165,8 @@ def test_train_config_deadline_fields_default_off_and_are_checked() -> None:
 def test_reward_penalises_a_workflow_the_deadline_cut() -> None:
     wf = Workflow(steps=[Step(1, "solve", ()), Step(0, "check", "all")])
     view = _slow_pool().view()
-    cut = asyncio.run(execute(wf, TASK, view, Limits(max_latency_s=0.51)))
-    whole = asyncio.run(execute(wf, TASK, view, Limits(max_latency_s=10)))
+    cut = asyncio.run(execute(wf, TASK, view, RequestLimits(max_latency_s=0.51)))
+    whole = asyncio.run(execute(wf, TASK, view, RequestLimits(max_latency_s=10)))
     assert [s.status for s in cut.steps] == ["ok", "skipped_deadline"] and deadline_stopped(cut)
     assert [s.status for s in whole.steps] == ["ok", "ok"] and not deadline_stopped(whole)
     cfg = RewardConfig()
@@ -184,13 +186,13 @@ def test_a_capped_answer_counts_as_shortened_but_is_not_penalised_as_skipped() -
     worker = FakeWorker(info=info, answer="42", latency_s=0.1, output_tokens=1000)
     view = Pool(name="one", workers=[worker]).view()
     wf = Workflow(steps=[Step(0, "solve", ())])
-    capped = asyncio.run(execute(wf, TASK, view, Limits(max_latency_s=1.0)))  # 0.7 s -> 700 tokens
+    capped = asyncio.run(execute(wf, TASK, view, RequestLimits(max_latency_s=1.0)))  # 0.7 s -> 700 tokens
     assert capped.steps[0].status == "ok" and "deadline: output capped at 700 tokens" in capped.steps[0].note
     assert capped.steps[0].output_tokens == 700  # the worker wanted more: the deadline cut its answer
     assert deadline_shortened(capped) and not deadline_stopped(capped)
-    roomy = asyncio.run(execute(wf, TASK, view, Limits(max_latency_s=2.0)))  # cap 1500, uses 1000
+    roomy = asyncio.run(execute(wf, TASK, view, RequestLimits(max_latency_s=2.0)))  # cap 1500, uses 1000
     assert "output capped at 1500" in roomy.steps[0].note and not deadline_shortened(roomy)
-    free = asyncio.run(execute(wf, TASK, view, Limits()))
+    free = asyncio.run(execute(wf, TASK, view, RequestLimits()))
     assert not deadline_shortened(free)
 
 
@@ -208,7 +210,7 @@ def test_deadline_views_side_by_side(tmp_path: Path) -> None:
     view = _slow_pool().view()
     tasks = [TASK]
     summaries = []
-    for label, limits in (("none", Limits()), ("0.2", Limits(max_latency_s=0.2))):
+    for label, limits in (("none", RequestLimits()), ("0.2", RequestLimits(max_latency_s=0.2))):
         s = evaluate(SingleWorker("slow"), view, tasks, limits, progress=False).summary()
         s["deadline"] = label
         summaries.append(s)
@@ -288,8 +290,10 @@ def test_pipeline_report_has_the_deadline_view_and_chart(tmp_path: Path) -> None
     from rl_conductor.pipeline.report import write_reports
 
     view = _slow_pool().view()
-    base = evaluate(SingleWorker("slow"), view, [TASK], Limits(), progress=False).summary()
-    under = evaluate(SingleWorker("slow"), view, [TASK], Limits(max_latency_s=0.2), progress=False).summary()
+    base = evaluate(SingleWorker("slow"), view, [TASK], RequestLimits(), progress=False).summary()
+    under = evaluate(
+        SingleWorker("slow"), view, [TASK], RequestLimits(max_latency_s=0.2), progress=False
+    ).summary()
     under["deadline"] = "0.2"
     out = {k: tmp_path / k for k in ("md", "html", "pareto", "latency")}  # KFP paths have no suffix
     meta = {"pool": "slow", "n": 1, "run_tag": "t", "test_split_id": "x"}

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from tests.test_warmstart import EASY_HARD, PRICES, _table
 
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.evidence import EvidenceModel, evidence_for, fit_evidence
 from rl_conductor.prompting import conductor_prompt, cut, percent
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.fake import fake_pool
 
 if TYPE_CHECKING:
@@ -98,10 +98,10 @@ def test_prompt_shows_the_evidence_and_is_unchanged_without_it() -> None:
     pool = fake_pool(3)
     view = pool.view()
     task = Task(id="x/1", question="What is 2 + 2?", answer="4", domain="math", source="x", grader="math")
-    plain = conductor_prompt(task, view, Limits())
+    plain = conductor_prompt(task, view, RequestLimits())
     assert "right" not in plain
     names = view.names()
-    shown = conductor_prompt(task, view, Limits(), evidence={names[0]: 0.712, names[2]: 0.04})
+    shown = conductor_prompt(task, view, RequestLimits(), evidence={names[0]: 0.712, names[2]: 0.04})
     lines = shown.splitlines()
     assert lines[2].endswith("; ~70% right") and lines[4].endswith("; ~5% right")
     assert "right" not in lines[3]  # no estimate for this worker: no claim
@@ -236,7 +236,7 @@ def test_trained_conductor_reads_its_evidence(tmp_path: Path) -> None:
     policy = ConductorPolicy(final)
     pool = load_pool("routellm-replay", seed=0)
     task = load_tasks("routellm", split="test")[0]
-    prompt = policy.prompt(task, pool.view(), Limits())
+    prompt = policy.prompt(task, pool.view(), RequestLimits())
     assert prompt.count("% right") == len(pool)
     broken = tmp_path / "broken"
     shutil.copytree(final, broken)

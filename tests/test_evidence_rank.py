@@ -14,10 +14,10 @@ from tests.test_evidence import COST_AWARE, _tasks, replay_evidence_config
 from tests.test_warmstart import EASY_HARD, PRICES, _table
 
 from rl_conductor.evaluation.runner import Record, summarize
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.evidence import EvidenceModel, Ranker, estimated_rewards, fit_evidence, ranking
 from rl_conductor.prompting import conductor_prompt, rank_line
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.fake import fake_pool
 
 
@@ -98,13 +98,13 @@ def test_ranking_is_by_estimated_reward_and_the_prompt_ends_with_it() -> None:
     # equal estimates: the cost term decides (worker 0 is cheapest, then 2, then 1)
     est = np.array([[0.6, 0.6, 0.6]])
     r = estimated_rewards(model, [task], est, COST_AWARE)[0]
-    assert ranking(model, r, view, Limits()) == [0, 2, 1]
+    assert ranking(model, r, view, RequestLimits()) == [0, 2, 1]
     # a much better estimate for the expensive worker outweighs its cost
     rank = Ranker(model, COST_AWARE)
-    assert rank(task, {names[0]: 0.2, names[1]: 0.95, names[2]: 0.2}, view, Limits())[0] == 1
-    order = rank(task, dict(zip(names, [0.2, 0.95, 0.3], strict=True)), view, Limits())
-    plain = conductor_prompt(task, view, Limits())
-    shown = conductor_prompt(task, view, Limits(), ranking=order)
+    assert rank(task, {names[0]: 0.2, names[1]: 0.95, names[2]: 0.2}, view, RequestLimits())[0] == 1
+    order = rank(task, dict(zip(names, [0.2, 0.95, 0.3], strict=True)), view, RequestLimits())
+    plain = conductor_prompt(task, view, RequestLimits())
+    shown = conductor_prompt(task, view, RequestLimits(), ranking=order)
     assert shown == plain + f"{rank_line(order)}\n"
     assert shown.splitlines()[-2:] == ["Ranked by estimate: 1, 2, 0", "Best by estimate: 1"]
     assert rank_line([4]) == "Best by estimate: 4"
@@ -123,13 +123,13 @@ def test_ranking_leaves_out_workers_over_the_budget_or_forbidden() -> None:
     model = _two_worker_model(names)
     r = np.array([0.1, 0.5, 0.9])  # worker 2 (the dearest) is best by estimate
     budget = typical_cost(infos[1]) + 1e-9  # the two cheapest are affordable
-    order = ranking(model, r, view, Limits(max_cost_usd=budget))
+    order = ranking(model, r, view, RequestLimits(max_cost_usd=budget))
     assert order == [1, 0] and all(not over_budget(infos[i], budget) for i in order)
-    assert ranking(model, r, view, Limits()) == [2, 1, 0]
+    assert ranking(model, r, view, RequestLimits()) == [2, 1, 0]
     allowed = [n for j, n in enumerate(names) if j != 2]
-    assert ranking(model, r, view, Limits(allowed_workers=frozenset(allowed))) == [1, 0]
+    assert ranking(model, r, view, RequestLimits(allowed_workers=frozenset(allowed))) == [1, 0]
     # nothing usable: every shown worker, best first
-    assert ranking(model, r, view, Limits(max_cost_usd=1e-12)) == [2, 1, 0]
+    assert ranking(model, r, view, RequestLimits(max_cost_usd=1e-12)) == [2, 1, 0]
 
 
 def test_rank_targets_are_the_first_id_of_the_prompts_line() -> None:
@@ -155,7 +155,7 @@ def test_rank_targets_are_the_first_id_of_the_prompts_line() -> None:
     records = warm_sft_records(
         specs,
         pool,
-        Limits(),
+        RequestLimits(),
         ExpectedRewards.fit(table, COST_AWARE),
         max_question_chars=200,
         evidence=evidence,
@@ -169,7 +169,7 @@ def test_rank_targets_are_the_first_id_of_the_prompts_line() -> None:
         view = spec.pool_view(pool)
         wf = parse(rec["completion"][0]["content"], pool_size=len(view), max_steps=5)
         assert [s.worker for s in wf.steps] == [first]
-        assert first == rank(spec.task, evidence[spec.task.id], view, spec.limits(Limits()))[0]
+        assert first == rank(spec.task, evidence[spec.task.id], view, spec.limits(RequestLimits()))[0]
         firsts.append(view.names()[first])
     assert len(set(firsts)) >= 2  # targets differ by question, not one worker for all
 
@@ -213,12 +213,12 @@ def test_trained_rank_conductor_shows_the_line_and_eval_measures_agreement(tmp_p
     pool = load_pool("routellm-replay", seed=0)
     tasks = load_tasks("routellm", split="test")[:6]
     assert (
-        policy.prompt(tasks[0], pool.view(), Limits())
+        policy.prompt(tasks[0], pool.view(), RequestLimits())
         .rstrip()
         .splitlines()[-1]
         .startswith("Best by estimate: ")
     )
-    res = evaluate(policy, pool.view(), tasks, Limits(), progress=False, reward_config=COST_AWARE)
+    res = evaluate(policy, pool.view(), tasks, RequestLimits(), progress=False, reward_config=COST_AWARE)
     share = res.summary()["evidence_agreement"]
     follows = [r.follows_evidence for r in res.records]
     assert None not in follows and share == pytest.approx(np.mean(follows))
@@ -248,8 +248,10 @@ def test_evidence_rule_policy_sends_each_question_to_the_lines_first_worker(
     rule = make_policy(f"evidence-rule:{tmp_path}", pool)
     rank = Ranker(model, COST_AWARE)
     for task, e in zip(tasks[:20], emb[:20], strict=True):
-        plan = asyncio.run(rule.plan(task, pool.view(), Limits()))
-        expected = rank(task, model.as_mapping(model.predict([task], e[None])[0]), pool.view(), Limits())[0]
+        plan = asyncio.run(rule.plan(task, pool.view(), RequestLimits()))
+        expected = rank(
+            task, model.as_mapping(model.predict([task], e[None])[0]), pool.view(), RequestLimits()
+        )[0]
         assert [s.worker for s in plan.workflow.steps] == [expected] == [plan.evidence_best]
     # evaluation's path: the batch is embedded at once, the plans are the same
     calls: list[int] = []
@@ -257,10 +259,10 @@ def test_evidence_rule_policy_sends_each_question_to_the_lines_first_worker(
         rule, "_embed", lambda texts: calls.append(len(texts)) or np.array([by_text[t] for t in texts])
     )
     rule._embedded.clear()
-    episodes = asyncio.run(rule.run_many(tasks[20:26], pool.view(), Limits()))
+    episodes = asyncio.run(rule.run_many(tasks[20:26], pool.view(), RequestLimits()))
     assert calls == [6]
     for task, ep in zip(tasks[20:26], episodes, strict=True):
-        alone = asyncio.run(rule.plan(task, pool.view(), Limits()))
+        alone = asyncio.run(rule.plan(task, pool.view(), RequestLimits()))
         assert ep.plan.workflow == alone.workflow and ep.plan.evidence_best == alone.evidence_best
     (tmp_path / "conductor.json").write_text(json.dumps({**meta, "evidence": "probe"}))
     with pytest.raises(ModelNotFound, match="evidence: rank"):

@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rl_conductor.executor import Continuation, RoundRequest, execute, reserve_input_tokens
+from rl_conductor.limits import MIN_OUTPUT_TOKENS, RequestLimits
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import MIN_OUTPUT_TOKENS, STEP_STATUSES, Limits, Trace
+from rl_conductor.trace import STEP_STATUSES, Trace
 from rl_conductor.validation import InvalidValue
 from rl_conductor.workers.base import CallContext, Completion, Hosting, Message
 from rl_conductor.workers.fake import FakeWorker, fake_info
@@ -150,7 +151,7 @@ _BUDGETS = st.one_of(
 class _Scenario:
     workers: list[FakeWorker]
     workflow: Workflow
-    limits: Limits
+    limits: RequestLimits
     hook_raises: bool
     #: what the review hook adds after each round (worker, access) per step; global access
     added: tuple[tuple[tuple[int, str | tuple[int, ...]], ...], ...] = ()
@@ -197,7 +198,7 @@ def _scenarios(draw: st.DrawFn) -> _Scenario:
         steps.append(Step(worker, draw(st.sampled_from(["solve", "check {x} [y]", "x" * 3000])), access))
     names = [w.info.name for w in workers]
     allowed = draw(st.one_of(st.none(), st.sets(st.sampled_from(names)).map(frozenset)))
-    limits = Limits(
+    limits = RequestLimits(
         max_cost_usd=draw(_BUDGETS),
         allowed_workers=allowed,
         sensitivity=draw(st.sampled_from(["public", "private"])),
@@ -227,13 +228,13 @@ async def test_settled_reservations_do_not_block_a_later_step() -> None:
     b = _worker("b", price_in=0.0, price_out=2000.0, output_tokens=1, latency_s=0.01)
     dear = _worker("dear", price_in=0.0, price_out=1e9)
     wf = Workflow(steps=(Step(0, "x", ()), Step(1, "y", ()), Step(2, "z", "all")))
-    limits = Limits(max_cost_usd=1.0, max_tokens=100)
+    limits = RequestLimits(max_cost_usd=1.0, max_tokens=100)
     trace = await asyncio.wait_for(execute(wf, TASK, _view(a, b, dear), limits), timeout=5)
     assert [s.status for s in trace.steps] == ["ok", "ok", "skipped_budget"]
     assert trace.final_answer == "answer from b"
 
 
-def _check_trace(trace: Trace, workers: list[FakeWorker], limits: Limits) -> None:
+def _check_trace(trace: Trace, workers: list[FakeWorker], limits: RequestLimits) -> None:
     """The executor's promises, for any workflow, pool, failures and limits."""
     by_name = {w.info.name: w for w in workers}
     records = trace.steps
@@ -319,7 +320,7 @@ async def test_budget_skips_unaffordable_step_and_its_dependents() -> None:
     free = _worker("free", price_in=0.0, price_out=0.0)
     dear = _worker("dear", price_in=100.0, price_out=1000.0)
     wf = Workflow(steps=(Step(0, "draft", ()), Step(1, "improve", "all"), Step(0, "polish", (1,))))
-    trace = await execute(wf, TASK, _view(free, dear), Limits(max_cost_usd=0.01))
+    trace = await execute(wf, TASK, _view(free, dear), RequestLimits(max_cost_usd=0.01))
     assert [s.status for s in trace.steps] == ["ok", "skipped_budget", "skipped_budget"]
     assert [s.note for s in trace.steps[1:]] == ["budget exhausted", "a step it depends on was skipped"]
     assert [s.worker for s in trace.steps[1:]] == ["", ""]  # nobody saw the request for them
@@ -333,7 +334,9 @@ async def test_budget_skips_unaffordable_step_and_its_dependents() -> None:
 
 async def test_budget_caps_output_tokens_to_what_it_affords() -> None:
     w = _worker("w", price_in=0.0, price_out=10.0, output_tokens=4096)
-    trace = await execute(Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(w), Limits(max_cost_usd=0.001))
+    trace = await execute(
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(w), RequestLimits(max_cost_usd=0.001)
+    )
     assert trace.steps[0].status == "ok"
     # $0.001 buys 100 tokens at $10 / 1M (99 when float rounding falls below)
     assert 99 <= int(w.calls[0]["max_tokens"]) <= 100  # type: ignore[call-overload]
@@ -345,7 +348,7 @@ async def test_parallel_siblings_share_the_budget() -> None:
         _worker(f"w{i}", price_in=0.0, price_out=10.0, output_tokens=4096, latency_s=0.01) for i in range(3)
     ]
     wf = Workflow(steps=tuple(Step(i, "solve", ()) for i in range(3)))
-    trace = await execute(wf, TASK, _view(*ws), Limits(max_cost_usd=0.003, max_tokens=150))
+    trace = await execute(wf, TASK, _view(*ws), RequestLimits(max_cost_usd=0.003, max_tokens=150))
     assert trace.cost_usd <= 0.003
     assert sum(s.status == "ok" for s in trace.steps) == 2  # 150 tokens each, 300 affordable in all
     assert sum(s.status == "skipped_budget" for s in trace.steps) == 1
@@ -362,7 +365,7 @@ async def test_private_request_substitutes_a_self_hosted_worker() -> None:
         Workflow(steps=(Step(0, "solve", ()),)),
         TASK,
         _view(ext, cheap_self, close_self),
-        Limits(sensitivity="private"),
+        RequestLimits(sensitivity="private"),
     )
     assert ext.calls == []
     assert trace.steps[0].worker == "self-close"  # the permitted worker closest in price
@@ -372,7 +375,7 @@ async def test_private_request_substitutes_a_self_hosted_worker() -> None:
 async def test_private_request_without_self_workers_is_skipped() -> None:
     ext = _worker("ext")
     trace = await execute(
-        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(ext), Limits(sensitivity="private")
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(ext), RequestLimits(sensitivity="private")
     )
     assert ext.calls == []
     assert trace.steps[0].status == "skipped_forbidden"
@@ -382,7 +385,7 @@ async def test_private_request_without_self_workers_is_skipped() -> None:
 async def test_allowed_workers_are_respected() -> None:
     a, b, c = _worker("a", price_out=1.0), _worker("b", price_out=5.0), _worker("c", price_out=6.0)
     wf = Workflow(steps=(Step(0, "x", ()), Step(1, "y", ()), Step(2, "z", "all")))
-    trace = await execute(wf, TASK, _view(a, b, c), Limits(allowed_workers=frozenset({"c"})))
+    trace = await execute(wf, TASK, _view(a, b, c), RequestLimits(allowed_workers=frozenset({"c"})))
     assert a.calls == [] and b.calls == []
     assert [s.worker for s in trace.steps] == ["c", "c", "c"]
 
@@ -418,7 +421,7 @@ async def test_hanging_worker_times_out_and_fallback_answers() -> None:
     hung = _worker("hung", hang=True, price_out=2.0)
     backup = _worker("backup", price_out=3.0)
     trace = await execute(
-        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(hung, backup), Limits(step_timeout_s=0.1)
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(hung, backup), RequestLimits(step_timeout_s=0.1)
     )
     assert trace.steps[0].status == "ok"
     assert trace.steps[0].worker == "backup"
@@ -463,7 +466,7 @@ async def test_out_of_view_worker_id_is_rejected() -> None:
 async def test_workflow_is_truncated_to_max_steps() -> None:
     w = _worker("w", responder=_step_answer)
     wf = Workflow(steps=tuple(Step(0, f"s{i}", ()) for i in range(4)))
-    trace = await execute(wf, TASK, _view(w), Limits(max_steps=2))
+    trace = await execute(wf, TASK, _view(w), RequestLimits(max_steps=2))
     assert len(trace.steps) == 2 and len(w.calls) == 2
     assert trace.final_answer == "ANSWER-1"
     assert any("truncated" in n for n in trace.notes)
@@ -509,13 +512,13 @@ async def test_execute_cancelled_stops_steps_in_flight() -> None:
 def test_limits_reject_values_no_request_could_mean(field: str, value: object) -> None:
     """Findings 2 and 3: a NaN budget meant unlimited spending; max_tokens < 64 read as "exhausted"."""
     with pytest.raises(InvalidValue, match=field):
-        Limits(**{field: value})  # type: ignore[arg-type]
+        RequestLimits(**{field: value})  # type: ignore[arg-type]
 
 
 def test_limits_accept_the_boundaries() -> None:
-    lim = Limits(max_cost_usd=1e-9, max_tokens=MIN_OUTPUT_TOKENS, max_steps=1, temperature=0.0)
+    lim = RequestLimits(max_cost_usd=1e-9, max_tokens=MIN_OUTPUT_TOKENS, max_steps=1, temperature=0.0)
     assert lim.max_tokens == MIN_OUTPUT_TOKENS and lim.max_rounds == 1 and lim.max_calls is None
-    assert Limits(max_rounds=3, max_calls=1).max_rounds == 3
+    assert RequestLimits(max_rounds=3, max_calls=1).max_rounds == 3
 
 
 def test_pool_rejects_a_worker_that_cannot_start_a_call() -> None:
@@ -531,7 +534,7 @@ async def test_blank_answer_cost_is_in_the_trace() -> None:
     mute = _worker("mute", answer="  ", price_in=1.0, price_out=2.0)
     backup = _worker("backup", price_in=1.0, price_out=2.5)
     trace = await execute(
-        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(mute, backup), Limits(max_cost_usd=1.0)
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(mute, backup), RequestLimits(max_cost_usd=1.0)
     )
     rec = trace.steps[0]
     assert rec.status == "ok" and rec.worker == "backup"
@@ -550,7 +553,7 @@ async def test_timed_out_call_is_recorded_at_its_reservation() -> None:
         Workflow(steps=(Step(0, "solve", ()),)),
         TASK,
         _view(hung),
-        Limits(max_cost_usd=1.0, max_tokens=100, step_timeout_s=0.05),
+        RequestLimits(max_cost_usd=1.0, max_tokens=100, step_timeout_s=0.05),
     )
     rec = trace.steps[0]
     assert rec.status == "failed" and rec.worker == "hung"
@@ -567,7 +570,7 @@ async def test_private_audit_never_names_an_external_worker() -> None:
     ext = _worker("ext", hosting="external", price_out=10.0)
     local = _worker("local", hosting="self", price_out=9.0, fail_times=10)
     trace = await execute(
-        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(ext, local), Limits(sensitivity="private")
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(ext, local), RequestLimits(sensitivity="private")
     )
     rec = trace.steps[0]
     assert ext.calls == []
@@ -575,7 +578,7 @@ async def test_private_audit_never_names_an_external_worker() -> None:
     assert rec.worker == "local" and rec.requested_worker == "ext"
     assert trace.workers_called == ["local"]
     forbidden = await execute(
-        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(ext), Limits(sensitivity="private")
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(ext), RequestLimits(sensitivity="private")
     )
     assert forbidden.steps[0].worker == "" and forbidden.workers_called == []
 
@@ -584,7 +587,7 @@ async def test_cheap_output_price_still_caps_tokens() -> None:
     """Mutant `price_out > 0` -> `> 1`: a worker at <= $1/M output tokens got no cap."""
     cheap = _worker("cheap", price_in=0.0, price_out=0.5, output_tokens=10_000)
     trace = await execute(
-        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(cheap), Limits(max_cost_usd=1e-4)
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(cheap), RequestLimits(max_cost_usd=1e-4)
     )
     assert int(cheap.calls[0]["max_tokens"]) in (199, 200)  # type: ignore[call-overload]
     assert trace.cost_usd <= 1e-4
@@ -596,7 +599,7 @@ async def test_reservation_covers_input_cost() -> None:
     task = Task(id="t/long", question="y" * 6000, answer="", domain="qa", source="test", grader="qa")
     budget = 0.03  # the input reservation (~$0.025) leaves ~500 output tokens; half of it, ~1750
     trace = await execute(
-        Workflow(steps=(Step(0, "solve", ()),)), task, _view(w), Limits(max_cost_usd=budget)
+        Workflow(steps=(Step(0, "solve", ()),)), task, _view(w), RequestLimits(max_cost_usd=budget)
     )
     assert trace.steps[0].status == "ok"
     assert trace.cost_usd <= budget
@@ -618,12 +621,14 @@ async def test_step_that_affords_exactly_the_minimum_runs() -> None:
     """Mutant `cap >= MIN_OUTPUT_TOKENS` -> `>`: the boundary was untested."""
     w = _worker("w", price_in=0.0, price_out=10.0, output_tokens=4096)
     exact = MIN_OUTPUT_TOKENS * 10.0 / 1e6 * (1 + 2e-9)  # the executor keeps 1e-9 of slack
-    trace = await execute(Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(w), Limits(max_cost_usd=exact))
+    trace = await execute(
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(w), RequestLimits(max_cost_usd=exact)
+    )
     assert trace.steps[0].status == "ok"
     assert int(w.calls[0]["max_tokens"]) == MIN_OUTPUT_TOKENS  # type: ignore[call-overload]
     below = MIN_OUTPUT_TOKENS * 10.0 / 1e6 * (1 - 1e-6)
     skipped = await execute(
-        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(w), Limits(max_cost_usd=below)
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(w), RequestLimits(max_cost_usd=below)
     )
     assert skipped.steps[0].status == "skipped_budget" and len(w.calls) == 1
 
@@ -636,7 +641,7 @@ async def test_a_waiting_sibling_starts_when_a_settled_call_frees_budget() -> No
     waiting = _worker("waiting", price_in=0.0, price_out=10.0, output_tokens=1)
     wf = Workflow(steps=(Step(0, "a", ()), Step(1, "b", ()), Step(2, "c", ())))
     # room for two 100-token reservations, not three; quick's call costs 1 token and frees 99
-    limits = Limits(max_cost_usd=2 * 100 * 10 / 1e6 * 1.01, max_tokens=100, step_timeout_s=2.0)
+    limits = RequestLimits(max_cost_usd=2 * 100 * 10 / 1e6 * 1.01, max_tokens=100, step_timeout_s=2.0)
     trace = await execute(wf, TASK, _view(quick, hung, waiting), limits)
     assert [s.status for s in trace.steps] == ["ok", "failed", "ok"]
     # the waiting call began before the hung call's timeout settled it (2 s after it began)
@@ -647,7 +652,9 @@ async def test_free_output_worker_runs_when_the_budget_equals_its_input_reservat
     """Boundary of `avail < in_cost` for a worker with free output: equal is affordable."""
     limit = 1e-3
     w = _worker("w", price_in=_price_reserving_everything(limit, "solve"), price_out=0.0)
-    trace = await execute(Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(w), Limits(max_cost_usd=limit))
+    trace = await execute(
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, _view(w), RequestLimits(max_cost_usd=limit)
+    )
     assert trace.steps[0].status == "ok"
     assert trace.cost_usd <= limit
 
@@ -690,7 +697,7 @@ class _LengthWorker:
 
 async def test_truncation_and_estimated_tokens_are_recorded() -> None:
     view = Pool(name="p", workers=[_LengthWorker()]).view()  # type: ignore[list-item]
-    trace = await execute(Workflow(steps=(Step(0, "solve", ()),)), TASK, view, Limits(max_tokens=100))
+    trace = await execute(Workflow(steps=(Step(0, "solve", ()),)), TASK, view, RequestLimits(max_tokens=100))
     rec = trace.steps[0]
     assert rec.finish_reason == "length" and rec.tokens_estimated
     assert "output truncated at max_tokens" in rec.note

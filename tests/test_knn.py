@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies import make_policy
 from rl_conductor.policies.knn import SOLVE, KnnRouter
 from rl_conductor.policies.knn_embed import EMBED_DIM, embed
 from rl_conductor.policies.routers import DomainRouter, SingleOutcomes, measure_singles, reward_matrix
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.base import CallContext, Hosting, Message
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool, load_pool
@@ -154,28 +154,28 @@ def test_knn_picks_the_best_permitted_affordable_worker(hand: KnnRouter) -> None
     view = _pool().view()
     q = np.asarray([1.0, 0.0, 0.0])
     # dear is right on all three neighbours: worth its cost term
-    assert hand.route_vector(q, view, Limits()) == 0
+    assert hand.route_vector(q, view, RequestLimits()) == 0
     # a budget below dear's cost there: local (right on 2 of 3) beats cheap (1 of 3)
-    assert hand.route_vector(q, view, Limits(max_cost_usd=0.005)) == 2
+    assert hand.route_vector(q, view, RequestLimits(max_cost_usd=0.005)) == 2
     # a budget nobody fits: the cheapest
-    assert hand.route_vector(q, view, Limits(max_cost_usd=0.00001)) == 1
+    assert hand.route_vector(q, view, RequestLimits(max_cost_usd=0.00001)) == 1
     # private: only the self-hosted worker may see the request
-    assert hand.route_vector(q, view, Limits(sensitivity="private")) == 2
-    assert hand.route_vector(q, view, Limits(allowed_workers=frozenset({"cheap"}))) == 1
+    assert hand.route_vector(q, view, RequestLimits(sensitivity="private")) == 2
+    assert hand.route_vector(q, view, RequestLimits(allowed_workers=frozenset({"cheap"}))) == 1
     # ids are the view's ordinals, not the pool's
-    assert hand.route_vector(q, _pool().view([2, 1, 0]), Limits()) == 2
+    assert hand.route_vector(q, _pool().view([2, 1, 0]), RequestLimits()) == 2
     # the neighbours' best worker is not in the view: the next best of the view
-    assert hand.route_vector(q, _pool().view([1, 2]), Limits()) == 1
+    assert hand.route_vector(q, _pool().view([1, 2]), RequestLimits()) == 1
 
 
 def test_knn_breaks_equal_accuracy_by_cost_and_ignores_dissimilar_questions() -> None:
     view = _pool().view()
     far = np.asarray([0.0, 0.0, 1.0])
     # nearest neighbour t/3: dear and local both right; local's cost term is smaller
-    assert KnnRouter(EMB, _outcomes(), k=1).route_vector(far, view, Limits()) == 2
+    assert KnnRouter(EMB, _outcomes(), k=1).route_vector(far, view, RequestLimits()) == 2
     # with the paper's reward (no cost term) they tie, and the tie goes to the cheaper one
     paper = KnnRouter(EMB, _outcomes(), k=1, reward=REWARD_PRESETS["paper"])
-    assert paper.route_vector(far, view, Limits()) == 2
+    assert paper.route_vector(far, view, RequestLimits()) == 2
     # k=4 around (1,0,0): t/3 is orthogonal (weight 0), so the choice is that of k=3
     four = KnnRouter(EMB, _outcomes(), k=4)
     e4, _ = four.expected(np.asarray([1.0, 0.0, 0.0]))
@@ -198,7 +198,7 @@ def test_save_load_round_trip(hand: KnnRouter, tmp_path: Path) -> None:
     assert loaded.reward == hand.reward and loaded.outcomes.names == hand.outcomes.names
     view = _pool().view()
     for q in (np.asarray([1.0, 0, 0]), np.asarray([0, 0, 1.0])):
-        for lim in (Limits(), Limits(max_cost_usd=0.005)):
+        for lim in (RequestLimits(), RequestLimits(max_cost_usd=0.005)):
             assert loaded.route_vector(q, view, lim) == hand.route_vector(q, view, lim)
     assert isinstance(make_policy(f"knn:{path}", _pool()), KnnRouter)
 
@@ -234,12 +234,14 @@ async def test_routes_questions_by_their_real_neighbours() -> None:
     )
     router = KnnRouter(embed(MATH + CODE), outcomes, k=3)
     view = _pool().view()
-    assert router.route("Differentiate sin(x) * x^2.", view, Limits()) == 2
-    assert router.route("Write a Python function that sorts a dictionary by value.", view, Limits()) == 0
+    assert router.route("Differentiate sin(x) * x^2.", view, RequestLimits()) == 2
+    assert (
+        router.route("Write a Python function that sorts a dictionary by value.", view, RequestLimits()) == 0
+    )
     task = Task(
         id="m", question="Differentiate sin(x) * x^2.", answer="0", domain="math", source="t", grader="math"
     )
-    episodes = await router.run_many([task], view, Limits())
+    episodes = await router.run_many([task], view, RequestLimits())
     assert [s.worker for s in episodes[0].trace.steps] == ["local"]
 
 
@@ -251,15 +253,15 @@ async def test_domain_router_sends_each_domain_to_its_best_worker() -> None:
     # math (t/0..t/2): dear right 3/3 (reward 0.97), local 2/3; code (t/3): local right and cheaper
     assert router.table["math"]["dear"] == pytest.approx(0.97)
     view = _pool().view()
-    assert router.choose("math", view, Limits()) == 0
-    assert router.choose("code", view, Limits()) == 2
-    assert router.choose("math", view, Limits(max_cost_usd=0.005)) == 2  # dear does not fit
-    assert router.choose("math", view, Limits(sensitivity="private")) == 2
-    assert router.choose("math", _pool().view([1, 2]), Limits()) == 1  # local is ordinal 1 there
+    assert router.choose("math", view, RequestLimits()) == 0
+    assert router.choose("code", view, RequestLimits()) == 2
+    assert router.choose("math", view, RequestLimits(max_cost_usd=0.005)) == 2  # dear does not fit
+    assert router.choose("math", view, RequestLimits(sensitivity="private")) == 2
+    assert router.choose("math", _pool().view([1, 2]), RequestLimits()) == 1  # local is ordinal 1 there
     assert router.prior == ["dear", "local", "cheap"]  # by mean reward over every domain
-    assert router.choose("history", view, Limits()) == 0  # an unseen domain: the prior
-    assert router.choose("history", view, Limits(sensitivity="private")) == 2
-    plan = await router.plan(_task(0, "code"), view, Limits())
+    assert router.choose("history", view, RequestLimits()) == 0  # an unseen domain: the prior
+    assert router.choose("history", view, RequestLimits(sensitivity="private")) == 2
+    plan = await router.plan(_task(0, "code"), view, RequestLimits())
     assert plan.workflow.workers() == [2] and "model_id" in plan.text
 
 
@@ -305,7 +307,7 @@ def test_a_served_router_keeps_a_bounded_number_of_question_embeddings_and_no_te
     )
     view = _pool().view()
     for i in range(knn_module.QUERY_CACHE_SIZE + 50):
-        hand.route(f"private question number {i}", view, Limits())
+        hand.route(f"private question number {i}", view, RequestLimits())
     assert len(hand._query) == knn_module.QUERY_CACHE_SIZE
     assert not any("question" in key for key in hand._query._items)
     assert hand._query.get("private question number 0") is None  # the oldest went first

@@ -25,9 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.baselines import MixtureOfAgents, Oracle, SelfConsistency
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, Trace
+from rl_conductor.trace import Trace
 from rl_conductor.workers.live.testing import (
     BillingServer,
     ScriptedServer,
@@ -136,7 +137,7 @@ def _examples(draw: st.DrawFn) -> _Example:
 async def _run(ex: _Example, pool: Pool) -> Trace:
     view = pool.view()
     task = Task(id="t/prop", question=ex.question, answer="42", domain="math", source="test", grader="math")
-    limits = Limits(max_cost_usd=ex.budget, max_tokens=ex.max_tokens)
+    limits = RequestLimits(max_cost_usd=ex.budget, max_tokens=ex.max_tokens)
     a, b, c = ex.first, (ex.first + 1) % 3, (ex.first + 2) % 3
     if ex.policy == "oracle":
         return (await Oracle().run(task, view, limits)).trace

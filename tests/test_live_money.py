@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.baselines import MixtureOfAgents, Oracle
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.live.base import pool_spend_guard
 from rl_conductor.workers.live.spend import SpendLimitError, worst_case_cost
 from rl_conductor.workers.live.testing import (
@@ -85,7 +85,7 @@ async def test_gemini_thoughts_are_charged_and_the_plan_stays_within_its_budget(
     with scripted_server("gemini", default=bill) as srv:
         pool = build_pool({"workers": [_spec("gemini", srv.base_url)]})
         wf = Workflow(steps=(Step(0, "solve", ()), Step(0, "check", "all"), Step(0, "answer", "all")))
-        trace = await execute(wf, _task("What is 6 times 7?"), pool.view(), Limits(max_cost_usd=0.01))
+        trace = await execute(wf, _task("What is 6 times 7?"), pool.view(), RequestLimits(max_cost_usd=0.01))
     billed = bill.cost(PRICE_IN, PRICE_OUT)
     assert len(bill.billed) >= 1 and billed > 0
     assert trace.cost_usd == pytest.approx(billed, rel=1e-9)
@@ -111,7 +111,7 @@ async def test_non_ascii_input_never_overspends(
     with scripted_server(vendor, default=bill) as srv:
         pool = build_pool({"workers": [_spec(vendor, srv.base_url)]})
         wf = Workflow(steps=(Step(0, "solve", ()),))
-        trace = await execute(wf, _task(question), pool.view(), Limits(max_cost_usd=budget))
+        trace = await execute(wf, _task(question), pool.view(), RequestLimits(max_cost_usd=budget))
     billed = bill.cost(PRICE_IN, PRICE_OUT)
     assert billed <= budget, f"the vendor would bill ${billed:.4f} on a ${budget} budget"
     assert trace.cost_usd == pytest.approx(billed, rel=1e-9, abs=1e-12) and trace.cost_usd <= budget
@@ -184,7 +184,7 @@ async def test_parallel_policies_share_one_budget(
     runner = Oracle() if policy == "oracle" else MixtureOfAgents()
     budget = 0.003
     ep = await runner.run(
-        _task("What is 6 times 7?"), pool.view(), Limits(max_cost_usd=budget, max_tokens=256)
+        _task("What is 6 times 7?"), pool.view(), RequestLimits(max_cost_usd=budget, max_tokens=256)
     )
     billed = sum(b.cost(s["price_in"], s["price_out"]) for b, s in zip(bills, specs, strict=True))
     assert billed <= budget
@@ -228,7 +228,7 @@ async def _one_step(srv: ScriptedServer, *, attempts: int, step_timeout_s: float
     spec = _spec("openai", srv.base_url, retries={"attempts": attempts, "initial_s": 0.0, "jitter_s": 0.0})
     pool = build_pool({"workers": [{**spec, "timeout_s": 0.5}]})
     wf = Workflow([Step(0, "Solve the problem.", [])])
-    limits = Limits(max_tokens=256, step_timeout_s=step_timeout_s)
+    limits = RequestLimits(max_tokens=256, step_timeout_s=step_timeout_s)
     return await execute(wf, _task("What is 6 times 7?"), pool.view(), limits), pool.workers[0]
 
 
@@ -280,7 +280,7 @@ async def _stalling_step(
     spec = _spec("openai", srv.base_url, retries={"initial_s": 0.0, "jitter_s": 0.0}, timeout_s=0.5)
     pool = build_pool({"workers": [spec], **({"max_usd": pool_max_usd} if pool_max_usd else {})})
     wf = Workflow([Step(0, "Solve the problem.", [])])
-    limits = Limits(max_tokens=256, max_cost_usd=budget, step_timeout_s=30.0)
+    limits = RequestLimits(max_tokens=256, max_cost_usd=budget, step_timeout_s=30.0)
     trace = await execute(wf, _task("What is 6 times 7?"), pool.view(), limits)
     return trace, pool.workers[0], pool_spend_guard(pool)
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.base import CallContext, utf8_token_bound
 from rl_conductor.workers.cache import CachedWorker, S3CacheStore, SqliteCacheStore
 from rl_conductor.workers.live.base import LiveWorker, pool_spend_guard
@@ -243,7 +243,7 @@ async def test_no_key_reaches_logs_errors_or_traces(caplog: pytest.LogCaptureFix
         )
         with pytest.raises(PermanentWorkerError) as info:
             await _call(pool.workers[0])
-        trace = await execute(Workflow([Step(0, "multiply", [])]), TASK, pool.view(), Limits())
+        trace = await execute(Workflow([Step(0, "multiply", [])]), TASK, pool.view(), RequestLimits())
     assert KEY not in str(info.value) and "***" in str(info.value)
     assert trace.steps[0].worker == "good" and "bad: PermanentWorkerError" in trace.steps[0].note
     assert KEY not in json.dumps(trace.to_dict())
@@ -271,7 +271,7 @@ async def test_executor_falls_back_to_a_worker_of_the_same_hosting_class() -> No
                 ],
             }
         )
-        trace = await execute(Workflow([Step(0, "multiply", [])]), TASK, pool.view(), Limits())
+        trace = await execute(Workflow([Step(0, "multiply", [])]), TASK, pool.view(), RequestLimits())
     (step,) = trace.steps
     assert step.status == "ok" and step.worker == "alive" and step.answer == "42"
     assert (step.input_tokens, step.output_tokens) == (20, 3)
@@ -293,7 +293,7 @@ async def test_empty_and_truncated_outputs_are_marked_on_the_step() -> None:
             }
         )
         wf = Workflow([Step(0, "multiply", []), Step(1, "multiply", [])])
-        trace = await execute(wf, TASK, pool.view(), Limits())
+        trace = await execute(wf, TASK, pool.view(), RequestLimits())
     first, second = trace.steps
     assert first.status == "failed" and "empty answer" in first.note  # no same-class fallback
     assert second.status == "ok" and second.finish_reason == "length"

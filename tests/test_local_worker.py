@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.tasks.datasets import load_tasks
-from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, load_pool
 from rl_conductor.workflow import Step, Workflow
 from servers import local_live_env
@@ -97,7 +97,7 @@ async def test_two_step_workflow_over_http_reports_tokens_and_keeps_the_budget(
     task = load_tasks("gsm8k", "test", limit=1)[0]
     view = live_pool.view()
     wf = Workflow([Step(0, "Solve the problem.", []), Step(1, "Check the answer above.", "all")])
-    limits = Limits(max_cost_usd=0.01, max_tokens=64, temperature=0.7)
+    limits = RequestLimits(max_cost_usd=0.01, max_tokens=64, temperature=0.7)
     trace = await execute(wf, task, view, limits)
     assert [s.status for s in trace.steps] == ["ok", "ok"], [s.note for s in trace.steps]
     local = ChatModel("tiny-self", tiny_worker_dir)
@@ -117,19 +117,21 @@ async def test_two_step_workflow_over_http_reports_tokens_and_keeps_the_budget(
 
     # a budget that affords the self-hosted step but not the external one: stop, never exceed it
     tight = 5e-5
-    trace = await execute(wf, task, view, Limits(max_cost_usd=tight, max_tokens=64, temperature=0.7))
+    trace = await execute(wf, task, view, RequestLimits(max_cost_usd=tight, max_tokens=64, temperature=0.7))
     assert [s.status for s in trace.steps] == ["ok", "skipped_budget"]
     assert 0 < trace.cost_usd <= tight and trace.final_answer == trace.steps[0].answer
 
     # a private request never reaches the worker posing as external
-    trace = await execute(wf, task, view, Limits(sensitivity="private", max_tokens=64, temperature=0.7))
+    trace = await execute(
+        wf, task, view, RequestLimits(sensitivity="private", max_tokens=64, temperature=0.7)
+    )
     assert [s.worker for s in trace.steps] == ["smol-self", "smol-self"]
 
 
 async def test_repeated_workflow_is_served_from_the_cache(live_pool: Pool) -> None:
     task = load_tasks("gsm8k", "test", limit=1)[0]
     wf = Workflow([Step(0, "Solve the problem.", [])])
-    limits = Limits(max_tokens=64, temperature=0.7)
+    limits = RequestLimits(max_tokens=64, temperature=0.7)
     first = await execute(wf, task, live_pool.view(), limits)
     again = await execute(wf, task, load_pool("local-live").view(), limits)  # a new pool, same cache
     assert not first.steps[0].cached and again.steps[0].cached

@@ -20,12 +20,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.fixed import FixedPlan
 from rl_conductor.serving.service import ConductorService, load_policy
 from rl_conductor.serving_core import ConductorRequest
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.live.byo_server import byo_openai_server
 from rl_conductor.workers.live.resilience import (
     DEFAULT_ATTEMPTS,
@@ -114,7 +114,7 @@ async def test_a_restarted_worker_is_called_again_within_seconds() -> None:
     with scripted_server("openai", replies, default=ok("openai", "42")) as srv:
         worker = build_pool({"retries": 1, "workers": [_spec("w", srv.base_url)]}).workers[0]
         worker.breaker.clock = lambda: now[0]
-        task_limits = Limits()
+        task_limits = RequestLimits()
         for _ in range(5):
             await execute(Workflow((Step(0, "solve", ()),)), TASK, _one(worker), task_limits)
         assert worker.breaker.state == "open"
@@ -208,7 +208,7 @@ def _keyless_and_spare() -> Iterator[Any]:
 
 async def test_a_fallback_records_who_was_asked_who_answered_and_why() -> None:
     with _keyless_and_spare() as pool:
-        trace = await execute(Workflow((Step(0, "solve", ()),)), TASK, pool.view(), Limits())
+        trace = await execute(Workflow((Step(0, "solve", ()),)), TASK, pool.view(), RequestLimits())
     step = trace.steps[0]
     assert step.status == "ok" and step.requested_worker == "keyless" and step.worker == "spare"
     assert [a.worker for a in step.attempts] == ["keyless", "spare"]

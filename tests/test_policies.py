@@ -13,6 +13,7 @@ import pytest
 
 from rl_conductor.evaluation.report import markdown_table, pareto_front
 from rl_conductor.evaluation.runner import evaluate
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies import make_policy
 from rl_conductor.policies.baselines import (
     AGGREGATE,
@@ -24,7 +25,6 @@ from rl_conductor.policies.baselines import (
     SingleWorker,
 )
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.base import CallContext, Hosting, Message, estimate_tokens
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool
@@ -69,7 +69,7 @@ async def test_single_worker_calls_only_its_worker() -> None:
     pool = _pool(*POOL_SPECS)
     policy = make_policy("single:mid", pool)
     assert isinstance(policy, SingleWorker)
-    ep = await policy.run(_task(), pool.view(), Limits())
+    ep = await policy.run(_task(), pool.view(), RequestLimits())
     assert ep.plan.workflow.workers() == [1]
     assert parse(ep.plan.text, pool_size=4) == ep.plan.workflow
     assert ep.trace.final_answer == "\\boxed{7}"
@@ -84,7 +84,7 @@ async def test_single_worker_calls_only_its_worker() -> None:
 async def test_single_worker_follows_the_name_in_a_reordered_view() -> None:
     pool = _pool(*POOL_SPECS)
     view = pool.view([3, 1])
-    ep = await SingleWorker("mid").run(_task(), view, Limits())
+    ep = await SingleWorker("mid").run(_task(), view, RequestLimits())
     assert ep.plan.workflow.workers() == [1]
     assert ep.trace.steps[0].worker == "mid"
 
@@ -97,23 +97,23 @@ async def test_random_workflow_is_deterministic_per_task_id() -> None:
     plans = {}
     for i in range(30):
         t = _task(tid=f"math/{i}")
-        a, b = await policy.plan(t, view, Limits()), await policy.plan(t, view, Limits())
+        a, b = await policy.plan(t, view, RequestLimits()), await policy.plan(t, view, RequestLimits())
         assert a.workflow == b.workflow and a.text == b.text
         assert 1 <= len(a.workflow) <= 3
         assert normalize(parse(a.text, pool_size=len(view))) == normalize(a.workflow)
         plans[t.id] = a.workflow
     assert len({str(w) for w in plans.values()}) > 5  # differs across tasks
     other = RandomWorkflow(seed=4)
-    diff = [(await other.plan(_task(tid=k), view, Limits())).workflow != w for k, w in plans.items()]
+    diff = [(await other.plan(_task(tid=k), view, RequestLimits())).workflow != w for k, w in plans.items()]
     assert any(diff)  # the seed matters too
-    capped = await policy.plan(_task(tid="math/0"), view, Limits(max_steps=1))
+    capped = await policy.plan(_task(tid="math/0"), view, RequestLimits(max_steps=1))
     assert len(capped.workflow) == 1
 
 
 async def test_mixture_of_agents_aggregator_sees_all_proposers() -> None:
     specs = [(f"w{i}", float(i + 1), f"proposal-{i}") for i in range(5)]
     pool = _pool(*specs)
-    ep = await MixtureOfAgents().run(_task(), pool.view(), Limits())
+    ep = await MixtureOfAgents().run(_task(), pool.view(), RequestLimits())
     wf = ep.plan.workflow
     assert len(wf) == 4
     assert wf.workers() == [4, 3, 2, 4]  # three most expensive propose, the most expensive aggregates
@@ -130,10 +130,10 @@ async def test_mixture_of_agents_from_spec() -> None:
     pool = _pool(*POOL_SPECS)
     named = make_policy("moa:cheap,mid>top", pool)
     assert named.name == "moa:cheap,mid>top"
-    wf = (await named.plan(_task(), pool.view(), Limits())).workflow
+    wf = (await named.plan(_task(), pool.view(), RequestLimits())).workflow
     assert wf.workers() == [0, 1, 3]
     no_agg = make_policy("moa:cheap,mid", pool)  # the aggregator defaults to the first proposer
-    assert (await no_agg.plan(_task(), pool.view(), Limits())).workflow.workers() == [0, 1, 0]
+    assert (await no_agg.plan(_task(), pool.view(), RequestLimits())).workflow.workers() == [0, 1, 0]
     with pytest.raises(KeyError):
         make_policy("moa:cheap,nobody>top", pool)
 
@@ -154,7 +154,7 @@ async def test_self_consistency_majority_vote(sevens: set[int], winner: str) -> 
     pool = Pool(name="one", workers=[_voter(sevens), FakeWorker(info=fake_info("other"))])
     policy = make_policy("self-consistency:voter", pool)
     assert isinstance(policy, SelfConsistency)
-    ep = await policy.run(_task("7"), pool.view(), Limits(max_steps=5))
+    ep = await policy.run(_task("7"), pool.view(), RequestLimits(max_steps=5))
     assert len(ep.trace.steps) == 5
     assert len({c["context"].nonce for c in _fake(pool, "voter").calls}) == 5  # type: ignore[union-attr]
     assert f"\\boxed{{{winner}}}" in ep.trace.final_answer
@@ -167,14 +167,14 @@ async def test_self_consistency_majority_vote(sevens: set[int], winner: str) -> 
 async def test_self_consistency_tie_goes_to_the_earliest_sample() -> None:
     pool = Pool(name="one", workers=[_voter({1, 3})])
     policy = SelfConsistency("voter", samples=4)
-    ep = await policy.run(_task("7"), pool.view(), Limits())
+    ep = await policy.run(_task("7"), pool.view(), RequestLimits())
     assert "\\boxed{8}" in ep.trace.final_answer  # 8 (samples 0, 2) ties 7 (1, 3); 8 came first
     assert make_policy("self-consistency:voter*3", pool).samples == 3  # type: ignore[attr-defined]
 
 
 async def test_oracle_picks_the_cheapest_correct_worker() -> None:
     pool = _pool(*POOL_SPECS)
-    ep = await Oracle().run(_task("7"), pool.view(), Limits())
+    ep = await Oracle().run(_task("7"), pool.view(), RequestLimits())
     assert ep.trace.final_answer == "\\boxed{7}"
     assert "oracle: answered with mid (correct" in ep.trace.notes[-1]
     assert all(len(_fake(pool, n).calls) == 1 for n in pool.names())
@@ -188,7 +188,7 @@ async def test_oracle_shares_one_budget_across_every_worker_it_asks() -> None:
     """It used to run every worker with the whole budget each (issue 23: $0.0093 on $0.003)."""
     pool = _pool(*POOL_SPECS)
     budget = 3e-4  # "cheap" and "mid" each fit in it alone, not together
-    ep = await Oracle().run(_task("7"), pool.view(), Limits(max_cost_usd=budget))
+    ep = await Oracle().run(_task("7"), pool.view(), RequestLimits(max_cost_usd=budget))
     spent = 0.0
     for n in pool.names():
         w = _fake(pool, n)
@@ -201,14 +201,14 @@ async def test_oracle_shares_one_budget_across_every_worker_it_asks() -> None:
 
 async def test_oracle_without_a_correct_worker_reports_the_cheapest_attempt() -> None:
     pool = _pool(*POOL_SPECS)
-    ep = await Oracle().run(_task("123"), pool.view(), Limits())
+    ep = await Oracle().run(_task("123"), pool.view(), RequestLimits())
     assert "oracle: answered with cheap (no worker correct" in ep.trace.notes[-1]
     assert ep.trace.final_answer == ep.trace.steps[0].answer and ep.trace.steps[0].worker == "cheap"
 
 
 async def test_oracle_respects_privacy() -> None:
     pool = _pool(*POOL_SPECS, hosting=["external", "external", "self", "external"])
-    ep = await Oracle().run(_task("7"), pool.view(), Limits(sensitivity="private"))
+    ep = await Oracle().run(_task("7"), pool.view(), RequestLimits(sensitivity="private"))
     assert ep.trace.steps[0].worker == "dear" and len(ep.trace.steps) == 1
     assert [len(_fake(pool, n).calls) for n in pool.names()] == [0, 0, 1, 0]
 
@@ -216,7 +216,9 @@ async def test_oracle_respects_privacy() -> None:
 async def test_self_consistency_respects_max_steps() -> None:
     """It used to lift max_steps to its five samples (issue 23, finding 10)."""
     pool = Pool(name="one", workers=[_voter({0})])
-    ep = await make_policy("self-consistency:voter", pool).run(_task("7"), pool.view(), Limits(max_steps=1))
+    ep = await make_policy("self-consistency:voter", pool).run(
+        _task("7"), pool.view(), RequestLimits(max_steps=1)
+    )
     assert len(ep.trace.steps) == 1 and len(_fake(pool, "voter").calls) == 1
     assert ep.trace.notes == ["self-consistency: 1 of 5 samples (max_steps)"]
     assert "\\boxed{7}" in ep.trace.final_answer
@@ -224,7 +226,7 @@ async def test_self_consistency_respects_max_steps() -> None:
 
 async def test_oracle_with_no_permitted_worker_returns_an_empty_answer() -> None:
     pool = _pool(*POOL_SPECS)
-    ep = await Oracle().run(_task("7"), pool.view(), Limits(sensitivity="private"))
+    ep = await Oracle().run(_task("7"), pool.view(), RequestLimits(sensitivity="private"))
     assert ep.trace.final_answer == ""
     assert ep.trace.steps[0].status == "skipped_forbidden"
     assert all(not _fake(pool, n).calls for n in pool.names())

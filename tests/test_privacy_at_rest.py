@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from rl_conductor.cli import app
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.base import CallContext, Completion
 from rl_conductor.workers.cache import CachedWorker, S3CacheStore, SqliteCacheStore
 from rl_conductor.workers.live.testing import Reply, Request, ok, scripted_server
@@ -58,7 +58,7 @@ def _task(source: str = "request") -> Task:
 
 async def _ask(pool: Any, sensitivity: str, task: Task | None = None) -> Any:
     wf = Workflow(steps=(Step(0, "answer", ()),))
-    return await execute(wf, task or _task(), pool.view(), Limits(sensitivity=sensitivity))  # type: ignore[arg-type]
+    return await execute(wf, task or _task(), pool.view(), RequestLimits(sensitivity=sensitivity))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "s3"])

@@ -15,12 +15,12 @@ from tests.test_conductor_policy import Script
 from tests.test_evidence import COST_AWARE, _tasks
 from tests.test_warmstart import EASY_HARD, PRICES, _table
 
+from rl_conductor.limits import RequestLimits
 from rl_conductor.lm.generate import ids_prefix_ok
 from rl_conductor.policies.conductor import ConductorPolicy
 from rl_conductor.policies.evidence import Ranker, fit_evidence
 from rl_conductor.prompting import RANK_SHOWN, shown_ranking
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.fake import fake_pool
 from rl_conductor.workflow import ParseError, Step, Workflow, model_ids, parse, render
 
@@ -110,11 +110,11 @@ async def test_the_conductor_resolves_ranks_with_its_prompts_ranking_and_the_tra
     view = pool.view()
     _ranked_policy(policy, [2, 0, 1], monkeypatch)
     monkeypatch.setattr(policy, "_generate", Script(lambda p, c: _plan("@1")))
-    plan = await policy.plan(TASK, view, Limits())
+    plan = await policy.plan(TASK, view, RequestLimits())
     assert not plan.fallback and plan.workflow.workers() == [2]
     assert plan.evidence_best == 2
     assert any("named by evidence rank: @1 -> 2" in n for n in plan.notes)
-    ep = await policy.run(TASK, view, Limits(), plan=plan)
+    ep = await policy.run(TASK, view, RequestLimits(), plan=plan)
     assert ep.trace.notes[0].endswith("@1 -> 2")
     assert [a.worker for a in ep.trace.attempts] == [view.names()[2]]
     from rl_conductor.serving_core import response_document
@@ -131,11 +131,11 @@ async def test_a_rank_without_a_ranking_falls_back_with_the_reason(
     pool = fake_pool(4)
     _ranked_policy(policy, None, monkeypatch)
     monkeypatch.setattr(policy, "_generate", Script(lambda p, c: _plan("@1")))
-    plan = await policy.plan(TASK, pool.view(), Limits())
+    plan = await policy.plan(TASK, pool.view(), RequestLimits())
     assert plan.fallback and "showed no ranking" in (plan.parse_error or "")
     _ranked_policy(policy, [1, 0], monkeypatch)
     monkeypatch.setattr(policy, "_generate", Script(lambda p, c: _plan("@3")))
-    plan = await policy.plan(TASK, pool.view(), Limits())
+    plan = await policy.plan(TASK, pool.view(), RequestLimits())
     assert plan.fallback and "out of range @1..@2" in (plan.parse_error or "")
 
 
@@ -151,7 +151,7 @@ async def test_a_rank_resolving_to_a_worker_over_budget_is_refused_like_its_id(
     from rl_conductor.prompting import typical_cost
 
     costs = sorted(typical_cost(i) for i in view.infos())
-    limits = Limits(max_cost_usd=(costs[0] + costs[-1]) / 2)
+    limits = RequestLimits(max_cost_usd=(costs[0] + costs[-1]) / 2)
     mask = allowed_ids(view, limits)
     assert mask is not None and len(mask) < len(view)
     banned = next(j for j in range(len(view)) if j not in mask)
@@ -179,12 +179,12 @@ def test_rank_targets_are_rank_addresses_of_the_lines_first_worker() -> None:
     )
     targets = ExpectedRewards.fit(_table(EASY_HARD, PRICES), COST_AWARE)
     kw = dict(max_question_chars=200, evidence=evidence, rank=rank)
-    records = warm_sft_records(specs, pool, Limits(), targets, by_rank=True, **kw)  # type: ignore[arg-type]
-    grpo = grpo_records(specs, pool, Limits(), **kw)  # type: ignore[arg-type]
+    records = warm_sft_records(specs, pool, RequestLimits(), targets, by_rank=True, **kw)  # type: ignore[arg-type]
+    grpo = grpo_records(specs, pool, RequestLimits(), **kw)  # type: ignore[arg-type]
     for spec, rec, g in zip(specs, records, grpo, strict=True):
         text = rec["completion"][0]["content"]
         assert text.startswith("model_id = [@1]")
-        view, lim = spec.pool_view(pool), spec.limits(Limits())
+        view, lim = spec.pool_view(pool), spec.limits(RequestLimits())
         order = rank(spec.task, evidence[spec.task.id], view, lim)
         assert g["ranking"] == shown_ranking(order)
         wf = parse(text, pool_size=len(view), ranking=g["ranking"])
@@ -201,7 +201,7 @@ async def test_grpo_scores_a_rank_address_with_the_prompts_ranking() -> None:
 
     pool = fake_pool(3)
     task = TASK
-    reward = ConductorReward(pool, {task.id: task}, RewardConfig(), Limits())
+    reward = ConductorReward(pool, {task.id: task}, RewardConfig(), RequestLimits())
     got = await reward(
         [""] * 2,
         [_plan("@1")] * 2,

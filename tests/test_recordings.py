@@ -18,6 +18,7 @@ import yaml
 
 from rl_conductor.cli import app
 from rl_conductor.evaluation.suite import run_eval
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import make_policy
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks, split_of
@@ -29,7 +30,6 @@ from rl_conductor.tasks.recordings import (
     write_recordings,
 )
 from rl_conductor.tasks.routellm import routellm_recordings
-from rl_conductor.trace import Limits
 from rl_conductor.workers.base import CallContext
 from rl_conductor.workers.live.testing import Reply, Request, ok, scripted_server
 from rl_conductor.workers.pool import PoolConfigError, build_pool, load_pool
@@ -198,7 +198,7 @@ def _answers(pool: Any, tasks: list[Task]) -> dict[str, tuple[str, bool, float]]
     import asyncio
 
     policy = make_policy("single:remote", pool, seed=1, dataset="gsm8k")
-    episodes = asyncio.run(policy.run_many(tasks, pool.view(), Limits()))
+    episodes = asyncio.run(policy.run_many(tasks, pool.view(), RequestLimits()))
     return {t.id: (e.trace.final_answer, grade(t, e.trace.final_answer), e.trace.cost_usd)
             for t, e in zip(tasks, episodes, strict=True)}  # fmt: skip
 

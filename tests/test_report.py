@@ -21,10 +21,11 @@ from rl_conductor.evaluation.report import (
     parse_budgets,
 )
 from rl_conductor.evaluation.runner import evaluate, workflow_shape
+from rl_conductor.limits import RequestLimits
 from rl_conductor.pipeline.report import markdown_report
 from rl_conductor.policies.baselines import MixtureOfAgents, SelfConsistency, SingleWorker
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, StepRecord
+from rl_conductor.trace import StepRecord
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool
 
@@ -106,7 +107,7 @@ def test_parse_budgets() -> None:
 def test_budget_views_side_by_side(tmp_path: Path) -> None:
     view = _pool().view()
     summaries = []
-    for budget, limits in (("none", Limits()), ("0.0001", Limits(max_cost_usd=0.0001))):
+    for budget, limits in (("none", RequestLimits()), ("0.0001", RequestLimits(max_cost_usd=0.0001))):
         s = evaluate(SingleWorker("dear"), view, _tasks(), limits, progress=False).summary()
         s["budget"] = budget
         summaries.append(s)

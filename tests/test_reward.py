@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 
 from rl_conductor import reward as reward_module
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.prompting import conductor_prompt
 from rl_conductor.reward import REWARD_PRESETS, RewardConfig, budget_stopped, compute_reward, grade_trace
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, StepRecord, Trace
+from rl_conductor.trace import StepRecord, Trace
 from rl_conductor.training.grpo_reward import ConductorReward
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool
@@ -115,7 +116,10 @@ async def test_grade_and_reward_real_traces() -> None:
 
     # a budget too small for the right worker: its step is skipped, the cheap wrong answer stands
     limited = await execute(
-        Workflow(steps=(Step(1, "draft", ()), Step(0, "solve", "all"))), TASK, view, Limits(max_cost_usd=1e-4)
+        Workflow(steps=(Step(1, "draft", ()), Step(0, "solve", "all"))),
+        TASK,
+        view,
+        RequestLimits(max_cost_usd=1e-4),
     )
     assert budget_stopped(limited) and not grade_trace(TASK, limited)
     assert limited.final_answer == "\\boxed{41}"
@@ -144,7 +148,7 @@ def test_grade_cache_is_bounded_and_keys_on_a_digest() -> None:
 
 
 def _paper_sim_reward(tmp_pool: Pool) -> ConductorReward:
-    return ConductorReward(tmp_pool, {TASK.id: TASK}, PAPER, Limits(max_steps=5))
+    return ConductorReward(tmp_pool, {TASK.id: TASK}, PAPER, RequestLimits(max_steps=5))
 
 
 async def test_training_reward_gives_an_out_of_view_id_nothing() -> None:
@@ -162,12 +166,12 @@ async def test_training_reward_gives_an_out_of_view_id_nothing() -> None:
     assert got[1] == pytest.approx(0.5)
     assert wrong.calls and len(wrong.calls) == 1
     with pytest.raises(ValueError, match="max_rounds=2"):
-        ConductorReward(pool, {}, PAPER, Limits(max_rounds=2))
+        ConductorReward(pool, {}, PAPER, RequestLimits(max_rounds=2))
 
 
 def test_prompt_never_offers_an_id_beyond_the_view() -> None:
     view = Pool(name="p", workers=[FakeWorker(info=fake_info("a")), FakeWorker(info=fake_info("b"))]).view()
-    for limits in (Limits(), Limits(max_rounds=3)):
+    for limits in (RequestLimits(), RequestLimits(max_rounds=3)):
         text = conductor_prompt(TASK, view, limits)
         assert "1: " in text and "2: " not in text and "yourself" not in text
 

@@ -19,11 +19,11 @@ import pytest
 
 from _tiny import Micro, trained_micro
 from rl_conductor.executor import RoundRequest, execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.cascade import Cascade
 from rl_conductor.prompting import quantile_seconds, typical_cost
 from rl_conductor.rounds import REVIEW_QUANTILE, continuation_within_limits, single_within_budget
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.base import WorkerInfo
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool
@@ -90,20 +90,20 @@ def test_a_continuation_keeps_only_what_the_limits_left_afford() -> None:
     pool = _pool("1", "2", "3")
     view = pool.view()
     three = Workflow(steps=tuple(Step(1, "solve", ()) for _ in range(3)))
-    one_fits = Limits(max_cost_usd=_typical(pool, 1) * 1.5)
+    one_fits = RequestLimits(max_cost_usd=_typical(pool, 1) * 1.5)
     assert [s.worker for s in continuation_within_limits(three, view, one_fits, 2).steps] == [1]
-    assert continuation_within_limits(three, view, Limits(max_cost_usd=1e-6), 2).steps == ()
-    assert continuation_within_limits(three, view, Limits(), 2) == three
+    assert continuation_within_limits(three, view, RequestLimits(max_cost_usd=1e-6), 2).steps == ()
+    assert continuation_within_limits(three, view, RequestLimits(), 2) == three
     timed = _timed_pool().view()
     slow = quantile_seconds(timed.worker(2).info, REVIEW_QUANTILE)
     fast = quantile_seconds(timed.worker(0).info, REVIEW_QUANTILE)
     assert slow is not None and fast is not None and fast < slow
     up = Workflow(steps=(Step(2, "solve", ()),))
-    assert continuation_within_limits(up, timed, Limits(max_latency_s=slow * 0.9), 2).steps == ()
-    assert continuation_within_limits(up, timed, Limits(max_latency_s=slow * 1.1), 2) == up
+    assert continuation_within_limits(up, timed, RequestLimits(max_latency_s=slow * 0.9), 2).steps == ()
+    assert continuation_within_limits(up, timed, RequestLimits(max_latency_s=slow * 1.1), 2) == up
     # a chained step waits for the continuation step it sees: 2 fast steps in a row need 2x
     chained = Workflow(steps=(Step(0, "solve", ()), Step(1, "solve", (2,))))
-    left = Limits(max_latency_s=fast * 1.5)
+    left = RequestLimits(max_latency_s=fast * 1.5)
     assert [s.worker for s in continuation_within_limits(chained, timed, left, 2).steps] == [0]
     parallel = Workflow(steps=(Step(0, "solve", ()), Step(1, "solve", ())))
     assert continuation_within_limits(parallel, timed, left, 2) == parallel
@@ -121,16 +121,16 @@ def test_the_review_quantile_is_the_conductors_deadline_quantile() -> None:
 async def test_the_cascade_asks_one_worker_when_the_budget_cannot_afford_its_pair() -> None:
     pool = _pool("\\boxed{41}", "\\boxed{42}", "\\boxed{42}")
     budget = _typical(pool, 0, 1) - 1e-6
-    ep = await Cascade(("w0", "w1"), "w2").run(TASK, pool.view(), Limits(max_cost_usd=budget))
+    ep = await Cascade(("w0", "w1"), "w2").run(TASK, pool.view(), RequestLimits(max_cost_usd=budget))
     assert [s.worker for s in ep.trace.steps] == ["w1"]
     assert ep.trace.final_answer == "\\boxed{42}" and ep.trace.cost_usd <= budget
     # one answer: nothing to compare, so the review keeps it
     assert ep.trace.rounds[1].decision == "keep"
 
 
-async def _after_the_pair(pool: Pool, left: Limits) -> RoundRequest:
+async def _after_the_pair(pool: Pool, left: RequestLimits) -> RoundRequest:
     """What the executor hands the review after the pair (w0, w1), with ``left`` as the limits left."""
-    trace = await execute(_pair(), TASK, pool.view(), Limits())
+    trace = await execute(_pair(), TASK, pool.view(), RequestLimits())
     return RoundRequest(TASK, pool.view(), _pair(), tuple(trace.steps), trace.final_answer, 2, left)
 
 
@@ -138,12 +138,12 @@ async def test_the_cascade_does_not_escalate_past_the_budget_left() -> None:
     pool = _pool("\\boxed{41}", "\\boxed{42}", "\\boxed{7}")
     cascade = Cascade(("w0", "w1"), "w2")
     up = _typical(pool, 2)
-    short = await cascade.review(await _after_the_pair(pool, Limits(max_cost_usd=up * 0.9)))
+    short = await cascade.review(await _after_the_pair(pool, RequestLimits(max_cost_usd=up * 0.9)))
     assert short.agree is False and short.workflow.steps == ()
-    room = await cascade.review(await _after_the_pair(pool, Limits(max_cost_usd=up * 1.1)))
+    room = await cascade.review(await _after_the_pair(pool, RequestLimits(max_cost_usd=up * 1.1)))
     assert [s.worker for s in room.workflow.steps] == [2]
     # end to end with room: the disagreement escalates
-    roomy = Limits(max_cost_usd=_typical(pool, 0, 1, 2) * 1.2)
+    roomy = RequestLimits(max_cost_usd=_typical(pool, 0, 1, 2) * 1.2)
     ep = await cascade.run(TASK, pool.view(), roomy)
     assert [s.worker for s in ep.trace.steps] == ["w0", "w1", "w2"]
 
@@ -153,11 +153,11 @@ async def test_the_cascade_does_not_escalate_past_the_deadline() -> None:
     cascade = Cascade(("w0", "w1"), "w2")
     slow = quantile_seconds(pool.view().worker(2).info, REVIEW_QUANTILE)
     assert slow is not None
-    late = await cascade.review(await _after_the_pair(pool, Limits(max_latency_s=slow * 0.8)))
+    late = await cascade.review(await _after_the_pair(pool, RequestLimits(max_latency_s=slow * 0.8)))
     assert late.agree is False and late.workflow.steps == ()
-    ep = await cascade.run(TASK, pool.view(), Limits(max_latency_s=slow * 0.8))
+    ep = await cascade.run(TASK, pool.view(), RequestLimits(max_latency_s=slow * 0.8))
     assert ep.trace.rounds[1].decision == "keep" and [s.worker for s in ep.trace.steps] == ["w0", "w1"]
-    on_time = await cascade.review(await _after_the_pair(pool, Limits(max_latency_s=slow * 1.2)))
+    on_time = await cascade.review(await _after_the_pair(pool, RequestLimits(max_latency_s=slow * 1.2)))
     assert [s.worker for s in on_time.workflow.steps] == [2]
 
 
@@ -194,11 +194,11 @@ async def test_the_conductor_cuts_a_pair_the_budget_cannot_afford(
     pool = _pool("\\boxed{41}", "\\boxed{42}", "\\boxed{42}")
     monkeypatch.setattr(policy, "_generate", Script(_text([0, 1]), _text([])))
     budget = _typical(pool, 0, 1) - 1e-6
-    plan = await policy.plan(TASK, pool.view(), Limits(max_cost_usd=budget, max_rounds=2))
+    plan = await policy.plan(TASK, pool.view(), RequestLimits(max_cost_usd=budget, max_rounds=2))
     assert [s.worker for s in plan.workflow.steps] == [1]
     assert any("cut to one step" in n for n in plan.notes)
     # an affordable pair stands
-    plan = await policy.plan(TASK, pool.view(), Limits(max_cost_usd=budget * 2, max_rounds=2))
+    plan = await policy.plan(TASK, pool.view(), RequestLimits(max_cost_usd=budget * 2, max_rounds=2))
     assert [s.worker for s in plan.workflow.steps] == [0, 1]
 
 
@@ -212,7 +212,7 @@ async def test_the_conductors_review_adds_only_what_the_budget_left_affords(
     # the review asks for three more answers of w1; the budget left affords about one
     monkeypatch.setattr(policy, "_generate", Script(_text([0]), _text([1, 1, 1])))
     budget = _typical(pool, 0) + 1.5 * _typical(pool, 1)
-    ep = await policy.run(TASK, pool.view(), Limits(max_cost_usd=budget, max_rounds=2))
+    ep = await policy.run(TASK, pool.view(), RequestLimits(max_cost_usd=budget, max_rounds=2))
     later = [ep.trace.steps[i] for i in ep.trace.rounds[1].steps]
     assert [(s.worker, s.status) for s in later] == [("w1", "ok")]
     assert ep.trace.cost_usd <= budget and ep.trace.final_answer == "\\boxed{42}"

@@ -1,4 +1,4 @@
-"""Rounds (``Limits.max_rounds``): a one-round request behaves exactly as before rounds existed,
+"""Rounds (``RequestLimits.max_rounds``): a one-round request behaves exactly as before rounds existed,
 later rounds keep the deadline and the privacy rule, see what came before and are recorded; the
 cascade baseline escalates only on disagreement, compared by the project's answer extraction.
 
@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from one_round_cases import golden_lines, run_cases
 from rl_conductor.errors import UserError
 from rl_conductor.executor import Continuation, RoundRequest, execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.cascade import Cascade, cascade_outcomes, fit_cascade, measure_samples
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.graders import answers_agree
-from rl_conductor.trace import Limits
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool, load_pool
 from rl_conductor.workflow import Step, Workflow
@@ -61,7 +61,7 @@ def test_one_round_traces_are_byte_identical_to_before_rounds() -> None:
     for line in got:
         assert '"rounds"' not in line  # the projection drops it: a one-round trace records none
     pool = _pool("1", "2", "3")
-    ep = asyncio.run(make_policy("cascade:w0,w1>w2", pool).run(TASK, pool.view(), Limits()))
+    ep = asyncio.run(make_policy("cascade:w0,w1>w2", pool).run(TASK, pool.view(), RequestLimits()))
     assert ep.trace.rounds  # (a cascade is two rounds by definition, so it does record them)
 
 
@@ -73,7 +73,9 @@ async def test_a_one_round_request_never_calls_the_review() -> None:
         calls.append(req.round)
         return Continuation(workflow=Workflow(steps=(Step(0, "again", ()),)))
 
-    trace = await execute(Workflow(steps=(Step(0, "solve", ()),)), TASK, pool.view(), Limits(), review=review)
+    trace = await execute(
+        Workflow(steps=(Step(0, "solve", ()),)), TASK, pool.view(), RequestLimits(), review=review
+    )
     assert calls == [] and trace.rounds == [] and len(trace.steps) == 1
 
 
@@ -94,7 +96,7 @@ async def test_a_later_round_sees_the_earlier_answers_and_starts_after_them() ->
         return Continuation(workflow=Workflow(steps=()))
 
     first = Workflow(steps=(Step(0, "a", ()), Step(0, "b", ())))
-    trace = await execute(first, TASK, view, Limits(max_rounds=3, max_cost_usd=1.0), review=review)
+    trace = await execute(first, TASK, view, RequestLimits(max_rounds=3, max_cost_usd=1.0), review=review)
     assert [r.round for r in seen] == [2, 3]
     assert seen[0].answer == "\\boxed{41}" and len(seen[0].records) == 2
     assert seen[0].limits.max_cost_usd == pytest.approx(1.0 - trace.rounds[0].cost_usd, rel=1e-6)
@@ -124,11 +126,11 @@ async def test_no_review_when_the_budget_or_the_calls_are_spent() -> None:
         return Continuation(workflow=Workflow(steps=tuple(Step(0, f"again {k}", ()) for k in range(3))))
 
     one = Workflow(steps=(Step(0, "solve", ()),))
-    capped = await execute(one, TASK, pool.view(), Limits(max_rounds=3, max_calls=1), review=review)
+    capped = await execute(one, TASK, pool.view(), RequestLimits(max_rounds=3, max_calls=1), review=review)
     assert called == [] and [r.decision for r in capped.rounds] == ["plan", "stop"]
     assert "call cap" in capped.rounds[1].reason and len(capped.attempts) == 1
     # a continuation longer than the calls left is cut to them
-    cut = await execute(one, TASK, pool.view(), Limits(max_rounds=2, max_calls=2), review=review)
+    cut = await execute(one, TASK, pool.view(), RequestLimits(max_rounds=2, max_calls=2), review=review)
     assert len(cut.steps) == 2 and len(cut.attempts) == 2 and "truncated to 1" in cut.rounds[1].reason
 
 
@@ -143,7 +145,7 @@ async def test_a_failing_or_invalid_review_keeps_the_answer() -> None:
 
     one = Workflow(steps=(Step(0, "solve", ()),))
     for hook, why in ((broken, "review failed"), (invalid, "invalid continuation")):
-        trace = await execute(one, TASK, pool.view(), Limits(max_rounds=2), review=hook)
+        trace = await execute(one, TASK, pool.view(), RequestLimits(max_rounds=2), review=hook)
         assert trace.rounds[1].decision == "stop" and why in trace.rounds[1].reason
         assert trace.final_answer == "\\boxed{1}" and len(trace.steps) == 1
 
@@ -160,7 +162,7 @@ async def test_a_later_round_on_a_private_request_calls_no_external_worker() -> 
         Workflow(steps=(Step(0, "solve", ()),)),
         TASK,
         view,
-        Limits(max_rounds=2, sensitivity="private"),
+        RequestLimits(max_rounds=2, sensitivity="private"),
         review=escalate,
     )
     assert outside.calls == [] and trace.workers_called == ["inside", "inside"]
@@ -189,7 +191,7 @@ def test_the_deadline_holds_across_rounds(
         workers = rounds[(req.round - 2) % len(rounds)]
         return Continuation(workflow=Workflow(steps=tuple(Step(w, "check", "all") for w in workers)))
 
-    limits = Limits(max_latency_s=deadline, max_cost_usd=budget, max_rounds=1 + len(rounds))
+    limits = RequestLimits(max_latency_s=deadline, max_cost_usd=budget, max_rounds=1 + len(rounds))
     first = Workflow(steps=(Step(rounds[0][0], "solve", ()),))
     trace = asyncio.run(execute(first, TASKS[task_index], VIEW, limits, review=review))
     assert trace.latency_s <= deadline + EPS
@@ -232,11 +234,11 @@ def test_answers_agree_on_multiple_choice() -> None:
 async def test_the_cascade_escalates_only_when_the_cheap_answers_disagree() -> None:
     agree = _pool("\\boxed{42}", "so 42 it is: \\boxed{42}", "\\boxed{7}")
     cascade = Cascade(("w0", "w1"), "w2")
-    ep = await cascade.run(TASK, agree.view(), Limits())
+    ep = await cascade.run(TASK, agree.view(), RequestLimits())
     assert [s.worker for s in ep.trace.steps] == ["w0", "w1"] and ep.trace.rounds[1].decision == "keep"
     assert ep.trace.rounds[1].agree is True
     differ = _pool("\\boxed{41}", "\\boxed{42}", "\\boxed{42}")
-    ep = await Cascade(("w0", "w1"), "w2").run(TASK, differ.view(), Limits())
+    ep = await Cascade(("w0", "w1"), "w2").run(TASK, differ.view(), RequestLimits())
     assert [s.worker for s in ep.trace.steps] == ["w0", "w1", "w2"] and ep.trace.rounds[
         1
     ].decision == "continue"
@@ -244,7 +246,9 @@ async def test_the_cascade_escalates_only_when_the_cheap_answers_disagree() -> N
     # the summary the cascade read is the one a review prompt shows
     assert (
         summarize(
-            RoundRequest(TASK, differ.view(), Workflow(steps=()), tuple(ep.trace.steps[:2]), "", 2, Limits())
+            RoundRequest(
+                TASK, differ.view(), Workflow(steps=()), tuple(ep.trace.steps[:2]), "", 2, RequestLimits()
+            )
         ).line()
         == "The answers so far disagree."
     )
@@ -278,7 +282,12 @@ def test_the_fit_replays_what_the_cascade_earns(capsys) -> None:
     up = None if best.escalate is None else names.index(best.escalate)
     out = cascade_outcomes(outcomes, tasks, pair, up, config)
     res = evaluate(
-        Cascade(best.first, best.escalate), pool.view(), tasks, Limits(), progress=False, reward_config=config
+        Cascade(best.first, best.escalate),
+        pool.view(),
+        tasks,
+        RequestLimits(),
+        progress=False,
+        reward_config=config,
     )
     s = res.summary()
     assert s["accuracy"] == pytest.approx(float(out["correct"].mean()))

@@ -174,16 +174,16 @@ def test_absurd_or_disguised_values_are_request_errors(field: dict) -> None:
 
 
 def test_huge_limits_are_invalid_values_not_overflows() -> None:
-    from rl_conductor.trace import Limits
+    from rl_conductor.limits import RequestLimits
     from rl_conductor.validation import MAX_SECONDS, MAX_USD, InvalidValue
 
     for kwargs in ({"max_cost_usd": 1e303}, {"max_latency_s": 1e308}, {"step_timeout_s": 1e300}):
         with pytest.raises(InvalidValue):
-            Limits(**kwargs)
-    assert Limits(max_cost_usd=MAX_USD, max_latency_s=MAX_SECONDS).max_cost_usd == MAX_USD
+            RequestLimits(**kwargs)
+    assert RequestLimits(max_cost_usd=MAX_USD, max_latency_s=MAX_SECONDS).max_cost_usd == MAX_USD
     for kwargs in ({"max_cost_usd": MAX_USD * 1.5}, {"max_latency_s": MAX_SECONDS * 1.5}):
-        with pytest.raises(InvalidValue):  # the request caps: one set for every Limits
-            Limits(**kwargs)
+        with pytest.raises(InvalidValue):  # the request caps: one set for every RequestLimits
+            RequestLimits(**kwargs)
 
 
 def test_pyfunc_dataframe_rows_nan_means_absent_and_an_all_nan_budget_is_an_error() -> None:

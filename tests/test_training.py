@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _tiny import Micro, micro_config, trained_micro
+from rl_conductor.limits import RequestLimits
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.training.config import TrainConfig, available_presets, load_preset
 from rl_conductor.training.data import (
     PromptSpec,
@@ -194,7 +194,7 @@ def test_grpo_and_sft_records_carry_what_the_reward_and_trainer_need() -> None:
         PromptSpec(task=tasks[0], view=(3, 1), budget=0.02),
         PromptSpec(task=tasks[1], view=(0, 1, 2, 3), budget=None),
     ]
-    base = Limits(max_steps=3)
+    base = RequestLimits(max_steps=3)
     grpo = grpo_records(specs, pool, base, max_question_chars=200)
     assert [set(r) for r in grpo] == [{"prompt", "task_id", "view", "budget", "deadline", "ranking"}] * 2
     assert [r["ranking"] for r in grpo] == [[], []]  # no evidence: no ranking line, no @k to resolve
@@ -240,7 +240,7 @@ def test_make_specs_without_deadlines_draws_exactly_as_before() -> None:
     assert [(s.task.id, s.view, s.budget) for s in new] == old
     assert all(s.deadline is None for s in new)
     assert rng_new.random() == rng_old.random()  # the stream is left where it was, too
-    base = Limits(max_steps=3)
+    base = RequestLimits(max_steps=3)
     assert all(s.limits(base).max_latency_s is None for s in new)
     assert all(r["deadline"] == -1.0 for r in grpo_records(new, pool, base, max_question_chars=100))
 
@@ -261,7 +261,7 @@ def test_make_specs_draws_deadlines_into_limits_prompts_and_columns() -> None:
     drawn = [s.deadline for s in specs if s.deadline is not None]
     assert 60 < len(drawn) < 140  # about half
     assert all(5.0 <= d <= 60.0 for d in drawn) and len(set(drawn)) > 20
-    base = Limits(max_steps=3)
+    base = RequestLimits(max_steps=3)
     grpo = grpo_records(specs, pool, base, max_question_chars=100)
     for s, r in zip(specs, grpo, strict=True):
         assert s.limits(base).max_latency_s == s.deadline
@@ -325,7 +325,7 @@ def _call(
 
 def _reward(preset: str) -> ConductorReward:
     tasks = {t.id: t for t in _tasks(4)}
-    return ConductorReward(_reward_pool(), tasks, REWARD_PRESETS[preset], Limits(max_steps=5))
+    return ConductorReward(_reward_pool(), tasks, REWARD_PRESETS[preset], RequestLimits(max_steps=5))
 
 
 def test_reward_follows_trls_contract() -> None:
@@ -383,7 +383,7 @@ def test_deadline_column_runs_the_rollout_under_the_deadline_and_penalises_a_cut
         workers=[FakeWorker(info=fast, responder=right), FakeWorker(info=slow, responder=right)],
     )
     cfg = REWARD_PRESETS["cost-aware"]
-    reward = ConductorReward(pool, {t.id: t for t in _tasks(4)}, cfg, Limits(max_steps=5))
+    reward = ConductorReward(pool, {t.id: t for t in _tasks(4)}, cfg, RequestLimits(max_steps=5))
 
     def call(texts: list[str], deadline: float | None) -> Any:
         n, logged = len(texts), {}
@@ -584,5 +584,5 @@ def test_lora_training_leaves_a_self_contained_final_folder(micro: Micro, tmp_pa
     shutil.rmtree(out / "sft")  # nothing may depend on it any more
     policy = ConductorPolicy(final, retries=0)
     task = Task(id="q", question="What is 1 + 1?", answer="2", domain="math", source="t", grader="math")
-    plan = asyncio.run(policy.plan(task, load_pool("paper-sim").view(), Limits(max_steps=2)))
+    plan = asyncio.run(policy.plan(task, load_pool("paper-sim").view(), RequestLimits(max_steps=2)))
     assert plan.workflow.steps

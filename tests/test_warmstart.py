@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.training.candidates import (
     Candidate,
     CandidateTable,
@@ -340,7 +340,7 @@ def test_build_table_executes_the_deadline_columns_under_the_deadline(tmp_path: 
     assert "dear" not in er.best(tasks[0], pool.names(), None, 5.0).workers
     # the SFT records pair a deadline prompt with the deadline's target
     specs = [PromptSpec(task=tasks[0], view=(0, 1, 2), budget=None, deadline=d) for d in (None, 5.0)]
-    recs = warm_sft_records(specs, pool, Limits(), er, max_question_chars=100)
+    recs = warm_sft_records(specs, pool, RequestLimits(), er, max_question_chars=100)
     plans = [parse(r["completion"][0]["content"], pool_size=3) for r in recs]
     assert {pool.names()[st.worker] for st in plans[0].steps} == {"dear"}
     assert 1 not in {st.worker for st in plans[1].steps}
@@ -360,10 +360,10 @@ def test_unchanged_under_deadline_replays_the_executors_check() -> None:
     pool = _timed_pool()
     view, t = pool.view(), _task(2)
     wf = Candidate((("cheap", "solve"), ("dear", "verify"))).workflow(view.names())
-    trace = asyncio.run(execute(wf, t, view, Limits()))
+    trace = asyncio.run(execute(wf, t, view, RequestLimits()))
     assert unchanged_under_deadline(trace, t, view, 1000.0)
     assert not unchanged_under_deadline(trace, t, view, 5.0)  # dear could not start
-    alone = asyncio.run(execute(single("cheap").workflow(view.names()), t, view, Limits()))
+    alone = asyncio.run(execute(single("cheap").workflow(view.names()), t, view, RequestLimits()))
     assert unchanged_under_deadline(alone, t, view, 5.0)
     assert not unchanged_under_deadline(alone, t, view, 0.1)  # it could not even start
 
@@ -378,7 +378,7 @@ def test_warm_sft_records_follow_budget_and_subset() -> None:
         PromptSpec(task=tasks[2], view=(1, 0), budget=0.01),
         PromptSpec(task=tasks[3], view=(2, 0), budget=None),
     ]
-    recs = warm_sft_records(specs, pool, Limits(), er, max_question_chars=100)
+    recs = warm_sft_records(specs, pool, RequestLimits(), er, max_question_chars=100)
     plans = [
         parse(r["completion"][0]["content"], pool_size=len(s.view)) for r, s in zip(recs, specs, strict=True)
     ]

@@ -60,17 +60,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 
+from rl_conductor.limits import MIN_OUTPUT_TOKENS, RequestLimits
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import (
-    ANSWERED,
-    MIN_OUTPUT_TOKENS,
-    Attempt,
-    Limits,
-    RoundRecord,
-    StepRecord,
-    StepStatus,
-    Trace,
-)
+from rl_conductor.trace import ANSWERED, Attempt, RoundRecord, StepRecord, StepStatus, Trace
 from rl_conductor.validation import has_visible_text
 from rl_conductor.workers.base import (
     RETRY_ALLOWANCE,
@@ -117,7 +109,7 @@ class RoundRequest:
     records: tuple[StepRecord, ...]
     answer: str
     round: int
-    limits: Limits
+    limits: RequestLimits
 
 
 @dataclass(frozen=True)
@@ -196,7 +188,7 @@ class _Run:
     task: Task
     workflow: Workflow
     view: PoolView
-    limits: Limits
+    limits: RequestLimits
     budget: _Budget
     #: when the round now running started (its steps start no earlier: the review saw all before)
     round_start: float = 0.0
@@ -218,12 +210,12 @@ class _Run:
         return True
 
 
-def _permitted(view: PoolView, limits: Limits, ordinal: int) -> bool:
+def _permitted(view: PoolView, limits: RequestLimits, ordinal: int) -> bool:
     info = view.worker(ordinal).info
     return limits.permits(info.name, info.hosting)
 
 
-def _substitute(view: PoolView, limits: Limits, ordinal: int, *, exclude: set[int]) -> int | None:
+def _substitute(view: PoolView, limits: RequestLimits, ordinal: int, *, exclude: set[int]) -> int | None:
     """The permitted worker of the view closest in price to ``ordinal`` (same hosting preferred)."""
     target = view.worker(ordinal).info
     best: tuple[tuple[int, float], int] | None = None
@@ -491,7 +483,7 @@ async def execute(
     workflow: Workflow,
     task: Task,
     view: PoolView,
-    limits: Limits | None = None,
+    limits: RequestLimits | None = None,
     *,
     review: ReviewHook | None = None,
 ) -> Trace:
@@ -503,7 +495,7 @@ async def execute(
         ValueError: for a workflow these limits make invalid (a worker id outside the view, a
             step that sees a later one).
     """
-    limits = limits or Limits()
+    limits = limits or RequestLimits()
     keep = limits.max_steps if limits.max_calls is None else min(limits.max_steps, limits.max_calls)
     steps = workflow.steps[:keep]
     trace = Trace(task_id=task.id)

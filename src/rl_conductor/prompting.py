@@ -2,7 +2,7 @@
 
 It shows the question, the workers by ordinal id only (names hidden, as in the paper) with a
 one-line description, a price tier and where they run, the budget when there is one, and the
-output format. A request's deadline (``Limits.max_latency_s``) is carried the same way: a
+output format. A request's deadline (``RequestLimits.max_latency_s``) is carried the same way: a
 ``Deadline:`` line after the budget, and each worker's typical answer time (from its latency
 model) in its line, so the Conductor can plan fewer sequential steps or faster workers when time
 is short. Without a deadline the prompt is byte-identical to the one trained models were trained
@@ -32,8 +32,8 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from rl_conductor.limits import RequestLimits
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.base import WorkerInfo
 from rl_conductor.workers.pool import PoolView
 
@@ -116,13 +116,13 @@ def percent(p: float) -> int:
     return int(5 * round(20 * min(max(float(p), 0.0), 1.0)))
 
 
-def budget_line(limits: Limits) -> str:
+def budget_line(limits: RequestLimits) -> str:
     """The limits' lines of the prompt: the budget, then the deadline (each only when set)."""
     out = "" if limits.max_cost_usd is None else f"Budget: ${limits.max_cost_usd:.3f} for all calls.\n"
     return out + deadline_line(limits)
 
 
-def deadline_line(limits: Limits) -> str:
+def deadline_line(limits: RequestLimits) -> str:
     if limits.max_latency_s is None:
         return ""
     return f"Deadline: {limits.max_latency_s:.3g} s for the whole workflow (chained steps add up).\n"
@@ -170,7 +170,7 @@ def rank_line(order: Sequence[int]) -> str:
 def conductor_prompt(
     task: Task,
     view: PoolView,
-    limits: Limits,
+    limits: RequestLimits,
     *,
     max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
     evidence: Mapping[str, float] | None = None,

@@ -8,7 +8,7 @@ or a GRPO group where every answer is wrong learns to do nothing.
 The paper's reward (0 / 0.5 / 1, no cost term) is the ``paper``
 preset; the default preset adds a cost term so that, between two equally correct workflows, the
 cheaper one wins, and a penalty when a stated budget stopped the workflow early. A stated
-deadline (``Limits.max_latency_s``) that skipped a step (``skipped_deadline``) costs
+deadline (``RequestLimits.max_latency_s``) that skipped a step (``skipped_deadline``) costs
 ``deadline_penalty`` in the same way — by default as much as the budget penalty, so the Conductor
 learns to plan fewer sequential steps or faster workers when time is short rather than to plan
 as if there were no deadline and lose steps to it.

@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rl_conductor.executor import RoundRequest
+from rl_conductor.limits import RequestLimits
 from rl_conductor.prompting import RoundSummary, quantile_seconds, typical_cost
 from rl_conductor.tasks.graders import agreement, extract_answer
-from rl_conductor.trace import ANSWERED, Limits
+from rl_conductor.trace import ANSWERED
 from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Step, Workflow
 
@@ -68,7 +69,11 @@ REVIEW_QUANTILE = 0.9
 
 
 def continuation_within_limits(
-    workflow: Workflow, view: PoolView, limits: Limits, first_index: int, quantile: float = REVIEW_QUANTILE
+    workflow: Workflow,
+    view: PoolView,
+    limits: RequestLimits,
+    first_index: int,
+    quantile: float = REVIEW_QUANTILE,
 ) -> Workflow:
     """The longest prefix of a review's continuation that what is left of the limits affords:
     the typical answers' cost (:func:`~rl_conductor.prompting.typical_cost`) within the budget

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from rl_conductor.limits import SENSITIVITIES, RequestLimits
 from rl_conductor.reward import deadline_shortened
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import SENSITIVITIES, Limits, StepRecord
+from rl_conductor.trace import StepRecord
 from rl_conductor.validation import (
     MAX_SECONDS,
     MAX_USD,
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 
 
 #: The request caps of every front door (HTTP and pyfunc): :data:`rl_conductor.validation.MAX_USD`
-#: and ``MAX_SECONDS``, the caps of every ``Limits``.
+#: and ``MAX_SECONDS``, the caps of every ``RequestLimits``.
 MAX_REQUEST_USD = MAX_USD
 MAX_REQUEST_SECONDS = MAX_SECONDS
 
@@ -147,10 +148,10 @@ def parse_request(raw: Any) -> ConductorRequest:
         raise RequestError(msgs) from None
 
 
-def request_limits(request: ConductorRequest, *, default_rounds: int = 1) -> Limits:
-    """The executor's :class:`Limits` for a validated request (``default_rounds`` where it states
+def request_limits(request: ConductorRequest, *, default_rounds: int = 1) -> RequestLimits:
+    """The executor's :class:`RequestLimits` for a validated request (``default_rounds`` where it states
     no ``max_rounds``: the served model's)."""
-    return Limits(
+    return RequestLimits(
         max_cost_usd=request.max_cost_usd,
         max_latency_s=request.max_latency_s,
         sensitivity=request.sensitivity,  # type: ignore[arg-type]
@@ -161,7 +162,7 @@ def request_limits(request: ConductorRequest, *, default_rounds: int = 1) -> Lim
     )
 
 
-def permitted_view(pool: Pool, request: ConductorRequest, limits: Limits) -> PoolView:
+def permitted_view(pool: Pool, request: ConductorRequest, limits: RequestLimits) -> PoolView:
     """The workers of ``pool`` this request permits, as the Conductor sees them.
 
     Raises :class:`RequestError` for unknown ``allowed_workers`` or when nothing is permitted."""

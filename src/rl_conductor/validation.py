@@ -1,4 +1,4 @@
-"""One place that says which values are valid, reused by the CLI, the pipeline, serving and `Limits`.
+"""One place that says which values are valid, reused by the CLI, the pipeline, serving and `RequestLimits`.
 
 Every front door (a CLI option, a KFP parameter, a JSON request field, a dataclass field) checks
 its numbers with these functions, so a rule such as "a budget is a finite number above zero" is
@@ -29,7 +29,7 @@ class InvalidValue(UsageError, ValueError):
 
 
 #: Largest budget (USD) and duration (seconds) one request, one question of an evaluation or one
-#: step may state: the one set of caps, used by ``trace.Limits``, the request model
+#: step may state: the one set of caps, used by ``limits.RequestLimits``, the request model
 #: (``serving_core``) and the wire schemas. A day or $10,000 per question is a client bug, not a
 #: limit; both stay far below where products with token counts or rates overflow a float.
 MAX_USD = 10_000.0

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from rl_conductor.cli.app import app, pool_app
 from rl_conductor.cli.options import choice, count, non_negative, positive, writable_path
-from rl_conductor.trace import SENSITIVITIES
+from rl_conductor.limits import SENSITIVITIES
 
 # a fixed width when not on a terminal (CI logs, pipes), so tables keep their columns whole
 console = Console(stderr=False, width=None if Console().is_terminal else 130)

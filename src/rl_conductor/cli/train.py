@@ -104,9 +104,9 @@ def plan_cmd(
     import asyncio
 
     from rl_conductor.evaluation.suite import trained_meta
+    from rl_conductor.limits import RequestLimits
     from rl_conductor.policies.conductor import ConductorPolicy
     from rl_conductor.tasks.base import Task
-    from rl_conductor.trace import Limits
     from rl_conductor.validation import has_visible_text
     from rl_conductor.workers.pool import load_pool
 
@@ -117,7 +117,7 @@ def plan_cmd(
         id="cli/question", question=question, answer="", domain="unknown", source="cli", grader="qa"
     )
     rounds = max_rounds or int(pol.meta.get("max_rounds", 1))
-    limits = Limits(max_cost_usd=max_cost_usd, max_rounds=rounds)
+    limits = RequestLimits(max_cost_usd=max_cost_usd, max_rounds=rounds)
     plan = asyncio.run(pol.plan(task, view, limits))
     console.print("[bold]raw completion[/bold]")
     console.print(plan.text, markup=False)

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Episode, Policy
 from rl_conductor.reward import (
     RewardConfig,
@@ -42,7 +43,7 @@ from rl_conductor.reward import (
     grade_trace,
 )
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, StepRecord
+from rl_conductor.trace import StepRecord
 from rl_conductor.workers.pool import PoolView
 
 #: Workflow shapes listed by name in a summary; rarer ones are counted as ``other``.
@@ -233,7 +234,7 @@ async def evaluate_async(
     policy: Policy,
     view: PoolView,
     tasks: Sequence[Task],
-    limits: Limits | None = None,
+    limits: RequestLimits | None = None,
     *,
     concurrency: int = 32,
     progress: bool = True,
@@ -246,7 +247,7 @@ async def evaluate_async(
     elsewhere (:mod:`rl_conductor.progress`)."""
     from rl_conductor.progress import progress as progress_display
 
-    limits = limits or Limits()
+    limits = limits or RequestLimits()
     records: list[Record] = []
     rc = reward_config or RewardConfig()
     with progress_display(progress) as bar:
@@ -272,7 +273,7 @@ def every_call_failed(summary: dict[str, Any]) -> str | None:
 
 
 def evaluate(
-    policy: Policy, view: PoolView, tasks: Sequence[Task], limits: Limits | None = None, **kw: Any
+    policy: Policy, view: PoolView, tasks: Sequence[Task], limits: RequestLimits | None = None, **kw: Any
 ) -> EvalResult:
     """Synchronous wrapper of :func:`evaluate_async`."""
     return asyncio.run(evaluate_async(policy, view, tasks, limits, **kw))

@@ -20,12 +20,12 @@ from typing import Any
 from rl_conductor import validation
 from rl_conductor.errors import InvalidArgument
 from rl_conductor.evaluation.runner import evaluate
+from rl_conductor.limits import SENSITIVITIES, RequestLimits, Sensitivity
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.conductor import CONFIG_FILE, model_source
 from rl_conductor.reward import RewardConfig, reward_config, reward_from_dict
 from rl_conductor.tasks.base import DATA_SPLITS
 from rl_conductor.tasks.datasets import load_tasks
-from rl_conductor.trace import SENSITIVITIES, Limits, Sensitivity
 from rl_conductor.workers.pool import Pool, load_pool
 
 __all__ = [
@@ -50,13 +50,13 @@ def eval_limits(
     max_latency_s: float | None = None,
     max_rounds: int = 1,
     max_calls: int | None = None,
-) -> Limits:
-    """The :class:`Limits` of every question of an evaluation (``allowed``: comma-separated names)."""
+) -> RequestLimits:
+    """The :class:`RequestLimits` of every question of an evaluation (``allowed``: comma-separated names)."""
     validation.one_of("sensitivity", sensitivity, SENSITIVITIES)
     if max_cost_usd is not None:
         validation.positive_finite("max_cost_usd", max_cost_usd)
     sens: Sensitivity = "private" if sensitivity == "private" else "public"
-    return Limits(
+    return RequestLimits(
         max_cost_usd=max_cost_usd,
         max_latency_s=max_latency_s,
         sensitivity=sens,

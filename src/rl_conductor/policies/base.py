@@ -15,7 +15,7 @@ generation; ``run_many`` plans through it. A policy whose answer is not simply t
 
 Rounds: a policy that can look at its workflow's answers and add steps implements :meth:`review`;
 ``execute_plan`` hands it to the executor as the review hook when the request allows more than
-one round (``Limits.max_rounds``). A policy without ``review`` runs one round whatever the request
+one round (``RequestLimits.max_rounds``). A policy without ``review`` runs one round whatever the request
 allows.
 """
 
@@ -30,8 +30,9 @@ from typing import Any
 
 from rl_conductor.errors import InvalidSpec, UnknownName, UserError
 from rl_conductor.executor import Continuation, ReviewHook, RoundRequest, execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, Trace
+from rl_conductor.trace import Trace
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Workflow
 
@@ -76,26 +77,28 @@ class Policy(ABC):
     name: str = "policy"
 
     @abstractmethod
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         """Write the workflow for ``task`` over the workers of ``view``."""
 
-    async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Plan]:
+    async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: RequestLimits) -> list[Plan]:
         """Plans for several tasks: each on its own here; a policy with batched planning overrides it."""
         return list(await asyncio.gather(*(self.plan(t, view, limits) for t in tasks)))
 
-    async def run(self, task: Task, view: PoolView, limits: Limits, *, plan: Plan | None = None) -> Episode:
+    async def run(
+        self, task: Task, view: PoolView, limits: RequestLimits, *, plan: Plan | None = None
+    ) -> Episode:
         """One episode: ``plan`` (made now when None) → :meth:`execute_plan`."""
         if plan is None:
             plan = await self.plan(task, view, limits)
         return await self.execute_plan(plan, task, view, limits)
 
-    async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
+    async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: RequestLimits) -> list[Episode]:
         """Episodes of several tasks, planned together (:meth:`plan_many`), executed concurrently."""
         plans = await self.plan_many(tasks, view, limits)
         runs = (self.run(t, view, limits, plan=p) for t, p in zip(tasks, plans, strict=True))
         return list(await asyncio.gather(*runs))
 
-    async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: Limits) -> Episode:
+    async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: RequestLimits) -> Episode:
         """Execute ``plan`` under ``limits`` (with :meth:`review` between rounds) and record on the
         trace how the plan was made."""
         trace = await execute(plan.workflow, task, view, limits, review=self.review_hook(limits))
@@ -114,7 +117,7 @@ class Policy(ABC):
         """Whether this policy implements :meth:`review`."""
         return type(self).review is not Policy.review
 
-    def review_hook(self, limits: Limits) -> ReviewHook | None:
+    def review_hook(self, limits: RequestLimits) -> ReviewHook | None:
         """The executor's review hook for a request under ``limits`` (None for one round)."""
         if limits.max_rounds <= 1 or not self.reviews():
             return None

@@ -28,9 +28,10 @@ from dataclasses import replace
 from typing import Any
 
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, Trace
+from rl_conductor.trace import Trace
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
@@ -68,7 +69,7 @@ class SingleWorker(Policy):
         pool.index(arg)
         return cls(arg)
 
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         return _plan(Workflow(steps=(Step(_ordinal(view, self.worker), SOLVE, ()),)))
 
 
@@ -83,7 +84,7 @@ class RandomWorkflow(Policy):
     def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> RandomWorkflow:
         return cls(seed=int(kw.get("seed", 0)), max_steps=int(arg) if arg else 3)
 
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         rng = random.Random(_seed("random", self.seed, task.id))
         n = rng.randint(1, min(self.max_steps, limits.max_steps))
         steps = []
@@ -110,7 +111,7 @@ class MixtureOfAgents(Policy):
             pool.index(n)
         return cls(names, agg or names[0])
 
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         if self.proposers is None:
             by_price = sorted(range(len(view)), key=lambda j: -view.worker(j).info.price_out)
             props, agg = by_price[:3], by_price[0]
@@ -136,12 +137,12 @@ class SelfConsistency(Policy):
         pool.index(name)
         return cls(name, int(n) if n else 5)
 
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         w = _ordinal(view, self.worker)
         n = min(self.samples, limits.max_steps)  # each sample is a step the request pays for
         return _plan(Workflow(steps=tuple(Step(w, SOLVE, ()) for _ in range(n))))
 
-    async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: Limits) -> Episode:
+    async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: RequestLimits) -> Episode:
         from rl_conductor.tasks.graders import extract_answer
 
         trace = await execute(plan.workflow, task, view, limits)
@@ -165,11 +166,11 @@ class Oracle(Policy):
     def from_spec(cls, arg: str, pool: Pool, **_: Any) -> Oracle:
         return cls()
 
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         cheapest = min(range(len(view)), key=lambda j: view.worker(j).info.price_out)
         return _plan(Workflow(steps=(Step(cheapest, SOLVE, ()),)))
 
-    async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: Limits) -> Episode:
+    async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: RequestLimits) -> Episode:
         """Asks every permitted worker (``plan`` is only what it would run without the answers)."""
         from rl_conductor.reward import grade_trace
 

@@ -41,6 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rl_conductor.executor import Continuation, RoundRequest, execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.policies.routers import FIT_LIMIT, _reward_config, pool_key, training_tasks
@@ -49,7 +50,6 @@ from rl_conductor.reward import RewardConfig, grade_trace, reward_of
 from rl_conductor.rounds import continuation_within_limits, single_within_budget, summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.graders import extract_answer, keys_agree
-from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
@@ -99,7 +99,7 @@ async def measure_samples(pool: Pool, tasks: Sequence[Task]) -> SampleOutcomes:
     correct = np.zeros((len(tasks), w, SAMPLES), dtype=bool)
     cost = np.zeros((len(tasks), w, SAMPLES), dtype=np.float64)
     keys: list[list[list[str | None]]] = []
-    limits = Limits(max_steps=SAMPLES)
+    limits = RequestLimits(max_steps=SAMPLES)
     wf = [Workflow(steps=tuple(Step(j, SOLVE, ()) for _ in range(SAMPLES))) for j in range(w)]
     with progress_display() as bar:  # minutes on a large pool: a log must show that work goes on
         pid = bar.add_task(f"sample {w} workers x{SAMPLES}", total=len(tasks))
@@ -254,7 +254,7 @@ class Cascade(Policy):
         best = fit_cascade(sample_outcomes(pool, tasks), tasks, config)[0]
         return cls(best.first, best.escalate, fitted=best)
 
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         a, b = (_ordinal(view, n) for n in self.first)
         wf = Workflow(steps=(Step(a, SOLVE, ()), Step(b, SOLVE, ())))
         # a budget that cannot afford both answers gets one (rounds.single_within_budget)
@@ -275,7 +275,7 @@ class Cascade(Policy):
             workflow=wf, text=render(wf), seen=summary.line(), answers=summary.answers, agree=summary.agree
         )
 
-    async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: Limits) -> Episode:
+    async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: RequestLimits) -> Episode:
         # two rounds by definition (module docstring); at least two steps for the first pair
         lifted = replace(limits, max_rounds=max(limits.max_rounds, 2), max_steps=max(limits.max_steps, 2))
         return await super().execute_plan(plan, task, view, lifted)

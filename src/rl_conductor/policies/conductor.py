@@ -21,7 +21,7 @@ the workers it can afford stands instead of a call the executor would cut short
 (``constrain=False`` decodes as trained; requests without a budget decode identically either
 way).
 
-Rounds: where a request allows more than one (``Limits.max_rounds``), :meth:`ConductorPolicy.review`
+Rounds: where a request allows more than one (``RequestLimits.max_rounds``), :meth:`ConductorPolicy.review`
 renders the review prompt (the workflow so far, each step's extracted answer, whether they agree;
 :func:`~rl_conductor.prompting.review_prompt`) and generates the steps to add, numbered after the
 steps so far; three empty lists keep the answer, and an unparseable review keeps it too.
@@ -42,6 +42,7 @@ import numpy as np
 
 from rl_conductor.errors import InvalidSpec, model_not_found
 from rl_conductor.executor import Continuation, RoundRequest
+from rl_conductor.limits import RequestLimits
 from rl_conductor.lm.generate import generate, load_lm
 from rl_conductor.lm.models import looks_like_hf_id
 from rl_conductor.policies.base import Plan, Policy
@@ -58,7 +59,6 @@ from rl_conductor.prompting import (
 from rl_conductor.reward import reward_from_dict
 from rl_conductor.rounds import continuation_within_limits, single_within_budget, summarize
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import (
     Access,
@@ -100,7 +100,7 @@ def model_source(spec: str | Path) -> Path | str:
     raise model_not_found(text, "no such folder")
 
 
-def usable_workers(view: PoolView, limits: Limits) -> list[int]:
+def usable_workers(view: PoolView, limits: RequestLimits) -> list[int]:
     """The ids of the workers a plan under ``limits`` can use: those the limits permit (allow-list,
     private → self-hosted) and, under a budget, whose typical answer fits it (the prompt's
     ``over budget`` flag, :func:`~rl_conductor.prompting.over_budget`). When the budget affords
@@ -116,7 +116,7 @@ def usable_workers(view: PoolView, limits: Limits) -> list[int]:
     return affordable or permitted
 
 
-def allowed_ids(view: PoolView, limits: Limits) -> frozenset[int] | None:
+def allowed_ids(view: PoolView, limits: RequestLimits) -> frozenset[int] | None:
     """The ids the Conductor may write in its plan's ``model_id`` list under ``limits``, or None
     for every id (no constraint: decoding is exactly as trained).
 
@@ -164,7 +164,7 @@ def plan_seconds(workflow: Workflow, view: PoolView, quantile: float = 0.5) -> f
     return max(finish, default=0.0)
 
 
-def fallback_workflow(view: PoolView, limits: Limits) -> Workflow:
+def fallback_workflow(view: PoolView, limits: RequestLimits) -> Workflow:
     """One step on the highest-priced usable worker (:func:`usable_workers`); under a deadline,
     among those that answer within it at ``DEADLINE_QUANTILE`` where any does."""
     usable = usable_workers(view, limits)
@@ -183,7 +183,7 @@ def fallback_workflow(view: PoolView, limits: Limits) -> Workflow:
 def salvaged_workflow(
     text: str,
     view: PoolView,
-    limits: Limits,
+    limits: RequestLimits,
     quantile: float = DEADLINE_QUANTILE,
     ranking: Sequence[int] | None = None,
 ) -> Workflow | None:
@@ -336,7 +336,7 @@ class ConductorPolicy(Policy):
         self,
         prompts: list[str],
         views: list[PoolView],
-        limits: list[Limits],
+        limits: list[RequestLimits],
         *,
         allow_empty: bool = False,
         first_index: int = 0,
@@ -400,7 +400,7 @@ class ConductorPolicy(Policy):
         return [p for p in plans if p is not None]
 
     def _plan_requests(
-        self, tasks: Sequence[Task], views: list[PoolView], limits: list[Limits]
+        self, tasks: Sequence[Task], views: list[PoolView], limits: list[RequestLimits]
     ) -> list[Plan]:
         """Plan top-level requests; a deadline is planned for only where it binds.
 
@@ -487,7 +487,7 @@ class ConductorPolicy(Policy):
         q = f"p{100 * self.deadline_quantile:.0f}"
         return f"critical path {secs:.4g} s at {q}" if math.isfinite(secs) else f"unknown time at {q}"
 
-    def _answerer_alone(self, plan: Plan, view: PoolView, limits: Limits) -> Plan | None:
+    def _answerer_alone(self, plan: Plan, view: PoolView, limits: RequestLimits) -> Plan | None:
         """``plan`` cut, before it starts, to its answering step — the last step's worker, asked to
         answer directly — when that meets the deadline at ``deadline_quantile``; None when it
         does not, the plan is unparseable or one step, or ``deadline_trim`` is off. Why: the
@@ -525,7 +525,7 @@ class ConductorPolicy(Policy):
         return [self.evidence.as_mapping(r) for r in self.evidence.predict(tasks, emb)]
 
     def prompt(
-        self, task: Task, view: PoolView, limits: Limits, evidence: Mapping[str, float] | None = None
+        self, task: Task, view: PoolView, limits: RequestLimits, evidence: Mapping[str, float] | None = None
     ) -> str:
         """The prompt for ``task``; ``evidence`` defaults to this model's own (:meth:`task_evidence`)."""
         if evidence is None and self.evidence is not None:
@@ -541,7 +541,7 @@ class ConductorPolicy(Policy):
         )
 
     def evidence_ranking(
-        self, task: Task, view: PoolView, limits: Limits, evidence: Mapping[str, float] | None
+        self, task: Task, view: PoolView, limits: RequestLimits, evidence: Mapping[str, float] | None
     ) -> list[int] | None:
         """The prompt's ranking line (``evidence: rank``; None for other models): the ordinals of
         ``view`` the request may use, best first by estimated reward (:class:`Ranker`)."""
@@ -549,15 +549,15 @@ class ConductorPolicy(Policy):
             return None
         return self.ranker(task, evidence, view, limits)
 
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         with self._lock:
             return self._plan_requests([task], [view], [limits])[0]
 
-    async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Plan]:
+    async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: RequestLimits) -> list[Plan]:
         with self._lock:
             return self._plan_requests(tasks, [view] * len(tasks), [limits] * len(tasks))
 
-    def plan_batch(self, items: Sequence[tuple[Task, PoolView, Limits]]) -> list[Plan]:
+    def plan_batch(self, items: Sequence[tuple[Task, PoolView, RequestLimits]]) -> list[Plan]:
         """Plan several requests, each with its own view and limits, in one batched generation.
 
         Synchronous and thread-safe (the serving micro-batcher calls it from a worker thread)."""

@@ -52,10 +52,10 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from rl_conductor.limits import RequestLimits
 from rl_conductor.prompting import over_budget, percent
 from rl_conductor.reward import RewardConfig, reward_of
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import PoolView
 
 __all__ = [
@@ -293,7 +293,9 @@ def estimated_rewards(
     return np.asarray(reward_of(config, correct=estimates, cost=model.domain_cost(tasks)), dtype=np.float64)
 
 
-def ranking(model: EvidenceModel, rewards: NDArray[np.floating], view: PoolView, limits: Limits) -> list[int]:
+def ranking(
+    model: EvidenceModel, rewards: NDArray[np.floating], view: PoolView, limits: RequestLimits
+) -> list[int]:
     """The ordinals of ``view`` best first by one task's ``rewards`` (a row of
     :func:`estimated_rewards`, columns ``model.names``): only workers the request may use — not
     over its budget (:func:`~rl_conductor.prompting.over_budget`, what the Conductor's decoding
@@ -331,7 +333,7 @@ class Ranker:
     config: RewardConfig
 
     def __call__(
-        self, task: Task, estimates: Mapping[str, float], view: PoolView, limits: Limits
+        self, task: Task, estimates: Mapping[str, float], view: PoolView, limits: RequestLimits
     ) -> list[int]:
         row = np.array([[estimates.get(n, np.nan) for n in self.model.names]], dtype=np.float64)
         rewards = estimated_rewards(self.model, [task], row, self.config)[0]

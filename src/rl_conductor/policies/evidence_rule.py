@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from rl_conductor.errors import InvalidSpec, model_not_found
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.policies.evidence import EvidenceModel, Ranker
 from rl_conductor.reward import reward_from_dict
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.training.candidates import single
 from rl_conductor.workers.pool import Pool, PoolView
 
@@ -58,14 +58,14 @@ class EvidenceRule(Policy):
             raise InvalidSpec("evidence-rule needs a Conductor folder trained with evidence: rank")
         return cls(arg)
 
-    async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Episode]:
+    async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: RequestLimits) -> list[Episode]:
         """Embed every question in one batch first (one at a time is ~20x slower on a CPU)."""
         todo = list(dict.fromkeys(t.question for t in tasks if t.question not in self._embedded))
         if todo:
             self._embedded.update(zip(todo, self._embed(todo), strict=True))
         return await super().run_many(tasks, view, limits)
 
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         if task.question not in self._embedded:
             if len(self._embedded) > 100_000:
                 self._embedded.clear()

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
@@ -45,7 +45,7 @@ class FixedPlan(Policy):
                 f"a fixed plan is comma-separated worker ordinals such as '0,1', got {text!r}"
             ) from None
 
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         n = min(len(self.ordinals), limits.max_steps)
         steps = tuple(Step(o % len(view), INSTRUCTION, "all") for o in self.ordinals[:n])
         wf = Workflow(steps=steps)

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.policies.routers import (
@@ -53,7 +54,6 @@ from rl_conductor.policies.routers import (
 )
 from rl_conductor.reward import REWARD_PRESETS, RewardConfig
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
@@ -197,7 +197,7 @@ class KnnRouter(Policy):
             {n: float(cost[j]) for j, n in enumerate(names)},
         )
 
-    def route_vector(self, query: NDArray[np.floating[Any]], view: PoolView, limits: Limits) -> int:
+    def route_vector(self, query: NDArray[np.floating[Any]], view: PoolView, limits: RequestLimits) -> int:
         """The view ordinal of the worker for an already embedded question."""
         expected, cost = self.expected(query)
         return choose_worker(expected, cost, view, limits, self.prior)
@@ -211,14 +211,14 @@ class KnnRouter(Policy):
             self._query.put([question], [vector])
         return vector
 
-    def route(self, question: str, view: PoolView, limits: Limits) -> int:
+    def route(self, question: str, view: PoolView, limits: RequestLimits) -> int:
         return self.route_vector(self._embed(question), view, limits)
 
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         wf = Workflow(steps=(Step(self.route(task.question, view, limits), SOLVE, ()),))
         return Plan(workflow=wf, text=render(wf))
 
-    async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: Limits) -> list[Plan]:
+    async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: RequestLimits) -> list[Plan]:
         """Embed the batch's questions in one call (much faster than one by one), then route."""
         from rl_conductor.policies.knn_embed import embed
 

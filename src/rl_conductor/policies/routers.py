@@ -35,12 +35,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.progress import progress as progress_display
 from rl_conductor.reward import REWARD_PRESETS, RewardConfig, grade_trace, reward_config, reward_of
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
@@ -95,9 +95,11 @@ class SingleOutcomes:
         )
 
 
-async def measure_singles(pool: Pool, tasks: Sequence[Task], limits: Limits | None = None) -> SingleOutcomes:
+async def measure_singles(
+    pool: Pool, tasks: Sequence[Task], limits: RequestLimits | None = None
+) -> SingleOutcomes:
     """Run every worker of ``pool`` alone on every task (64 tasks at a time) and grade it."""
-    limits = limits or Limits()
+    limits = limits or RequestLimits()
     view = pool.view()
     w = len(view)
     correct = np.zeros((len(tasks), w), dtype=bool)
@@ -184,7 +186,7 @@ def choose_worker(
     expected: Mapping[str, float],
     mean_cost: Mapping[str, float],
     view: PoolView,
-    limits: Limits,
+    limits: RequestLimits,
     prior: Sequence[str] = (),
 ) -> int:
     """The view ordinal of the worker to send the question to.
@@ -278,10 +280,10 @@ class DomainRouter(Policy):
         limit = fit_limit(arg, kw, "domain-router")
         return cls.from_outcomes(single_outcomes(pool, training_tasks(pool, kw, limit)), _reward_config(kw))
 
-    def choose(self, domain: str, view: PoolView, limits: Limits) -> int:
+    def choose(self, domain: str, view: PoolView, limits: RequestLimits) -> int:
         expected = self.table.get(domain, {})
         return choose_worker(expected, self.costs.get(domain, {}), view, limits, self.prior)
 
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         wf = Workflow(steps=(Step(self.choose(task.domain, view, limits), SOLVE, ()),))
         return Plan(workflow=wf, text=render(wf))

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rl_conductor.executor import CHARGES, MIN_OUTPUT_TOKENS, Charge, reserve_input_tokens
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.reward import deadline_shortened, deadline_stopped
 from rl_conductor.serving import metrics as m
@@ -56,7 +57,7 @@ from rl_conductor.serving_core import (
     response_document,
 )
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits, Trace
+from rl_conductor.trace import Trace
 from rl_conductor.workers.base import (
     STREAM_SINK,
     Completion,
@@ -212,10 +213,10 @@ class _Planner:
     def __init__(self, policy: Any, max_batch: int) -> None:
         self.policy = policy
         self.max_batch = max_batch
-        self._queue: list[tuple[Task, PoolView, Limits, asyncio.Future[Plan]]] = []
+        self._queue: list[tuple[Task, PoolView, RequestLimits, asyncio.Future[Plan]]] = []
         self._runner: asyncio.Task[None] | None = None
 
-    async def plan(self, task: Task, view: PoolView, limits: Limits) -> Plan:
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         fut: asyncio.Future[Plan] = asyncio.get_running_loop().create_future()
         self._queue.append((task, view, limits, fut))
         if self._runner is None or self._runner.done():
@@ -357,7 +358,7 @@ class ConductorService:
         self,
         task: Task,
         view: PoolView,
-        limits: Limits,
+        limits: RequestLimits,
         events: _Events,
         final_step: dict[str, Any],
         sink: TokenSink | None = None,
@@ -472,7 +473,7 @@ def _extras(trace: Trace) -> dict[str, Any]:
     }
 
 
-def _answers_with_last_step(policy: Policy, limits: Limits) -> bool:
+def _answers_with_last_step(policy: Policy, limits: RequestLimits) -> bool:
     """Whether the planned workflow's last step is the request's answer, so that its text may
     stream: one round under the limits the policy really runs with (a later round's answer would
     replace it), and no ``execute_plan`` of the policy's own, which may raise those limits (the

@@ -48,12 +48,12 @@ from typing import Any
 import numpy as np
 
 from rl_conductor.executor import Continuation, RoundRequest, execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.prompting import review_prompt
 from rl_conductor.reward import RewardConfig, budget_stopped, grade_trace, reward_of
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.training.candidates import ROLE_TEXT, Candidate, CandidateTable, single
 from rl_conductor.training.rounds import KEEP
 from rl_conductor.workers.pool import Pool, PoolView
@@ -194,7 +194,7 @@ def domain_firsts(top: Sequence[str], cheap: Sequence[str], names: Sequence[str]
 
 
 async def _execute_cell(
-    task: Task, view: PoolView, first: Workflow, cont: Workflow, limits: Limits
+    task: Task, view: PoolView, first: Workflow, cont: Workflow, limits: RequestLimits
 ) -> tuple[str, bool, float, bool, int]:
     seen: list[str] = []
 
@@ -208,7 +208,7 @@ async def _execute_cell(
 
 
 async def _execute_all(
-    jobs: list[tuple[Task, Workflow, Workflow]], view: PoolView, limits: Limits
+    jobs: list[tuple[Task, Workflow, Workflow]], view: PoolView, limits: RequestLimits
 ) -> list[Any]:
     sem = asyncio.Semaphore(256)
 
@@ -264,7 +264,7 @@ def build_rounds_table(
         len(conts),
         len(jobs),
     )
-    outs = asyncio.run(_execute_all(jobs, view, Limits(max_steps=max_steps))) if jobs else []
+    outs = asyncio.run(_execute_all(jobs, view, RequestLimits(max_steps=max_steps))) if jobs else []
     for (i, f, k), (line, correct, cost, stopped, calls) in zip(where, outs, strict=True):
         arrays["correct"][i, f, k] = correct
         arrays["cost"][i, f, k] = cost
@@ -434,7 +434,7 @@ def rule_hook(rule: Rule, *, max_question_chars: int, seen: list[tuple[str, str]
 def review_records(
     specs: Sequence[Any],
     pool: Pool,
-    base: Limits,
+    base: RequestLimits,
     first_targets: Sequence[Workflow],
     rule: Rule,
     *,

@@ -43,7 +43,7 @@ step for step: the reuse is exact, not an approximation (``DEADLINE_MARGIN`` is 
 as the executor applies it). Checked on paper-sim (25 items per domain, deadlines 5/15/40 s):
 built with and without reuse, the tables differ in 12 of 10,800 deadline cells, all code items,
 and two builds without reuse differ in code cells too (the code sandbox under load, not the
-rule). Every other item is executed under ``Limits(max_latency_s=D)`` for
+rule). Every other item is executed under ``RequestLimits(max_latency_s=D)`` for
 real; a run the deadline cut (a ``skipped_deadline`` step) is marked in ``cut`` so the reward's
 ``deadline_penalty`` applies.
 
@@ -96,10 +96,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rl_conductor.executor import DEADLINE_MARGIN, execute, reserve_input_tokens
+from rl_conductor.limits import MIN_OUTPUT_TOKENS, RequestLimits
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.graders import close_math_helper
 from rl_conductor.tasks.sandbox import adopt_orphans, close_runners, sweep_orphans
-from rl_conductor.trace import MIN_OUTPUT_TOKENS, Limits, Trace
+from rl_conductor.trace import Trace
 from rl_conductor.training.config import GROUP_BY
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, worker_message
@@ -332,11 +333,11 @@ def prepare_grades(view: PoolView, tasks: Sequence[Task]) -> None:
 
 
 async def _run_all(
-    jobs: list[tuple[Task, Workflow, Limits]], view: PoolView, concurrency: int
+    jobs: list[tuple[Task, Workflow, RequestLimits]], view: PoolView, concurrency: int
 ) -> list[Trace]:
     sem = asyncio.Semaphore(concurrency)
 
-    async def one(task: Task, wf: Workflow, lim: Limits) -> Trace:
+    async def one(task: Task, wf: Workflow, lim: RequestLimits) -> Trace:
         async with sem:
             return await execute(wf, task, view, lim)
 
@@ -344,7 +345,7 @@ async def _run_all(
 
 
 def _execute(
-    jobs: list[tuple[Task, Workflow, Limits]], view: PoolView, concurrency: int = 256
+    jobs: list[tuple[Task, Workflow, RequestLimits]], view: PoolView, concurrency: int = 256
 ) -> list[Trace]:
     return asyncio.run(_run_all(jobs, view, concurrency)) if jobs else []
 
@@ -414,7 +415,7 @@ def _outcome(
 
 
 def _serial_outcomes(
-    jobs: Sequence[tuple[Task, Workflow, Limits]],
+    jobs: Sequence[tuple[Task, Workflow, RequestLimits]],
     view: PoolView,
     grader: _Grader,
     deadlines: Sequence[Sequence[float]],
@@ -451,7 +452,7 @@ def _run_chunk(c: int) -> list[_Outcome]:
 
 
 def _outcomes(
-    jobs: list[tuple[Task, Workflow, Limits]],
+    jobs: list[tuple[Task, Workflow, RequestLimits]],
     view: PoolView,
     grader: _Grader,
     deadlines: Sequence[Sequence[float]],
@@ -499,7 +500,7 @@ def pool_probe(pool: Pool, tasks: Sequence[Task], n: int = 12) -> str:
     cands = [single(w) for w in names] + [
         Candidate(((names[0], "plan"), (names[-1], "solve"), (names[0], "verify")))
     ]
-    jobs = [(t, c.workflow(names), Limits()) for t in probe for c in cands]
+    jobs = [(t, c.workflow(names), RequestLimits()) for t in probe for c in cands]
     h = hashlib.sha256()
     for tr in _execute(jobs, view):
         h.update(tr.final_answer.encode())
@@ -572,7 +573,7 @@ def build_table(
     top_k: int = 3,
     cheap_k: int = 2,
     max_steps: int = 5,
-    limits: Limits | None = None,
+    limits: RequestLimits | None = None,
     progress: bool = False,
     workers: int | None = None,
     parallel_min_jobs: int = PARALLEL_MIN_JOBS,
@@ -582,7 +583,7 @@ def build_table(
     most ``deadline_items_per_domain`` items per domain (None: all). ``workers``: processes
     (:func:`table_workers`; 1 = serial); lists under ``parallel_min_jobs`` jobs run serially."""
     n_workers = table_workers(workers)
-    base = limits or Limits(max_steps=max_steps)
+    base = limits or RequestLimits(max_steps=max_steps)
     view = pool.view()
     names = view.names()
     budget_list: list[float | None] = [None, *sorted({float(b) for b in budgets})]
@@ -600,7 +601,7 @@ def build_table(
         return tuple(deadline_list) if deadline_list and t.id in in_subset else no_check
 
     def run(
-        jobs: list[tuple[Task, Workflow, Limits]], deadlines: Sequence[Sequence[float]]
+        jobs: list[tuple[Task, Workflow, RequestLimits]], deadlines: Sequence[Sequence[float]]
     ) -> list[_Outcome]:
         return _outcomes(jobs, view, grader, deadlines, n_workers, parallel_min_jobs)
 
@@ -647,7 +648,7 @@ def build_table(
         done[i, j, b] = True
 
     # 2. unbudgeted: singles everywhere, composed candidates on their domain's items
-    jobs: list[tuple[Task, Workflow, Limits]] = []
+    jobs: list[tuple[Task, Workflow, RequestLimits]] = []
     where: list[tuple[int, int]] = []
     # the deadline columns' items and their unconstrained runs
     keep: dict[tuple[int, int], _Outcome] = {}
@@ -673,7 +674,7 @@ def build_table(
         dom_idx[d].append(i)
     for b, B in enumerate(budget_list[1:], start=1):
         assert B is not None
-        lim = Limits(**{**base.__dict__, "max_cost_usd": B})
+        lim = RequestLimits(**{**base.__dict__, "max_cost_usd": B})
         jobs, where = [], []
         for idx in dom_idx.values():
             rows = np.array(idx)
@@ -697,7 +698,7 @@ def build_table(
     reused = 0
     for k, D in enumerate(deadline_list):
         b = len(budget_list) + k
-        lim = Limits(**{**base.__dict__, "max_latency_s": D})
+        lim = RequestLimits(**{**base.__dict__, "max_latency_s": D})
         jobs, where = [], []
         for (i, j), o in keep.items():
             if o.unchanged[k]:

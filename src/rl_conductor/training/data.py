@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rl_conductor.limits import RequestLimits
 from rl_conductor.prompting import conductor_prompt, shown_ranking
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.training.candidates import single
 from rl_conductor.training.deadlines import draw_deadline
 from rl_conductor.training.warmstart import ExpectedRewards
@@ -28,7 +28,7 @@ from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
 #: a question's ranking line from its estimates (:class:`rl_conductor.policies.evidence.Ranker`)
-Rank = Callable[[Task, Mapping[str, float], PoolView, Limits], Sequence[int]]
+Rank = Callable[[Task, Mapping[str, float], PoolView, RequestLimits], Sequence[int]]
 
 #: Subtask wording by role; the simulated pool ignores wording, live workers do not.
 INSTRUCTIONS: dict[str, tuple[str, ...]] = {
@@ -54,8 +54,8 @@ class PromptSpec:
     budget: float | None
     deadline: float | None = None
 
-    def limits(self, base: Limits) -> Limits:
-        return Limits(**{**base.__dict__, "max_cost_usd": self.budget, "max_latency_s": self.deadline})
+    def limits(self, base: RequestLimits) -> RequestLimits:
+        return RequestLimits(**{**base.__dict__, "max_cost_usd": self.budget, "max_latency_s": self.deadline})
 
     def pool_view(self, pool: Pool) -> PoolView:
         return pool.view(self.view)
@@ -148,7 +148,7 @@ def synth_workflow(rng: random.Random, pool_size: int, *, max_steps: int) -> Wor
 def spec_prompt(
     spec: PromptSpec,
     view: PoolView,
-    limits: Limits,
+    limits: RequestLimits,
     max_question_chars: int,
     evidence: Mapping[str, Mapping[str, float]] | None,
     question_cut: str,
@@ -172,7 +172,7 @@ def spec_prompt(
 def spec_ranking(
     spec: PromptSpec,
     pool: Pool,
-    base: Limits,
+    base: RequestLimits,
     evidence: Mapping[str, Mapping[str, float]] | None,
     rank: Rank | None,
 ) -> list[int] | None:
@@ -190,7 +190,7 @@ def chat(prompt: str) -> list[dict[str, str]]:
 def sft_records(
     specs: Sequence[PromptSpec],
     pool: Pool,
-    base: Limits,
+    base: RequestLimits,
     *,
     rng: random.Random,
     max_question_chars: int,
@@ -213,7 +213,7 @@ def sft_records(
 def warm_sft_records(
     specs: Sequence[PromptSpec],
     pool: Pool,
-    base: Limits,
+    base: RequestLimits,
     targets: ExpectedRewards,
     *,
     max_question_chars: int,
@@ -252,7 +252,7 @@ def warm_sft_records(
 def grpo_records(
     specs: Sequence[PromptSpec],
     pool: Pool,
-    base: Limits,
+    base: RequestLimits,
     *,
     max_question_chars: int,
     evidence: Mapping[str, Mapping[str, float]] | None = None,

@@ -8,7 +8,7 @@ as often as 30-60 s); the executor enforces it during the rollout and the reward
 default) :func:`draw_deadline` touches no random state, so the recipe without deadlines draws
 exactly the same prompts as before.
 
-Wiring it into the prompt builder (``training/data.py``: ``PromptSpec`` → ``Limits.max_latency_s``)
+Wiring it into the prompt builder (``training/data.py``: ``PromptSpec`` → ``RequestLimits.max_latency_s``)
 belongs to the training recipe.
 """
 

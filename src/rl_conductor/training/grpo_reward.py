@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from rl_conductor.executor import execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.reward import (
     RewardConfig,
     budget_stopped,
@@ -33,7 +34,6 @@ from rl_conductor.reward import (
     grade_trace,
 )
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.workers.pool import Pool
 from rl_conductor.workflow import ParseError, parse
 
@@ -55,7 +55,7 @@ class ConductorReward:
         pool: Pool,
         tasks: Mapping[str, Task],
         config: RewardConfig,
-        base_limits: Limits,
+        base_limits: RequestLimits,
         *,
         concurrency: int = 64,
         review_rule: Mapping[tuple[str, str, str], str] | None = None,
@@ -87,7 +87,9 @@ class ConductorReward:
         ranking: Sequence[int] | None = None,
     ) -> dict[str, float]:
         view = self.pool.view(view_idx)
-        limits = Limits(**{**self.base_limits.__dict__, "max_cost_usd": budget, "max_latency_s": deadline})
+        limits = RequestLimits(
+            **{**self.base_limits.__dict__, "max_cost_usd": budget, "max_latency_s": deadline}
+        )
         try:
             wf = parse(text, pool_size=len(view), max_steps=limits.max_steps, ranking=ranking or None)
         except ParseError:

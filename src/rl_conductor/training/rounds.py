@@ -28,12 +28,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from rl_conductor.executor import Continuation, RoundRequest, execute
+from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.prompting import DEFAULT_MAX_QUESTION_CHARS, review_prompt
 from rl_conductor.reward import RewardConfig, budget_stopped, compute_reward, deadline_stopped, grade_trace
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Limits
 from rl_conductor.training.data import chat
 from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Step, Workflow, render
@@ -75,7 +75,7 @@ async def _run(
     view: PoolView,
     first: Workflow,
     cont: Workflow,
-    limits: Limits,
+    limits: RequestLimits,
     config: RewardConfig,
     max_question_chars: int,
 ) -> tuple[str, str, float]:
@@ -107,13 +107,13 @@ async def review_examples(
     view: PoolView,
     firsts: Sequence[Workflow],
     config: RewardConfig,
-    limits: Limits | None = None,
+    limits: RequestLimits | None = None,
     *,
     max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
 ) -> list[ReviewExample]:
     """Every (task, first plan) executed with every continuation (module docstring). A first plan
     whose review never started (budget, deadline or calls spent) yields no example."""
-    limits = limits or Limits()
+    limits = limits or RequestLimits()
     conts = continuations(view)
     out: list[ReviewExample] = []
     for task in tasks:

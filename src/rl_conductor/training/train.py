@@ -156,8 +156,8 @@ def train(
     import torch
     from datasets import Dataset
 
+    from rl_conductor.limits import RequestLimits
     from rl_conductor.tasks.datasets import load_tasks
-    from rl_conductor.trace import Limits
     from rl_conductor.tracking import mlflow_utils
     from rl_conductor.training.data import grpo_records, make_specs, sft_records, warm_sft_records
     from rl_conductor.training.grpo_reward import ConductorReward
@@ -176,7 +176,7 @@ def train(
     tasks = load_tasks(dataset, split="train", limit=cfg.train_limit, seed=cfg.seed)
     if not tasks:
         raise ValueError(f"dataset {dataset!r} has no training tasks")
-    base_limits = Limits(max_steps=cfg.max_steps_per_workflow)
+    base_limits = RequestLimits(max_steps=cfg.max_steps_per_workflow)
     spec_kw = dict(
         rng=rng,
         budget_prob=cfg.budget_prob,
@@ -382,12 +382,12 @@ def fail_if_nothing_answered(table: Any, items: list[Any], pool: Any) -> None:
     if not executed.any() or bool(np.any(table.tokens[:, :, 0][executed] > 0)):
         return
     from rl_conductor.errors import UserError
-    from rl_conductor.trace import Limits
+    from rl_conductor.limits import RequestLimits
     from rl_conductor.training.candidates import _execute, single
 
     view = pool.view()
     names = view.names()
-    (trace,) = _execute([(items[0], single(names[0]).workflow(names), Limits())], view)
+    (trace,) = _execute([(items[0], single(names[0]).workflow(names), RequestLimits())], view)
     first = next((a.error for a in trace.attempts if a.error), "no answer")
     raise UserError(
         f"no worker answered any of the {len(table.task_ids)} training questions of the warm start "

@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from rl_conductor.trace import MIN_OUTPUT_TOKENS
+from rl_conductor.limits import MIN_OUTPUT_TOKENS
 from rl_conductor.trace import estimate_tokens as estimate_tokens  # the workers' import
 from rl_conductor.validation import integer_at_least, non_negative_finite, positive_finite
 
@@ -55,7 +55,7 @@ class CallContext:
         instruction: the step's subtask.
         visible_answers: the answers of the earlier steps this step sees, in order.
         nonce: distinguishes repeated calls of one worker on one item (self-consistency samples).
-        sensitivity: the request's (``Limits.sensitivity``); a ``"private"`` call is never
+        sensitivity: the request's (``RequestLimits.sensitivity``); a ``"private"`` call is never
             written to a store other requests read (:mod:`rl_conductor.workers.cache`).
     """
 

@@ -33,7 +33,7 @@ CHECK_PROMPT = "Reply with the single word OK."
 #: output tokens a check call may use (the executor's minimum call size, so the cost stays tiny)
 CHECK_MAX_TOKENS = 64
 DEFAULT_CHECK_TIMEOUT_S = 60.0
-#: sampled as the executor samples by default (``Limits.temperature``): greedy decoding of a small
+#: sampled as the executor samples by default (``RequestLimits.temperature``): greedy decoding of a small
 #: model can repeat one blank token, which is not how the pool will be called
 CHECK_TEMPERATURE = 0.2
 

@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 import anthropic
 import httpx2
 
-from rl_conductor.trace import MIN_OUTPUT_TOKENS
+from rl_conductor.limits import MIN_OUTPUT_TOKENS
 from rl_conductor.workers.base import Message, WorkerError
 from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, usage_count, wrap_cache
 from rl_conductor.workers.live.resilience import (
