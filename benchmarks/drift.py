@@ -132,8 +132,8 @@ async def _serve(champion_dir: str, pool: str, store: str, questions: list[Any])
     """Serve ``questions`` through the predictor's service with the traffic log, then feedback."""
     from rl_conductor.loop.feedback import Feedback, parse_feedback
     from rl_conductor.loop.traffic import TrafficConfig, TrafficLog
+    from rl_conductor.serving.request import ConductorRequest
     from rl_conductor.serving.service import ConductorService, load_policy
-    from rl_conductor.serving_core import ConductorRequest
     from rl_conductor.workers.pool import load_pool
 
     p = load_pool(pool)

@@ -39,8 +39,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rl_conductor.policies.fixed import FixedPlan
+from rl_conductor.serving.request import ConductorRequest
 from rl_conductor.serving.service import ConductorService
-from rl_conductor.serving_core import ConductorRequest
 from rl_conductor.workers.live.testing import error, scripted_server, success_body
 from rl_conductor.workers.pool import build_pool
 

@@ -47,8 +47,8 @@ async def _measure(requests: int, block: int, store: str) -> dict[str, Any]:
     import yaml
 
     from rl_conductor.loop.traffic import TrafficConfig, TrafficLog
+    from rl_conductor.serving.request import ConductorRequest
     from rl_conductor.serving.service import ConductorService, load_policy
-    from rl_conductor.serving_core import ConductorRequest
     from rl_conductor.workers.pool import load_pool
 
     logging.getLogger("rl_conductor").setLevel(logging.WARNING)  # the per-request log line, both arms

@@ -14,7 +14,7 @@ import yaml
 
 from rl_conductor.evaluation.suite import run_eval
 from rl_conductor.loop import traffic as tl
-from rl_conductor.serving_core import ConductorRequest
+from rl_conductor.serving.request import ConductorRequest
 from rl_conductor.tasks.recordings import RecordingsError, load_recordings
 from rl_conductor.validation import InvalidValue
 

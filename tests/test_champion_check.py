@@ -112,8 +112,8 @@ def _serve_with_feedback(champion: Path, pool: str, store: Path, n: int) -> None
     gold-answer feedback on each (a score for code, whose grader feedback cannot run)."""
     from rl_conductor.loop.feedback import Feedback, parse_feedback
     from rl_conductor.loop.traffic import TrafficConfig, TrafficLog
+    from rl_conductor.serving.request import ConductorRequest
     from rl_conductor.serving.service import ConductorService, load_policy
-    from rl_conductor.serving_core import ConductorRequest
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.workers.pool import load_pool
 

@@ -133,7 +133,7 @@ def test_bad_deadlines_get_400_naming_the_field(http: httpx.Client, body: bytes)
 
 
 def test_serving_core_validates_the_deadline_for_the_pyfunc_path(tmp_path: Path) -> None:
-    from rl_conductor.serving_core import RequestError, parse_request, request_limits
+    from rl_conductor.serving.request import RequestError, parse_request, request_limits
 
     req = parse_request({"question": "q", "max_latency_s": 5})
     assert request_limits(req).max_latency_s == 5.0

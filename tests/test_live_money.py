@@ -196,8 +196,8 @@ async def test_served_oracle_reports_what_the_vendors_bill(
     three_vendors: tuple[list[ScriptedServer], list[BillingServer]],
 ) -> None:
     """The issue's reproduction through the predictor's service: ``--policy oracle``, $0.003."""
+    from rl_conductor.serving.request import ConductorRequest
     from rl_conductor.serving.service import ConductorService
-    from rl_conductor.serving_core import ConductorRequest
 
     servers, bills = three_vendors
     specs = [

@@ -23,8 +23,8 @@ from rl_conductor.executor import execute
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.fixed import FixedPlan
+from rl_conductor.serving.request import ConductorRequest
 from rl_conductor.serving.service import ConductorService, load_policy
-from rl_conductor.serving_core import ConductorRequest
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.live.byo_server import byo_openai_server
 from rl_conductor.workers.live.resilience import (

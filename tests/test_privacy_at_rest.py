@@ -191,8 +191,8 @@ def test_serving_traces_keep_no_private_text(mlflow_db_template: Path, tmp_path:
 
     import mlflow
 
+    from rl_conductor.serving.request import ConductorRequest
     from rl_conductor.serving.service import _Tracer
-    from rl_conductor.serving_core import ConductorRequest
     from rl_conductor.tracking import mlflow_utils
 
     db = tmp_path / "mlflow.db"
@@ -253,9 +253,9 @@ async def test_a_worker_error_echoing_a_private_question_is_neither_logged_nor_t
     import mlflow
 
     from rl_conductor.policies.fixed import FixedPlan
+    from rl_conductor.serving.request import ConductorRequest
     from rl_conductor.serving.server import WorkersFailed
     from rl_conductor.serving.service import ConductorService, _Tracer
-    from rl_conductor.serving_core import ConductorRequest
     from rl_conductor.tracking import mlflow_utils
 
     caplog.set_level(logging.INFO)

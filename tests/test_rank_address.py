@@ -117,7 +117,7 @@ async def test_the_conductor_resolves_ranks_with_its_prompts_ranking_and_the_tra
     ep = await policy.run(TASK, view, RequestLimits(), plan=plan)
     assert ep.trace.notes[0].endswith("@1 -> 2")
     assert [a.worker for a in ep.trace.attempts] == [view.names()[2]]
-    from rl_conductor.serving_core import response_document
+    from rl_conductor.serving.request import response_document
 
     doc = response_document(view, ep)
     assert doc["workflow"][0]["worker"] == view.names()[2] and doc["workflow"][0]["evidence_rank"] == 1

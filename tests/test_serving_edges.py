@@ -23,8 +23,8 @@ import pytest
 
 from predictor import FAKE_WORKERS, Predictor, predictor, write_pool
 from rl_conductor.policies.fixed import FixedPlan
+from rl_conductor.serving.request import ConductorRequest
 from rl_conductor.serving.service import ConductorService
-from rl_conductor.serving_core import ConductorRequest
 from rl_conductor.workers.pool import build_pool
 from servers import LOOPBACK, free_ports
 

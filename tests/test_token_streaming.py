@@ -373,8 +373,8 @@ def test_a_request_without_stream_gets_the_whole_answer(
 async def test_a_policy_whose_answer_is_not_its_last_planned_step_streams_the_answer_whole(
     spec: str, scripts: dict[str, list[str]], want: str
 ) -> None:
+    from rl_conductor.serving.request import ConductorRequest
     from rl_conductor.serving.service import ConductorService, load_policy
-    from rl_conductor.serving_core import ConductorRequest
     from rl_conductor.workers.pool import build_pool
 
     with ExitStack() as stack:
@@ -414,8 +414,8 @@ async def test_a_stream_cut_by_the_step_timeout_is_logged_as_no_answer_not_as_ca
     import json
     import logging
 
+    from rl_conductor.serving.request import ConductorRequest
     from rl_conductor.serving.service import ConductorService, ServiceConfig, load_policy
-    from rl_conductor.serving_core import ConductorRequest
     from rl_conductor.workers.pool import build_pool
 
     caplog.set_level(logging.INFO, "rl_conductor.serving")
@@ -464,8 +464,8 @@ async def test_a_client_leaving_mid_stream_is_still_logged_as_cancelled(
     import json
     import logging
 
+    from rl_conductor.serving.request import ConductorRequest
     from rl_conductor.serving.service import ConductorService, load_policy
-    from rl_conductor.serving_core import ConductorRequest
     from rl_conductor.workers.pool import build_pool
 
     caplog.set_level(logging.INFO, "rl_conductor.serving")

@@ -23,7 +23,7 @@ from predictor import Predictor, predictor, write_pool
 from rl_conductor import storage
 from rl_conductor.loop import traffic as tl
 from rl_conductor.loop.feedback import read_feedback
-from rl_conductor.serving_core import ConductorRequest
+from rl_conductor.serving.request import ConductorRequest
 
 KEY = "k-traffic-0123456789abcdef"
 

@@ -30,7 +30,7 @@ class InvalidValue(UsageError, ValueError):
 
 #: Largest budget (USD) and duration (seconds) one request, one question of an evaluation or one
 #: step may state: the one set of caps, used by ``limits.RequestLimits``, the request model
-#: (``serving_core``) and the wire schemas. A day or $10,000 per question is a client bug, not a
+#: (``serving.request``) and the wire schemas. A day or $10,000 per question is a client bug, not a
 #: limit; both stay far below where products with token counts or rates overflow a float.
 MAX_USD = 10_000.0
 MAX_SECONDS = 3_600.0

@@ -1,6 +1,7 @@
 """The KServe predictor of the Conductor (library side; ``serving/`` at the top level is the image).
 
 * :mod:`.schemas` — the wire formats (v1, v2, OpenAI chat), checked before anything runs.
+* :mod:`.request` — the request model (values, caps) and the response document.
 * :mod:`.service` — :class:`ConductorService`: plan, execute, retry, observe (no HTTP).
 * :mod:`.server` — the ``kserve.Model`` subclass, the OpenAI routes, the request guard, ``main``.
 * :mod:`.metrics` — the Prometheus metrics served on ``/metrics``.

@@ -26,8 +26,8 @@ from typing import Any
 from mlflow.pyfunc.model import PythonModel
 
 from rl_conductor.policies.conductor import ConductorPolicy
+from rl_conductor.serving.request import parse_request
 from rl_conductor.serving.service import ConductorService
-from rl_conductor.serving_core import parse_request
 from rl_conductor.tracking.registry import MODEL_DIR_ARTIFACT
 from rl_conductor.workers.pool import load_pool
 
@@ -105,7 +105,7 @@ def answer_batch(
 ) -> list[dict[str, Any]]:
     """One response document per input, in order, as :meth:`ConductorService.answer` makes it.
 
-    Every input is validated before any runs (:class:`~rl_conductor.serving_core.RequestError`
+    Every input is validated before any runs (:class:`~rl_conductor.serving.request.RequestError`
     names the field); ``pool`` is the operator's, never the request's."""
     requests = [parse_request(r) for r in inputs]
     service = service_for(str(model_dir), pool)

@@ -3,7 +3,7 @@
 Why a module of its own: the HTTP adapters (KServe v1/v2, the OpenAI-compatible route) accept
 different envelopes, but every one of them carries the same question and limits. This module
 checks the envelope's *shape* (unknown fields, wrong types, an empty question) with pydantic and
-hands the fields to :func:`rl_conductor.serving_core.parse_request`, which checks the *values*
+hands the fields to :func:`rl_conductor.serving.request.parse_request`, which checks the *values*
 (finite positive budgets, known sensitivity, step counts) once for every front door. Either
 check raises :class:`WireError`, whose message names the field, and the adapters answer 4xx.
 
@@ -40,7 +40,7 @@ from pydantic import (
     field_validator,
 )
 
-from rl_conductor.serving_core import (
+from rl_conductor.serving.request import (
     MAX_REQUEST_SECONDS,
     MAX_REQUEST_USD,
     ConductorRequest,
@@ -52,7 +52,7 @@ from rl_conductor.serving_core import (
 MAX_BODY_BYTES = 1_000_000
 #: Most instances in one v1/v2 request.
 MAX_INSTANCES = 64
-#: The request caps (one definition, :mod:`rl_conductor.serving_core`'s).
+#: The request caps (one definition, :mod:`rl_conductor.serving.request`'s).
 MAX_BUDGET_USD = MAX_REQUEST_USD
 MAX_LATENCY_S = MAX_REQUEST_SECONDS
 
@@ -90,7 +90,7 @@ def _errors(exc: ValidationError, prefix: str = "") -> str:
 
 
 class WireLimits(BaseModel):
-    """The request-time limits every envelope may carry (values checked by serving_core)."""
+    """The request-time limits every envelope may carry (values checked by serving.request)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -59,6 +59,7 @@ from rl_conductor.serving.guard import (
     RequestGuard,
     header_timeout_protocol,
 )
+from rl_conductor.serving.request import ConductorRequest, RequestError
 from rl_conductor.serving.schemas import (
     MAX_BODY_BYTES,
     MAX_INSTANCES,
@@ -72,7 +73,6 @@ from rl_conductor.serving.schemas import (
     to_request,
 )
 from rl_conductor.serving.service import ConductorService, ServiceConfig, load_policy, loggable_error
-from rl_conductor.serving_core import ConductorRequest, RequestError
 from rl_conductor.workers.base import TokenSink
 
 DEFAULT_MODEL_URI = "models:/conductor@champion"

@@ -3,7 +3,7 @@
 Why it is apart from the HTTP code: the KServe model, the OpenAI route, the CLI and the tests all
 answer through :meth:`ConductorService.answer`, which runs the library's one episode runner
 (:meth:`rl_conductor.policies.base.Policy.run`: plan -> execute -> annotate) with
-:mod:`rl_conductor.serving_core`'s request helpers, and adds what a production endpoint needs
+:mod:`rl_conductor.serving.request`'s request helpers, and adds what a production endpoint needs
 around it:
 
 * **concurrency** — requests run as independent coroutines on the server's event loop; there is
@@ -48,7 +48,7 @@ from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.reward import deadline_shortened, deadline_stopped
 from rl_conductor.serving import metrics as m
 from rl_conductor.serving.guard import HTTP_REQUEST_ID
-from rl_conductor.serving_core import (
+from rl_conductor.serving.request import (
     ConductorRequest,
     RequestError,
     permitted_view,
@@ -298,7 +298,7 @@ class ConductorService:
         final_step: dict[str, Any] | None = None,
         stream: TokenSink | None = None,
     ) -> dict[str, Any]:
-        """Plan and execute one request; the response document (see ``serving_core``) plus
+        """Plan and execute one request; the response document (see ``serving.request``) plus
         ``request_id``, token totals, ``calls``, ``wall_s``, ``worker_fallback``, ``budget_stop``,
         ``deadline_cut`` and a human ``message`` when the budget, the deadline or a failure shaped
         the answer. A deadline (``max_latency_s``) covers the whole request: the time the plan

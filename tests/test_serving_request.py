@@ -12,7 +12,7 @@ import pytest
 
 from _lazy import lazy
 from _tiny import Micro, trained_micro
-from rl_conductor.serving_core import ConductorRequest, RequestError, parse_request
+from rl_conductor.serving.request import ConductorRequest, RequestError, parse_request
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.workers.pool import load_pool
 
@@ -167,7 +167,7 @@ def test_the_operator_picks_the_pool(micro: Micro, questions: list[str], tmp_pat
     ],
 )
 def test_absurd_or_disguised_values_are_request_errors(field: dict) -> None:
-    from rl_conductor.serving_core import RequestError, parse_request
+    from rl_conductor.serving.request import RequestError, parse_request
 
     with pytest.raises(RequestError):
         parse_request({"question": "What is 2 + 2?", **field})
@@ -190,7 +190,7 @@ def test_pyfunc_dataframe_rows_nan_means_absent_and_an_all_nan_budget_is_an_erro
     import pandas as pd
 
     from rl_conductor.serving.pyfunc import as_records
-    from rl_conductor.serving_core import RequestError, parse_request
+    from rl_conductor.serving.request import RequestError, parse_request
 
     # dataframe_records where only some rows set a field: those columns turn float with NaN
     frame = pd.DataFrame.from_records(
@@ -208,7 +208,7 @@ def test_pyfunc_dataframe_rows_nan_means_absent_and_an_all_nan_budget_is_an_erro
 def test_the_request_caps_are_one_definition_for_http_and_pyfunc() -> None:
     from rl_conductor import validation
     from rl_conductor.serving import schemas
-    from rl_conductor.serving_core import MAX_REQUEST_SECONDS, MAX_REQUEST_USD, RequestError, parse_request
+    from rl_conductor.serving.request import MAX_REQUEST_SECONDS, MAX_REQUEST_USD, RequestError, parse_request
 
     assert schemas.MAX_BUDGET_USD == MAX_REQUEST_USD and schemas.MAX_LATENCY_S == MAX_REQUEST_SECONDS
     assert (MAX_REQUEST_USD, MAX_REQUEST_SECONDS) == (validation.MAX_USD, validation.MAX_SECONDS)
