@@ -215,10 +215,15 @@ def review_prompt(
     summary: RoundSummary,
     *,
     max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
+    signals: Sequence[str] | None = None,
+    estimate: str | None = None,
 ) -> str:
     """The prompt of a review after a round: the workers, what is left of the limits, the
     question, each step so far (its worker id, what it saw, its subtask, its extracted answer or
-    what became of it) and whether the answers agree."""
+    what became of it) and whether the answers agree. For a model trained with ``review_evidence:
+    text`` also each step's text signals (``signals``, one phrase per step, shown in brackets
+    after its answer) and the estimate's lines last (``estimate``,
+    :meth:`rl_conductor.review_evidence.Estimate.line`); without them the prompt is as before."""
     view, limits = request.view, request.limits
     answers = dict(zip(summary.steps, summary.answers, strict=True))
     lines = []
@@ -228,8 +233,9 @@ def review_prompt(
             got = "no answer found" if answers[i] is None else cut(str(answers[i]), 80)
         else:
             got = rec.status
-        lines.append(f"[{i}] model {step.worker}, sees {sees}: {cut(step.instruction, 80)} -> {got}")
-    return template("conductor_review.txt").format(
+        shown = "" if signals is None or i >= len(signals) else f" [{signals[i]}]"
+        lines.append(f"[{i}] model {step.worker}, sees {sees}: {cut(step.instruction, 80)} -> {got}{shown}")
+    text = template("conductor_review.txt").format(
         max_steps=limits.max_steps,
         workers=worker_lines(view, deadline=limits.max_latency_s, budget=limits.max_cost_usd),
         budget=budget_line(limits),
@@ -237,3 +243,4 @@ def review_prompt(
         so_far="\n".join(lines),
         agreement=summary.line(),
     )
+    return text if estimate is None else f"{text.rstrip()}\n{estimate}\n"
