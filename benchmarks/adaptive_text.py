@@ -57,7 +57,7 @@ from rl_conductor.review_evidence import FEATURES, choose_tau, design, fit_probe
 from rl_conductor.reward import REWARD_PRESETS, RewardConfig, reward_of
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.gsm8k_six import RECORDINGS
-from rl_conductor.tasks.recordings import load_recordings
+from rl_conductor.tasks.recordings_format import load_recordings
 from rl_conductor.workers.pool import load_pool
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ import yaml
 from rl_conductor.evaluation.suite import run_eval
 from rl_conductor.loop import traffic as tl
 from rl_conductor.serving.request import ConductorRequest
-from rl_conductor.tasks.recordings import RecordingsError, load_recordings
+from rl_conductor.tasks.recordings_format import RecordingsError, load_recordings
 from rl_conductor.validation import InvalidValue
 
 

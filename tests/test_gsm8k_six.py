@@ -14,7 +14,7 @@ from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.graders import grade
 from rl_conductor.tasks.gsm8k_six import DATASET, OPENAI_SYSTEMS, RECORDINGS, build_items, split_for
-from rl_conductor.tasks.recordings import dataset_name, load_recordings
+from rl_conductor.tasks.recordings_format import dataset_name, load_recordings
 from rl_conductor.tasks.routellm import RECORDED_MODELS, recording
 from rl_conductor.workers.base import CallContext
 from rl_conductor.workers.pool import load_pool, load_pool_config

@@ -24,9 +24,9 @@ from rl_conductor.limits import RequestLimits
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.base import CallContext, Completion
 from rl_conductor.workers.cache import CachedWorker, S3CacheStore, SqliteCacheStore
+from rl_conductor.workers.cache_export import export_cache
 from rl_conductor.workers.live.testing import Reply, Request, ok, scripted_server
 from rl_conductor.workers.pool import PoolConfigError, build_pool
-from rl_conductor.workers.recordings import export_cache
 from rl_conductor.workflow import Step, Workflow
 
 SECRET = "patient 4471 tested positive for condition QX-93"

@@ -23,7 +23,7 @@ from rl_conductor.policies.base import make_policy
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks, split_of
 from rl_conductor.tasks.graders import grade
-from rl_conductor.tasks.recordings import (
+from rl_conductor.tasks.recordings_format import (
     RecordingsError,
     dataset_name,
     load_recordings,

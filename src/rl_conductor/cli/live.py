@@ -65,7 +65,7 @@ def record_export(
     project's graders, so a replay pool can retrain and re-evaluate offline. Serving traffic is
     left out unless --include-serving; private entries are never exported."""
     from rl_conductor.workers.cache import open_store
-    from rl_conductor.workers.recordings import export_cache, replay_pool_yaml
+    from rl_conductor.workers.cache_export import export_cache, replay_pool_yaml
 
     if not cache.startswith("s3://") and not Path(cache).is_file():
         raise typer.BadParameter(f"no cache at {cache} (a sqlite file written by a pool with `cache:`)")

@@ -49,6 +49,7 @@ from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.evidence import EvidenceModel, Ranker
 from rl_conductor.prompting import (
     DEFAULT_MAX_QUESTION_CHARS,
+    RoundSummary,
     conductor_prompt,
     over_budget,
     quantile_seconds,
@@ -56,6 +57,7 @@ from rl_conductor.prompting import (
     shown_ranking,
     typical_cost,
 )
+from rl_conductor.review_evidence import ReviewEvidence
 from rl_conductor.reward import reward_from_dict
 from rl_conductor.rounds import continuation_within_limits, single_within_budget, summarize
 from rl_conductor.tasks.base import Task
@@ -279,6 +281,17 @@ class ConductorPolicy(Policy):
         self.ranker: Ranker | None = None
         if self.meta.get("evidence") == "rank" and self.evidence is not None:
             self.ranker = Ranker(self.evidence, reward_from_dict(self.meta.get("reward", {})))
+        #: with ``review_evidence: text`` the review prompt shows each answer's text signals and
+        #: the estimate of the review estimator saved with the model (rl_conductor/review_evidence.py)
+        self.review_evidence: ReviewEvidence | None = None
+        if self.meta.get("review_evidence", "none") != "none":
+            if not ReviewEvidence.exists(self.model_dir):
+                raise model_not_found(
+                    str(model_dir),
+                    f"conductor.json asks for {self.meta['review_evidence']} review evidence; "
+                    "its file is missing",
+                )
+            self.review_evidence = ReviewEvidence.load(self.model_dir)
         self._embedded: dict[str, Any] = {}
         self.batch_size = batch_size
         self.seed = seed
@@ -596,14 +609,31 @@ class ConductorPolicy(Policy):
             if not f.done():
                 f.set_result(cont)
 
+    def review_text(self, request: RoundRequest, summary: RoundSummary) -> tuple[str, list[int] | None]:
+        """The review prompt of ``request`` and the ids its estimate line lets ``@k`` name (with
+        ``review_evidence: text`` and an estimate that weighs a continuation worker: ``[its id]``;
+        else None, and a rank reference does not parse)."""
+        if self.review_evidence is None:
+            return review_prompt(request, summary, max_question_chars=self.max_question_chars), None
+        signals, estimate, worker = self.review_evidence.estimate(request, summary)
+        prompt = review_prompt(
+            request,
+            summary,
+            max_question_chars=self.max_question_chars,
+            signals=[s.text() for s in signals],
+            estimate=None if estimate is None else estimate.line(worker),
+        )
+        return prompt, None if worker is None else [worker]
+
     def review_many(self, requests: Sequence[RoundRequest]) -> list[Continuation]:
         """:meth:`review` of each request, generated in one batch per workflow length (the
         continuation's steps are numbered after the steps so far)."""
         summaries = [summarize(r) for r in requests]
-        prompts = [
-            review_prompt(r, s, max_question_chars=self.max_question_chars)
-            for r, s in zip(requests, summaries, strict=True)
-        ]
+        prompts, shown = [], []
+        for r, s in zip(requests, summaries, strict=True):
+            prompt, ranking = self.review_text(r, s)
+            prompts.append(prompt)
+            shown.append(ranking)
         plans: list[Plan | None] = [None] * len(requests)
         by_length: dict[int, list[int]] = {}
         for i, r in enumerate(requests):
@@ -616,6 +646,7 @@ class ConductorPolicy(Policy):
                     [requests[i].limits for i in rows],
                     allow_empty=True,
                     first_index=first,
+                    rankings=[shown[i] for i in rows],
                 )
                 for i, plan in zip(rows, got, strict=True):
                     plans[i] = plan

@@ -23,7 +23,7 @@ Registered datasets:
 Other modules add datasets with :func:`register_dataset`; ``rl_conductor.tasks.routellm`` (the
 RouteLLM recorded benchmarks) is imported lazily the first time a name is not found. A name
 ``recordings:<path>`` loads the items of a bring-your-own recordings file
-(:mod:`rl_conductor.tasks.recordings`).
+(:mod:`rl_conductor.tasks.recordings_format`).
 
 Simplifications: loaders return all rows at once (the largest set is a few thousand rows) and
 cache them for the process; the cached Tasks share their ``metadata`` dicts, which callers must
@@ -47,7 +47,7 @@ from typing import Any
 
 from rl_conductor.errors import UnknownName
 from rl_conductor.tasks.base import DATA_SPLITS, DOMAINS, Task
-from rl_conductor.tasks.recordings import recordings_tasks
+from rl_conductor.tasks.recordings_format import recordings_tasks
 
 SPLITS = (*DATA_SPLITS, "all")
 #: Upper bounds of the hash fraction for train and validation; the rest is test.

@@ -893,7 +893,7 @@ def text_key(text: str) -> str:
 class RecordedGrader:
     """Grades as recorded: items of a recordings file with no gold answer (or code without tests)
     carry each recorded text's correctness label (``metadata["recorded_labels"]``, keyed by
-    :func:`text_key`; :mod:`rl_conductor.tasks.recordings`). A text no model recorded is wrong:
+    :func:`text_key`; :mod:`rl_conductor.tasks.recordings_format`). A text no model recorded is wrong:
     there is nothing to grade it against."""
 
     name: str = "recorded"

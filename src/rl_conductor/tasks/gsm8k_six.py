@@ -11,7 +11,7 @@ models on the same items to compare them. This joins two public recordings of GS
   samples scored by a trained verifier, the best one kept), Cobbe et al. 2021.
 
 The shipped file (``data/recorded/gsm8k_six_responses.jsonl.gz``, built by :func:`main`) is in
-the bring-your-own recordings format (:mod:`rl_conductor.tasks.recordings`): items are the
+the bring-your-own recordings format (:mod:`rl_conductor.tasks.recordings_format`): items are the
 ``gsm8k`` Tasks (same ids, questions and gold), joined by question text with whitespace
 normalised; every response keeps its recorded text and its source's correctness label, and
 ``output_tokens`` estimated from the text by :func:`rl_conductor.trace.estimate_tokens`
@@ -32,7 +32,7 @@ from typing import Any
 
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import _hash_fraction, load_tasks, register_dataset
-from rl_conductor.tasks.recordings import (
+from rl_conductor.tasks.recordings_format import (
     PACKAGE_PREFIX,
     RecordedResponse,
     item_dict,

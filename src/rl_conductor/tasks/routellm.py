@@ -39,7 +39,7 @@ from typing import Any
 
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import format_choices, load_tasks, register_dataset
-from rl_conductor.tasks.recordings import RecordedResponse, item_dict
+from rl_conductor.tasks.recordings_format import RecordedResponse, item_dict
 
 #: Project worker name -> the column name RouteLLM used for that model.
 RECORDED_MODELS: dict[str, str] = {
@@ -201,7 +201,7 @@ def join_stats() -> JoinStats:
 
 def routellm_recordings(dataset: str = "routellm") -> Iterator[dict[str, Any]]:
     """RouteLLM's recordings as items of the bring-your-own recordings format
-    (:mod:`rl_conductor.tasks.recordings`; GSM8K: text and label; MMLU: label only)."""
+    (:mod:`rl_conductor.tasks.recordings_format`; GSM8K: text and label; MMLU: label only)."""
     for task in load_tasks(dataset):
         responses = {}
         for model in RECORDED_MODELS:

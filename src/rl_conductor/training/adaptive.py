@@ -353,9 +353,16 @@ def fit_rule(rounds: RoundsTable, config: RewardConfig) -> Rule:
     return rule
 
 
-def adaptive_table(table: CandidateTable, rounds: RoundsTable, rule: Rule) -> CandidateTable:
+def adaptive_table(
+    table: CandidateTable,
+    rounds: RoundsTable,
+    rule: Rule,
+    choice: Mapping[tuple[str, str], str] | None = None,
+) -> CandidateTable:
     """The candidate table with the rounds table's first plans valued under ``rule`` in the
-    unlimited column (pairs appended; not run under budgets or deadlines) — module docstring."""
+    unlimited column (pairs appended; not run under budgets or deadlines) — module docstring.
+    ``choice``: per (task id, first plan) the continuation of another rule (the text rule of
+    ``training/review_text.py``), used instead of ``rule`` where it has one."""
     pos = {c.name: j for j, c in enumerate(table.candidates)}
     new = [first_plan(n) for n in rounds.firsts if n not in pos]
     cands = [*table.candidates, *new]
@@ -387,7 +394,10 @@ def adaptive_table(table: CandidateTable, rounds: RoundsTable, rule: Rule) -> Ca
             sig = rounds.signal[ri][f]
             if not sig or "|" not in name:
                 continue
-            k = rounds.conts.index(rule.get((rounds.domains[ri], name, sig), KEEP))
+            label = rule.get((rounds.domains[ri], name, sig), KEEP)
+            if choice is not None:
+                label = choice.get((tid, name), label)
+            k = rounds.conts.index(label)
             if not rounds.done[ri, f, k]:
                 continue
             j = pos[name]
@@ -439,17 +449,24 @@ def review_records(
     rule: Rule,
     *,
     max_question_chars: int,
+    text: Any = None,
 ) -> list[dict[str, Any]]:
     """SFT pairs for the review: each spec's target first plan executed (the spec's view and
     limits, two rounds), the review prompt the Conductor then sees, and the continuation the
     rule picks for (first plan, signal). Specs whose first plan the rule does not cover (a chain,
-    a budget or deadline prompt) give none."""
+    a budget or deadline prompt) give none. With ``text`` (a ``training.review_text.TextRule``)
+    the prompt shows the text evidence and the continuation follows its estimate instead."""
     from rl_conductor.training.data import chat
+    from rl_conductor.training.review_text import text_hook
 
     async def one(spec: Any, wf: Workflow) -> list[tuple[str, str]]:
         seen: list[tuple[str, str]] = []
         view = spec.pool_view(pool)
-        hook = rule_hook(rule, max_question_chars=max_question_chars, seen=seen)
+        hook = (
+            rule_hook(rule, max_question_chars=max_question_chars, seen=seen)
+            if text is None
+            else text_hook(text, max_question_chars=max_question_chars, seen=seen)
+        )
         await execute(wf, spec.task, view, replace(spec.limits(base), max_rounds=2), review=hook)
         return seen
 

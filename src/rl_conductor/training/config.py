@@ -20,6 +20,8 @@ from rl_conductor.prompting import QUESTION_CUTS
 GROUP_BY = ("source", "subject", "domain", "task")
 #: What per-question evidence the Conductor's prompt carries (``TrainConfig.evidence``).
 EVIDENCE = ("none", "probe", "rank")
+#: What a review prompt shows of round 1's answers (``TrainConfig.review_evidence``).
+REVIEW_EVIDENCE = ("none", "text")
 
 
 def _f(default: Any, help: str) -> Any:
@@ -90,6 +92,13 @@ class TrainConfig:
         1,
         "rounds the trained Conductor plans for (conductor.json records it; eval, plan and serve "
         "default to it); 1 = plan once, before any worker runs",
+    )
+    review_evidence: str = _f(
+        "none",
+        "what the review prompt shows after round 1 (max_rounds > 1): none (the extracted answers "
+        "and their agreement) | text (also each answer's text signals and the estimate of a review "
+        "estimator fitted on the training split, rl_conductor/review_evidence.py; the review "
+        "targets then follow its rule: escalate where the estimated reward gain > tau)",
     )
     # SFT warm start
     sft_examples: int = _f(3000, "synthesised valid workflows for the warm start")
@@ -230,6 +239,15 @@ class TrainConfig:
         if self.question_cut not in QUESTION_CUTS:
             raise ConfigError(
                 f"question_cut must be one of {', '.join(QUESTION_CUTS)}, not {self.question_cut!r}"
+            )
+        if self.review_evidence not in REVIEW_EVIDENCE:
+            raise ConfigError(
+                f"review_evidence must be one of {', '.join(REVIEW_EVIDENCE)}, not {self.review_evidence!r}"
+            )
+        if self.review_evidence != "none" and (self.max_rounds < 2 or self.sft_targets != "expected-best"):
+            raise ConfigError(
+                f"review_evidence: {self.review_evidence} is a review's: set max_rounds: 2 and "
+                "sft_targets: expected-best (or review_evidence: none)"
             )
         if self.evidence not in EVIDENCE:
             raise ConfigError(f"evidence must be one of {', '.join(EVIDENCE)}, not {self.evidence!r}")

@@ -59,6 +59,7 @@ class ConductorReward:
         *,
         concurrency: int = 64,
         review_rule: Mapping[tuple[str, str, str], str] | None = None,
+        review_text: Any = None,
     ) -> None:
         if base_limits.max_rounds != 1:
             # a rollout scores one plan: a later round would need the policy being trained
@@ -69,6 +70,8 @@ class ConductorReward:
         #: with rounds, a rollout's first plan is continued by the review rule fitted on the
         #: training questions (training/adaptive.py), not by the model being trained
         self.review_rule = dict(review_rule) if review_rule is not None else None
+        #: with ``review_evidence: text``, the text rule instead (training/review_text.py)
+        self.review_text = review_text
         self.pool = pool
         self.tasks = tasks
         self.config = config
@@ -104,8 +107,13 @@ class ConductorReward:
             }
         if self.review_rule is not None:
             from rl_conductor.training.adaptive import rule_hook
+            from rl_conductor.training.review_text import text_hook
 
-            hook = rule_hook(self.review_rule, max_question_chars=0)
+            hook = (
+                rule_hook(self.review_rule, max_question_chars=0)
+                if self.review_text is None
+                else text_hook(self.review_text, max_question_chars=0)
+            )
             trace = await execute(wf, task, view, replace(limits, max_rounds=2), review=hook)
         else:
             trace = await execute(wf, task, view, limits)

@@ -144,6 +144,8 @@ def conductor_meta(cfg: TrainConfig, pool_names: list[str], dataset: str | None 
         "max_rounds": cfg.max_rounds,
         "reward_preset": cfg.reward_preset,
         "train_config": cfg.to_dict(),
+        # only when on: the conductor.json of every other model is as before
+        **({"review_evidence": cfg.review_evidence} if cfg.review_evidence != "none" else {}),
     }
 
 
@@ -193,8 +195,13 @@ def train(
     evidence: dict[str, dict[str, float]] | None = None
     rule: dict[tuple[str, str, str], str] | None = None
     rank: Any = None
+    text_rule: Any = None  # review_evidence: text (training/review_text.py)
     if cfg.sft_targets == "expected-best":
-        targets, evidence_model, evidence, rule = _warm_start(cfg, tasks, pool, progress=progress)
+        texts: list[Any] = []
+        targets, evidence_model, evidence, rule = _warm_start(
+            cfg, tasks, pool, progress=progress, text_rule=texts
+        )
+        text_rule = texts[0] if texts else None
         if cfg.evidence == "rank":
             from rl_conductor.policies.evidence import Ranker
 
@@ -217,7 +224,13 @@ def train(
                 targets.target(s.task, s.pool_view(pool).names(), s.budget, s.deadline) for s in sft_specs
             ]
             reviews = review_records(
-                sft_specs, pool, base_limits, firsts, rule, max_question_chars=cfg.max_question_chars
+                sft_specs,
+                pool,
+                base_limits,
+                firsts,
+                rule,
+                max_question_chars=cfg.max_question_chars,
+                text=text_rule,
             )
             result.sft_records["review"] = len(reviews)
             sft = [r for pair in itertools.zip_longest(sft, reviews) for r in pair if r is not None]
@@ -289,12 +302,19 @@ def train(
                     (sft_dir / "conductor.json").write_text(meta)
                     if evidence_model is not None:
                         evidence_model.save(sft_dir)
+                    if text_rule is not None:
+                        text_rule.evidence.save(sft_dir)
             result.seconds["sft"] = time.perf_counter() - t0
             result.cpu_seconds["sft"] = _cpu_s() - c0
         # 3. GRPO
         t0, c0 = time.perf_counter(), _cpu_s()
         reward = ConductorReward(
-            pool, {t.id: t for t in tasks}, _reward_config(cfg), base_limits, review_rule=rule
+            pool,
+            {t.id: t for t in tasks},
+            _reward_config(cfg),
+            base_limits,
+            review_rule=rule,
+            review_text=text_rule,
         )
         trainer = _grpo_trainer(
             cfg, sft_dir, Dataset.from_list(grpo), reward, out / "grpo", progress=progress
@@ -318,6 +338,8 @@ def train(
                 save_final(out / "grpo" / "last", result.final_dir, cfg, pool.names(), dataset)
                 if evidence_model is not None:
                     evidence_model.save(result.final_dir)
+                if text_rule is not None:
+                    text_rule.evidence.save(result.final_dir)
         result.seconds["total"] = time.perf_counter() - t_all
         result.cpu_seconds["total"] = _cpu_s() - c_all
         mlflow.log_metrics({f"seconds_{k}": v for k, v in result.seconds.items()})
@@ -396,7 +418,12 @@ def fail_if_nothing_answered(table: Any, items: list[Any], pool: Any) -> None:
 
 
 def _warm_start(
-    cfg: TrainConfig, tasks: list[Any], pool: Any, *, progress: bool = False
+    cfg: TrainConfig,
+    tasks: list[Any],
+    pool: Any,
+    *,
+    progress: bool = False,
+    text_rule: list[Any] | None = None,
 ) -> tuple[Any, Any, dict[str, dict[str, float]] | None, dict[tuple[str, str, str], str] | None]:
     """The expected-best targets of the warm start: the candidate table (built or read from the
     cache) on ``warm_items_per_domain`` training questions per domain, averaged per
@@ -406,7 +433,9 @@ def _warm_start(
     table's questions, :func:`prompt_evidence`), which make the targets per question; else
     ``(targets, None, None)``. With ``max_rounds > 1`` the first plans are valued with their
     best review (``training/adaptive.py``: pairs of cheap workers added, the rounds table cached
-    next to the candidate table) and the fitted review rule comes fourth (else None)."""
+    next to the candidate table) and the fitted review rule comes fourth (else None); with
+    ``review_evidence: text`` the text rule (``training/review_text.py``) values the pairs instead
+    and is appended to ``text_rule``."""
     from dataclasses import replace
 
     from rl_conductor.tracking.mlflow_utils import conductor_home
@@ -451,7 +480,18 @@ def _warm_start(
             max_steps=cfg.max_steps_per_workflow,
         )
         rule = fit_rule(rounds, _reward_config(cfg))
-        table = adaptive_table(table, rounds, rule)
+        choice = None
+        if cfg.review_evidence == "text":  # the review reads the answers' texts (training/review_text.py)
+            from rl_conductor.limits import RequestLimits
+            from rl_conductor.training.review_text import fit_text_rule, review_rows
+
+            limits = RequestLimits(max_steps=cfg.max_steps_per_workflow)
+            text = fit_text_rule(rounds, review_rows(items, pool, rounds, limits), _reward_config(cfg))
+            log.info("review text rule per first plan: %s", text.summary)
+            choice = text.choice
+            if text_rule is not None:
+                text_rule.append(text)
+        table = adaptive_table(table, rounds, rule, choice)
     targets = ExpectedRewards.fit(
         table,
         _reward_config(cfg),

@@ -7,7 +7,7 @@ with its recorded tokens and cost (so rewards and reports price the plan as it w
 makes no HTTP call and no spend; a miss calls the worker and stores the answer. Failed calls
 are not stored.
 
-Each entry also keeps what :mod:`rl_conductor.workers.recordings` needs to turn the cache into a
+Each entry also keeps what :mod:`rl_conductor.workers.cache_export` needs to turn the cache into a
 bring-your-own recordings file (``conductor record export``): the task (id, question, gold,
 grader, domain), the step index, the messages.
 

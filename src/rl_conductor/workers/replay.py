@@ -5,7 +5,7 @@ the item from ``CallContext.task``; the messages are only counted for input toke
 come from a :class:`RecordingSource`:
 
 * a bring-your-own recordings file (pool option ``recordings: path.jsonl``; the format is in
-  :mod:`rl_conductor.tasks.recordings` and ``docs/recordings.md``): any models, any items, a
+  :mod:`rl_conductor.tasks.recordings_format` and ``docs/recordings.md``): any models, any items, a
   response text and/or a correctness label per model, optional tokens, cost and latency;
 * RouteLLM's recordings of ``gpt-4-1106-preview`` and ``Mixtral-8x7B-Instruct`` (the default
   when a pool names no file, :mod:`rl_conductor.tasks.routellm`), one instance of that shape:
@@ -35,7 +35,7 @@ What it deliberately simplifies, and why:
   answer line with the gold, or :data:`WRONG_LINE`. Text only: returned as is and graded. An
   item with no way to grade it (no gold, code without tests; grader ``recorded``): the recorded
   text, or an opaque stand-in where only a label was recorded
-  (:func:`rl_conductor.tasks.recordings.stand_in`), graded by the recorded label.
+  (:func:`rl_conductor.tasks.recordings_format.stand_in`), graded by the recorded label.
 * **Tokens are estimated** where not recorded, with :func:`rl_conductor.workers.base.estimate_tokens` (about 4
   characters per token), for both models, so their costs stay on one scale. No tokenizer of
   GPT-4 (cl100k) works offline: tiktoken's wheel ships no encoding file. Mixtral's does (the
@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from rl_conductor.tasks.base import Task
-from rl_conductor.tasks.recordings import (
+from rl_conductor.tasks.recordings_format import (
     RECORDED_GRADER,
     RecordedResponse,
     RecordingsError,

@@ -2,7 +2,7 @@
 
 A team that trained once against paid APIs (every completion cached by
 :class:`~rl_conductor.workers.cache.CachedWorker`) exports the cache into the recordings format
-(:mod:`rl_conductor.tasks.recordings`) and retrains offline on a replay pool over it.
+(:mod:`rl_conductor.tasks.recordings_format`) and retrains offline on a replay pool over it.
 
 Which cached call becomes a worker's recorded response to an item: a replay worker answers an
 item the same way whatever a workflow shows it, so one response per (item, worker) is kept —
@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from rl_conductor.tasks.base import Task
-from rl_conductor.tasks.recordings import RecordedResponse, item_dict, write_recordings
+from rl_conductor.tasks.recordings_format import RecordedResponse, item_dict, write_recordings
 from rl_conductor.workers.cache import CacheStore
 
 
