@@ -1,0 +1,257 @@
+"""Review targets and prompts that read the first answers' texts (``review_evidence: text``,
+training/review_text.py; the Conductor's review prompt in policies/conductor.py).
+
+The hand-built pool of test_adaptive_training: two cheap workers agree on the easy questions (both
+right) and disagree on the hard ones (both wrong, apart), a dear worker is right on both; here the
+cheap workers also write their work, and on the hard questions an equation that does not hold."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rl_conductor.executor import Continuation, RoundRequest, execute
+from rl_conductor.limits import RequestLimits
+from rl_conductor.prompting import review_prompt
+from rl_conductor.rounds import summarize
+from rl_conductor.tasks.base import Task
+from rl_conductor.training.config import ConfigError, TrainConfig
+from rl_conductor.training.data import PromptSpec
+from rl_conductor.workers.fake import FakeWorker, fake_info
+from rl_conductor.workers.pool import Pool
+from rl_conductor.workflow import Workflow, parse
+
+
+def _answer(name: str) -> Any:
+    def reply(messages: Any, ctx: Any) -> str:
+        n = int(ctx.task.answer)
+        if ctx.task.id.startswith("hard") and name != "dear":
+            off = {"a": 2, "b": 1}[name]
+            return f"{n // 2} + {n // 2} = {n + off + 7}. So the answer is \\boxed{{{n + off}}}"
+        return f"{n // 2} + {n // 2} = {n}. So the answer is \\boxed{{{n}}}"
+
+    return reply
+
+
+def _pool() -> Pool:
+    workers = [
+        FakeWorker(info=fake_info(n, price_in=p, price_out=p), responder=_answer(n))
+        for n, p in (("a", 0.1), ("b", 0.1), ("dear", 50.0))
+    ]
+    return Pool(name="hand-built-text-rounds", workers=list(workers))
+
+
+def _tasks(kinds: tuple[str, ...] = ("easy", "hard"), numbers: range = range(1, 11)) -> list[Task]:
+    return [
+        Task(
+            id=f"{kind}/{i}",
+            question=f"What is {i} + {i}?",
+            answer=str(2 * i),
+            domain="math",
+            source="t",
+            grader="math",
+        )
+        for kind in kinds
+        for i in numbers
+    ]
+
+
+def _cfg(tmp_path: Path, **kw: Any) -> TrainConfig:
+    return TrainConfig(
+        pool="unused",
+        warm_items_per_domain=100,
+        warm_top_k=2,
+        warm_cheap_k=1,
+        warm_pair_k=2,
+        max_steps_per_workflow=2,
+        budgets_usd=[],
+        warm_cache_dir=str(tmp_path / "cache"),
+        max_rounds=2,
+        **kw,
+    )
+
+
+def test_review_evidence_is_a_review_s_option_only() -> None:
+    with pytest.raises(ConfigError, match="review_evidence must be one of"):
+        TrainConfig(review_evidence="probe", max_rounds=2, sft_targets="expected-best")
+    with pytest.raises(ConfigError, match="max_rounds: 2"):
+        TrainConfig(review_evidence="text", max_rounds=1, sft_targets="expected-best")
+    assert TrainConfig().review_evidence == "none"
+
+
+def test_the_text_rule_is_fitted_on_the_training_questions_and_its_targets_follow_the_estimate(
+    tmp_path: Path,
+) -> None:
+    from rl_conductor.training.adaptive import pair, review_records
+    from rl_conductor.training.train import _warm_start
+
+    pool, train = _pool(), _tasks()
+    held_out = _tasks(("heldhard",), range(20, 23))  # never given to the fit
+    texts: list[Any] = []
+    targets, _, _, rule = _warm_start(_cfg(tmp_path, review_evidence="text"), train, pool, text_rule=texts)
+    (text,) = texts
+    name = pair("b", "a").name
+    # fitted on every training question of the pair, and only on them
+    assert {tid for tid, n in text.oof if n == name} == {t.id for t in train}
+    assert not {tid for tid, _ in text.oof} & {t.id for t in held_out}
+    assert text.summary[name]["n"] == len(train)
+    # the rule: keep the easy (agreeing, arithmetic holds) answers, escalate the hard ones
+    assert all(text.choice[(t.id, name)] == ("+dear" if t.id.startswith("hard") else "keep") for t in train)
+    assert text.evidence.plans["b|a"].workers == ["dear"]  # a worker of the pair is no continuation
+    # the first-plan target is the pair, valued under the text rule
+    assert targets.target(train[0], pool.names(), None, None).workers() == [1, 0]
+
+    specs = [PromptSpec(task=t, view=tuple(range(len(pool))), budget=None) for t in train]
+    firsts = [targets.target(s.task, pool.names(), None, None) for s in specs]
+    recs = review_records(
+        specs, pool, RequestLimits(max_steps=2), firsts, rule, max_question_chars=120, text=text
+    )
+    assert recs
+    for r in recs:
+        prompt, completion = r["prompt"][-1]["content"], r["completion"][0]["content"]
+        last = prompt.rstrip().splitlines()[-1]
+        assert last in ("Best by estimate: @1", "Best by estimate: keep")
+        assert "checks wrong]" in prompt and "Estimate: the answer so far is right ~" in prompt
+        wf = parse(completion, pool_size=3, max_steps=2, allow_empty=True, first_index=2, ranking=[2])
+        if last.endswith("@1"):
+            assert "escalating to @1 (model 2)" in prompt and completion.startswith("model_id = [@1]")
+            assert wf.workers() == [2]
+        else:
+            assert wf.steps == ()
+    assert {r["prompt"][-1]["content"].rstrip().splitlines()[-1] for r in recs} == {
+        "Best by estimate: @1",
+        "Best by estimate: keep",
+    }
+
+
+def _review_request(task: Task, pool: Pool, first: Workflow, limits: RequestLimits) -> RoundRequest:
+    got: list[RoundRequest] = []
+
+    async def hook(req: RoundRequest) -> Continuation:
+        got.append(req)
+        return Continuation(workflow=Workflow(steps=()))
+
+    asyncio.run(execute(first, task, pool.view(), limits, review=hook))
+    return got[0]
+
+
+def test_the_estimate_weighs_only_workers_the_request_may_use(tmp_path: Path) -> None:
+    from rl_conductor.training.adaptive import pair
+    from rl_conductor.training.train import _warm_start
+
+    pool, train = _pool(), _tasks()
+    texts: list[Any] = []
+    _warm_start(_cfg(tmp_path, review_evidence="text"), train, pool, text_rule=texts)
+    ev = texts[0].evidence
+    hard = _tasks(("hard",), range(30, 31))[0]
+    first = pair("b", "a").workflow(pool.names())
+    req = _review_request(hard, pool, first, RequestLimits(max_steps=2, max_rounds=2))
+    sig, est, wid = ev.estimate(req, summarize(req))
+    assert est is not None and est.escalate and wid == 2 and est.worker == "dear"
+    assert sig[0].wrong == 1 and sig[1].wrong == 1
+    # dear is not permitted: the estimate keeps and names no worker
+    barred = _review_request(
+        hard, pool, first, RequestLimits(max_steps=2, max_rounds=2, allowed_workers=frozenset({"a", "b"}))
+    )
+    _, est2, wid2 = ev.estimate(barred, summarize(barred))
+    assert est2 is not None and not est2.escalate and wid2 is None
+    assert est2.line(wid2).endswith("Best by estimate: keep")
+    # a first plan no estimator covers (one worker): no estimate
+    single = Workflow(steps=(first.steps[0],))
+    one = _review_request(hard, pool, single, RequestLimits(max_steps=2, max_rounds=2))
+    assert ev.estimate(one, summarize(one))[1] is None
+    plain = review_prompt(one, summarize(one), max_question_chars=120)
+    assert plain == review_prompt(one, summarize(one), max_question_chars=120, signals=None, estimate=None)
+    assert "Estimate:" not in plain and "Best by estimate" not in plain
+
+
+@pytest.mark.slow
+def test_a_trained_text_conductor_shows_its_estimate_and_one_round_is_unchanged(tmp_path: Path) -> None:
+    """Trained on gsm8k-six's training split with ``review_evidence: text``: the estimator is saved
+    with the model, fitted on training questions only; the review prompt shows the estimate where
+    the model has one and not where its file says none; max_rounds 1 gives the same traces."""
+    from _tiny import micro_config
+    from one_round_cases import project
+    from rl_conductor.errors import ModelNotFound
+    from rl_conductor.policies.conductor import ConductorPolicy
+    from rl_conductor.review_evidence import ReviewEvidence
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.training.train import train
+    from rl_conductor.workers.pool import load_pool
+
+    cfg = micro_config(
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        pool="gsm8k-six",
+        sft_targets="expected-best",
+        max_rounds=2,
+        review_evidence="text",
+        warm_items_per_domain=48,
+        warm_top_k=2,
+        warm_cheap_k=1,
+        budgets_usd=[],
+        budget_prob=0.0,
+        random_pool_prob=0.0,
+        grpo_steps=1,
+        warm_cache_dir=str(tmp_path / "cache"),
+    )
+    res = train(cfg, tmp_path / "out", progress=False)
+    final = res.final_dir
+    meta = json.loads((final / "conductor.json").read_text())
+    assert meta["review_evidence"] == "text" and ReviewEvidence.exists(final)
+    ev = ReviewEvidence.load(final)
+    assert ev.plans and ev.config.cost_weight == pytest.approx(meta["reward"]["cost_weight"])
+    # the estimator saw training questions only: its fit covered the warm start's 48 (train split)
+    train_ids = {t.id for t in load_tasks("gsm8k-six", split="train", limit=48, seed=cfg.seed)}
+    assert len(train_ids) == 48
+    held = {t.id for s in ("validation", "test") for t in load_tasks("gsm8k-six", split=s)}
+    assert not train_ids & held
+
+    pool = load_pool("gsm8k-six")
+    tasks = load_tasks("gsm8k-six", split="validation", limit=6)
+    text_policy = ConductorPolicy(final)
+    plain_dir = tmp_path / "plain"
+    shutil.copytree(final, plain_dir)
+    doc = json.loads((plain_dir / "conductor.json").read_text())
+    del doc["review_evidence"]
+    (plain_dir / "conductor.json").write_text(json.dumps(doc))
+    (plain_dir / "review_evidence.json").unlink()
+    plain_policy = ConductorPolicy(plain_dir)
+    assert plain_policy.review_evidence is None and text_policy.review_evidence is not None
+
+    # max_rounds 1: the same plans, the same traces (no review runs)
+    one = RequestLimits(max_steps=2, max_rounds=1)
+    for t in tasks:
+        a = asyncio.run(text_policy.run(t, pool.view(), one)).trace
+        b = asyncio.run(plain_policy.run(t, pool.view(), one)).trace
+        assert json.dumps(project(a.to_dict()), sort_keys=True) == json.dumps(
+            project(b.to_dict()), sort_keys=True
+        )
+        assert len(a.rounds) <= 1
+    # a review of a covered first plan shows the estimate; the plain model's does not
+    key = next(iter(ev.plans))
+    names = pool.view().names()
+    from rl_conductor.training.adaptive import pair
+
+    first = pair(*key.split("|")).workflow(names)
+    req = _review_request(tasks[0], pool, first, RequestLimits(max_steps=2, max_rounds=2))
+    shown, ranking = text_policy.review_text(req, summarize(req))
+    assert "\nEstimate: the answer so far is right ~" in shown and "Best by estimate:" in shown
+    estimate = ev.estimate(req, summarize(req))[1]
+    assert estimate is not None
+    assert ranking is not None and len(ranking) == 1  # "@1" names the estimate's worker
+    assert shown.rstrip().endswith("@1" if estimate.escalate else "keep")
+    plain_prompt, none = plain_policy.review_text(req, summarize(req))
+    assert none is None and "Estimate:" not in plain_prompt and "chars" not in plain_prompt
+    assert plain_prompt == review_prompt(
+        req, summarize(req), max_question_chars=plain_policy.max_question_chars
+    )
+    broken = tmp_path / "broken"
+    shutil.copytree(final, broken)
+    (broken / "review_evidence.json").unlink()
+    with pytest.raises(ModelNotFound, match="review evidence"):
+        ConductorPolicy(broken)
