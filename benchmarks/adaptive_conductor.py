@@ -10,7 +10,10 @@ and reward differences of the adaptive Conductor minus each other policy, two ro
 first; where the second round goes: its share among questions whose first two answers agreed,
 disagreed, or where the first plan gave one answer; and how often the Conductor's own first plan
 is the fitted cascade's pair and its review decides as the cascade's rule does (keep after
-agreement, the cascade's escalation worker after disagreement).
+agreement, the cascade's escalation worker after disagreement). For a Conductor trained with
+``review_evidence: text`` also how often its review decided as its prompt's estimate line said
+(``review_follows_estimate``); ``--also NAME=SPEC`` adds other policies (another trained
+Conductor, e.g. ``gsm8k-six``'s or the ``recordings`` preset's) with their paired differences.
 
 Usage::
 
@@ -63,6 +66,45 @@ def follows_cascade(res: Any, cascade: Any) -> dict[str, Any]:
     }
 
 
+class FollowsEstimate:
+    """For a Conductor trained with ``review_evidence: text``: records each review's estimate
+    (what its prompt's ``Best by estimate:`` line said) so that :meth:`summary` can say how often
+    the review decided as the line did (escalate = it added steps)."""
+
+    def __init__(self, conductor: Any) -> None:
+        self.estimates: dict[str, bool] = {}
+        ev = getattr(conductor, "review_evidence", None)
+        if ev is None:
+            return
+        inner = ev.estimate
+
+        def recorded(request: Any, summary: Any, **kw: Any) -> Any:
+            out = inner(request, summary, **kw)
+            if out[1] is not None:
+                self.estimates[request.task.id] = bool(out[1].escalate and out[2] is not None)
+            return out
+
+        ev.estimate = recorded
+
+    def summary(self, res: Any) -> dict[str, Any] | None:
+        if not self.estimates:
+            return None
+        by = {r.task_id: r for r in res.records}
+        pairs = [(esc, by[t].rounds > 1) for t, esc in self.estimates.items() if t in by]
+        n_esc = sum(e for e, _ in pairs)
+        return {
+            "reviews_with_estimate": len(pairs),
+            "line_says_escalate": n_esc,
+            "decided_as_line": float(np.mean([e == d for e, d in pairs])) if pairs else None,
+            "escalated_when_line_says_escalate": (
+                float(np.mean([d for e, d in pairs if e])) if n_esc else None
+            ),
+            "escalated_when_line_says_keep": (
+                float(np.mean([d for e, d in pairs if not e])) if len(pairs) > n_esc else None
+            ),
+        }
+
+
 def differences(a: Any, b: Any) -> dict[str, dict[str, float]]:
     """Paired CIs of ``a`` minus ``b`` (the same questions in the same order)."""
     if [r.task_id for r in a.records] != [r.task_id for r in b.records]:
@@ -106,6 +148,14 @@ def main() -> None:
     ap.add_argument("--cost-weight", type=float, default=0.25)
     ap.add_argument("--splits", nargs="+", default=["validation", "test"])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "adaptive_conductor.json")
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="NAME=SPEC",
+        help="another policy to compare, e.g. 'gsm8k-six Conductor=conductor:runs/gsm8k-six/final' "
+        "(evaluated with max_rounds 2; a Conductor trained for one round plans once)",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     rc = replace(REWARD_PRESETS["cost-aware"], cost_weight=args.cost_weight)
@@ -116,9 +166,12 @@ def main() -> None:
     conductor = make_policy(f"conductor:{args.model}", pool, **kw)
     baselines = ["cascade", "knn", "domain-router", "oracle", *(f"single:{n}" for n in pool.names())]
     built = [make_policy(spec, pool, **kw) for spec in baselines]
+    also = [(n, make_policy(s, pool, **kw)) for n, _, s in (a.partition("=") for a in args.also)]
+    follow = FollowsEstimate(conductor)
     result: dict[str, Any] = {"pool": args.pool, "cost_weight": args.cost_weight, "reward": asdict(rc)}
     for split in args.splits:
         tasks = load_tasks(dataset, split=split)
+        follow.estimates.clear()
         two = evaluate(conductor, view, tasks, RequestLimits(max_rounds=2), progress=False, reward_config=rc)
         one = evaluate(conductor, view, tasks, RequestLimits(max_rounds=1), progress=False, reward_config=rc)
         rows = [row("conductor (max_rounds 2)", two), row("conductor (max_rounds 1)", one)]
@@ -131,12 +184,17 @@ def main() -> None:
             diffs[name] = differences(two, res)
             if spec == "cascade":
                 cascade = pol
+        for name, pol in also:
+            res = evaluate(pol, view, tasks, RequestLimits(max_rounds=2), progress=False, reward_config=rc)
+            rows.append(row(name, res))
+            diffs[name] = differences(two, res)
         result[split] = {
             "policies": rows,
             "two_minus": diffs,
             "accuracy_two_minus_one": diffs["conductor (max_rounds 1)"]["correct"],
             "cost_two_minus_one": diffs["conductor (max_rounds 1)"]["cost_usd"],
             "review": follows_cascade(two, cascade) if cascade is not None else None,
+            "review_follows_estimate": follow.summary(two),
         }
         print(f"\n{split} (n={len(tasks)}, cost weight {args.cost_weight})")
         print(
@@ -169,6 +227,7 @@ def main() -> None:
                 f"| {c['mean']:+.6f} | {w['mean']:+.4f} [{w['low']:+.4f}, {w['high']:+.4f}] |"
             )
         print("review vs the cascade's rule:", result[split]["review"])
+        print("review vs its estimate line:", result[split]["review_follows_estimate"])
     result["seconds"] = time.perf_counter() - t0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -24,7 +24,11 @@ way).
 Rounds: where a request allows more than one (``RequestLimits.max_rounds``), :meth:`ConductorPolicy.review`
 renders the review prompt (the workflow so far, each step's extracted answer, whether they agree;
 :func:`~rl_conductor.prompting.review_prompt`) and generates the steps to add, numbered after the
-steps so far; three empty lists keep the answer, and an unparseable review keeps it too.
+steps so far; three empty lists keep the answer, and an unparseable review keeps it too. A model
+trained with ``review_evidence: text`` (``conductor.json``) also reads the review estimator saved
+with it (:mod:`rl_conductor.review_evidence`): its review prompt shows each answer's text signals
+and the estimate, ending ``Best by estimate: @1`` or ``keep``, and ``@1`` in the review names the
+estimate's worker (:meth:`ConductorPolicy.review_text`).
 """
 
 from __future__ import annotations
