@@ -89,6 +89,7 @@ def conductor_retrain(
         train = retrain_conductor(
             train_data=collect.outputs["train_data"],
             champion=collect.outputs["champion"],
+            observed_data=collect.outputs["observed_data"],
             preset=preset,
             pool=pool,
             train_overrides=train_overrides,

@@ -178,7 +178,7 @@ def test_served_traffic_and_feedback_retrain_on_the_local_runner_and_the_gate_de
         args = ["--model", f"models:/{name}@champion", "--pool", "paper-sim", "--trace", "false"]
         args += ["--traffic_store", str(store), "--traffic_flush_interval_s", "0.5"]
         with (
-            predictor(args, tmp_path, env=env, timeout_s=240) as srv,
+            predictor(args, tmp_path, env=env, timeout_s=240, cli=True) as srv,  # the loop: conductor serve
             httpx.Client(base_url=srv.url, timeout=120) as http,
         ):
 

@@ -14,6 +14,7 @@ def collect_traffic(
     holdout_data: dsl.Output[dsl.Dataset],
     test_data: dsl.Output[dsl.Dataset],
     champion: dsl.Output[dsl.Model],
+    observed_data: dsl.Output[dsl.Dataset],
     window_metrics: dsl.Output[dsl.Metrics],
     pool: str = "paper-sim",
     model_name: str = "conductor",
@@ -28,10 +29,11 @@ def collect_traffic(
     run_tag: str = "local",
 ) -> bool:
     """Read the last ``window_hours`` (0: all) of ``traffic_store``; write the training tasks, the
-    held-out recent traffic, the standing test split and the champion's folder; return whether to
-    retrain. Why (a pool change names what changed) and the champion's version go into the
-    held-out data's metadata (``reason``, ``champion_version``) and the MLflow ``collect`` run.
-    (One plain output: kfp's local runner resolves a ``dsl.If`` on a single ``Output`` only.)"""
+    held-out recent traffic, the standing test split, the champion's folder and the requests with
+    a score and no gold answer (``observed_data``); return whether to retrain. Why (a pool
+    change names what changed) and the champion's version go into the held-out data's metadata
+    (``reason``, ``champion_version``) and the MLflow ``collect`` run. (One plain output: kfp's
+    local runner resolves a ``dsl.If`` on a single ``Output`` only.)"""
     from rl_conductor.loop import retrain
 
     outcome = retrain.collect_step(
@@ -41,6 +43,7 @@ def collect_traffic(
             "holdout": holdout_data.path,
             "test": test_data.path,
             "champion": champion.path,
+            "observed": observed_data.path,
         },
         pool=pool,
         model_name=model_name,

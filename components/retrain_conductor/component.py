@@ -12,6 +12,7 @@ from kfp import dsl
 def retrain_conductor(
     train_data: dsl.Input[dsl.Dataset],
     champion: dsl.Input[dsl.Model],
+    observed_data: dsl.Input[dsl.Dataset],
     model: dsl.Output[dsl.Model],
     train_metrics: dsl.Output[dsl.Metrics],
     preset: str = "tiny",
@@ -24,7 +25,8 @@ def retrain_conductor(
     run_tag: str = "local",
 ) -> int:
     """Train from the champion's weights on ``train_data`` under ``pool``; returns the GRPO steps.
-    ``spend_cap_usd`` caps what the warm-start table may pay live workers (0: the pool's own cap)."""
+    ``spend_cap_usd`` caps what the warm-start table may pay live workers (0: the pool's own cap);
+    ``observed_data``: the window's score-only requests, taught where they earned enough."""
     from rl_conductor.loop import retrain
 
     outcome = retrain.retrain_step(
@@ -39,6 +41,7 @@ def retrain_conductor(
         mlflow_tracking_uri=mlflow_tracking_uri,
         artifact_root=artifact_root,
         run_tag=run_tag,
+        observed_path=observed_data.path,
     )
     for name, value in outcome.metrics().items():
         train_metrics.log_metric(name, value)

@@ -8,9 +8,12 @@ served request is a question without a gold answer. A logged request becomes a t
 * its feedback carries a gold answer: a new task ``traffic/<request id>`` graded by the feedback's
   grader (domain ``reasoning``, the recordings format's default).
 
-A request with only a score (or no feedback) cannot be re-executed and graded; it still counts in
-the window's summary: what the served workflows cost and took, and the reward they earned (the
-feedback's ``reward``: the score, else the grade).
+A request with only a score (no gold answer) cannot be re-executed and graded; it becomes an
+*observed* example instead (:class:`~rl_conductor.training.observed.Observed`): its question, the
+workflow that was executed, the score and what the execution cost, which the warm start teaches
+when it earned at least what the table expects there (:mod:`rl_conductor.training.observed`).
+Every request counts in the window's summary: what the served workflows cost and took, and the
+reward they earned (the feedback's ``reward``: the score, else the grade).
 
 Splits: the most recent ``holdout_fraction`` of the window's tasks (by request time) is the
 held-out recent traffic the challenger and the champion are compared on; the rest is training
@@ -33,6 +36,7 @@ from typing import Any
 from rl_conductor.loop.feedback import read_feedback
 from rl_conductor.loop.traffic import read_traffic
 from rl_conductor.tasks.base import Task
+from rl_conductor.training.observed import Observed
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class TrafficData:
     examples: list[Example]
     train: list[Task] = field(default_factory=list)
     holdout: list[Task] = field(default_factory=list)
+    #: requests with a score and no gold answer (none of a held-out or standing test question)
+    observed: list[Observed] = field(default_factory=list)
 
     def summary(self) -> dict[str, float]:
         """Numbers of the window (logged as MLflow metrics ``traffic/*``)."""
@@ -66,6 +72,7 @@ class TrafficData:
             "with_task": float(sum(e.task is not None for e in self.examples)),
             "train_tasks": float(len(self.train)),
             "holdout_tasks": float(len(self.holdout)),
+            "observed": float(len(self.observed)),
             "mean_cost_usd": statistics.fmean(float(r.get("cost_usd", 0.0)) for r in recs) if recs else 0.0,
             "mean_tokens": statistics.fmean(float(r.get("tokens", 0)) for r in recs) if recs else 0.0,
             "p50_latency_s": statistics.median(lat) if lat else 0.0,
@@ -113,6 +120,35 @@ def task_of(record: dict[str, Any], feedback: dict[str, Any] | None, dataset: st
     return None
 
 
+def observed_of(example: Example) -> Observed | None:
+    """A request with a score and no gold answer as an observed example (else None): its
+    question, executed workflow and outcome as the reward reads a trace — a worker was called
+    (a step that ran or failed), a budget or a deadline skipped a step."""
+    fb = example.feedback
+    if fb is None or fb.get("score") is None or fb.get("answer"):
+        return None
+    rec, task = example.record, example.task
+    statuses = [str(s.get("status", "")) for s in rec.get("steps", [])]
+    allowed = rec.get("allowed_workers")
+    return Observed(
+        request_id=str(rec["request_id"]),
+        question=str(rec["question"]),
+        workflow=tuple(dict(s) for s in rec.get("workflow", [])),
+        score=float(fb["score"]),
+        cost_usd=float(rec.get("cost_usd", 0.0)),
+        called=any(s in ("ok", "failed") for s in statuses),
+        budget_stopped="skipped_budget" in statuses,
+        deadline_stopped="skipped_deadline" in statuses,
+        max_cost_usd=rec.get("max_cost_usd"),
+        max_latency_s=rec.get("max_latency_s"),
+        allowed_workers=None if allowed is None else tuple(allowed),
+        task_id="" if task is None else task.id,
+        domain="" if task is None else task.domain,
+        source="traffic" if task is None else task.source,
+        metadata={} if task is None else dict(task.metadata),
+    )
+
+
 def collect(
     store: str,
     *,
@@ -152,7 +188,12 @@ def collect(
         if e.task.id not in seen_hold:
             seen_hold.add(e.task.id)
             data.holdout.append(e.task)
+    held = blocked | seen_hold
+    for e in examples:
+        obs = observed_of(e)
+        if obs is not None and obs.task_id not in held:
+            data.observed.append(obs)
     return data
 
 
-__all__ = ["Example", "TrafficData", "collect", "task_of"]
+__all__ = ["Example", "TrafficData", "collect", "observed_of", "task_of"]

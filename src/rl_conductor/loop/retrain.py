@@ -27,10 +27,11 @@ itself: it calls the existing steps.
    the challenger (``challenger`` alias, the window's and the champion's numbers on its run) and
    move ``champion`` if it passed.
 
-Deliberate simplifications: the served workflows' earned rewards (feedback) are reported and
-logged, and their questions re-executed; the trainer's loss does not read them directly (its
-targets come from executing candidate workflows, which is where a re-priced pool shows). The
-interval is the normal approximation of the paired mean.
+What the served workflows earned reaches the trainer two ways: a question that is a task (a
+dataset item, or gold feedback) is re-executed through the candidate table (which is where a
+re-priced pool shows); a request with only a score is an observed example, its executed workflow
+taught when it earned at least the table's expectation (:mod:`rl_conductor.training.observed`).
+The interval is the normal approximation of the paired mean.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class CollectOutcome:
     n_holdout: int
     n_test: int
     mlflow_run_id: str = ""
+    #: requests with a score and no gold answer written to ``outputs["observed"]``
+    n_observed: int = 0
 
 
 def _champion(model_name: str, dst: str) -> tuple[int, str]:
@@ -105,18 +108,23 @@ def collect_step(
     mlflow_tracking_uri: str = "",
     run_tag: str = "local",
 ) -> CollectOutcome:
-    """Write ``outputs["train"|"holdout"|"test"]`` (task files) and ``outputs["champion"]`` (the
-    champion's folder); see the module docstring. ``window_hours`` 0 reads the whole log;
-    ``base_train_limit`` adds that many standing training tasks to the traffic's (a seeded
-    sample). Training is skipped (``should_train`` false, with the reason) with fewer than
-    ``min_train_tasks`` tasks, or when ``only_on_pool_change`` and the pool did not change."""
+    """Write ``outputs["train"|"holdout"|"test"]`` (task files), ``outputs["champion"]`` (the
+    champion's folder) and, when given, ``outputs["observed"]`` (the window's requests with a
+    score and no gold answer, :mod:`rl_conductor.training.observed`; their mean reward at the
+    champion's reward config is ``traffic/observed_reward``); see the module docstring.
+    ``window_hours`` 0 reads the whole log; ``base_train_limit`` adds that many standing training
+    tasks to the traffic's (a seeded sample). Training is skipped (``should_train`` false, with
+    the reason) with fewer than ``min_train_tasks`` tasks, or when ``only_on_pool_change`` and the
+    pool did not change."""
     import mlflow
 
     from rl_conductor import validation
     from rl_conductor.loop import data as loop_data
     from rl_conductor.loop import pool_change
+    from rl_conductor.reward import reward_from_dict
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.tracking import mlflow_utils
+    from rl_conductor.training.observed import write_observed
 
     validation.non_negative_finite("window_hours", window_hours)
     missing = [k for k in ("train", "holdout", "test", "champion") if k not in outputs]
@@ -156,6 +164,11 @@ def collect_step(
         steps.write_tasks(outputs["holdout"], traffic.holdout)
         steps.write_tasks(outputs["test"], tests)
         summary = traffic.summary()
+        if "observed" in outputs:
+            write_observed(outputs["observed"], traffic.observed)
+        if traffic.observed:
+            rc = reward_from_dict(json.loads((Path(champion_dir) / "conductor.json").read_text())["reward"])
+            summary["observed_reward"] = statistics.fmean(o.reward(rc) for o in traffic.observed)
         with mlflow_utils.start_run(
             model_name + LOOP_EXPERIMENT_SUFFIX,
             f"collect-{run_tag}",
@@ -190,6 +203,7 @@ def collect_step(
         n_holdout=len(traffic.holdout),
         n_test=len(tests),
         mlflow_run_id=run_id,
+        n_observed=len(traffic.observed),
     )
 
 
@@ -231,10 +245,15 @@ def retrain_step(
     mlflow_tracking_uri: str = "",
     artifact_root: str = "",
     run_tag: str = "local",
+    observed_path: str = "",
 ) -> steps.TrainOutcome:
-    """:func:`rl_conductor.pipeline.steps.train_step` from the champion's weights (see module docstring)."""
+    """:func:`rl_conductor.pipeline.steps.train_step` from the champion's weights (see module
+    docstring); ``observed_path``: :func:`collect_step`'s ``outputs["observed"]``, the window's
+    score-only requests the warm start may teach (``TrainConfig.observed_path``)."""
     extra = steps.parse_overrides(overrides)
     extra["model"] = champion_dir
+    if observed_path and Path(observed_path).is_file() and Path(observed_path).stat().st_size:
+        extra["observed_path"] = observed_path
     train_pool = spend_capped_pool(pool, spend_cap_usd, Path(model_dir).parent / "pool")
     return steps.train_step(
         train_path=train_path,

@@ -160,6 +160,13 @@ class TrainConfig:
     warm_cache_dir: str | None = _f(
         None, "where the candidate table is cached (default: .conductor/cache/candidates)"
     )
+    observed_path: str = _f(
+        "",
+        "JSON lines of served requests with a score and no gold answer (training/observed.py): each "
+        "executed workflow is an SFT target for its question when it earned at least the warm start's "
+        "expected reward there (the closed loop's collect step writes it; empty = none)",
+    )
+    observed_copies: int = _f(1, "SFT examples per taught observed workflow")
     # GRPO
     grpo_steps: int = _f(400, "GRPO optimizer steps")
     prompts_per_step: int = _f(4, "questions per GRPO step")
@@ -230,6 +237,12 @@ class TrainConfig:
         if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
             raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
         validation.non_negative_finite("warm_se_rule", self.warm_se_rule)
+        validation.integer_at_least("observed_copies", self.observed_copies, 1)
+        if self.observed_path and self.sft_targets != "expected-best":
+            raise ConfigError(
+                "observed_path needs sft_targets: expected-best (an observed workflow is taught "
+                "only when it earned at least the warm start's expected reward)"
+            )
         validation.positive_finite("sft_decision_weight", self.sft_decision_weight)
         if self.sft_decision_weight != 1.0 and (self.use_lora or self.bf16):
             raise ConfigError(

@@ -245,6 +245,30 @@ def train(
             max_question_chars=cfg.max_question_chars,
         )
     result.sft_records["first_round"] = len(sft) - result.sft_records.get("review", 0)
+    observed: list[dict[str, Any]] = []
+    if cfg.observed_path:  # served workflows with a score and no gold (training/observed.py)
+        from rl_conductor.training.observed import counts, trainer_records
+
+        observed, decisions = trainer_records(
+            cfg.observed_path,
+            pool,
+            base_limits,
+            targets,
+            _reward_config(cfg),
+            max_steps=cfg.max_steps_per_workflow,
+            max_question_chars=cfg.max_question_chars,
+            question_cut=cfg.question_cut,
+            copies=cfg.observed_copies,
+            evidence=evidence,
+            evidence_model=evidence_model,
+            rank=rank,
+        )
+        result.sft_records.update(counts(decisions))
+        result.sft_records["observed_records"] = len(observed)
+        (out / "observed.json").write_text(
+            json.dumps([d.to_dict() for d in decisions], indent=1), encoding="utf-8"
+        )
+        sft += observed
     # an optimizer step consumes prompts_per_step prompts per accumulated micro-batch (TRL's
     # generation batch is per_device_train_batch_size x gradient_accumulation_steps completions)
     n_grpo = cfg.grpo_steps * cfg.prompts_per_step * cfg.gradient_accumulation_steps
@@ -266,6 +290,7 @@ def train(
         params={**cfg.to_dict(), "dataset": dataset, "n_train_tasks": len(tasks)},
     ) as run:
         result.mlflow_run_id = run.info.run_id
+        mlflow_utils.log_metrics({f"sft/{k}": float(v) for k, v in result.sft_records.items()})
         # 1. bootstrap
         t0, c0 = time.perf_counter(), _cpu_s()
         base = out / "base"

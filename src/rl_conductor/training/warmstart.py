@@ -220,6 +220,15 @@ class ExpectedRewards:
     ) -> Candidate:
         """The expected-best candidate for ``task`` over the workers ``names`` under ``budget``
         and ``deadline`` (see the module docstring)."""
+        return self.value(task, names, budget, deadline)[0]
+
+    def value(
+        self, task: Task, names: Sequence[str], budget: float | None, deadline: float | None = None
+    ) -> tuple[Candidate, float]:
+        """:meth:`best` and its expected reward: its neighbourhood's mean at the prompt's column
+        (with the question's evidence shift), or for a kind of question the table lacks the
+        fallback single's mean over every neighbourhood. What an observed workflow is compared
+        with (:mod:`rl_conductor.training.observed`)."""
         shown = set(names)
         b = self.budget_index(budget)
         afford: int | None = None  # a budget column the candidate must also be affordable in
@@ -240,7 +249,8 @@ class ExpectedRewards:
                 and (afford is None or not np.isnan(table[j, afford]))
             ]
             if options:
-                return self.candidates[self._simplest_near_best(key, b, options)]
+                j = self._simplest_near_best(key, b, options)
+                return self.candidates[j], -next(o[0] for o in options if o[-1] == j)
         # an unknown kind of question (or nothing affordable): the best-scoring single overall
         means = {
             c.steps[0][0]: float(np.nanmean([t[j, 0] for t in self.by_group.values()]))
@@ -249,7 +259,8 @@ class ExpectedRewards:
         }
         if not means:
             raise ValueError(f"no candidate uses only the shown workers {sorted(shown)}")
-        return single(max(means, key=lambda w: (means[w], w)))
+        w = max(means, key=lambda w: (means[w], w))
+        return single(w), means[w]
 
     def _evidence_shift(self, task: Task, key: str) -> dict[str, float]:
         """Single candidate name -> how much more (or less) reward than its group's mean the
