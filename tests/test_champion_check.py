@@ -166,6 +166,8 @@ def test_a_champion_below_the_floor_exits_3_and_says_so_in_prometheus_and_mlflow
     line = result.output.splitlines()[-1]  # after MLflow's download bars
     assert line.startswith("ALERT champion v1 of " + name + " is below the gate's floor"), line
     assert "n=40" in line and "paired gap -" in line
+    # once: not also as the monitor's log record on stderr (CliRunner's output holds both streams)
+    assert result.output.count("below the gate's floor") == 1, result.output
     gauges = {
         s.name: s.value
         for fam in text_string_to_metric_families(textfile.read_text())

@@ -94,6 +94,7 @@ def check_cmd(
         window_hours=window_hours,
         min_tasks=min_tasks,
         fit_limit=fit_limit or None,
+        log_verdict=False,  # printed below, once (stdout), not also as a log record on stderr
     )
     export_metrics(outcome, textfile=prom_textfile, pushgateway=pushgateway)
     console.print(("ALERT " if outcome.below_floor else "ok: ") + outcome.reason, soft_wrap=True)

@@ -19,7 +19,9 @@ What a platform engineer can page on (one check, several outputs):
 * the exit status of ``conductor retrain check``: 3 when the champion is below the floor, 0 when
   it is not, 1 when there is no verdict (too few tasks with feedback in the window, MLflow or
   storage unreachable), 2 for bad arguments;
-* a log line on ``rl_conductor.loop.monitor``: ``ALERT champion ...`` at WARNING;
+* the verdict line, once: ``ALERT champion ...`` (or ``ok: ...``) on the CLI's stdout; a library
+  caller of :func:`check_champion` gets it as a log record on ``rl_conductor.loop.monitor`` (the
+  alert at WARNING) instead;
 * Prometheus gauges (:func:`metrics_registry`): ``conductor_champion_below_floor`` (0/1),
   ``conductor_champion_floor_gap`` and its interval's ends, the questions compared and the
   check's time (so a stale check can alert too), written to a node-exporter textfile and/or
@@ -100,9 +102,13 @@ def check_champion(
     seed: int = 0,
     mlflow_tracking_uri: str = "",
     run_tag: str = "local",
+    log_verdict: bool = True,
 ) -> CheckOutcome:
     """Measure the champion against the gate's floor on the window's tasks with feedback (module
-    docstring); logs the outcome to MLflow. Raises ``UserError`` with fewer than ``min_tasks``."""
+    docstring); logs the outcome to MLflow. Raises ``UserError`` with fewer than ``min_tasks``.
+    ``log_verdict`` false: no ``ALERT``/ok log record, for a caller that prints the verdict
+    itself (``conductor retrain check``: with no logging configured the record went to Python's
+    last-resort stderr handler beside the CLI's stdout line, so a pod log showed the alert twice)."""
     import mlflow
 
     from rl_conductor import validation
@@ -203,9 +209,9 @@ def check_champion(
                 "check.time": str(round(outcome.checked_at, 3)),
             },
         )
-    if below:
+    if log_verdict and below:
         log.warning("ALERT %s", reason)
-    else:
+    elif log_verdict:
         log.info("%s", reason)
     return CheckOutcome(**{**outcome.to_dict(), "mlflow_run_id": run_id})
 
