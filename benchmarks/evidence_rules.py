@@ -16,7 +16,18 @@ the test split:
   the domain's mean cost;
 * ``evidence-shrunk``: the same with each estimate blended with the worker's domain rate by a
   weight chosen out of fold (``fit_evidence(shrink=True)``, the ``evidence: rank`` recipe): the
-  first id of the ranking line a ``recordings`` Conductor is shown and trained to copy.
+  first id of the ranking line a ``recordings`` Conductor is shown and trained to copy;
+* ``evidence-select`` / ``evidence-select-1se``: the estimator chosen per pool on the training
+  split alone among the domain rates, kNN means at several k, the shrunk and the plain probe and
+  a stack of them, by out-of-fold training reward (``fit_evidence(select=...)``; ``1se``: the
+  simplest within one standard error of the best).
+
+For ``evidence-select`` it also reports, per split, the paired bootstrap 95 % interval of its
+reward minus each router's and its accuracy minus the kNN frontier's at its cost (the shipped
+kNN router and kNN k=100, each refitted at every weight of ``FRONTIER_WEIGHTS``, with the single
+workers: :func:`~rl_conductor.evaluation.frontier.hull_accuracy`).
+
+``--pool`` takes a built-in pool or a pool YAML (a recordings file, ``benchmarks/sim_recordings.py``).
 
 Usage: ``python benchmarks/evidence_rules.py --pool routellm-replay --cost-weight 0.27 --json
 benchmarks/results/evidence_rules_routellm.json`` (a few minutes: embeddings and the fits).
@@ -34,7 +45,8 @@ from _results import write_json  # benchmarks/_results.py (scripts run from this
 from rich.console import Console
 from rich.table import Table
 
-from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
+from rl_conductor.evaluation.frontier import Point, hull_accuracy
+from rl_conductor.policies.evidence import EvidenceModel, estimated_rewards, fit_evidence
 from rl_conductor.policies.knn import cached_embeddings
 from rl_conductor.policies.routers import reward_matrix, single_outcomes
 from rl_conductor.reward import REWARD_PRESETS
@@ -43,6 +55,10 @@ from rl_conductor.workers.pool import load_pool
 
 SPLITS = ("train", "validation", "test")
 KS = (5, 10, 20, 50, 100, 200)
+#: cost weights the kNN frontier's routers are refitted at
+FRONTIER_WEIGHTS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
+#: what ``evidence-select`` is compared with (paired bootstrap intervals)
+VERSUS = ("domain-router", "knn-all", "knn-100", "evidence", "evidence-shrunk", "evidence-select-1se")
 
 
 def _domain_mean(train_dom: np.ndarray, dom: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -54,12 +70,59 @@ def _domain_mean(train_dom: np.ndarray, dom: np.ndarray, m: np.ndarray) -> np.nd
     return out
 
 
+def knn_rule(tr: dict[str, Any], s: dict[str, Any], r_train: np.ndarray, k: int | None) -> np.ndarray:
+    """The kNN router's choice per question of ``s``: the shipped one (``k`` None: similarity-
+    weighted mean reward over every training question) or the mean over the ``k`` nearest."""
+    sims = s["emb"] @ tr["emb"].T
+    if k is None:
+        w = np.clip(sims, 0, None)
+        w = np.where(w.sum(axis=1, keepdims=True) > 0, w, 1.0)
+        return np.asarray((w @ r_train / w.sum(axis=1, keepdims=True)).argmax(axis=1))
+    idx = np.argsort(-sims, axis=1, kind="stable")[:, : min(k, sims.shape[1])]
+    return np.asarray(r_train[idx].mean(axis=1).argmax(axis=1))
+
+
+def frontier_gap(
+    s: dict[str, Any], choice: np.ndarray, frontier: list[np.ndarray], draws: np.ndarray
+) -> dict[str, Any]:
+    """Accuracy points of ``choice`` above the hull of the ``frontier`` choices and the singles
+    at ``choice``'s mean cost, and its paired bootstrap 95 % interval (same questions per draw)."""
+    y, c = s["Y"].astype(float), s["C"]
+
+    def gap(rows: np.ndarray) -> float:
+        yy, cc = y[rows], c[rows]
+        i = np.arange(len(rows))
+        pts = [Point("f", cc[i, ch[rows]].mean(), yy[i, ch[rows]].mean()) for ch in frontier]
+        pts += [Point("s", cc[:, j].mean(), yy[:, j].mean()) for j in range(y.shape[1])]
+        cost = max(cc[i, choice[rows]].mean(), min(p.cost for p in pts))
+        return float(100 * (yy[i, choice[rows]].mean() - hull_accuracy(cost, pts)))
+
+    boots = [gap(d) for d in draws]
+    mean = gap(np.arange(len(choice)))
+    return {"mean": mean, "ci95": [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]}
+
+
+def reward_matrix_at(tr: dict[str, Any], weight: float, rc: Any) -> np.ndarray:
+    """The training split's per-question rewards of every worker at another cost weight."""
+    return np.asarray(reward_matrix(tr["out"], replace(rc, cost_weight=weight)))
+
+
+def paired(a: np.ndarray, b: np.ndarray, draws: np.ndarray) -> dict[str, Any]:
+    d = a - b
+    means = d[draws].mean(axis=1)
+    return {
+        "mean": float(d.mean()),
+        "ci95": [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pool", default="routellm-replay")
     ap.add_argument("--dataset", default=None, help="default: the pool's default_dataset")
     ap.add_argument("--cost-weight", type=float, required=True)
     ap.add_argument("--reward-preset", default="cost-aware")
+    ap.add_argument("--boot", type=int, default=1000, help="bootstrap draws of the paired intervals")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     pool = load_pool(args.pool, seed=0)
@@ -77,26 +140,27 @@ def main() -> None:
             "R": reward_matrix(out, rc),
             "C": out.cost,
             "Y": out.correct,
+            "out": out,
             "dom": np.array([t.domain for t in tasks]),
         }
     tr = data["train"]
     model, _ = fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"], cost=tr["C"])
     shrunk, _ = fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"], cost=tr["C"], shrink=True)
+    selected = {
+        label: fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"], cost=tr["C"], select=rc, rule=rule)[0]
+        for label, rule in (("evidence-select", "best"), ("evidence-select-1se", "1se"))
+    }
+    estimators: dict[str, EvidenceModel] = {"evidence": model, "evidence-shrunk": shrunk, **selected}
 
     def rules(split: str) -> dict[str, np.ndarray]:
         s = data[split]
         n = len(s["tasks"])
         out: dict[str, np.ndarray] = {f"single:{w}": np.full(n, j) for j, w in enumerate(names)}
         out["domain-router"] = _domain_mean(tr["dom"], s["dom"], tr["R"]).argmax(axis=1)
-        sims = s["emb"] @ tr["emb"].T
-        w = np.clip(sims, 0, None)
-        w = np.where(w.sum(axis=1, keepdims=True) > 0, w, 1.0)
-        out["knn-all"] = (w @ tr["R"] / w.sum(axis=1, keepdims=True)).argmax(axis=1)
-        order = np.argsort(-sims, axis=1, kind="stable")
+        out["knn-all"] = knn_rule(tr, s, tr["R"], None)
         for k in KS:
-            idx = order[:, : min(k, order.shape[1])]
-            out[f"knn-{k}"] = tr["R"][idx].mean(axis=1).argmax(axis=1)
-        for label, m in (("evidence", model), ("evidence-shrunk", shrunk)):
+            out[f"knn-{k}"] = knn_rule(tr, s, tr["R"], k)
+        for label, m in estimators.items():
             est = estimated_rewards(m, s["tasks"], m.predict(s["tasks"], s["emb"]), rc)
             out[label] = est.argmax(axis=1)
         y, c = s["Y"], s["C"]
@@ -104,16 +168,27 @@ def main() -> None:
         return out
 
     results: dict[str, dict[str, dict[str, float]]] = {}
+    versus: dict[str, dict[str, Any]] = {}
     for split in ("validation", "test"):
         s = data[split]
         i = np.arange(len(s["tasks"]))
+        chosen = rules(split)
         results[split] = {
             name: {
                 "accuracy": float(100 * s["Y"][i, ch].mean()),
                 "cost_usd": float(s["C"][i, ch].mean()),
                 "reward": float(s["R"][i, ch].mean()),
             }
-            for name, ch in rules(split).items()
+            for name, ch in chosen.items()
+        }
+        draws = np.random.default_rng(0).integers(0, len(i), size=(args.boot, len(i)))
+        per = {name: s["R"][i, ch] for name, ch in chosen.items()}
+        frontier = [
+            knn_rule(tr, s, reward_matrix_at(tr, cw, rc), k) for cw in FRONTIER_WEIGHTS for k in (None, 100)
+        ]
+        versus[split] = {
+            "reward_minus": {v: paired(per["evidence-select"], per[v], draws) for v in VERSUS},
+            "accuracy_minus_knn_frontier": frontier_gap(s, chosen["evidence-select"], frontier, draws[:300]),
         }
     table = Table(title=f"{args.pool}: routing rules at cost weight {args.cost_weight}")
     for col in ("rule", "val acc %", "val reward", "test acc %", "test $/q", "test reward"):
@@ -129,6 +204,16 @@ def main() -> None:
             f"{t['reward']:.4f}",
         )
     Console().print(table)
+    for split, v in versus.items():
+        Console().print(
+            f"{split}: evidence-select ({selected['evidence-select'].estimator}) minus "
+            + ", ".join(
+                f"{k} {d['mean']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
+                for k, d in v["reward_minus"].items()
+            )
+            + f"; accuracy - kNN frontier {v['accuracy_minus_knn_frontier']['mean']:+.2f} points "
+            f"{[round(x, 2) for x in v['accuracy_minus_knn_frontier']['ci95']]}"
+        )
     if args.json:
         write_json(
             args.json,
@@ -140,7 +225,12 @@ def main() -> None:
                 "n": {k: len(v["tasks"]) for k, v in data.items()},
                 "chosen_c": dict(zip(names, model.chosen_c, strict=True)),
                 "shrunk_alpha": {n: float(a) for n, a in zip(names, np.ravel(shrunk.alpha), strict=True)},
+                "selected": {
+                    k: {"estimator": m.estimator, "oof_train_reward": m.selection}
+                    for k, m in selected.items()
+                },
                 "results": results,
+                "evidence_select_versus": versus,
             },
         )
 

@@ -75,6 +75,15 @@ CS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 #: weights of the probe against the domain's rate tried per worker with ``shrink`` (see docstring)
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 FOLDS = 5
+#: neighbourhood sizes of the kNN candidates of ``fit_evidence(select=...)``
+KNN_KS = (10, 25, 50, 100, 200)
+#: the kNN sizes whose logits the stacked candidate combines (with the domain rate and the probe)
+STACK_KS = (10, 50, 200)
+#: pseudo-questions at the domain's rate added to every kNN neighbourhood (a neighbourhood of ten
+#: is not certain; empirical-Bayes shrinkage towards the domain-router's knowledge)
+KNN_PRIOR = 2.0
+#: the candidates of ``select``, simplest first (a tie within the rule's tolerance goes to the earlier)
+CANDIDATES = ("domain", *(f"knn-{k}" for k in KNN_KS), "shrunk", "probe", "stack")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
 
 
@@ -107,6 +116,16 @@ class EvidenceModel:
     #: [groups + 1, workers] mean training cost (USD) per domain (last row: every domain); NaN
     #: where not measured (a model saved before costs were kept)
     cost: NDArray[np.float64] | None = None
+    #: the estimator chosen by ``fit_evidence(select=...)`` (:data:`CANDIDATES`); None: the probe
+    #: (blended by :attr:`alpha` where set), as before selection existed
+    estimator: str | None = None
+    #: [train questions, dim] and [train questions, workers]: the kNN candidates' index and outcomes
+    knn_emb: NDArray[np.float32] | None = None
+    knn_y: NDArray[np.float32] | None = None
+    #: [workers, 1 + len(STACK_KS) + 2] the stacked candidate's logistic weights (first: intercept)
+    stack: NDArray[np.float64] | None = None
+    #: out-of-fold mean training reward of every candidate (what ``select`` chose by)
+    selection: dict[str, float] | None = None
 
     def _group_rows(self, tasks: Sequence[Task]) -> NDArray[np.int64]:
         """Each task's row of :attr:`rate` / :attr:`cost` (an unknown domain: the last row)."""
@@ -129,10 +148,26 @@ class EvidenceModel:
         """``[tasks, workers]`` estimated probability that each worker alone is right."""
         if not len(tasks):
             return np.zeros((0, len(self.names)))
-        z = self.features(tasks, embeddings) @ self.coef.T + self.intercept
-        p = 1.0 / (1.0 + np.exp(-z))
-        if self.alpha is not None and self.rate is not None:
-            p = self.alpha * p + (1.0 - self.alpha) * self.rate[self._group_rows(tasks)]
+        kind = self.estimator
+        if kind is None or kind in ("probe", "shrunk", "stack"):
+            z = self.features(tasks, embeddings) @ self.coef.T + self.intercept
+            p = 1.0 / (1.0 + np.exp(-z))
+            if kind in (None, "shrunk") and self.alpha is not None and self.rate is not None:
+                p = self.alpha * p + (1.0 - self.alpha) * self.rate[self._group_rows(tasks)]
+        if kind is not None and kind not in ("probe", "shrunk"):
+            assert self.rate is not None, "a selected estimator keeps the domain rates"
+            prior = self.rate[self._group_rows(tasks)]
+            if kind == "domain":
+                p = prior
+            else:
+                assert self.knn_emb is not None and self.knn_y is not None
+                ks = STACK_KS if kind == "stack" else (int(kind.split("-")[1]),)
+                near = knn_means(np.asarray(embeddings), self.knn_emb, self.knn_y, ks, prior)
+                if kind == "stack":
+                    assert self.stack is not None
+                    p = stacked(self.stack, stack_features(prior, near, p))
+                else:
+                    p = near[ks[0]]
         return np.where(np.isnan(self.constant), p, self.constant)
 
     def as_mapping(self, row: NDArray[np.floating]) -> dict[str, float]:
@@ -141,11 +176,7 @@ class EvidenceModel:
     def save(self, folder: str | Path) -> None:
         d = Path(folder)
         d.mkdir(parents=True, exist_ok=True)
-        optional = {
-            k: v
-            for k, v in (("alpha", self.alpha), ("rate", self.rate), ("cost", self.cost))
-            if v is not None
-        }
+        optional = {k: v for k, v in self._arrays().items() if v is not None}
         np.savez(
             d / FILE,
             coef=self.coef,
@@ -155,7 +186,9 @@ class EvidenceModel:
             constant=self.constant,
             **optional,
         )
-        meta = {"names": self.names, "groups": self.groups, "chosen_c": self.chosen_c}
+        meta: dict[str, object] = {"names": self.names, "groups": self.groups, "chosen_c": self.chosen_c}
+        if self.estimator is not None:
+            meta.update(estimator=self.estimator, selection=self.selection)
         (d / META).write_text(json.dumps(meta, indent=2))
 
     @classmethod
@@ -172,12 +205,71 @@ class EvidenceModel:
             std=arrays["std"],
             constant=arrays["constant"],
             chosen_c=[float(c) for c in meta["chosen_c"]],
-            **{k: arrays[k] for k in ("alpha", "rate", "cost") if k in arrays.files},
+            estimator=meta.get("estimator"),
+            selection=meta.get("selection"),
+            **{k: arrays[k] for k in OPTIONAL_ARRAYS if k in arrays.files},
         )
+
+    def _arrays(self) -> dict[str, NDArray[np.generic] | None]:
+        return {k: getattr(self, k) for k in OPTIONAL_ARRAYS}
 
     @staticmethod
     def exists(folder: str | Path) -> bool:
         return (Path(folder) / FILE).is_file() and (Path(folder) / META).is_file()
+
+
+#: the model's arrays saved only where set
+OPTIONAL_ARRAYS = ("alpha", "rate", "cost", "knn_emb", "knn_y", "stack")
+
+
+def knn_means(
+    query: NDArray[np.floating],
+    index: NDArray[np.floating],
+    outcomes: NDArray[np.floating],
+    ks: Sequence[int],
+    prior: NDArray[np.floating],
+) -> dict[int, NDArray[np.float64]]:
+    """Per k in ``ks``, ``[queries, workers]``: each worker's rate of being right on the k most
+    cosine-similar ``index`` questions, with :data:`KNN_PRIOR` pseudo-questions at ``prior`` (the
+    query's domain rate, ``[queries, workers]``) added."""
+    q = np.asarray(query, dtype=np.float32)
+    base = np.asarray(index, dtype=np.float32)
+    y = np.asarray(outcomes, dtype=np.float64)
+    kmax = min(max(ks), len(base))
+    out: dict[int, NDArray[np.float64]] = {}
+    if kmax == 0:
+        return {k: np.asarray(prior, dtype=np.float64) for k in ks}
+    sums = {k: np.zeros((len(q), y.shape[1])) for k in ks}
+    for start in range(0, len(q), 512):  # [512, index] similarities at a time
+        sims = q[start : start + 512] @ base.T
+        top = np.argpartition(-sims, kmax - 1, axis=1)[:, :kmax]
+        order = np.argsort(-np.take_along_axis(sims, top, axis=1), axis=1, kind="stable")
+        top = np.take_along_axis(top, order, axis=1)
+        for k in ks:
+            sums[k][start : start + len(top)] = y[top[:, : min(k, kmax)]].sum(axis=1)
+    for k in ks:
+        kk = min(k, kmax)
+        out[k] = (sums[k] + KNN_PRIOR * prior) / (kk + KNN_PRIOR)
+    return out
+
+
+def _logit(p: NDArray[np.floating]) -> NDArray[np.float64]:
+    q = np.clip(np.asarray(p, dtype=np.float64), 0.01, 0.99)
+    return np.log(q / (1.0 - q))
+
+
+def stack_features(
+    prior: NDArray[np.floating], near: Mapping[int, NDArray[np.floating]], probe: NDArray[np.floating]
+) -> NDArray[np.float64]:
+    """``[questions, workers, features]``: the logits the stacked candidate combines per worker
+    (domain rate, kNN means at :data:`STACK_KS`, the probe)."""
+    return np.stack([_logit(prior), *(_logit(near[k]) for k in STACK_KS), _logit(probe)], axis=-1)
+
+
+def stacked(weights: NDArray[np.floating], features: NDArray[np.floating]) -> NDArray[np.float64]:
+    """Per worker ``j``: ``sigmoid(weights[j, 0] + features[:, j] @ weights[j, 1:])``."""
+    z = weights[None, :, 0] + np.einsum("qwf,wf->qw", features, weights[:, 1:])
+    return np.asarray(1.0 / (1.0 + np.exp(-z)), dtype=np.float64)
 
 
 def _rates(
@@ -205,8 +297,15 @@ def fit_evidence(
     seed: int = 0,
     cost: NDArray[np.floating] | None = None,
     shrink: bool = False,
+    select: RewardConfig | None = None,
+    rule: str = "best",
 ) -> tuple[EvidenceModel, NDArray[np.float64]]:
     """Fit the probes on training questions and return them with the out-of-fold estimates.
+
+    With ``select`` (the reward the estimates will rank workers by; needs ``cost``) every
+    candidate of :data:`CANDIDATES` is estimated out of fold and the one whose ranking earns the
+    most training reward is kept (:func:`_select`; ``rule`` ``"1se"`` keeps the simplest within
+    one standard error of the best instead); the returned estimates are that candidate's.
 
     ``correct[i, j]``: worker ``names[j]`` alone answered ``tasks[i]`` correctly; ``cost[i, j]``
     what that call cost (kept per domain for :func:`estimated_rewards`). With ``shrink`` each
@@ -240,6 +339,11 @@ def fit_evidence(
     if cost is not None:
         c = np.asarray(cost, dtype=np.float64)
         model.cost = np.stack([_rates(rows, c[:, j], len(groups), prior=0.0) for j in range(w)], axis=1)
+    if select is not None and cost is None:
+        raise ValueError("select needs the training costs (cost=...) to score rankings by reward")
+    if rule not in ("best", "1se"):
+        raise ValueError(f"rule must be 'best' or '1se', not {rule!r}")
+    shrink = shrink or select is not None
     alphas = ALPHAS if shrink else (1.0,)
     if shrink:
         model.alpha = np.ones(w)
@@ -249,24 +353,28 @@ def fit_evidence(
     x = model.features(tasks, embeddings)
     model.coef = np.zeros((w, x.shape[1]))
     oof = np.zeros((n, w))
+    probe_oof, probe_c = np.zeros((n, w)), [1.0] * w  # the probe alone (a = 1), for ``select``
     for j in range(w):
         y = correct[:, j].astype(int)
         counts = np.bincount(y, minlength=2)
         if counts.min() < FOLDS:  # (nearly) one outcome: its rate, shrunk a little towards 1/2
             rate = (counts[1] + 0.5) / (n + 1.0)
             model.constant[j] = rate
-            oof[:, j] = rate
+            oof[:, j] = probe_oof[:, j] = rate
             continue
         folds = list(StratifiedKFold(FOLDS, shuffle=True, random_state=seed).split(x, y))
         domain = np.zeros(n)  # out-of-fold domain rates (for the blend)
         for train, held in folds:
             domain[held] = _rates(rows[train], y[train].astype(float), len(groups))[rows[held]]
         best: tuple[float, float, float, NDArray[np.float64]] | None = None
+        alone = np.inf
         for c in CS:
             pred = np.zeros(n)
             for train, held in folds:
                 clf = LogisticRegression(C=c, max_iter=1000).fit(x[train], y[train])
                 pred[held] = clf.predict_proba(x[held])[:, 1]
+            if _log_loss(y, pred) < alone - 1e-12:
+                alone, probe_oof[:, j], probe_c[j] = _log_loss(y, pred), pred, c
             for a in alphas:
                 blend = a * pred + (1.0 - a) * domain
                 loss = _log_loss(y, blend)
@@ -281,7 +389,108 @@ def fit_evidence(
         model.chosen_c[j] = c
         if model.alpha is not None:
             model.alpha[j] = a
+    if select is not None:
+        assert cost is not None
+        oof = _select(
+            model, x, rows, embeddings, correct, np.asarray(cost, dtype=np.float64), select, seed, rule,
+            shrunk=oof, probe=probe_oof, probe_c=probe_c,
+        )  # fmt: skip
     return model, oof
+
+
+def _select(
+    model: EvidenceModel,
+    x: NDArray[np.float64],
+    rows: NDArray[np.int64],
+    embeddings: NDArray[np.floating],
+    correct: NDArray[np.bool_],
+    cost: NDArray[np.float64],
+    config: RewardConfig,
+    seed: int,
+    rule: str,
+    *,
+    shrunk: NDArray[np.float64],
+    probe: NDArray[np.float64],
+    probe_c: list[float],
+) -> NDArray[np.float64]:
+    """Choose the estimator of ``model`` among :data:`CANDIDATES` by out-of-fold training reward.
+
+    Every candidate's out-of-fold estimates (the domain rates, kNN means at :data:`KNN_KS`
+    shrunk towards them, the shrunk and the plain probe from :func:`fit_evidence`'s folds, and
+    the stack: per worker a logistic regression on the logits of the domain rate, three kNN means
+    and the probe, fitted on those out-of-fold logits and scored by a second 5-fold split of
+    them) rank each training question's workers by estimated reward (:func:`estimated_rewards`);
+    a candidate's score is the mean recorded reward of the workers it ranks first. ``best``
+    keeps the highest score; ``1se`` the first candidate (simplest first) within one paired
+    standard error of it. Sets ``model``'s estimator and the arrays it needs; returns the chosen
+    candidate's out-of-fold estimates. Only training questions are read."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import KFold
+
+    n, w = correct.shape
+    assert model.rate is not None and model.cost is not None
+    y = correct.astype(np.float64)
+    emb = np.asarray(embeddings, dtype=np.float32)
+    n_groups = len(model.groups)
+    folds = list(KFold(FOLDS, shuffle=True, random_state=seed).split(np.arange(n)))
+    domain = np.zeros((n, w))
+    near: dict[int, NDArray[np.float64]] = {k: np.zeros((n, w)) for k in KNN_KS}
+    for train, held in folds:
+        rate = np.stack([_rates(rows[train], y[train, j], n_groups) for j in range(w)], axis=1)
+        domain[held] = rate[rows[held]]
+        for k, v in knn_means(emb[held], emb[train], y[train], KNN_KS, domain[held]).items():
+            near[k][held] = v
+    feats = stack_features(domain, near, probe)
+    weights = np.zeros((w, feats.shape[2] + 1))
+    stack = np.zeros((n, w))
+    for j in range(w):
+        if not np.isnan(model.constant[j]):
+            stack[:, j] = model.constant[j]
+            continue
+        for train, held in folds:
+            clf = LogisticRegression(C=1.0, max_iter=1000).fit(feats[train, j], correct[train, j])
+            stack[held, j] = clf.predict_proba(feats[held, j])[:, 1]
+        full = LogisticRegression(C=1.0, max_iter=1000).fit(feats[:, j], correct[:, j])
+        weights[j] = np.append(full.intercept_[0], full.coef_[0])
+    cands: dict[str, NDArray[np.float64]] = {
+        "domain": domain,
+        **{f"knn-{k}": near[k] for k in KNN_KS},
+        "shrunk": shrunk,
+        "probe": probe,
+        "stack": stack,
+    }
+    one = np.isnan(model.constant)
+    got = {}
+    recorded = np.asarray(reward_of(config, correct=y, cost=cost), dtype=np.float64)
+    mean_cost = model.cost[rows]
+    for name, est in cands.items():
+        est = np.where(one, est, model.constant)
+        first = np.asarray(reward_of(config, correct=est, cost=mean_cost)).argmax(axis=1)
+        got[name] = recorded[np.arange(n), first]
+    score = {name: float(v.mean()) for name, v in got.items()}
+    top = max(CANDIDATES, key=lambda c: (score[c], -CANDIDATES.index(c)))
+    chosen = top
+    if rule == "1se":
+        for name in CANDIDATES:
+            diff = got[top] - got[name]
+            se = float(diff.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+            if diff.mean() <= se:
+                chosen = name
+                break
+    model.estimator, model.selection = chosen, score
+    # the index the kNN candidates were scored on (the training questions), kept whatever is chosen
+    model.knn_emb, model.knn_y = emb, y.astype(np.float32)
+    if chosen in ("probe", "stack"):  # the probe alone at its own strength, not the blend's
+        for j in np.flatnonzero(one):
+            full = LogisticRegression(C=probe_c[j], max_iter=1000).fit(x, correct[:, j])
+            model.coef[j], model.intercept[j], model.chosen_c[j] = (
+                full.coef_[0],
+                full.intercept_[0],
+                probe_c[j],
+            )
+    if chosen == "stack":
+        model.stack = weights
+    return np.where(one, cands[chosen], model.constant)
 
 
 def estimated_rewards(
