@@ -4,7 +4,8 @@ All logic lives in the library (``rl_conductor.serving``); this file and ``servi
 the thin image-side adapter the design card asks for. ``conductor serve`` runs the same ``main``.
 """
 
+from rl_conductor.loop.serving import TrafficExtension
 from rl_conductor.serving.server import main
 
 if __name__ == "__main__":
-    main()
+    main(extensions=(TrafficExtension(),))

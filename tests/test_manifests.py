@@ -335,13 +335,14 @@ def test_images_are_the_ones_the_dockerfiles_build(overlay: str) -> None:
 def test_predictor_command_is_what_conductor_serve_parses(overlay: str) -> None:
     import re
 
+    from rl_conductor.loop.serving import TrafficExtension
     from rl_conductor.serving import server
 
     container = kinds(render(overlay), "InferenceService")["conductor"]["spec"]["predictor"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert container["command"] == ["conductor", "serve"]
     argv = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
-    args = server.build_parser().parse_args(argv)
+    args = server.build_parser((TrafficExtension(),)).parse_args(argv)  # what conductor serve parses
     assert args.model == env["CONDUCTOR_MODEL_URI"] == server.DEFAULT_MODEL_URI
     assert args.model_name == server.DEFAULT_NAME
     assert [args.http_port] == [p["containerPort"] for p in container["ports"]]

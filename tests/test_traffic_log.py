@@ -161,7 +161,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Predictor
     public, private = root / "public", root / "private"
     args = ["--policy", "fixed:2,0", "--pool", str(pool), "--traffic_store", str(public)]
     args += ["--traffic_private_store", str(private), "--traffic_flush_interval_s", "0.2"]
-    with predictor(args, root, env={"CONDUCTOR_API_KEYS": KEY}) as srv:
+    with predictor(args, root, env={"CONDUCTOR_API_KEYS": KEY}, cli=True) as srv:  # the loop: conductor serve
         yield srv, public, private
 
 
@@ -263,7 +263,7 @@ def test_without_a_private_store_private_requests_are_not_recorded(tmp_path: Pat
     public = tmp_path / "public"
     args = ["--policy", "fixed:0", "--pool", str(pool), "--traffic_store", str(public)]
     args += ["--traffic_flush_interval_s", "0.2"]
-    with predictor(args, tmp_path) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+    with predictor(args, tmp_path, cli=True) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
         private = [_ask(http, f"secret {i}", sensitivity="private") for i in range(4)]
         public_doc = _ask(http, "open question")
         _wait_for(public, public_doc["request_id"])
@@ -279,7 +279,7 @@ def test_bad_traffic_flags_are_one_line_and_exit_2(tmp_path: Path) -> None:
     import sys
 
     pool = write_pool(tmp_path / "pool.yaml")
-    cmd = [sys.executable, "-m", "rl_conductor.serving", "--policy", "fixed:0", "--pool", str(pool)]
+    cmd = [sys.executable, "-m", "rl_conductor.cli", "serve", "--policy", "fixed:0", "--pool", str(pool)]
     cmd += ["--auth", "none", "--traffic_store", str(tmp_path), "--traffic_private_store", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2

@@ -20,6 +20,7 @@ from rl_conductor.cli.app import app
 def serve(ctx: typer.Context) -> None:
     """Serve the Conductor with KServe: --model URI|DIR (default models:/conductor@champion) or
     --policy SPEC, --pool NAME|YAML, plus KServe's flags (--http_port, --grpc_port). --help lists all."""
+    from rl_conductor.loop.serving import TrafficExtension
     from rl_conductor.serving.server import main
 
-    main(list(ctx.args))
+    main(list(ctx.args), extensions=(TrafficExtension(),))

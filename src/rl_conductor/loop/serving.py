@@ -1,8 +1,9 @@
 """The predictor's side of the loop: traffic-log flags, the log's hook and the feedback routes.
 
-Why apart from ``serving/server.py``: the server stays the KServe adapter; this module adds what
-the loop needs to it with one call (:func:`attach`) and its flags with another
-(:func:`add_arguments`), so the two evolve separately.
+Why apart from ``serving/server.py``: the server stays the KServe adapter and never imports the
+loop; this module adds what the loop needs to it through :class:`TrafficExtension`, which the
+front door (``conductor serve``, the predictor image) passes to ``serving.server.main``, so the
+two evolve separately.
 
 Flags (each also read from an environment variable, for a pod spec)::
 
@@ -115,6 +116,21 @@ def attach(
     feedback = Feedback(traffic) if traffic is not None else None
     add_feedback_routes(app, lambda: feedback)
     return traffic
+
+
+class TrafficExtension:
+    """The loop's part of the predictor (a ``serving.server.ServerExtension``): the traffic-log
+    flags, their check, and :func:`attach` once the model is loaded. ``conductor serve`` passes it
+    to ``serving.server.main``."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        add_arguments(parser)
+
+    def check(self, args: argparse.Namespace) -> None:
+        config_from_args(args)
+
+    def attach(self, app: FastAPI, model: Any, args: argparse.Namespace) -> None:
+        attach(app, model, config_from_args(args), pool=args.pool, model_ref=str(args.model or args.policy))
 
 
 def add_feedback_routes(app: FastAPI, get: Callable[[], Feedback | None]) -> None:

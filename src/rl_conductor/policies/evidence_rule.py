@@ -22,10 +22,10 @@ import numpy as np
 from rl_conductor.errors import InvalidSpec, model_not_found
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Episode, Plan, Policy
+from rl_conductor.policies.chains import single
 from rl_conductor.policies.evidence import EvidenceModel, Ranker
 from rl_conductor.reward import reward_from_dict
 from rl_conductor.tasks.base import Task
-from rl_conductor.training.candidates import single
 from rl_conductor.workers.pool import Pool, PoolView
 
 

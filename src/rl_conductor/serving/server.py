@@ -36,8 +36,8 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any, NoReturn
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, NoReturn, Protocol
 
 import anyio
 import kserve
@@ -586,8 +586,24 @@ def install(
 # -- command line -------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The predictor's flags on top of KServe's own (``--http_port``, ``--grpc_port``, ...)."""
+class ServerExtension(Protocol):
+    """What a layer above serving adds to the predictor (the retraining loop's traffic log and
+    feedback routes, :class:`rl_conductor.loop.serving.TrafficExtension`): its flags, their check
+    before anything starts, and its routes and hooks once the model is loaded. The front door
+    (``conductor serve``) passes it to :func:`main`, so the server never imports the layers above."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def check(self, args: argparse.Namespace) -> None:
+        """Raise ``InvalidValue`` for a flag value no server could start with."""
+        ...
+
+    def attach(self, app: FastAPI, model: ConductorModel, args: argparse.Namespace) -> None: ...
+
+
+def build_parser(extensions: Sequence[ServerExtension] = ()) -> argparse.ArgumentParser:
+    """The predictor's flags on top of KServe's own (``--http_port``, ``--grpc_port``, ...) and
+    those of ``extensions``."""
     parser = argparse.ArgumentParser(
         prog="conductor serve",
         parents=[kserve.model_server.parser],
@@ -670,9 +686,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="MLflow trace per request (default: on when MLFLOW_TRACKING_URI is set)",
     )
     parser.add_argument("--experiment", default="conductor-serving", help="MLflow experiment of the traces")
-    from rl_conductor.loop import serving as loop_serving
-
-    loop_serving.add_arguments(parser)  # --traffic_* (the traffic log and POST /v1/feedback)
+    for extension in extensions:
+        extension.add_arguments(parser)
     # gRPC is off unless asked for (KServe's default is on, on the port self-hosted workers use)
     parser.set_defaults(enable_grpc=False)
     return parser
@@ -813,13 +828,14 @@ class NoRepository(ModelRepositoryExtension):
         raise PermissionDenied(f"{model_name}: unloading models through the repository API is disabled")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse flags, load the model and the pool, and run KServe's ModelServer until stopped."""
+def main(argv: list[str] | None = None, extensions: Sequence[ServerExtension] = ()) -> None:
+    """Parse flags, load the model and the pool, add ``extensions`` (see :class:`ServerExtension`)
+    and run KServe's ModelServer until stopped."""
     import os
 
     from rl_conductor.validation import InvalidValue, integer_at_least, port, positive_finite
 
-    parser = build_parser()
+    parser = build_parser(extensions)
     args = parser.parse_args(argv)
     try:
         port("--http_port", args.http_port)
@@ -833,9 +849,8 @@ def main(argv: list[str] | None = None) -> None:
         positive_finite("--step_timeout_s", args.step_timeout_s)
         positive_finite("--body_timeout_s", args.body_timeout_s)
         positive_finite("--header_timeout_s", args.header_timeout_s)
-        from rl_conductor.loop import serving as loop_serving
-
-        traffic = loop_serving.config_from_args(args)
+        for extension in extensions:
+            extension.check(args)
     except InvalidValue as exc:
         _fail(str(exc))
     keys = _keys(args)
@@ -878,9 +893,8 @@ def main(argv: list[str] | None = None) -> None:
         max_body_bytes=args.max_body_bytes,
         body_timeout_s=args.body_timeout_s,
     )
-    loop_serving.attach(
-        kserve.model_server.app, model, traffic, pool=args.pool, model_ref=str(args.model or args.policy)
-    )
+    for extension in extensions:
+        extension.attach(kserve.model_server.app, model, args)
     server = kserve.ModelServer(
         http_port=args.http_port,
         grpc_port=args.grpc_port,

@@ -97,72 +97,19 @@ import numpy as np
 
 from rl_conductor.executor import DEADLINE_MARGIN, execute, reserve_input_tokens
 from rl_conductor.limits import MIN_OUTPUT_TOKENS, RequestLimits
+from rl_conductor.policies.chains import ROLE_TEXT, Candidate, single
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.graders import close_math_helper
 from rl_conductor.tasks.sandbox import adopt_orphans, close_runners, sweep_orphans
 from rl_conductor.trace import Trace
 from rl_conductor.training.config import GROUP_BY
 from rl_conductor.workers.pool import Pool, PoolView
-from rl_conductor.workflow import Step, Workflow, worker_message
+from rl_conductor.workflow import Workflow, worker_message
 
 log = logging.getLogger(__name__)
 
-#: Short role instructions (short: the tiny Conductor writes them token by token). Each names
-#: its role with the usual word (plan / solve / verify) so that workers that read roles can.
-ROLE_TEXT: dict[str, str] = {
-    "plan": "Plan the approach; do not solve.",
-    "solve": "Solve it; give the final answer.",
-    "verify": "Verify the answer above; fix errors.",
-}
-
 #: Bump when the candidate set or the table's meaning changes (part of the cache key).
 TABLE_VERSION = 3
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A chain workflow over worker *names*: ``steps`` = ((worker, role), ...)."""
-
-    steps: tuple[tuple[str, str], ...]
-
-    @property
-    def name(self) -> str:
-        return ">".join(f"{role}:{w}" for w, role in self.steps)
-
-    @property
-    def workers(self) -> frozenset[str]:
-        return frozenset(w for w, _ in self.steps)
-
-    @property
-    def shape(self) -> str:
-        return "".join(role[0].upper() for _, role in self.steps)
-
-    def workflow(self, names: Sequence[str]) -> Workflow:
-        """The workflow for a view whose ordinal ids name ``names`` (ids remapped)."""
-        try:
-            ids = [list(names).index(w) for w, _ in self.steps]
-        except ValueError:
-            raise ValueError(f"candidate {self.name} uses a worker outside the view {list(names)}") from None
-        return Workflow(
-            steps=tuple(
-                Step(worker=j, instruction=ROLE_TEXT[role], access=() if i == 0 else "all")
-                for i, (j, (_, role)) in enumerate(zip(ids, self.steps, strict=True))
-            )
-        )
-
-    @classmethod
-    def parse_name(cls, name: str) -> Candidate:
-        steps = []
-        for part in name.split(">"):
-            role, _, w = part.partition(":")
-            if role not in ROLE_TEXT or not w:
-                raise ValueError(f"bad candidate name {name!r}")
-            steps.append((w, role))
-        return cls(tuple(steps))
-
-
-def single(worker: str) -> Candidate:
-    return Candidate(((worker, "solve"),))
 
 
 def composed_candidates(top: Sequence[str], cheap: Sequence[str]) -> list[Candidate]:
