@@ -218,6 +218,30 @@ def test_compiled_yaml_is_not_stale(tmp_path: Path) -> None:
     assert fresh.read_text() == committed.read_text(), "stale: run `conductor pipeline compile`"
 
 
+def test_loading_a_pipeline_leaves_sys_path_alone(tmp_path: Path) -> None:
+    """The installed library loads the checkout's ``pipelines/`` and ``components/`` by path (a
+    fresh process outside the checkout: the package finds it from its own file)."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from rl_conductor.loop import pipeline as loop_pipeline
+        from rl_conductor.pipeline import runner
+        before = list(sys.path)
+        training, retrain = runner.load_pipeline(), loop_pipeline.load_pipeline()
+        print(sys.path == before, sys.modules["components"].__file__, sys.modules["pipelines"].__file__)
+        print(training.name, retrain.name)
+        """
+    )
+    run = [sys.executable, "-c", code]
+    out = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    same, components, pipelines = out.stdout.splitlines()[0].split()
+    assert same == "True"
+    assert Path(components) == ROOT / "components" / "__init__.py"
+    assert Path(pipelines) == ROOT / "pipelines" / "__init__.py"
+    assert out.stdout.splitlines()[1].split() == ["conductor-training", "conductor-retrain"]
+
+
 def _compiled() -> tuple[dict[str, Any], dict[str, Any]]:
     """The committed YAML's two documents: the pipeline spec and the Kubernetes platform spec."""
     spec, platform = yaml.safe_load_all(runner.default_package_path().read_text())

@@ -7,7 +7,7 @@ table, the report's location, the registered version and its aliases.
 
 The pipeline and its components live in the repository (``pipelines/``, ``components/``), not
 in the installed package: :func:`repo_root` finds them from the working directory or from this
-file (an editable install), and they are imported from there.
+file (an editable install), and they are loaded from there by path (``sys.path`` is not changed).
 
 Deliberate simplifications:
 - Local runs execute every step in a subprocess of the current Python environment
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import json
 import shutil
 import sys
@@ -95,12 +96,32 @@ def repo_root() -> Path:
     )
 
 
+def _checkout_package(root: Path, name: str) -> None:
+    """Make ``name`` (``pipelines`` or ``components``) the checkout's package, loaded from its
+    file, so its modules import from ``root`` without ``root`` on ``sys.path``; an already
+    imported package of that folder is kept."""
+    folder = root / name
+    loaded = sys.modules.get(name)
+    if loaded is not None and folder in [Path(p).resolve() for p in getattr(loaded, "__path__", [])]:
+        return
+    spec = importlib.util.spec_from_file_location(
+        name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    if spec is None or spec.loader is None:
+        raise MissingFile(f"{folder / '__init__.py'}: not a Python package")
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    spec.loader.exec_module(package)
+
+
 def load_pipeline(module: str = PIPELINE_MODULE, function: str = PIPELINE_FUNCTION) -> Callable[..., Any]:
     """A pipeline function of ``pipelines/`` (default ``conductor_training``; the closed loop's
-    ``conductor_retrain`` too), imported from the checkout."""
-    root = str(repo_root())
-    if root not in sys.path:
-        sys.path.insert(0, root)
+    ``conductor_retrain`` too), loaded from the checkout's files: ``pipelines`` and the
+    ``components`` its modules import are registered by path (:func:`_checkout_package`), and
+    ``sys.path`` is left as it was."""
+    root = repo_root()
+    for name in ("components", "pipelines"):
+        _checkout_package(root, name)
     return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
 
 
