@@ -232,3 +232,30 @@ def test_the_gsm8k_six_preset_weights_the_decision_of_plans_and_reviews() -> Non
     cfg = load_preset("gsm8k-six")
     assert cfg.max_rounds == 2 and cfg.evidence == "none"
     assert cfg.sft_decision_weight > 1.0
+
+
+def test_a_given_plan_runs_as_an_episode_reviewed_by_its_hook_only_when_rounds_are_allowed() -> None:
+    """``GivenPlan`` (the episode runner of training rollouts): the plan it is given runs, annotated;
+    its hook decides round 2 when the request allows two rounds and is never called otherwise."""
+    from rl_conductor.executor import Continuation, RoundRequest
+    from rl_conductor.policies.base import GivenPlan, Plan
+    from rl_conductor.training.adaptive import continuation_workflow, pair
+
+    pool, task = _pool(), _tasks(range(1, 2))[1]  # hard/1: the pair disagrees, both wrong
+    names = pool.names()
+    first = pair("b", "a").workflow(names)
+    asked: list[str] = []
+
+    async def escalate(req: RoundRequest) -> Continuation:
+        asked.append(req.task.id)
+        return Continuation(workflow=continuation_workflow("+dear", names))
+
+    policy = GivenPlan(review=escalate)
+    plan = Plan(workflow=first, text="the completion")
+    one = asyncio.run(policy.run(task, pool.view(), RequestLimits(max_steps=2), plan=plan))
+    assert asked == [] and len(one.trace.rounds) <= 1 and one.trace.workflow_text == "the completion"
+    two = asyncio.run(policy.run(task, pool.view(), RequestLimits(max_steps=2, max_rounds=2), plan=plan))
+    assert asked == [task.id] and len(two.trace.rounds) == 2
+    assert [s.worker for s in two.trace.steps] == ["b", "a", "dear"]
+    with pytest.raises(TypeError, match="plan it is given"):
+        asyncio.run(policy.plan(task, pool.view(), RequestLimits()))

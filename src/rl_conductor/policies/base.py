@@ -129,6 +129,24 @@ class Policy(ABC):
         return hook
 
 
+class GivenPlan(Policy):
+    """A plan made elsewhere, run as an episode: a GRPO completion, a warm-start target. It never
+    plans; :meth:`run` takes the plan (``plan=``). Its later rounds, when the request allows
+    them, are decided by ``review`` (a fitted rule's hook; None: one round), so training rollouts
+    go through the same plan → execute → annotate as every policy."""
+
+    name = "given-plan"
+
+    def __init__(self, review: ReviewHook | None = None) -> None:
+        self.hook = review
+
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
+        raise TypeError("GivenPlan runs the plan it is given: call run(task, view, limits, plan=...)")
+
+    def review_hook(self, limits: RequestLimits) -> ReviewHook | None:
+        return self.hook if limits.max_rounds > 1 else None
+
+
 _REGISTRY = {
     "single": "rl_conductor.policies.baselines:SingleWorker",
     "random": "rl_conductor.policies.baselines:RandomWorkflow",

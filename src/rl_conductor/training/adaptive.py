@@ -47,8 +47,9 @@ from typing import Any
 
 import numpy as np
 
-from rl_conductor.executor import Continuation, RoundRequest, execute
+from rl_conductor.executor import Continuation, RoundRequest
 from rl_conductor.limits import RequestLimits
+from rl_conductor.policies.base import GivenPlan, Plan
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.prompting import review_prompt
 from rl_conductor.reward import RewardConfig, budget_stopped, grade_trace, reward_of
@@ -202,7 +203,8 @@ async def _execute_cell(
         seen.append(summarize(req).line())
         return Continuation(workflow=cont)
 
-    trace = await execute(first, task, view, replace(limits, max_rounds=2), review=review)
+    limits = replace(limits, max_rounds=2)
+    trace = (await GivenPlan(review=review).run(task, view, limits, plan=Plan(workflow=first))).trace
     correct = grade_trace(task, trace)
     return (seen[0] if seen else "", correct, trace.cost_usd, budget_stopped(trace), len(trace.attempts))
 
@@ -467,7 +469,8 @@ def review_records(
             if text is None
             else text_hook(text, max_question_chars=max_question_chars, seen=seen)
         )
-        await execute(wf, spec.task, view, replace(spec.limits(base), max_rounds=2), review=hook)
+        limits = replace(spec.limits(base), max_rounds=2)
+        await GivenPlan(review=hook).run(spec.task, view, limits, plan=Plan(workflow=wf))
         return seen
 
     async def run_all() -> list[list[tuple[str, str]]]:

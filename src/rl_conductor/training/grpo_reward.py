@@ -1,13 +1,14 @@
 """The GRPO reward: execute each completion's workflow on the pool and grade it.
 
-``ConductorReward`` follows TRL's reward-function contract
-``(prompts, completions, **columns) -> list[float | None]`` and is async (TRL gathers async
-reward functions), so the rollouts of a batch execute concurrently. Each completion goes through
-the same ``parse`` → ``execute`` → ``grade_trace`` → ``compute_reward`` path as evaluation and
-serving, under the prompt's budget and deadline (the ``budget`` and ``deadline`` columns, -1
-for none), so ``budget_penalty`` and ``deadline_penalty`` apply to plans those limits cut. Besides
-the reward it reports accuracy, cost, parse rate, steps, budget and deadline stops per batch
-through TRL's ``log_metric`` hook (and keeps running totals for the caller).
+``ConductorReward`` follows TRL's reward-function contract ``(prompts, completions, **columns) ->
+list[float | None]`` and is async (TRL gathers async reward functions), so the rollouts of a batch
+execute concurrently. Each completion goes through the same ``parse`` → episode
+(:class:`~rl_conductor.policies.base.GivenPlan`: plan → execute → annotate) → ``grade_trace`` →
+``compute_reward`` path as evaluation and serving, under the prompt's budget and deadline (the
+``budget`` and ``deadline`` columns, -1 for none), so ``budget_penalty`` and ``deadline_penalty``
+apply to plans those limits cut. Besides the reward it reports accuracy, cost, parse rate, steps,
+budget and deadline stops per batch through TRL's ``log_metric`` hook (and keeps running totals
+for the caller).
 
 Rounds: TRL's reward function sees completions, not the model, so a rollout cannot ask the
 Conductor being trained to review its own plan. With ``review_rule`` (``max_rounds > 1``) a
@@ -24,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from rl_conductor.executor import execute
 from rl_conductor.limits import RequestLimits
+from rl_conductor.policies.base import GivenPlan, Plan
 from rl_conductor.reward import (
     RewardConfig,
     budget_stopped,
@@ -105,6 +106,7 @@ class ConductorReward:
                 "budget_stop": 0.0,
                 "deadline_stop": 0.0,
             }
+        hook = None
         if self.review_rule is not None:
             from rl_conductor.training.adaptive import rule_hook
             from rl_conductor.training.review_text import text_hook
@@ -114,9 +116,9 @@ class ConductorReward:
                 if self.review_text is None
                 else text_hook(self.review_text, max_question_chars=0)
             )
-            trace = await execute(wf, task, view, replace(limits, max_rounds=2), review=hook)
-        else:
-            trace = await execute(wf, task, view, limits)
+            limits = replace(limits, max_rounds=2)
+        episode = await GivenPlan(review=hook).run(task, view, limits, plan=Plan(workflow=wf, text=text))
+        trace = episode.trace
         correct = grade_trace(task, trace)
         stopped = budget_stopped(trace)
         cut = deadline_stopped(trace)

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from rl_conductor.executor import Continuation, RoundRequest, execute
+from rl_conductor.executor import Continuation, RoundRequest
 from rl_conductor.limits import RequestLimits
+from rl_conductor.policies.base import GivenPlan, Plan
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.prompting import DEFAULT_MAX_QUESTION_CHARS, review_prompt
 from rl_conductor.reward import RewardConfig, budget_stopped, compute_reward, deadline_stopped, grade_trace
@@ -87,7 +88,8 @@ async def _run(
         seen.append((review_prompt(req, summary, max_question_chars=max_question_chars), summary.line()))
         return Continuation(workflow=cont)  # fresh solves: they see no earlier step
 
-    trace = await execute(first, task, view, replace(limits, max_rounds=2), review=review)
+    limits = replace(limits, max_rounds=2)
+    trace = (await GivenPlan(review=review).run(task, view, limits, plan=Plan(workflow=first))).trace
     correct = grade_trace(task, trace)
     reward = compute_reward(
         parsed=True,
