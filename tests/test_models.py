@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from _lazy import lazy
-from rl_conductor.lm.generate import apply_chat, generate, load_lm
+from rl_conductor.lm.generate import apply_chat, generate, load_lm, torch_threads
 from rl_conductor.lm.models import build_smol, build_tiny, resolve_model
 from rl_conductor.policies.knn_embed import EMBED_DIM, embed
 from rl_conductor.workflow import Step, Workflow, render
@@ -162,6 +162,23 @@ def test_generate_greedy_is_deterministic_and_sampling_is_seeded(tiny_dir: Path)
     assert sampled != generate(model, tokenizer, prompts, max_new_tokens=12, num_return_sequences=3, seed=6)
     with pytest.raises(ValueError):
         generate(model, tokenizer, prompts, max_new_tokens=4, temperature=0.0)
+
+
+def test_torch_threads_sets_the_count_for_the_block_and_generation_is_the_same_on_one_or_two(
+    tiny_dir: Path,
+) -> None:
+    model, tokenizer = load_lm(tiny_dir)
+    prompts = [apply_chat(tokenizer, "", q) for q in ("What is 2+2?", SAMPLES[1], SAMPLES[2] * 3)]
+    before = torch.get_num_threads()
+    texts = {}
+    for n in (2, 1):
+        with torch_threads(n):
+            assert torch.get_num_threads() == n
+            texts[n] = generate(model, tokenizer, prompts, max_new_tokens=16, num_return_sequences=2, seed=3)
+        assert torch.get_num_threads() == before
+    assert texts[1] == texts[2]
+    with torch_threads(None):
+        assert torch.get_num_threads() == before
 
 
 def test_resolve_model_specs(tiny_dir: Path, tmp_path: Path) -> None:

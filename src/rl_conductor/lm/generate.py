@@ -14,9 +14,10 @@ results may differ across torch versions and devices.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,29 @@ def load_lm(path: str | Path, device: str = "cpu") -> tuple[PreTrainedModel, Pre
     if model.generation_config is not None:
         model.generation_config.use_cache = True
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with torch on ``n`` CPU threads (None: as it is), then restore the count.
+
+    Why: evaluation ran the tiny Conductor on torch's default of one thread per core, while it
+    trains on its config's ``torch_threads``; its small matrix products gain nothing from more
+    threads but their synchronisation, and on a loaded 2-core machine two threads made its
+    generation and the routers' embeddings many times slower than one, with the same outputs.
+    The count is process-wide (torch has no other), so concurrent callers should agree on it.
+    """
+    if n is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(n)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def apply_chat(tokenizer: PreTrainedTokenizerBase, system: str, user: str) -> str:
