@@ -39,18 +39,18 @@ def _answer(name: str) -> Any:
     return reply
 
 
-def _pool() -> Pool:
+def _pool(answer: Any = _answer, name: str = "hand-built-rounds") -> Pool:
     """Two cheap workers, right on the easy questions and wrong apart on the hard ones, and a dear
-    one right on both."""
+    one right on both (``answer(worker name)`` writes each worker's replies)."""
     workers = [
-        FakeWorker(info=fake_info(n, price_in=p, price_out=p), responder=_answer(n))
+        FakeWorker(info=fake_info(n, price_in=p, price_out=p), responder=answer(n))
         for n, p in (("a", 0.1), ("b", 0.1), ("dear", 50.0))
     ]
-    return Pool(name="hand-built-rounds", workers=list(workers))
+    return Pool(name=name, workers=list(workers))
 
 
-def _tasks(numbers: range = range(1, 7)) -> list[Task]:
-    """``easy/i`` and ``hard/i``: 'What is i + i?' for each i of ``numbers``."""
+def _tasks(numbers: range = range(1, 7), *, kinds: tuple[str, ...] = ("easy", "hard")) -> list[Task]:
+    """``easy/i`` and ``hard/i`` (one per ``kinds``): 'What is i + i?' for each i of ``numbers``."""
     return [
         Task(
             id=f"{kind}/{i}",
@@ -60,7 +60,7 @@ def _tasks(numbers: range = range(1, 7)) -> list[Task]:
             source="t",
             grader="math",
         )
-        for kind in ("easy", "hard")
+        for kind in kinds
         for i in numbers
     ]
 

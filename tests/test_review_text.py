@@ -22,9 +22,11 @@ from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.training.config import ConfigError, TrainConfig
 from rl_conductor.training.data import PromptSpec
-from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool
 from rl_conductor.workflow import Workflow, parse
+from test_adaptive_training import _cfg as cfg_of
+from test_adaptive_training import _pool as pool_of
+from test_adaptive_training import _tasks as tasks_of
 
 
 def _answer(name: str) -> Any:
@@ -39,41 +41,15 @@ def _answer(name: str) -> Any:
 
 
 def _pool() -> Pool:
-    workers = [
-        FakeWorker(info=fake_info(n, price_in=p, price_out=p), responder=_answer(n))
-        for n, p in (("a", 0.1), ("b", 0.1), ("dear", 50.0))
-    ]
-    return Pool(name="hand-built-text-rounds", workers=list(workers))
+    return pool_of(_answer, "hand-built-text-rounds")
 
 
-def _tasks(kinds: tuple[str, ...] = ("easy", "hard"), numbers: range = range(1, 11)) -> list[Task]:
-    return [
-        Task(
-            id=f"{kind}/{i}",
-            question=f"What is {i} + {i}?",
-            answer=str(2 * i),
-            domain="math",
-            source="t",
-            grader="math",
-        )
-        for kind in kinds
-        for i in numbers
-    ]
+def _tasks(numbers: range = range(1, 11), *, kinds: tuple[str, ...] = ("easy", "hard")) -> list[Task]:
+    return tasks_of(numbers, kinds=kinds)
 
 
 def _cfg(tmp_path: Path, **kw: Any) -> TrainConfig:
-    return TrainConfig(
-        pool="unused",
-        warm_items_per_domain=100,
-        warm_top_k=2,
-        warm_cheap_k=1,
-        warm_pair_k=2,
-        max_steps_per_workflow=2,
-        budgets_usd=[],
-        warm_cache_dir=str(tmp_path / "cache"),
-        max_rounds=2,
-        **kw,
-    )
+    return cfg_of(tmp_path, max_rounds=2, **kw)
 
 
 def test_review_evidence_is_a_review_s_option_only() -> None:
@@ -91,7 +67,7 @@ def test_the_text_rule_is_fitted_on_the_training_questions_and_its_targets_follo
     from rl_conductor.training.train import _warm_start
 
     pool, train = _pool(), _tasks()
-    held_out = _tasks(("heldhard",), range(20, 23))  # never given to the fit
+    held_out = _tasks(range(20, 23), kinds=("heldhard",))  # never given to the fit
     texts: list[Any] = []
     targets, _, _, rule = _warm_start(_cfg(tmp_path, review_evidence="text"), train, pool, text_rule=texts)
     (text,) = texts
@@ -148,7 +124,7 @@ def test_the_estimate_weighs_only_workers_the_request_may_use(tmp_path: Path) ->
     texts: list[Any] = []
     _warm_start(_cfg(tmp_path, review_evidence="text"), train, pool, text_rule=texts)
     ev = texts[0].evidence
-    hard = _tasks(("hard",), range(30, 31))[0]
+    hard = _tasks(range(30, 31), kinds=("hard",))[0]
     first = pair("b", "a").workflow(pool.names())
     req = _review_request(hard, pool, first, RequestLimits(max_steps=2, max_rounds=2))
     sig, est, wid = ev.estimate(req, summarize(req))
