@@ -270,6 +270,37 @@ def test_images_agree_between_yaml_dockerfiles_and_constants() -> None:
     assert __version__ == images.VERSION
 
 
+def test_the_evaluation_step_runs_torch_on_the_threads_the_conductor_trained_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from rl_conductor.evaluation import suite
+
+    seen: list[int] = []
+
+    def sweep(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        seen.append(torch.get_num_threads())
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(suite, "run_sweep", sweep)
+    paths = {s: tmp_path / f"{s}.jsonl" for s in ("train", "test")}
+    for split, path in paths.items():
+        steps.write_tasks(path, load_tasks("paper-mix", split, limit=4, seed=0))
+    model = tmp_path / "model"
+    model.mkdir()
+    before = torch.get_num_threads()
+    for trained, want in ((2, 2), (1, 1), (None, before)):
+        config = {} if trained is None else {"train_config": {"torch_threads": trained}}
+        (model / "conductor.json").write_text(json.dumps(config))
+        outputs = {k: str(tmp_path / k) for k in ("report_md", "report_html", "pareto_png", "results_json")}
+        with pytest.raises(RuntimeError, match="stop here"):
+            steps.evaluate_step(
+                model_dir=model, train_path=paths["train"], test_path=paths["test"], outputs=outputs
+            )
+        assert seen[-1] == want and torch.get_num_threads() == before
+
+
 def test_compiled_yaml_asks_for_a_gpu_and_secrets_only_where_needed() -> None:
     spec, platform = _compiled()
     train = spec["deploymentSpec"]["executors"]["exec-train-conductor"]["container"]

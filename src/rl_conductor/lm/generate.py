@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +73,12 @@ def torch_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def trained_threads(meta: Mapping[str, Any]) -> int | None:
+    """The ``torch_threads`` a Conductor trained with, from its ``conductor.json`` (None: not recorded)."""
+    n = (meta.get("train_config") or {}).get("torch_threads")
+    return int(n) if n else None
 
 
 def apply_chat(tokenizer: PreTrainedTokenizerBase, system: str, user: str) -> str:

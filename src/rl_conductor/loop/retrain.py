@@ -318,6 +318,7 @@ def evaluate_with_floor(
     check (:mod:`rl_conductor.loop.monitor`) both measure."""
     from rl_conductor.evaluation.runner import evaluate
     from rl_conductor.evaluation.suite import eval_limits, eval_reward
+    from rl_conductor.lm.generate import torch_threads, trained_threads
     from rl_conductor.policies.base import make_policy
     from rl_conductor.workers.pool import load_pool
 
@@ -331,16 +332,17 @@ def evaluate_with_floor(
     limits = eval_limits(None, "public", None, None, int(meta.get("max_rounds", 1)))
     results = {}
     floor = [*(f"single:{n}" for n in p.names()), *ROUTERS]
-    for spec in [*specs, *floor]:
-        pol = make_policy(
-            spec,
-            p,
-            seed=seed,
-            dataset=fit_on if spec in ROUTERS else dataset,
-            reward_config=rc,
-            fit_limit=fit_limit,
-        )
-        results[spec] = evaluate(pol, view, list(tasks), limits, progress=False, reward_config=rc)
+    with torch_threads(trained_threads(meta)):  # as the pipeline's evaluation step
+        for spec in [*specs, *floor]:
+            pol = make_policy(
+                spec,
+                p,
+                seed=seed,
+                dataset=fit_on if spec in ROUTERS else dataset,
+                reward_config=rc,
+                fit_limit=fit_limit,
+            )
+            results[spec] = evaluate(pol, view, list(tasks), limits, progress=False, reward_config=rc)
     return results, floor
 
 

@@ -472,7 +472,7 @@ def evaluate_step(
     baselines under the deadline it will be served with.
     """
     from rl_conductor.evaluation.suite import GridPoint, baseline_specs, run_sweep
-    from rl_conductor.lm.generate import torch_threads
+    from rl_conductor.lm.generate import torch_threads, trained_threads
     from rl_conductor.pipeline.report import write_reports
     from rl_conductor.tracking.gate import best_baseline
     from rl_conductor.validation import positive_finite
@@ -495,8 +495,6 @@ def evaluate_step(
     meta_path = Path(model_dir) / "conductor.json"
     trained: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     rounds = int(trained.get("max_rounds", 1))
-    # and torch on the threads the Conductor trained with (the same outputs as on every core)
-    threads = (trained.get("train_config") or {}).get("torch_threads")
     same_questions: dict[str, Any] = dict(
         pool=pool, dataset=dataset, split="test", limit=None, seed=seed, progress=False, max_rounds=rounds
     )
@@ -508,7 +506,8 @@ def evaluate_step(
         *(GridPoint(b, max_latency_s, {"budget": f"{b:g}"}, again) for b in budgets),
         *(GridPoint(None, d, {"deadline": f"{d:g}"}, again) for d in deadlines),
     ]
-    with torch_threads(int(threads) if threads else None):
+    # torch on the threads the Conductor trained with (the same outputs as on one per core)
+    with torch_threads(trained_threads(trained)):
         runs = iter(run_sweep(specs, points, **same_questions))
     by_kind: dict[str, list[dict[str, Any]]] = {"": [], "budget": [], "deadline": []}
     for point in points:
