@@ -42,11 +42,12 @@ from typing import Any
 
 import numpy as np
 from _results import write_json  # benchmarks/_results.py (scripts run from this folder)
+from recordings_conductor import paired  # the same paired bootstrap as the recordings benchmark
 from rich.console import Console
 from rich.table import Table
 
 from rl_conductor.evaluation.frontier import Point, hull_accuracy
-from rl_conductor.policies.evidence import EvidenceModel, estimated_rewards, fit_evidence
+from rl_conductor.policies.evidence import EvidenceModel, estimated_rewards, fit_evidence, one_se_choice
 from rl_conductor.policies.knn import cached_embeddings
 from rl_conductor.policies.routers import reward_matrix, single_outcomes
 from rl_conductor.reward import REWARD_PRESETS
@@ -102,18 +103,30 @@ def frontier_gap(
     return {"mean": mean, "ci95": [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]}
 
 
+def one_se(best: EvidenceModel, plain: EvidenceModel, shrunk: EvidenceModel) -> EvidenceModel:
+    """What ``fit_evidence(select=..., rule="1se")`` fits, without fitting the probes again: its
+    choice from ``best``'s selection scores, and that candidate's arrays (the domain rates and
+    neighbour index are ``best``'s; the shrunk and the plain probe are the same folds' fits)."""
+    assert best.selection is not None and best.selection_se is not None
+    choice = one_se_choice(best.selection, best.selection_se)
+    if choice == best.estimator:
+        return best
+    base = {"shrunk": shrunk, "probe": plain}.get(choice, best)
+    return replace(
+        base,
+        estimator=choice,
+        rate=best.rate,
+        cost=best.cost,
+        knn_emb=best.knn_emb,
+        knn_y=best.knn_y,
+        selection=best.selection,
+        selection_se=best.selection_se,
+    )
+
+
 def reward_matrix_at(tr: dict[str, Any], weight: float, rc: Any) -> np.ndarray:
     """The training split's per-question rewards of every worker at another cost weight."""
     return np.asarray(reward_matrix(tr["out"], replace(rc, cost_weight=weight)))
-
-
-def paired(a: np.ndarray, b: np.ndarray, draws: np.ndarray) -> dict[str, Any]:
-    d = a - b
-    means = d[draws].mean(axis=1)
-    return {
-        "mean": float(d.mean()),
-        "ci95": [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))],
-    }
 
 
 def main() -> None:
@@ -146,10 +159,8 @@ def main() -> None:
     tr = data["train"]
     model, _ = fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"], cost=tr["C"])
     shrunk, _ = fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"], cost=tr["C"], shrink=True)
-    selected = {
-        label: fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"], cost=tr["C"], select=rc, rule=rule)[0]
-        for label, rule in (("evidence-select", "best"), ("evidence-select-1se", "1se"))
-    }
+    best, _ = fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"], cost=tr["C"], select=rc)
+    selected = {"evidence-select": best, "evidence-select-1se": one_se(best, model, shrunk)}
     estimators: dict[str, EvidenceModel] = {"evidence": model, "evidence-shrunk": shrunk, **selected}
 
     def rules(split: str) -> dict[str, np.ndarray]:

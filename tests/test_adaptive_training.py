@@ -79,6 +79,28 @@ def _cfg(tmp_path: Path, **kw: Any) -> TrainConfig:
     )
 
 
+def rounds_micro_config(tmp_path: Path, **kw: Any) -> TrainConfig:
+    """The micro Conductor (tests/_tiny.py) trained for two rounds on gsm8k-six with the
+    expected-best warm start: the slow tests of trained reviewing Conductors."""
+    from _tiny import micro_config
+
+    return micro_config(
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        pool="gsm8k-six",
+        sft_targets="expected-best",
+        max_rounds=2,
+        warm_items_per_domain=48,
+        warm_top_k=2,
+        warm_cheap_k=1,
+        budgets_usd=[],
+        budget_prob=0.0,
+        random_pool_prob=0.0,
+        grpo_steps=1,
+        warm_cache_dir=str(tmp_path / "cache"),
+        **kw,
+    )
+
+
 def _specs(tasks: list[Task], pool: Pool) -> list[PromptSpec]:
     return [PromptSpec(task=t, view=tuple(range(len(pool))), budget=None) for t in tasks]
 
@@ -186,26 +208,12 @@ def test_grpo_rollouts_continue_by_the_review_rule(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_micro_run_with_two_rounds_trains_a_conductor_that_reviews(tmp_path: Path) -> None:
-    from _tiny import micro_config
     from rl_conductor.policies.conductor import ConductorPolicy
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.training.train import train
     from rl_conductor.workers.pool import load_pool
 
-    cfg = micro_config(
-        f"sqlite:///{tmp_path / 'mlflow.db'}",
-        pool="gsm8k-six",
-        sft_targets="expected-best",
-        max_rounds=2,
-        warm_items_per_domain=48,
-        warm_top_k=2,
-        warm_cheap_k=1,
-        budgets_usd=[],
-        budget_prob=0.0,
-        random_pool_prob=0.0,
-        grpo_steps=1,
-        warm_cache_dir=str(tmp_path / "cache"),
-    )
+    cfg = rounds_micro_config(tmp_path)
     result = train(cfg, tmp_path / "out", progress=False)
     meta = json.loads((result.final_dir / "conductor.json").read_text())
     assert meta["max_rounds"] == 2

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -57,6 +57,20 @@ def _digest(folder: Path | str) -> dict[str, str]:
         for p in sorted(root.rglob("*"))
         if p.is_file()
     }
+
+
+def _last_json_line(script: str, args: list[str], env: dict[str, str]) -> Any:
+    """Run ``script`` in a fresh Python with ``args`` and ``env``; the JSON of its last stdout line."""
+    result = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def _unique(prefix: str) -> str:
@@ -161,16 +175,8 @@ def test_fresh_process_downloads_challenger(mlflow_tracking: TrackingConfig, tmp
         "PYTHONPATH": str(SRC),
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     }
-    result = subprocess.run(
-        [sys.executable, "-c", script, f"models:/{name}@challenger", str(tmp_path / "dl")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == _digest(folder)
+    downloaded = _last_json_line(script, [f"models:/{name}@challenger", str(tmp_path / "dl")], env)
+    assert downloaded == _digest(folder)
 
 
 def test_a_download_without_dst_is_removed_when_the_process_exits(s3_bucket: str, tmp_path: Path) -> None:
@@ -187,16 +193,7 @@ def test_a_download_without_dst_is_removed_when_the_process_exits(s3_bucket: str
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = {**os.environ, "PYTHONPATH": str(SRC), "TMPDIR": str(temp)}  # S3 settings from the fixture
-    result = subprocess.run(
-        [sys.executable, "-c", script, f"{s3_bucket}/models/v1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    out = _last_json_line(script, [f"{s3_bucket}/models/v1"], env)
     assert out["files"] == len(_digest(folder)) > 0
     assert Path(out["dir"]).parent == temp and Path(out["dir"]).name.startswith("conductor-model-")
     assert list(temp.iterdir()) == []

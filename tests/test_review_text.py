@@ -27,6 +27,7 @@ from rl_conductor.workflow import Workflow, parse
 from test_adaptive_training import _cfg as cfg_of
 from test_adaptive_training import _pool as pool_of
 from test_adaptive_training import _tasks as tasks_of
+from test_adaptive_training import rounds_micro_config
 
 
 def _answer(name: str) -> Any:
@@ -151,7 +152,6 @@ def test_a_trained_text_conductor_shows_its_estimate_and_one_round_is_unchanged(
     """Trained on gsm8k-six's training split with ``review_evidence: text``: the estimator is saved
     with the model, fitted on training questions only; the review prompt shows the estimate where
     the model has one and not where its file says none; max_rounds 1 gives the same traces."""
-    from _tiny import micro_config
     from one_round_cases import project
     from rl_conductor.errors import ModelNotFound
     from rl_conductor.policies.conductor import ConductorPolicy
@@ -160,21 +160,7 @@ def test_a_trained_text_conductor_shows_its_estimate_and_one_round_is_unchanged(
     from rl_conductor.training.train import train
     from rl_conductor.workers.pool import load_pool
 
-    cfg = micro_config(
-        f"sqlite:///{tmp_path / 'mlflow.db'}",
-        pool="gsm8k-six",
-        sft_targets="expected-best",
-        max_rounds=2,
-        review_evidence="text",
-        warm_items_per_domain=48,
-        warm_top_k=2,
-        warm_cheap_k=1,
-        budgets_usd=[],
-        budget_prob=0.0,
-        random_pool_prob=0.0,
-        grpo_steps=1,
-        warm_cache_dir=str(tmp_path / "cache"),
-    )
+    cfg = rounds_micro_config(tmp_path, review_evidence="text")
     res = train(cfg, tmp_path / "out", progress=False)
     final = res.final_dir
     meta = json.loads((final / "conductor.json").read_text())
@@ -231,3 +217,13 @@ def test_a_trained_text_conductor_shows_its_estimate_and_one_round_is_unchanged(
     (broken / "review_evidence.json").unlink()
     with pytest.raises(ModelNotFound, match="review evidence"):
         ConductorPolicy(broken)
+
+
+def test_the_text_preset_is_gsm8k_six_with_the_text_review() -> None:
+    from rl_conductor.training.config import load_preset
+
+    text, base = load_preset("gsm8k-six-text"), load_preset("gsm8k-six")
+    assert text.review_evidence == "text" and base.review_evidence == "none"
+    assert {k: v for k, v in text.to_dict().items() if k != "review_evidence"} == {
+        k: v for k, v in base.to_dict().items() if k != "review_evidence"
+    }
