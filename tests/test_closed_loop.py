@@ -198,12 +198,12 @@ def test_served_traffic_and_feedback_retrain_on_the_local_runner_and_the_gate_de
             while len(read_traffic(str(store))) < 200 and time.monotonic() < deadline:
                 time.sleep(0.3)
             statuses = []
-            for task, doc in answered:
+            for k, (task, doc) in enumerate(answered):
                 body: dict[str, Any] = {"request_id": doc["request_id"]}
-                if task.grader in ("math", "choice", "qa"):
+                if task.grader in ("math", "choice", "qa") and k % 5:
                     body |= {"answer": task.answer, "grader": task.grader}
-                else:
-                    body["score"] = 0.5
+                else:  # score-only feedback: observed examples (training/observed.py); the code
+                    body["score"] = float(k % 2)  # items come last, in the held-out traffic
                 statuses.append(http.post("/v1/feedback", json=body).status_code)
             assert statuses == [200] * 200
         assert len(read_traffic(str(store))) == 200
@@ -245,6 +245,16 @@ def test_served_traffic_and_feedback_retrain_on_the_local_runner_and_the_gate_de
         collect = runs["collect"].data.metrics
         assert collect["traffic/requests"] == 200 and collect["traffic/with_feedback"] == 200
         assert collect["traffic/holdout_tasks"] > 0 and collect["traffic/train_tasks"] > 100
+        # the score-only requests reached the retrain's warm start, each taught or not by the rule
+        assert collect["traffic/observed"] > 0 and "traffic/observed_reward" in collect
+        training = c.get_experiment_by_name("conductor-training")
+        [trained] = c.search_runs([training.experiment_id], "metrics.`sft/observed` >= 0")
+        sft = trained.data.metrics
+        assert sft["sft/observed"] == collect["traffic/observed"]
+        assert (
+            sft["sft/observed_taught"] + sft["sft/observed_below_baseline"] + sft["sft/observed_unusable"]
+            == sft["sft/observed"]
+        )
         gate_run = runs["gate"]
         assert gate_run.data.tags["gate.reason"] == run.gate_reason
         assert (
