@@ -630,3 +630,28 @@ def test_conductor_serve_refuses_bad_flags_with_a_message(args: list[str], says:
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_predictor_runs_torch_on_the_threads_its_conductor_trained_with(
+    micro: Micro, tmp_path: Path
+) -> None:
+    """A served tiny Conductor generated on torch's default of one thread per core."""
+    import shutil
+
+    import torch
+
+    from rl_conductor.serving.server import ConductorModel
+
+    model = tmp_path / "model"
+    shutil.copytree(micro.final_dir, model)
+    meta = json.loads((model / "conductor.json").read_text())
+    trained = int(meta["train_config"]["torch_threads"])
+    meta["train_config"]["torch_threads"] = 3 - trained  # 1 <-> 2: not what this process runs on
+    (model / "conductor.json").write_text(json.dumps(meta))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(trained)
+        assert ConductorModel(pool="paper-sim", model=str(model)).load()
+        assert torch.get_num_threads() == 3 - trained
+    finally:
+        torch.set_num_threads(before)

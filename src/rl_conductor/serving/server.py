@@ -50,6 +50,7 @@ from kserve.protocol.grpc.server import GRPCServer
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
+from rl_conductor.lm.generate import trained_threads
 from rl_conductor.serving import metrics as m
 from rl_conductor.serving.auth import ApiKeys, AuthConfigError, load_keys
 from rl_conductor.serving.guard import (
@@ -198,6 +199,11 @@ class ConductorModel(kserve.Model):
             with ThreadPoolExecutor(1) as ex:
                 ex.submit(ensure_pool_ready, pool).result()
         policy = load_policy(self.model_ref, self.policy_ref, pool)
+        threads = trained_threads(getattr(policy, "meta", None) or {})
+        if threads:  # this process serves one Conductor: torch on the threads it trained with
+            import torch
+
+            torch.set_num_threads(threads)
         self.service = ConductorService(policy, pool, self.config)
         self.ready = True
         return self.ready
