@@ -156,17 +156,7 @@ def test_review_records_teach_keep_and_escalate_equally_often(tmp_path: Path) ->
     from rl_conductor.training.train import _warm_start
 
     pool = _pool()
-    tasks = [t for t in _tasks() if t.id.startswith("hard")] + [
-        Task(
-            id=f"hard/{i}",
-            question=f"What is {i} + {i}?",
-            answer=str(2 * i),
-            domain="math",
-            source="t",
-            grader="math",
-        )
-        for i in range(7, 11)
-    ]
+    tasks = [t for t in _tasks() if t.id.startswith("hard")] + _tasks(range(7, 11), kinds=("hard",))
     tasks += [t for t in _tasks() if t.id in ("easy/1", "easy/2")]
     targets, _, _, rule = _warm_start(_cfg(tmp_path, max_rounds=2), tasks, pool)
     names = pool.names()

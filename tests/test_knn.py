@@ -27,17 +27,7 @@ from rl_conductor.tasks.base import Task
 from rl_conductor.workers.base import CallContext, Hosting, Message
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool, load_pool
-
-
-def _task(i: int, domain: str = "math") -> Task:
-    return Task(
-        id=f"t/{i}",
-        question=f"What is {i} + {i}?",
-        answer=str(2 * i),
-        domain=domain,
-        source="t",
-        grader="math",
-    )
+from test_warmstart import _task  # 't/i': 'What is i + i?'
 
 
 def _right_on(ids: set[str]) -> Any:

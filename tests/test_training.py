@@ -37,6 +37,7 @@ from rl_conductor.workers.base import CallContext, Message
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool
 from rl_conductor.workflow import normalize, parse, render
+from test_warmstart import _task  # "t/i": "What is i + i?"
 
 
 @pytest.fixture(scope="session")
@@ -129,17 +130,7 @@ def _pool(n: int) -> Pool:
 
 
 def _tasks(n: int) -> list[Task]:
-    return [
-        Task(
-            id=f"t/{i}",
-            question=f"What is {i} + {i}?",
-            answer=str(2 * i),
-            domain="math",
-            source="t",
-            grader="math",
-        )
-        for i in range(n)
-    ]
+    return [_task(i) for i in range(n)]
 
 
 @settings(max_examples=300, deadline=None)
