@@ -197,6 +197,21 @@ def deadline_stopped(trace: Trace) -> bool:
     return any(s.status == "skipped_deadline" for s in trace.steps)
 
 
+def trace_reward(trace: Trace, correct: bool, config: RewardConfig, *, parsed: bool = True) -> float:
+    """:func:`compute_reward` of an executed ``trace`` graded ``correct``: its cost, its worker
+    calls and whether its budget or deadline stopped it (the one place a trace becomes a reward:
+    evaluation, the GRPO reward and the round-2 targets call it)."""
+    return compute_reward(
+        parsed=parsed,
+        correct=correct,
+        cost_usd=trace.cost_usd,
+        budget_exceeded=budget_stopped(trace),
+        config=config,
+        worker_calls=len(trace.attempts),
+        deadline_exceeded=deadline_stopped(trace),
+    )
+
+
 #: How the executor notes a step whose output it capped to fit the time left.
 _DEADLINE_CAP_NOTE = re.compile(r"deadline: output capped at (\d+) tokens")
 

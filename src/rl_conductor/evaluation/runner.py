@@ -36,11 +36,9 @@ from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Episode, Policy
 from rl_conductor.reward import (
     RewardConfig,
-    budget_stopped,
-    compute_reward,
     deadline_shortened,
-    deadline_stopped,
     grade_trace,
+    trace_reward,
 )
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import StepRecord
@@ -198,15 +196,7 @@ def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
         task_id=task.id,
         domain=task.domain,
         correct=correct,
-        reward=compute_reward(
-            parsed=not ep.plan.fallback,
-            correct=correct,
-            cost_usd=t.cost_usd,
-            budget_exceeded=budget_stopped(t),
-            config=reward_config,
-            worker_calls=len(t.attempts),
-            deadline_exceeded=deadline_stopped(t),
-        ),
+        reward=trace_reward(t, correct, reward_config, parsed=not ep.plan.fallback),
         tokens=t.tokens,
         cost_usd=t.cost_usd,
         calls=t.calls,

@@ -30,9 +30,9 @@ from rl_conductor.policies.base import GivenPlan, Plan
 from rl_conductor.reward import (
     RewardConfig,
     budget_stopped,
-    compute_reward,
     deadline_stopped,
     grade_trace,
+    trace_reward,
 )
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.pool import Pool
@@ -122,15 +122,7 @@ class ConductorReward:
         correct = grade_trace(task, trace)
         stopped = budget_stopped(trace)
         cut = deadline_stopped(trace)
-        r = compute_reward(
-            parsed=True,
-            correct=correct,
-            cost_usd=trace.cost_usd,
-            budget_exceeded=stopped,
-            config=self.config,
-            worker_calls=len(trace.attempts),
-            deadline_exceeded=cut,
-        )
+        r = trace_reward(trace, correct, self.config)
         return {
             "reward": r,
             "parsed": 1.0,

@@ -32,7 +32,7 @@ from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import GivenPlan, Plan
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.prompting import DEFAULT_MAX_QUESTION_CHARS, review_prompt
-from rl_conductor.reward import RewardConfig, budget_stopped, compute_reward, deadline_stopped, grade_trace
+from rl_conductor.reward import RewardConfig, grade_trace, trace_reward
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.training.data import chat
@@ -91,15 +91,7 @@ async def _run(
     limits = replace(limits, max_rounds=2)
     trace = (await GivenPlan(review=review).run(task, view, limits, plan=Plan(workflow=first))).trace
     correct = grade_trace(task, trace)
-    reward = compute_reward(
-        parsed=True,
-        correct=correct,
-        cost_usd=trace.cost_usd,
-        budget_exceeded=budget_stopped(trace),
-        config=config,
-        worker_calls=len(trace.attempts),
-        deadline_exceeded=deadline_stopped(trace),
-    )
+    reward = trace_reward(trace, correct, config)
     prompt, line = seen[0] if seen else ("", "no review")
     return prompt, line, reward
 
