@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
 import json
 import logging
 from collections import defaultdict
@@ -55,7 +54,7 @@ from rl_conductor.prompting import review_prompt
 from rl_conductor.reward import RewardConfig, budget_stopped, grade_trace, reward_of
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
-from rl_conductor.training.candidates import ROLE_TEXT, Candidate, CandidateTable, single
+from rl_conductor.training.candidates import ROLE_TEXT, Candidate, CandidateTable, save_arrays, single
 from rl_conductor.training.rounds import KEEP
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
@@ -139,20 +138,9 @@ class RoundsTable:
         return np.where(self.done, r, np.nan)
 
     def save(self, path: Path) -> None:
-        from rl_conductor.storage import write_bytes
-
-        buf = io.BytesIO()  # written atomically: concurrent builders of one key never tear it
         header = {k: getattr(self, k) for k in ("task_ids", "domains", "firsts", "conts", "signal", "meta")}
-        np.savez_compressed(
-            buf,
-            correct=self.correct,
-            cost=self.cost,
-            stopped=self.stopped,
-            calls=self.calls,
-            done=self.done,
-            header=np.array(json.dumps(header)),
-        )
-        write_bytes(str(path), buf.getvalue())
+        arrays = {k: getattr(self, k) for k in ("correct", "cost", "stopped", "calls", "done")}
+        save_arrays(path, header, **arrays)
 
     @classmethod
     def load(cls, path: Path) -> RoundsTable:

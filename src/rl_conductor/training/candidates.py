@@ -136,6 +136,16 @@ def composed_candidates(top: Sequence[str], cheap: Sequence[str]) -> list[Candid
     return list(dict.fromkeys(out))
 
 
+def save_arrays(path: Path, header: dict[str, Any], **arrays: np.ndarray) -> None:
+    """One ``.npz`` of ``arrays`` and a JSON ``header`` (key ``header``), written in one piece so
+    that concurrent builders of one cache key never tear it (the candidate and rounds tables)."""
+    from rl_conductor.storage import write_bytes
+
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays, header=np.array(json.dumps(header)))
+    write_bytes(str(path), buf.getvalue())
+
+
 @dataclass
 class CandidateTable:
     """Outcomes of candidates on items: arrays of shape ``[items, candidates, conditions]``.
@@ -168,11 +178,18 @@ class CandidateTable:
         return len(self.budgets) + k
 
     def save(self, path: Path) -> None:
-        from rl_conductor.storage import write_bytes
-
-        buf = io.BytesIO()  # written atomically: concurrent builders of one key never tear it
-        np.savez_compressed(
-            buf,
+        header = {
+            "task_ids": self.task_ids,
+            "domains": self.domains,
+            "groups": self.groups,
+            "candidates": [c.name for c in self.candidates],
+            "budgets": self.budgets,
+            "deadlines": self.deadlines,
+            "meta": self.meta,
+        }
+        save_arrays(
+            path,
+            header,
             correct=self.correct,
             cost=self.cost,
             stopped=self.stopped,
@@ -180,21 +197,7 @@ class CandidateTable:
             done=self.done,
             calls=self.calls if self.calls is not None else self.done.astype(np.int32),
             cut=self.cut if self.cut is not None else np.zeros_like(self.done),
-            header=np.array(
-                json.dumps(
-                    {
-                        "task_ids": self.task_ids,
-                        "domains": self.domains,
-                        "groups": self.groups,
-                        "candidates": [c.name for c in self.candidates],
-                        "budgets": self.budgets,
-                        "deadlines": self.deadlines,
-                        "meta": self.meta,
-                    }
-                )
-            ),
         )
-        write_bytes(str(path), buf.getvalue())
 
     @classmethod
     def load(cls, path: Path) -> CandidateTable:
