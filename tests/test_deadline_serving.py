@@ -132,7 +132,7 @@ def test_bad_deadlines_get_400_naming_the_field(http: httpx.Client, body: bytes)
     assert "max_latency_s" in resp.text or "JSON" in resp.text
 
 
-def test_serving_core_validates_the_deadline_for_the_pyfunc_path(tmp_path: Path) -> None:
+def test_the_request_model_validates_the_deadline_for_the_pyfunc_path(tmp_path: Path) -> None:
     from rl_conductor.serving.request import RequestError, parse_request, request_limits
 
     req = parse_request({"question": "q", "max_latency_s": 5})
