@@ -126,6 +126,9 @@ class EvidenceModel:
     stack: NDArray[np.float64] | None = None
     #: out-of-fold mean training reward of every candidate (what ``select`` chose by)
     selection: dict[str, float] | None = None
+    #: per candidate, the standard error of the best candidate's out-of-fold reward minus its own
+    #: (paired over training questions; what ``rule="1se"`` compares with)
+    selection_se: dict[str, float] | None = None
 
     def _group_rows(self, tasks: Sequence[Task]) -> NDArray[np.int64]:
         """Each task's row of :attr:`rate` / :attr:`cost` (an unknown domain: the last row)."""
@@ -188,7 +191,7 @@ class EvidenceModel:
         )
         meta: dict[str, object] = {"names": self.names, "groups": self.groups, "chosen_c": self.chosen_c}
         if self.estimator is not None:
-            meta.update(estimator=self.estimator, selection=self.selection)
+            meta.update(estimator=self.estimator, selection=self.selection, selection_se=self.selection_se)
         (d / META).write_text(json.dumps(meta, indent=2))
 
     @classmethod
@@ -207,6 +210,7 @@ class EvidenceModel:
             chosen_c=[float(c) for c in meta["chosen_c"]],
             estimator=meta.get("estimator"),
             selection=meta.get("selection"),
+            selection_se=meta.get("selection_se"),
             **{k: arrays[k] for k in OPTIONAL_ARRAYS if k in arrays.files},
         )
 
@@ -398,6 +402,13 @@ def fit_evidence(
     return model, oof
 
 
+def one_se_choice(score: Mapping[str, float], se: Mapping[str, float]) -> str:
+    """The first of :data:`CANDIDATES` whose score is within ``se`` (its paired standard error
+    against the best) of the best score: the one-standard-error rule, simplest first."""
+    best = max(score.values())
+    return next(c for c in CANDIDATES if best - score[c] <= se[c] + 1e-12)
+
+
 def _select(
     model: EvidenceModel,
     x: NDArray[np.float64],
@@ -469,15 +480,9 @@ def _select(
         got[name] = recorded[np.arange(n), first]
     score = {name: float(v.mean()) for name, v in got.items()}
     top = max(CANDIDATES, key=lambda c: (score[c], -CANDIDATES.index(c)))
-    chosen = top
-    if rule == "1se":
-        for name in CANDIDATES:
-            diff = got[top] - got[name]
-            se = float(diff.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
-            if diff.mean() <= se:
-                chosen = name
-                break
-    model.estimator, model.selection = chosen, score
+    se = {c: float((got[top] - got[c]).std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0 for c in CANDIDATES}
+    chosen = one_se_choice(score, se) if rule == "1se" else top
+    model.estimator, model.selection, model.selection_se = chosen, score, se
     # the index the kNN candidates were scored on (the training questions), kept whatever is chosen
     model.knn_emb, model.knn_y = emb, y.astype(np.float32)
     if chosen in ("probe", "stack"):  # the probe alone at its own strength, not the blend's

@@ -20,6 +20,9 @@ from rl_conductor.prompting import QUESTION_CUTS
 GROUP_BY = ("source", "subject", "domain", "task")
 #: What per-question evidence the Conductor's prompt carries (``TrainConfig.evidence``).
 EVIDENCE = ("none", "probe", "rank")
+#: How ``evidence: rank`` picks its estimator (``TrainConfig.evidence_select``,
+#: ``policies.evidence.fit_evidence(select=...)``): none keeps the shrunk probe.
+EVIDENCE_SELECT = ("none", "best", "1se")
 #: What a review prompt shows of round 1's answers (``TrainConfig.review_evidence``).
 REVIEW_EVIDENCE = ("none", "text")
 
@@ -60,6 +63,13 @@ class TrainConfig:
         "with evidence: rank, write the warm-start target as a rank address (model_id = [@1], the "
         "ranking line's first worker; workflow.parse resolves it) instead of that worker's id: "
         "following the evidence is then one constant a tiny model learns, ids still parse",
+    )
+    evidence_select: str = _f(
+        "none",
+        "with evidence: rank, the estimator chosen on the training split by out-of-fold reward at "
+        "the training reward among the domain rates, kNN means, the shrunk and plain probe and their "
+        "stack (policies/evidence.py): best | 1se (the simplest within one standard error) | none "
+        "(the shrunk probe, as before)",
     )
     # tiny model shape
     tiny_vocab_size: int = _f(4096, "BPE vocabulary of the tiny model's tokenizer")
@@ -264,6 +274,10 @@ class TrainConfig:
             )
         if self.evidence not in EVIDENCE:
             raise ConfigError(f"evidence must be one of {', '.join(EVIDENCE)}, not {self.evidence!r}")
+        if self.evidence_select not in EVIDENCE_SELECT:
+            raise ConfigError(
+                f"evidence_select must be one of {', '.join(EVIDENCE_SELECT)}, not {self.evidence_select!r}"
+            )
         if self.evidence == "rank" and self.max_rounds > 1:
             raise ConfigError(
                 "evidence: rank plans one round (its targets are single workers): set max_rounds: 1"

@@ -487,7 +487,15 @@ def _warm_start(
         by_id = {t.id: t for t in items}
         table = replace(table, groups=[group_of(by_id[i], cfg.warm_group_by) for i in table.task_ids])
     model, evidence = (
-        prompt_evidence(table, items, tasks, seed=cfg.seed, shrink=cfg.evidence == "rank")
+        prompt_evidence(
+            table,
+            items,
+            tasks,
+            seed=cfg.seed,
+            shrink=cfg.evidence == "rank",
+            select=_reward_config(cfg) if cfg.evidence == "rank" and cfg.evidence_select != "none" else None,
+            rule=cfg.evidence_select if cfg.evidence_select != "none" else "best",
+        )
         if cfg.evidence != "none"
         else (None, None)
     )
@@ -529,12 +537,21 @@ def _warm_start(
 
 
 def prompt_evidence(
-    table: Any, items: list[Any], tasks: list[Any], *, seed: int = 0, shrink: bool = False
+    table: Any,
+    items: list[Any],
+    tasks: list[Any],
+    *,
+    seed: int = 0,
+    shrink: bool = False,
+    select: Any = None,
+    rule: str = "best",
 ) -> tuple[Any, dict[str, dict[str, float]]]:
     """The evidence model (:mod:`rl_conductor.policies.evidence`) fitted on the candidate table's
     single-worker rows (no budget; with their costs, and with ``shrink`` blended with each
-    domain's rate), and task id -> worker -> estimate for every training question: out-of-fold
-    for the table's questions, the fitted model's for the others (which it never saw either)."""
+    domain's rate; with ``select``, the reward, the estimator chosen by out-of-fold training
+    reward, ``fit_evidence(select=...)``), and task id -> worker -> estimate for every training
+    question: out-of-fold for the table's questions, the fitted model's for the others (which it
+    never saw either)."""
     import numpy as np
 
     from rl_conductor.policies.evidence import evidence_for, fit_evidence
@@ -556,7 +573,15 @@ def prompt_evidence(
         every, emb = None, cached_embeddings([t.question for t in rows])
     cost = np.nan_to_num(table.cost[:, [j for j, _ in singles], 0])
     model, oof = fit_evidence(
-        rows, emb, [n for _, n in singles], correct, seed=seed, cost=cost, shrink=shrink
+        rows,
+        emb,
+        [n for _, n in singles],
+        correct,
+        seed=seed,
+        cost=cost,
+        shrink=shrink,
+        select=select,
+        rule=rule,
     )
     out = {t.id: model.as_mapping(r) for t, r in zip(rows, oof, strict=True)}
     rest = [t for t in tasks if t.id not in out]
