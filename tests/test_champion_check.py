@@ -235,3 +235,59 @@ def test_the_gauges_of_a_champion_not_below_the_floor_read_0(tmp_path: Path) -> 
 
     with pytest.raises(UserError, match=r"cannot push the check.s metrics to http://127\.0\.0\.1:9"):
         export_metrics(outcome, pushgateway="http://127.0.0.1:9")  # nothing listens: said, not lost
+
+
+# --------------------------------------------------------------------------- as a pipeline step
+
+
+def test_compiled_champion_check_yaml_is_not_stale_and_has_the_schedule_parameters(tmp_path: Path) -> None:
+    import yaml
+
+    from rl_conductor.loop.pipeline import CHECK_PACKAGE_NAME, compile_check_pipeline
+    from rl_conductor.pipeline.runner import default_package_path
+
+    fresh = compile_check_pipeline(tmp_path / CHECK_PACKAGE_NAME)
+    committed = default_package_path(CHECK_PACKAGE_NAME)
+    docs = list(yaml.safe_load_all(committed.read_text()))
+    assert list(yaml.safe_load_all(fresh.read_text())) == docs, (
+        "pipelines/champion_check.yaml is stale: run `conductor retrain compile`"
+    )
+    params = docs[0]["root"]["inputDefinitions"]["parameters"]
+    for name in ("traffic_store", "window_hours", "min_tasks", "pushgateway", "prom_textfile"):
+        assert name in params, name
+    assert params["window_hours"]["defaultValue"] == 24.0
+
+
+@pytest.mark.slow
+def test_the_champion_check_runs_as_a_pipeline_step_on_the_local_runner(
+    micro: Micro, registered: tuple[str, str], tmp_path: Path
+) -> None:
+    """The same check as ``conductor retrain check``, as the ``conductor-champion-check`` pipeline
+    on kfp's local runner: its output is the verdict, the gauges and MLflow say the same."""
+    from rl_conductor.loop.pipeline import run_check_local
+    from rl_conductor.tracking import mlflow_utils
+
+    name, uri = registered
+    store = tmp_path / "traffic"
+    _serve_with_feedback(micro.final_dir, "paper-sim", store, 40)
+    textfile = tmp_path / "conductor.prom"
+    below = run_check_local(
+        pipeline_root=tmp_path / "kfp",
+        traffic_store=str(store),
+        model_name=name,
+        window_hours=0.0,
+        min_tasks=30,
+        fit_limit=60,
+        mlflow_tracking_uri=uri,
+        prom_textfile=str(textfile),
+    )
+    assert below is True  # the micro Conductor is below the floor (module docstring)
+    families = text_string_to_metric_families(textfile.read_text())
+    gauges = {s.name: s.value for f in families for s in f.samples}
+    assert gauges["conductor_champion_below_floor"] == 1.0
+    assert gauges["conductor_champion_check_questions"] == 40
+    c = mlflow_utils.client()
+    assert c.get_model_version(name, "1").tags["check.below_floor"] == "true"
+    exp = c.get_experiment_by_name(f"{name}-loop")
+    [run] = c.search_runs([exp.experiment_id], "tags.`loop.step` = 'check'")
+    assert run.data.metrics["check/below_floor"] == 1.0 and run.data.metrics["check/n"] == 40

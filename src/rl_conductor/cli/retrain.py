@@ -58,10 +58,19 @@ def run_cmd(
 def compile_cmd(
     out: Annotated[str | None, typer.Option(help="output YAML (default: pipelines/retrain.yaml)")] = None,
 ) -> None:
-    """Compile the retraining pipeline to YAML (its schedule parameters are root inputs)."""
-    from rl_conductor.loop.pipeline import compile_pipeline
+    """Compile the retraining pipeline and the champion check's to YAML (their schedule
+    parameters are root inputs): pipelines/retrain.yaml, pipelines/champion_check.yaml."""
+    from rl_conductor.loop.pipeline import compile_check_pipeline, compile_pipeline
 
     console.print(f"compiled: {compile_pipeline(out)}")
+    console.print(f"compiled: {compile_check_pipeline(None if out is None else _beside(out))}")
+
+
+def _beside(path: str) -> str:
+    """Where the champion check's YAML goes when the retrain's goes to ``path``."""
+    from pathlib import Path
+
+    return str(Path(path).with_name("champion_check.yaml"))
 
 
 @retrain_app.command("check")

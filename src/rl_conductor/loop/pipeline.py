@@ -194,12 +194,50 @@ def run_local(
     )
 
 
+CHECK_PIPELINE_MODULE = "pipelines.champion_check"
+CHECK_PIPELINE_FUNCTION = "conductor_champion_check"
+CHECK_PACKAGE_NAME = "champion_check.yaml"
+
+
+def compile_check_pipeline(path: str | Path | None = None) -> Path:
+    """Compile ``conductor-champion-check`` (``pipelines/champion_check.py``: the alert of
+    :mod:`rl_conductor.loop.monitor` as a pipeline step) to ``path`` (default: the committed
+    ``pipelines/champion_check.yaml``)."""
+    return runner.compile_pipeline(
+        path, module=CHECK_PIPELINE_MODULE, function=CHECK_PIPELINE_FUNCTION, package=CHECK_PACKAGE_NAME
+    )
+
+
+def run_check_local(*, pipeline_root: str | Path, verbose: bool = False, **arguments: Any) -> bool:
+    """Run ``conductor-champion-check`` with kfp's local SubprocessRunner (``arguments``: its
+    parameters); returns whether the champion is below the floor (the verdict's figures are in
+    MLflow and the gauges, as the CLI's)."""
+    pipeline = runner.load_pipeline(CHECK_PIPELINE_MODULE, CHECK_PIPELINE_FUNCTION)
+    root = Path(pipeline_root)
+    log_path: Path | None = None
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(runner.local_session(root))
+        if not verbose:
+            log_path = root / "logs" / f"check-{datetime.now(UTC):%Y%m%d-%H%M%S-%f}.log"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(log_path, "w"))))
+        try:
+            task = pipeline(**arguments)
+        except Exception as exc:
+            where = f"; step output in {log_path}" if log_path else ""
+            raise PipelineRunFailed(f"local champion check failed: {exc}{where}") from exc
+    return bool(task.output)
+
+
 __all__ = [
+    "CHECK_PACKAGE_NAME",
     "PARAMETER_RULES",
     "QUICK_RETRAIN_OVERRIDES",
     "RetrainRun",
+    "compile_check_pipeline",
     "compile_pipeline",
     "load_pipeline",
     "retrain_arguments",
+    "run_check_local",
     "run_local",
 ]
