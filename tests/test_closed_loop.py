@@ -126,6 +126,27 @@ def test_a_worker_degraded_in_place_is_a_pool_change_and_not_a_cached_router_fit
     assert pool_key(load_pool(str(path))) != pool_key(load_pool("paper-sim"))
 
 
+def test_a_retrain_keeps_the_champions_reward_unless_told_otherwise(tmp_path: Path) -> None:
+    from rl_conductor.loop.retrain import retrain_overrides
+    from rl_conductor.reward import reward_config
+    from rl_conductor.training.config import load_preset
+
+    champion = tmp_path / "champion"
+    champion.mkdir()
+    trained = {"reward_preset": "cost-aware", "cost_weight": 0.25, "cost_scale": None}
+    (champion / "conductor.json").write_text(json.dumps({"train_config": trained}))
+    extra = retrain_overrides(None, str(champion))
+    assert extra == {"model": str(champion), "reward_preset": "cost-aware", "cost_weight": 0.25}
+    cfg = load_preset("tiny", **extra)  # the preset's 0.03 would have changed the objective
+    assert reward_config(cfg.reward_preset, cost_weight=cfg.cost_weight).cost_weight == 0.25
+    assert retrain_overrides('{"cost_weight": 0.1}', str(champion))["cost_weight"] == 0.1
+    empty, some = tmp_path / "none.jsonl", tmp_path / "some.jsonl"
+    empty.write_text("")
+    some.write_text('{"request_id": "r"}\n')
+    assert "observed_path" not in retrain_overrides(None, str(champion), str(empty))
+    assert retrain_overrides(None, str(champion), str(some))["observed_path"] == str(some)
+
+
 def test_the_spend_cap_applies_only_to_live_pools(tmp_path: Path) -> None:
     assert spend_capped_pool("paper-sim", 5.0, tmp_path) == "paper-sim"  # simulated: nothing to pay
     capped = spend_capped_pool("local-live", 2.5, tmp_path)

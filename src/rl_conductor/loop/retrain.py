@@ -232,6 +232,31 @@ def spend_capped_pool(pool: str, cap_usd: float, folder: str | Path) -> str:
     return str(path)
 
 
+#: The reward settings a retrain takes from the champion unless its overrides set them.
+REWARD_KEYS = ("reward_preset", "cost_weight", "cost_scale")
+
+
+def retrain_overrides(
+    overrides: Mapping[str, Any] | str | None, champion_dir: str, observed_path: str = ""
+) -> dict[str, Any]:
+    """The training overrides of a retrain: ``overrides``, the champion's folder as the model (a
+    warm start), the champion's reward settings where ``overrides`` leaves them unset (its
+    ``conductor.json``'s ``train_config``: the challenger is trained, and the observed examples
+    valued, at the reward the champion was trained with, which is also the one the gate compares
+    at; a preset's default would silently change the objective), and ``observed_path`` when the
+    file holds any example (``TrainConfig.observed_path``)."""
+    extra = steps.parse_overrides(overrides)
+    extra["model"] = champion_dir
+    meta = json.loads((Path(champion_dir) / "conductor.json").read_text())
+    trained = meta.get("train_config") or {}
+    for key in REWARD_KEYS:
+        if extra.get(key) is None and trained.get(key) is not None:
+            extra[key] = trained[key]
+    if observed_path and Path(observed_path).is_file() and Path(observed_path).stat().st_size:
+        extra["observed_path"] = observed_path
+    return extra
+
+
 def retrain_step(
     *,
     train_path: str,
@@ -248,12 +273,9 @@ def retrain_step(
     observed_path: str = "",
 ) -> steps.TrainOutcome:
     """:func:`rl_conductor.pipeline.steps.train_step` from the champion's weights (see module
-    docstring); ``observed_path``: :func:`collect_step`'s ``outputs["observed"]``, the window's
-    score-only requests the warm start may teach (``TrainConfig.observed_path``)."""
-    extra = steps.parse_overrides(overrides)
-    extra["model"] = champion_dir
-    if observed_path and Path(observed_path).is_file() and Path(observed_path).stat().st_size:
-        extra["observed_path"] = observed_path
+    docstring), with :func:`retrain_overrides`; ``observed_path``: :func:`collect_step`'s
+    ``outputs["observed"]``, the window's score-only requests the warm start may teach."""
+    extra = retrain_overrides(overrides, champion_dir, observed_path)
     train_pool = spend_capped_pool(pool, spend_cap_usd, Path(model_dir).parent / "pool")
     return steps.train_step(
         train_path=train_path,
@@ -568,6 +590,7 @@ __all__ = [
     "evaluate_with_floor",
     "gate_step",
     "paired_gain",
+    "retrain_overrides",
     "retrain_step",
     "spend_capped_pool",
 ]
