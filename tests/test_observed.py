@@ -78,6 +78,9 @@ def test_a_high_scored_workflow_is_taught_a_low_scored_or_unusable_one_is_not(tm
     path = tmp_path / "observed.jsonl"
     write_observed(path, examples)
     assert read_observed(path) == examples
+    assert read_observed("") == []
+    with pytest.raises(FileNotFoundError, match="is not a file"):
+        read_observed(tmp_path / "typo.jsonl")
     decisions = judge(read_observed(path), ["cheap", "strong"], er, COST_AWARE, max_steps=2)
     assert [d.taught for d in decisions] == [True, False, False, False, False]
     assert decisions[0].advantage == pytest.approx(0.997 - 0.885)

@@ -136,9 +136,14 @@ def write_observed(path: str | Path, examples: Sequence[Observed]) -> int:
 
 
 def read_observed(path: str | Path) -> list[Observed]:
-    """Observed examples from a file written by :func:`write_observed` (none for an empty path)."""
-    if not path or not Path(path).exists():
+    """Observed examples from a file written by :func:`write_observed` (none for an empty path;
+    a path that does not exist is an error, not a silent "nothing observed")."""
+    if not path:
         return []
+    if not Path(path).is_file():
+        from rl_conductor.errors import MissingFile
+
+        raise MissingFile(f"observed_path {str(path)!r} is not a file (the collect step's observed_data)")
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     return [Observed.from_dict(json.loads(line)) for line in lines if line.strip()]
 
