@@ -47,7 +47,13 @@ from rich.console import Console
 from rich.table import Table
 
 from rl_conductor.evaluation.frontier import Point, hull_accuracy
-from rl_conductor.policies.evidence import EvidenceModel, estimated_rewards, fit_evidence, one_se_choice
+from rl_conductor.policies.evidence import (
+    CANDIDATES,
+    EvidenceModel,
+    estimated_rewards,
+    fit_evidence,
+    one_se_choice,
+)
 from rl_conductor.policies.knn import cached_embeddings
 from rl_conductor.policies.routers import reward_matrix, single_outcomes
 from rl_conductor.reward import REWARD_PRESETS
@@ -59,7 +65,8 @@ KS = (5, 10, 20, 50, 100, 200)
 #: cost weights the kNN frontier's routers are refitted at
 FRONTIER_WEIGHTS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
 #: what ``evidence-select`` is compared with (paired bootstrap intervals)
-VERSUS = ("domain-router", "knn-all", "knn-100", "evidence", "evidence-shrunk", "evidence-select-1se")
+VERSUS = ("domain-router", "knn-all", "knn-100", "evidence", "evidence-shrunk", "evidence-select-1se",
+          "evidence-select-logloss")  # fmt: skip
 
 
 def _domain_mean(train_dom: np.ndarray, dom: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -103,15 +110,16 @@ def frontier_gap(
     return {"mean": mean, "ci95": [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]}
 
 
-def one_se(best: EvidenceModel, plain: EvidenceModel, shrunk: EvidenceModel) -> EvidenceModel:
-    """What ``fit_evidence(select=..., rule="1se")`` fits, without fitting the probes again: its
-    choice from ``best``'s selection scores, and that candidate's arrays (the domain rates and
-    neighbour index are ``best``'s; the shrunk and the plain probe are the same folds' fits)."""
-    assert best.selection is not None and best.selection_se is not None
-    choice = one_se_choice(best.selection, best.selection_se)
+def as_chosen(best: EvidenceModel, choice: str, plain: EvidenceModel, shrunk: EvidenceModel) -> EvidenceModel:
+    """What ``fit_evidence(select=..., rule=...)`` fits when its rule picks ``choice``, without
+    fitting the probes again: that candidate's arrays (the domain rates and neighbour index are
+    ``best``'s; the shrunk and the plain probe are the same folds' fits; the stack only ever
+    comes from ``best``)."""
     if choice == best.estimator:
         return best
     base = {"shrunk": shrunk, "probe": plain}.get(choice, best)
+    if choice == "stack":
+        raise ValueError("the stack is fitted only when it is the best; fit with that rule instead")
     return replace(
         base,
         estimator=choice,
@@ -121,6 +129,7 @@ def one_se(best: EvidenceModel, plain: EvidenceModel, shrunk: EvidenceModel) -> 
         knn_y=best.knn_y,
         selection=best.selection,
         selection_se=best.selection_se,
+        selection_logloss=best.selection_logloss,
     )
 
 
@@ -160,7 +169,22 @@ def main() -> None:
     model, _ = fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"], cost=tr["C"])
     shrunk, _ = fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"], cost=tr["C"], shrink=True)
     best, _ = fit_evidence(tr["tasks"], tr["emb"], names, tr["Y"], cost=tr["C"], select=rc)
-    selected = {"evidence-select": best, "evidence-select-1se": one_se(best, model, shrunk)}
+    assert best.selection is not None and best.selection_se is not None and best.selection_logloss is not None
+    loss = best.selection_logloss
+    selected = {
+        "evidence-select": best,
+        "evidence-select-1se": as_chosen(
+            best, one_se_choice(best.selection, best.selection_se), model, shrunk
+        ),
+    }
+    if min(CANDIDATES, key=loss.__getitem__) == "stack" != best.estimator:  # fit the stack
+        selected["evidence-select-logloss"] = fit_evidence(
+            tr["tasks"], tr["emb"], names, tr["Y"], cost=tr["C"], select=rc, rule="logloss"
+        )[0]
+    else:
+        selected["evidence-select-logloss"] = as_chosen(
+            best, min(CANDIDATES, key=loss.__getitem__), model, shrunk
+        )
     estimators: dict[str, EvidenceModel] = {"evidence": model, "evidence-shrunk": shrunk, **selected}
 
     def rules(split: str) -> dict[str, np.ndarray]:
@@ -237,7 +261,12 @@ def main() -> None:
                 "chosen_c": dict(zip(names, model.chosen_c, strict=True)),
                 "shrunk_alpha": {n: float(a) for n, a in zip(names, np.ravel(shrunk.alpha), strict=True)},
                 "selected": {
-                    k: {"estimator": m.estimator, "oof_train_reward": m.selection}
+                    k: {
+                        "estimator": m.estimator,
+                        "oof_train_reward": m.selection,
+                        "oof_reward_se_vs_best": m.selection_se,
+                        "oof_logloss": m.selection_logloss,
+                    }
                     for k, m in selected.items()
                 },
                 "results": results,

@@ -73,6 +73,12 @@ def test_where_neighbours_carry_no_signal_the_estimate_is_the_domain_rate() -> N
     )
     assert simplest.estimator == "domain"
     np.testing.assert_allclose(simplest.predict(new, new_emb), domain)
+    # by log-loss: nothing beats the domain's rate by more than noise, so the estimate stays near it
+    by_loss, _ = fit_evidence(
+        tasks, emb, ["a", "b"], y, cost=_cost(len(tasks)), select=COST_AWARE, rule="logloss"
+    )
+    assert not str(by_loss.estimator).startswith("knn")
+    assert np.abs(by_loss.predict(new, new_emb) - domain).mean() < 0.08
     assert oof.shape == oof_1se.shape == (len(tasks), 2)
 
 
@@ -87,6 +93,10 @@ def test_where_neighbours_carry_the_signal_the_estimate_follows_them() -> None:
     p = model.predict(new, new_emb)
     first = estimated_rewards(model, new, p, COST_AWARE).argmax(axis=1)
     assert (first == np.where(agree, 0, 1)).mean() > 0.9
+    by_loss, _ = fit_evidence(
+        tasks, emb, ["a", "b"], y, cost=_cost(len(tasks)), select=COST_AWARE, rule="logloss"
+    )
+    assert str(by_loss.estimator).startswith("knn") or by_loss.estimator == "stack"
     # out of fold on the training questions too (training prompts look like test prompts)
     _, _, _, agree_train = _xor(0)
     assert (oof.argmax(axis=1) == np.where(agree_train, 0, 1)).mean() > 0.85

@@ -84,6 +84,10 @@ STACK_KS = (10, 50, 200)
 KNN_PRIOR = 2.0
 #: the candidates of ``select``, simplest first (a tie within the rule's tolerance goes to the earlier)
 CANDIDATES = ("domain", *(f"knn-{k}" for k in KNN_KS), "shrunk", "probe", "stack")
+#: how ``select`` picks among them: the best out-of-fold reward, the simplest within one standard
+#: error of it, or the lowest out-of-fold log-loss summed over workers (smoother than a reward
+#: that only counts each question's first worker)
+RULES = ("best", "1se", "logloss")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
 
 
@@ -129,6 +133,8 @@ class EvidenceModel:
     #: per candidate, the standard error of the best candidate's out-of-fold reward minus its own
     #: (paired over training questions; what ``rule="1se"`` compares with)
     selection_se: dict[str, float] | None = None
+    #: per candidate, its out-of-fold log-loss summed over workers (what ``rule="logloss"`` minimises)
+    selection_logloss: dict[str, float] | None = None
 
     def _group_rows(self, tasks: Sequence[Task]) -> NDArray[np.int64]:
         """Each task's row of :attr:`rate` / :attr:`cost` (an unknown domain: the last row)."""
@@ -191,7 +197,12 @@ class EvidenceModel:
         )
         meta: dict[str, object] = {"names": self.names, "groups": self.groups, "chosen_c": self.chosen_c}
         if self.estimator is not None:
-            meta.update(estimator=self.estimator, selection=self.selection, selection_se=self.selection_se)
+            meta.update(
+                estimator=self.estimator,
+                selection=self.selection,
+                selection_se=self.selection_se,
+                selection_logloss=self.selection_logloss,
+            )
         (d / META).write_text(json.dumps(meta, indent=2))
 
     @classmethod
@@ -211,6 +222,7 @@ class EvidenceModel:
             estimator=meta.get("estimator"),
             selection=meta.get("selection"),
             selection_se=meta.get("selection_se"),
+            selection_logloss=meta.get("selection_logloss"),
             **{k: arrays[k] for k in OPTIONAL_ARRAYS if k in arrays.files},
         )
 
@@ -345,8 +357,8 @@ def fit_evidence(
         model.cost = np.stack([_rates(rows, c[:, j], len(groups), prior=0.0) for j in range(w)], axis=1)
     if select is not None and cost is None:
         raise ValueError("select needs the training costs (cost=...) to score rankings by reward")
-    if rule not in ("best", "1se"):
-        raise ValueError(f"rule must be 'best' or '1se', not {rule!r}")
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(RULES)}, not {rule!r}")
     shrink = shrink or select is not None
     alphas = ALPHAS if shrink else (1.0,)
     if shrink:
@@ -481,8 +493,15 @@ def _select(
     score = {name: float(v.mean()) for name, v in got.items()}
     top = max(CANDIDATES, key=lambda c: (score[c], -CANDIDATES.index(c)))
     se = {c: float((got[top] - got[c]).std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0 for c in CANDIDATES}
-    chosen = one_se_choice(score, se) if rule == "1se" else top
+    loss = {
+        c: float(sum(_log_loss(correct[:, j].astype(int), cands[c][:, j]) for j in np.flatnonzero(one)))
+        for c in CANDIDATES
+    }
+    chosen = {"best": top, "1se": one_se_choice(score, se), "logloss": min(CANDIDATES, key=loss.__getitem__)}[
+        rule
+    ]
     model.estimator, model.selection, model.selection_se = chosen, score, se
+    model.selection_logloss = loss
     # the index the kNN candidates were scored on (the training questions), kept whatever is chosen
     model.knn_emb, model.knn_y = emb, y.astype(np.float32)
     if chosen in ("probe", "stack"):  # the probe alone at its own strength, not the blend's

@@ -22,7 +22,7 @@ GROUP_BY = ("source", "subject", "domain", "task")
 EVIDENCE = ("none", "probe", "rank")
 #: How ``evidence: rank`` picks its estimator (``TrainConfig.evidence_select``,
 #: ``policies.evidence.fit_evidence(select=...)``): none keeps the shrunk probe.
-EVIDENCE_SELECT = ("none", "best", "1se")
+EVIDENCE_SELECT = ("none", "best", "1se", "logloss")
 #: What a review prompt shows of round 1's answers (``TrainConfig.review_evidence``).
 REVIEW_EVIDENCE = ("none", "text")
 
@@ -68,8 +68,8 @@ class TrainConfig:
         "none",
         "with evidence: rank, the estimator chosen on the training split by out-of-fold reward at "
         "the training reward among the domain rates, kNN means, the shrunk and plain probe and their "
-        "stack (policies/evidence.py): best | 1se (the simplest within one standard error) | none "
-        "(the shrunk probe, as before)",
+        "stack (policies/evidence.py): best | 1se (the simplest within one standard error) | logloss "
+        "(the lowest out-of-fold log-loss instead of reward) | none (the shrunk probe, as before)",
     )
     # tiny model shape
     tiny_vocab_size: int = _f(4096, "BPE vocabulary of the tiny model's tokenizer")
