@@ -166,7 +166,7 @@ def main() -> None:
     conductor = make_policy(f"conductor:{args.model}", pool, **kw)
     baselines = ["cascade", "knn", "domain-router", "oracle", *(f"single:{n}" for n in pool.names())]
     built = [make_policy(spec, pool, **kw) for spec in baselines]
-    also = [(n, make_policy(s, pool, **kw)) for n, _, s in (a.partition("=") for a in args.also)]
+    also = [(n, make_policy(s, pool, **kw)) for n, _, s in (a.rpartition("=") for a in args.also)]
     follow = FollowsEstimate(conductor)
     result: dict[str, Any] = {"pool": args.pool, "cost_weight": args.cost_weight, "reward": asdict(rc)}
     for split in args.splits:
