@@ -632,6 +632,7 @@ def test_conductor_serve_refuses_bad_flags_with_a_message(args: list[str], says:
     assert says in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_predictor_runs_torch_on_the_threads_its_conductor_trained_with(
     micro: Micro, tmp_path: Path
 ) -> None:
