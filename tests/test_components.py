@@ -311,11 +311,20 @@ def test_later_registrations_go_through_the_gate(chain_env: Chain) -> None:
 
 
 @pytest.fixture
-def local_runner(chain: Chain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """kfp's SubprocessRunner in this environment, with the chain's CONDUCTOR_HOME; local artifact root."""
-    _isolated_env(monkeypatch, chain.home)
+def local_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """kfp's SubprocessRunner in this environment, a fresh CONDUCTOR_HOME; local artifact root."""
+    _isolated_env(monkeypatch, tmp_path / "home")
     with local_session(tmp_path / "kfp"):
         yield tmp_path
+
+
+@pytest.fixture
+def chain_runner(chain: Chain, local_runner: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """:func:`local_runner` with the chain's CONDUCTOR_HOME (its registry); the steps' processes
+    start at each component call, so they see it. A test that needs no registry does not wait
+    for the chain to train (tens of seconds of the fast tier)."""
+    monkeypatch.setenv("CONDUCTOR_HOME", str(chain.home))
+    return local_runner
 
 
 @dsl.component(base_image="python:3.11", packages_to_install=[], install_kfp_package=False)
@@ -349,7 +358,7 @@ def test_prepare_data_on_the_local_runner(local_runner: Path) -> None:
 
 
 @pytest.mark.slow
-def test_promote_conductor_on_the_local_runner(local_runner: Path, chain: Chain) -> None:
+def test_promote_conductor_on_the_local_runner(chain_runner: Path, chain: Chain) -> None:
     task = promote_conductor(version=1, min_accuracy_gain=2.0)  # v1: the chain's weak Conductor
     assert task.outputs["promoted"] is False
     assert task.outputs["champion"] != 1
@@ -375,7 +384,7 @@ def register_imported(model_dir: str, results: str, report: str, report_html: st
 
 
 @pytest.mark.slow
-def test_register_conductor_on_the_local_runner(local_runner: Path, chain: Chain) -> None:
+def test_register_conductor_on_the_local_runner(chain_runner: Path, chain: Chain) -> None:
     ev = chain.eval_outputs
     task = register_imported(
         model_dir=chain.model.path,
