@@ -305,18 +305,32 @@ def test_reading_the_asserts_from_the_solution_file_finds_nothing(mbpp127: Task,
     assert not grade(he100, f"```python\n{table_he}```")
 
 
-def test_importing_the_gold_answers_is_graded_wrong(mbpp127: Task) -> None:
+def test_importing_the_gold_answers_is_graded_wrong(mbpp127: Task, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sysconfig
+    from pathlib import Path
+
+    import rl_conductor
+    from rl_conductor.tasks import graders
+
+    verdicts = []
+    real = graders.run_tests
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        verdicts.append(real(*args, **kwargs))  # type: ignore[arg-type]
+        return verdicts[-1]
+
+    monkeypatch.setattr(graders, "run_tests", recorded)
     cheat = (
         "from rl_conductor.tasks.datasets import load_tasks\n"
         "exec(next(t for t in load_tasks('mbpp') if t.id == 'mbpp/127').answer)\n"
     )
     assert not grade(mbpp127, f"```python\n{cheat}```")
-    path_cheat = (
-        "import sys, glob\n"
-        "sys.path[:0] = glob.glob('/work/main/src') + glob.glob('/**/site-packages', recursive=True)\n"
-        + cheat
-    )
+    # the folders that hold the package, named outright: a search of the whole disk for them
+    # (glob '/**/site-packages') ran out of CPU time before the import, so it tested nothing
+    paths = [str(Path(rl_conductor.__file__).resolve().parents[1]), sysconfig.get_paths()["purelib"]]
+    path_cheat = f"import sys\nsys.path[:0] = {paths!r}\n" + cheat
     assert not grade(mbpp127, f"```python\n{path_cheat}```")
+    assert [v.timed_out for v in verdicts] == [False, False]  # refused, not cut short
 
 
 def test_tampering_with_the_old_guards_and_killing_the_grader_changes_nothing(mbpp127: Task) -> None:
