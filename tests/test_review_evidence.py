@@ -63,6 +63,32 @@ def test_a_missing_answer_or_a_non_numeric_one_is_a_defined_row_not_a_crash() ->
     assert inf["log_magnitude"] == 0.0
 
 
+#: answers a worker (or a question that steers it) could send a text review: each took minutes to
+#: hours before the signals were linear and ``**`` bounded (1,000 digits: 16 s; the power: hangs)
+_HOSTILE = """
+import json, time
+from rl_conductor.review_evidence import answer_signals
+texts = ["1" * 100_000, "1," * 50_000, "1 + " * 25_000 + "a", "1x" * 50_000,
+         "<<9**9**9=1>>", "<<10**10**8=1>>", "<<(2**50)**90=1>>", "<<2**3=8>> so 8"]
+start = time.perf_counter()
+rows = [(s.checked, s.wrong) for s in (answer_signals(t, "8", "What is 2**3?") for t in texts)]
+print(json.dumps({"rows": rows, "s": time.perf_counter() - start}))
+"""
+
+
+def test_hostile_answer_texts_are_read_in_linear_time_and_huge_powers_are_not_computed() -> None:
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-c", _HOSTILE]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["s"] < 10.0
+    # no equation in the runs and chains; the huge powers are not checked; a small one is, and holds
+    assert got["rows"] == [[0, 0]] * 7 + [[1, 0]]
+
+
 def test_the_prompt_phrase_names_only_the_signals_that_are_there() -> None:
     s = answer_signals("I think 5 + 7 = 13, so 7", "7", Q)
     assert (

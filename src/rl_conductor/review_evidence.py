@@ -34,6 +34,7 @@ What is here, from the bottom up:
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -74,8 +75,19 @@ FOLDS = 5
 CS = (0.03, 0.1, 0.3, 1.0)
 _NUM = re.compile(r"-?\d[\d,]*\.?\d*")
 _ANNOT = re.compile(r"<<([^<>=]+)=([^<>]+)>>")
-# an inline equation: an arithmetic expression with an operator, "=", a number
-_INLINE = re.compile(r"((?:\$?\d[\d,]*\.?\d*\s*[-+*/x×÷]\s*)+\$?\d[\d,]*\.?\d*)\s*=\s*\$?(-?\d[\d,]*\.?\d*)")
+# an inline equation: an arithmetic expression with an operator, "=", a number. Linear in the
+# text (a worker's answer is untrusted; the plain form backtracked cubically on a run of digits):
+# a number is possessive (what follows it is never a digit, comma or dot, so giving some back
+# cannot help), the operands are atomic (fewer leave an operator where "=" must be), no match
+# starts inside a digit run (the run's start reached the same end), and a chain of operands
+# without its "= number" is consumed as a whole (:func:`_inline_equations` drops it): a match
+# starting inside it reaches the same end and fails the same way.
+_OPERAND = r"\$?(?<!\d)(?<!\d,)\d[\d,]*+(?:\.\d*+)?+"
+_INLINE = re.compile(rf"((?>{_OPERAND}\s*[-+*/x×÷]\s*)++)(?:({_OPERAND})\s*=\s*\$?(-?\d[\d,]*(?:\.\d*)?))?")
+#: longest expression :func:`_eval` evaluates, and the largest exponent a ``**`` may have (an
+#: answer's ``<<9**9**9=1>>`` must not compute a number of hundreds of millions of digits)
+_MAX_EXPR = 500
+_MAX_EXPONENT = 100
 _HEDGE = re.compile(
     r"\b(i think|approximately|about|around|assum\w*|not sure|cannot|can't|unclear|however|"
     r"estimate|roughly|likely|probably|seems|wait|mistake|actually|re-?evaluat\w*)\b",
@@ -99,6 +111,11 @@ FEATURES = (
 )
 
 
+def _inline_equations(text: str) -> list[tuple[str, str]]:
+    """The inline equations of ``text`` (expression, stated result), in order (:data:`_INLINE`)."""
+    return [(m.group(1) + m.group(2), m.group(3)) for m in _INLINE.finditer(text) if m.group(3) is not None]
+
+
 def _number(s: str) -> float | None:
     try:
         return float(s.replace(",", "").replace("$", "").strip().rstrip("."))
@@ -108,7 +125,7 @@ def _number(s: str) -> float | None:
 
 def _eval(expr: str) -> float | None:
     e = expr.replace(",", "").replace("$", "").replace("x", "*").replace("×", "*").replace("÷", "/")
-    if not re.fullmatch(r"[\d.\s+\-*/()%]+", e):
+    if len(e) > _MAX_EXPR or not re.fullmatch(r"[\d.\s+\-*/()%]+", e) or not _small_powers(e):
         return None
     try:
         with warnings.catch_warnings():  # "2(3)" warns before it raises
@@ -117,6 +134,33 @@ def _eval(expr: str) -> float | None:
         return float(v)
     except (SyntaxError, ZeroDivisionError, TypeError, ValueError, OverflowError, MemoryError):
         return None
+
+
+def _literal(node: ast.expr) -> bool:
+    """A number written out (``3``, ``-2.5``), not computed."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float))
+
+
+def _small_powers(expr: str) -> bool:
+    """Whether every ``**`` in ``expr`` raises a written-out number to a written-out exponent of
+    at most :data:`_MAX_EXPONENT` (the only operator whose result can outgrow the text by far);
+    False also when ``expr`` does not parse (:func:`_eval` would not evaluate it either)."""
+    if "**" not in expr:
+        return True
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            if not (_literal(node.left) and _literal(node.right)):
+                return False
+            exponent = ast.literal_eval(node.right)
+            if abs(exponent) > _MAX_EXPONENT:
+                return False
+    return True
 
 
 def _holds(lhs: float, rhs: float) -> bool:
@@ -178,8 +222,9 @@ def answer_signals(text: str, key: str | None, question: str) -> AnswerSignals:
     text = text or ""
     results: list[float] = []
     checked = wrong = 0
-    for m in list(_ANNOT.finditer(text)) + list(_INLINE.finditer(text)):
-        lhs, rhs = _eval(m.group(1)), _number(m.group(2))
+    equations = [(m.group(1), m.group(2)) for m in _ANNOT.finditer(text)]
+    for lhs_text, rhs_text in equations + _inline_equations(text):
+        lhs, rhs = _eval(lhs_text), _number(rhs_text)
         if lhs is None or rhs is None:
             continue
         checked += 1
