@@ -193,6 +193,14 @@ def run_sweep(
     p = load_pool(pool, seed=seed)
     for name in sorted(a for a in (allowed or "").split(",") if a):
         p.index(name)  # an unknown name would silently allow nobody: UnknownWorker lists the pool's
+    if not any(grid[0][1].permits(w.info.name, w.info.hosting) for w in p.workers):
+        # every step would be skipped as forbidden: a 0 % with no call made, exit 0 (a server
+        # answers such a request 4xx, serving.request.permitted_view)
+        hosting = {w.info.name: w.info.hosting for w in p.workers}
+        raise InvalidArgument(
+            f"no worker of pool {p.name!r} is permitted by --sensitivity {sensitivity} and "
+            f"--allowed-workers {allowed or '(all)'}; its workers' hosting: {hosting}"
+        )
     ds = dataset_for(p, dataset)
     tasks = load_tasks(ds, split=split, limit=limit, seed=seed)
     if not tasks:  # a table of dashes with exit 0 would read as "evaluated"
