@@ -89,6 +89,19 @@ def test_hostile_answer_texts_are_read_in_linear_time_and_huge_powers_are_not_co
     assert got["rows"] == [[0, 0]] * 7 + [[1, 0]]
 
 
+def test_arithmetic_that_overflows_a_float_is_not_checked_and_does_not_raise() -> None:
+    """``<<1e400-ish*2=...>>`` evaluated to inf, whose check raised OverflowError in round() (and
+    ``inf - inf`` to nan): one such answer failed a whole batch of reviews."""
+    big = "1" + "0" * 400 + ".0"
+    p99 = "*".join(["10.0**99"] * 4)
+    for text in (f"<<{big}*2={big}>>", f"<<{p99}-{p99}=1>>", f"<<{p99}=1>>", f"{big} + 1 = {big}"):
+        s = answer_signals(text, big, Q)
+        assert (s.checked, s.wrong, s.number) == (0, 0, None), text
+        assert all(math.isfinite(v) for v in s.vector())
+    ok = answer_signals("<<10.0**2=100>>", "100", Q)
+    assert (ok.checked, ok.wrong) == (1, 0)
+
+
 def test_the_prompt_phrase_names_only_the_signals_that_are_there() -> None:
     s = answer_signals("I think 5 + 7 = 13, so 7", "7", Q)
     assert (

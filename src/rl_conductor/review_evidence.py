@@ -117,10 +117,12 @@ def _inline_equations(text: str) -> list[tuple[str, str]]:
 
 
 def _number(s: str) -> float | None:
+    """``s`` as a finite number (a 400-digit one is no number: float() reads it as infinity)."""
     try:
-        return float(s.replace(",", "").replace("$", "").strip().rstrip("."))
+        v = float(s.replace(",", "").replace("$", "").strip().rstrip("."))
     except ValueError:
         return None
+    return v if math.isfinite(v) else None
 
 
 def _eval(expr: str) -> float | None:
@@ -130,8 +132,9 @@ def _eval(expr: str) -> float | None:
     try:
         with warnings.catch_warnings():  # "2(3)" warns before it raises
             warnings.simplefilter("ignore", SyntaxWarning)
-            v = eval(e, {"__builtins__": {}}, {})  # digits and operators only (checked above)
-        return float(v)
+            v = float(eval(e, {"__builtins__": {}}, {}))  # digits and operators only (checked above)
+        # float arithmetic overflows to inf (and inf - inf is nan) where ints raise: no value
+        return v if math.isfinite(v) else None
     except (SyntaxError, ZeroDivisionError, TypeError, ValueError, OverflowError, MemoryError):
         return None
 
