@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.test_traffic_log import _doc
 from typer.testing import CliRunner
 
 from rl_conductor.cli import app
 from rl_conductor.errors import InvalidArgument
 from rl_conductor.evaluation.suite import run_eval
+from rl_conductor.loop import traffic as tl
+from rl_conductor.loop.monitor import check_champion
+from rl_conductor.serving.request import ConductorRequest
+from rl_conductor.validation import InvalidValue
 
 
 def _pool(tmp_path: Path) -> Path:
@@ -60,3 +65,20 @@ def test_an_evaluation_whose_limits_permit_no_worker_is_refused_not_reported_as_
     (own,) = run_eval(["single:own"], sensitivity="private", allowed="own", **kw)
     (ext,) = run_eval(["single:ext"], sensitivity="public", allowed="ext", **kw)
     assert own["accuracy"] == ext["accuracy"] == 1.0
+
+
+@pytest.mark.parametrize(("kw", "name"), [({"min_tasks": 0}, "min_tasks"), ({"min_tasks": 1}, "min_tasks"),
+                                          ({"fit_limit": -3}, "fit_limit")])  # fmt: skip
+def test_the_champion_check_refuses_what_its_cli_refuses(
+    tmp_path: Path, kw: dict[str, int], name: str
+) -> None:
+    """The champion-check pipeline passes its root inputs straight to check_champion: min_tasks 0
+    read the window (records, no feedback) and went on to a verdict over no question."""
+
+    store = tmp_path / "traffic"
+    log = tl.TrafficLog(tl.TrafficConfig(store=str(store), batch_size=1, flush_interval_s=30))
+    log.submit(ConductorRequest(question="What is 1 + 1?"), _doc("r0", "2"), "v1")
+    log.close()
+    assert tl.read_traffic(str(store))
+    with pytest.raises(InvalidValue, match=name):
+        check_champion(traffic_store=str(store), **kw)

@@ -118,6 +118,11 @@ def check_champion(
     from rl_conductor.tracking import mlflow_utils, registry
 
     validation.non_negative_finite("window_hours", window_hours)
+    # as the CLI's options: the pipeline's root inputs reach here unchecked, and min_tasks 0 gave
+    # a verdict step over no question (a traceback after the champion's download)
+    validation.integer_at_least("min_tasks", min_tasks, 2)
+    if fit_limit is not None:
+        validation.integer_at_least("fit_limit", fit_limit, 1)
     end = until if until is not None else time.time() + 1.0
     since = end - window_hours * 3600 if window_hours else None
     dataset = steps._dataset_of_pool(pool)
