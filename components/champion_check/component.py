@@ -48,5 +48,5 @@ def check_champion(
     for name in ("n", "champion_version", "champion_reward", "floor_reward", "gap", "ci_low", "ci_high"):
         check_metrics.log_metric(name, float(getattr(outcome, name)))
     check_metrics.log_metric("below_floor", float(outcome.below_floor))
-    print(("ALERT " if outcome.below_floor else "ok: ") + outcome.reason)
+    print(outcome.line)
     return outcome.below_floor

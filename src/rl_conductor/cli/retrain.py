@@ -106,6 +106,6 @@ def check_cmd(
         log_verdict=False,  # printed below, once (stdout), not also as a log record on stderr
     )
     export_metrics(outcome, textfile=prom_textfile, pushgateway=pushgateway)
-    console.print(("ALERT " if outcome.below_floor else "ok: ") + outcome.reason, soft_wrap=True)
+    console.print(outcome.line, soft_wrap=True)
     if outcome.below_floor:
         raise typer.Exit(BELOW_FLOOR_EXIT)

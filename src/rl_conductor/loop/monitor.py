@@ -74,6 +74,11 @@ class CheckOutcome:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def line(self) -> str:
+        """The verdict line the CLI and the pipeline step print: ``ALERT …`` or ``ok: …``."""
+        return ("ALERT " if self.below_floor else "ok: ") + self.reason
+
 
 def verdict(
     champion: dict[str, float], floor: dict[str, dict[str, float]]

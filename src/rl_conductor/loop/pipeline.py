@@ -7,11 +7,9 @@ run decided is read back from the registry (the gate tags the version it registe
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -151,19 +149,10 @@ def run_local(
     if registry.get_alias_version(model_name, registry.CHAMPION) is None:
         raise UserError(f"{model_name} has no champion: train one first (conductor pipeline run --local)")
     before_versions = {r.version for r in registry.list_versions(model_name)}
-    log_path: Path | None = None
     t0 = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(runner.local_session(root))
-        if not verbose:
-            log_path = root / "logs" / f"retrain-{datetime.now(UTC):%Y%m%d-%H%M%S-%f}.log"
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(log_path, "w"))))
-        try:
-            task = pipeline(**arguments)
-        except Exception as exc:
-            where = f"; step output in {log_path}" if log_path else ""
-            raise PipelineRunFailed(f"local retrain run failed: {exc}{where}") from exc
+    task, log_path = runner.call_local(
+        pipeline, arguments, root=root, verbose=verbose, what="local retrain run", log_prefix="retrain-"
+    )
     should_train = bool(task.output)
     mlflow_utils.configure(str(arguments.get("mlflow_tracking_uri") or "") or None)
     client = mlflow_utils.client()
@@ -213,19 +202,14 @@ def run_check_local(*, pipeline_root: str | Path, verbose: bool = False, **argum
     parameters); returns whether the champion is below the floor (the verdict's figures are in
     MLflow and the gauges, as the CLI's)."""
     pipeline = runner.load_pipeline(CHECK_PIPELINE_MODULE, CHECK_PIPELINE_FUNCTION)
-    root = Path(pipeline_root)
-    log_path: Path | None = None
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(runner.local_session(root))
-        if not verbose:
-            log_path = root / "logs" / f"check-{datetime.now(UTC):%Y%m%d-%H%M%S-%f}.log"
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(log_path, "w"))))
-        try:
-            task = pipeline(**arguments)
-        except Exception as exc:
-            where = f"; step output in {log_path}" if log_path else ""
-            raise PipelineRunFailed(f"local champion check failed: {exc}{where}") from exc
+    task, _ = runner.call_local(
+        pipeline,
+        arguments,
+        root=Path(pipeline_root),
+        verbose=verbose,
+        what="local champion check",
+        log_prefix="check-",
+    )
     return bool(task.output)
 
 

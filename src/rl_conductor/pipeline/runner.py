@@ -44,6 +44,7 @@ __all__ = [
     "QUICK_TRAIN_OVERRIDES",
     "LocalRun",
     "PipelineRunFailed",
+    "call_local",
     "check_parameter",
     "compile_pipeline",
     "default_package_path",
@@ -294,6 +295,35 @@ def local_session(root: str | Path) -> Iterator[Path]:
         shutil.rmtree(workspace, ignore_errors=True)  # a finished pipeline has removed it already
 
 
+def call_local(
+    pipeline: Callable[..., Any],
+    arguments: dict[str, Any],
+    *,
+    root: Path,
+    verbose: bool,
+    what: str,
+    log_prefix: str = "",
+) -> tuple[Any, Path | None]:
+    """Call a loaded pipeline function in a :func:`local_session` under ``root``; returns its task
+    and the log file its step output went to (``<root>/logs/<prefix><timestamp>.log``; None when
+    ``verbose``). A failing step raises :class:`PipelineRunFailed` ("``what`` failed: …", with the
+    log's path). The one way the training, retraining and champion-check pipelines run locally."""
+    log_path: Path | None = None
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(local_session(root))
+        if not verbose:
+            log_path = root / "logs" / f"{log_prefix}{datetime.now(UTC):%Y%m%d-%H%M%S-%f}.log"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = stack.enter_context(open(log_path, "w", encoding="utf-8"))
+            stack.enter_context(contextlib.redirect_stdout(log))
+        try:
+            task = pipeline(**arguments)
+        except Exception as exc:
+            where = f"; step output in {log_path}" if log_path else ""
+            raise PipelineRunFailed(f"{what} failed: {exc}{where}") from exc
+    return task, log_path
+
+
 def run_local(
     *,
     quick: bool = False,
@@ -312,20 +342,8 @@ def run_local(
     args = pipeline_arguments(quick=quick, **arguments)
     pipeline = load_pipeline()
     root = Path(pipeline_root) if pipeline_root is not None else _local_root()
-    log_path: Path | None = None
     t0 = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(local_session(root))
-        if not verbose:
-            log_path = root / "logs" / f"{datetime.now(UTC):%Y%m%d-%H%M%S-%f}.log"
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = stack.enter_context(open(log_path, "w", encoding="utf-8"))
-            stack.enter_context(contextlib.redirect_stdout(log))
-        try:
-            task = pipeline(**args)
-        except Exception as exc:
-            where = f"; step output in {log_path}" if log_path else ""
-            raise PipelineRunFailed(f"local pipeline run failed: {exc}{where}") from exc
+    task, log_path = call_local(pipeline, args, root=root, verbose=verbose, what="local pipeline run")
     seconds = time.perf_counter() - t0
     out = task.outputs
     meta, summaries = steps.read_results(out["results"].path)

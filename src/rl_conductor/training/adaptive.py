@@ -447,7 +447,6 @@ def review_records(
     a budget or deadline prompt) give none. With ``text`` (a ``training.review_text.TextRule``)
     the prompt shows the text evidence and the continuation follows its estimate instead."""
     from rl_conductor.training.data import chat
-    from rl_conductor.training.review_text import text_hook
 
     async def one(spec: Any, wf: Workflow) -> list[tuple[str, str]]:
         seen: list[tuple[str, str]] = []
@@ -455,7 +454,7 @@ def review_records(
         hook = (
             rule_hook(rule, max_question_chars=max_question_chars, seen=seen)
             if text is None
-            else text_hook(text, max_question_chars=max_question_chars, seen=seen)
+            else text.hook(max_question_chars=max_question_chars, seen=seen)
         )
         limits = replace(spec.limits(base), max_rounds=2)
         await GivenPlan(review=hook).run(spec.task, view, limits, plan=Plan(workflow=wf))

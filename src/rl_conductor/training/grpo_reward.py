@@ -109,12 +109,11 @@ class ConductorReward:
         hook = None
         if self.review_rule is not None:
             from rl_conductor.training.adaptive import rule_hook
-            from rl_conductor.training.review_text import text_hook
 
             hook = (
                 rule_hook(self.review_rule, max_question_chars=0)
                 if self.review_text is None
-                else text_hook(self.review_text, max_question_chars=0)
+                else self.review_text.hook(max_question_chars=0)
             )
             limits = replace(limits, max_rounds=2)
         episode = await GivenPlan(review=hook).run(task, view, limits, plan=Plan(workflow=wf, text=text))

@@ -110,6 +110,11 @@ class TextRule:
     #: agreement rule's decisions, and how often it escalates
     summary: dict[str, dict[str, float]] = field(default_factory=dict)
 
+    def hook(self, *, max_question_chars: int, seen: list[tuple[str, str]] | None = None) -> Any:
+        """The review hook that continues by this rule (:func:`text_hook`): what callers that
+        hold a rule use, so the rounds code need not import this module."""
+        return text_hook(self, max_question_chars=max_question_chars, seen=seen)
+
 
 def fit_text_rule(rounds: RoundsTable, rows: Rows, config: RewardConfig, *, seed: int = 0) -> TextRule:
     """Fit the estimator and the rule per pair first plan (module docstring)."""
