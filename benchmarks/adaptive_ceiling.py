@@ -114,16 +114,15 @@ def hull_at(points: list[tuple[float, float]], budget: float) -> float:
     return best
 
 
-def routers(train: Split, test: Split, rc: RewardConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every one-round router's test outcome; and the threshold routers' per-question choices."""
+def router_choices(
+    train: Split, test: Split, rc: RewardConfig, *, shrink: bool = False
+) -> tuple[dict[str, NDArray[np.int64]], dict[str, Any]]:
+    """Every one-round router's per-question choice (a worker column per test question), by name;
+    and the threshold family's two workers. ``shrink``: the evidence probes blended with the
+    domain rates, as ``evidence: rank`` (the ``recordings`` preset) fits them."""
     emb_train = cached_embeddings([t.question for t in train.tasks])
     emb_test = cached_embeddings([t.question for t in test.tasks])
-    rows: list[dict[str, Any]] = []
-    idx = np.arange(len(test.tasks))
-
-    def add(name: str, choice: NDArray[np.int64]) -> None:
-        rows.append(summary(name, test.correct[idx, choice], test.cost[idx, choice], rc))
-
+    choices: dict[str, NDArray[np.int64]] = {}
     outcomes = SingleOutcomes(
         names=train.names,
         task_ids=[t.id for t in train.tasks],
@@ -145,12 +144,14 @@ def routers(train: Split, test: Split, rc: RewardConfig) -> tuple[list[dict[str,
                         key=lambda j: (-expected[train.names[j]], mean_cost[train.names[j]], j),
                     )
                 )
-            add(f"knn k={k or 'all'} w={w}", np.array(choice))
-    model, _ = fit_evidence(train.tasks, emb_train, train.names, train.correct, cost=train.cost)
+            choices[f"knn k={k or 'all'} w={w}"] = np.array(choice)
+    model, _ = fit_evidence(
+        train.tasks, emb_train, train.names, train.correct, cost=train.cost, shrink=shrink
+    )
     p = model.predict(test.tasks, emb_test)
     for w in WEIGHTS:
         est = estimated_rewards(model, test.tasks, p, replace(rc, cost_weight=w))
-        add(f"evidence w={w}", np.argmax(est, axis=1))
+        choices[f"evidence w={w}"] = np.argmax(est, axis=1)
     acc = train.correct.mean(axis=0)
     strong = int(np.argmax(acc))
     cheap = int(np.argsort(-acc)[1])
@@ -158,10 +159,18 @@ def routers(train: Split, test: Split, rc: RewardConfig) -> tuple[list[dict[str,
     threshold: dict[str, Any] = {"strong": train.names[strong], "cheap": train.names[cheap], "choices": []}
     for t in np.unique(np.concatenate([margin, [np.inf, -np.inf]])):
         choice = np.where(margin > t, strong, cheap)
-        add(f"evidence threshold t={t:.4f}", choice)
+        choices[f"evidence threshold t={t:.4f}"] = choice
         threshold["choices"].append(choice)
     for j, name in enumerate(test.names):
-        add(f"single:{name}", np.full(len(idx), j))
+        choices[f"single:{name}"] = np.full(len(test.tasks), j)
+    return choices, threshold
+
+
+def routers(train: Split, test: Split, rc: RewardConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every one-round router's test outcome; and the threshold routers' per-question choices."""
+    choices, threshold = router_choices(train, test, rc)
+    idx = np.arange(len(test.tasks))
+    rows = [summary(name, test.correct[idx, ch], test.cost[idx, ch], rc) for name, ch in choices.items()]
     return rows, threshold
 
 

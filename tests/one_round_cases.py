@@ -4,7 +4,8 @@ limits, run by today's code and by the code with rounds, must give the same trac
 ``tests/data/one_round_traces.jsonl.gz`` was written by :func:`write_golden` from the code at commit
 2310b55, before rounds existed (the executor's recursion hook was the only multi-round path). The
 projection leaves out what no round could change and what the rounds code removed or added:
-``wall_s`` (measured time), the recursion field ``substeps`` (always empty there) and ``rounds``.
+``wall_s`` (measured time), the recursion field ``substeps`` (always empty there) and ``rounds``;
+and the step field ``synthesised``, added later (a replay answer made from a recorded label).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def limit_cases() -> list[tuple[str, Any]]:
 
 def project(trace_dict: dict[str, Any]) -> dict[str, Any]:
     d = {k: v for k, v in trace_dict.items() if k not in ("wall_s", "rounds")}
-    d["steps"] = [{k: v for k, v in s.items() if k != "substeps"} for s in d["steps"]]
+    d["steps"] = [{k: v for k, v in s.items() if k not in ("substeps", "synthesised")} for s in d["steps"]]
     return d
 
 

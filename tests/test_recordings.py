@@ -107,6 +107,34 @@ async def test_label_only_text_only_and_recorded_usage(tmp_path: Path) -> None:
     )
 
 
+async def test_a_review_never_reads_a_label_only_answer(tmp_path: Path) -> None:
+    """A label-only response replays as a stand-in made from its label (the gold when right, a line
+    with no answer when wrong), so two stand-ins "agree" exactly when both are right: a review or a
+    cascade that compared them would read the labels. The trace marks such steps ``synthesised``,
+    the review sees no answer of theirs, and the cascade's fit extracts none."""
+    from rl_conductor.policies.cascade import measure_samples
+
+    rows = [
+        _item(1, a={"correct": True}, b={"correct": True}, c={"correct": False}),
+        _item(2, a={"text": "so #### 3", "correct": True}, b={"text": "#### 3"}, c={"correct": False}),
+    ]
+    path = _write(tmp_path / "r.jsonl", rows)
+    pool = build_pool({"recordings": str(path), "workers": [
+        {"name": n, "kind": "replay", "price_in": 1.0, "price_out": 2.0} for n in "abc"]})  # fmt: skip
+    view = pool.view()
+    tasks = load_tasks(dataset_name(path))
+    cascade = make_policy("cascade:a,b>c", pool)
+    labels = await cascade.run(tasks[0], view, RequestLimits(max_rounds=2))
+    assert [(s.worker, s.synthesised) for s in labels.trace.steps] == [("a", True), ("b", True), ("c", True)]
+    assert labels.trace.steps[0].answer == labels.trace.steps[1].answer  # the stand-ins would agree
+    texts = await cascade.run(tasks[1], view, RequestLimits(max_rounds=2))
+    assert [(s.worker, s.synthesised) for s in texts.trace.steps] == [("a", False), ("b", False)]  # kept
+    assert texts.trace.to_dict()["steps"][0]["synthesised"] is False
+    keys = (await measure_samples(pool, tasks)).keys
+    assert keys[0] == [[None] * 3] * 3
+    assert keys[1][0][0] == keys[1][1][0] is not None and keys[1][2] == [None] * 3
+
+
 async def test_routellm_recordings_are_one_instance_of_the_format(tmp_path: Path) -> None:
     path = tmp_path / "routellm.jsonl.gz"
     assert write_recordings(path, routellm_recordings()) == len(load_tasks("routellm"))

@@ -440,6 +440,7 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
         if comp is not None:
             rec.answer, rec.cached = comp.text, comp.cached
             rec.finish_reason, rec.tokens_estimated = comp.finish_reason, comp.tokens_estimated
+            rec.synthesised = comp.synthesised
             if comp.finish_reason == "length":
                 notes.append("output truncated at max_tokens")
             rec.status = "ok"

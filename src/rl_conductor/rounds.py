@@ -25,7 +25,9 @@ from rl_conductor.workflow import Step, Workflow
 
 def summarize(request: RoundRequest) -> RoundSummary:
     """The :class:`RoundSummary` of ``request``'s steps so far."""
-    answered = [r for r in request.records if r.status in ANSWERED and r.answer]
+    # a label-only replay answer is a stand-in that encodes its label: reading or comparing it
+    # would tell the review which answers are right, which no real answer does
+    answered = [r for r in request.records if r.status in ANSWERED and r.answer and not r.synthesised]
     texts = [r.answer for r in answered]
     return RoundSummary(
         steps=tuple(r.index for r in answered),

@@ -43,6 +43,10 @@ class Completion:
     finish_reason: str = ""
     #: token counts are estimates (the server reported no usage), not the server's figures
     tokens_estimated: bool = False
+    #: the text is no model's answer but a stand-in made from a recorded correctness label (a
+    #: replay pool's label-only response): it grades as recorded, and nothing else may read it —
+    #: comparing two such texts would compare the labels (:func:`rl_conductor.rounds.summarize`)
+    synthesised: bool = False
 
 
 @dataclass(frozen=True)
@@ -279,6 +283,7 @@ async def offline_completion(
     output_tokens: int,
     latency_s: float,
     latency_scale: float = 0.0,
+    synthesised: bool = False,
 ) -> Completion:
     """The Completion of an offline worker (simulated, replay): priced from ``info``; the modelled
     latency is reported, and slept (scaled) only when ``latency_scale > 0``."""
@@ -291,6 +296,7 @@ async def offline_completion(
         cost_usd=info.cost(input_tokens, output_tokens),
         latency_s=latency_s,
         worker=info.name,
+        synthesised=synthesised,
     )
 
 
