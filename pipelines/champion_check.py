@@ -24,9 +24,9 @@ The run's output is whether the champion is below the floor; a verdict does not 
 """
 
 from components.champion_check.component import check_champion
-from kfp import dsl, kubernetes
+from kfp import dsl
 
-from pipelines.conductor_training import API_KEY_ENV, S3_ENV
+from pipelines.wiring import same_named, use_secrets
 
 PIPELINE_NAME = "conductor-champion-check"
 
@@ -55,23 +55,8 @@ def conductor_champion_check(
     window and the fewest requests with feedback for a verdict; fit_limit: training tasks the
     floor's routers fit on (0: all); prom_textfile / pushgateway: where the gauges go. Returns
     whether the champion is below the floor."""
-    check = check_champion(
-        traffic_store=traffic_store,
-        pool=pool,
-        model_name=model_name,
-        window_hours=window_hours,
-        min_tasks=min_tasks,
-        fit_limit=fit_limit,
-        seed=seed,
-        mlflow_tracking_uri=mlflow_tracking_uri,
-        run_tag=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-        prom_textfile=prom_textfile,
-        pushgateway=pushgateway,
-    )
+    check = check_champion(**same_named(check_champion, locals(), run_tag=dsl.PIPELINE_JOB_NAME_PLACEHOLDER))
     check.set_caching_options(enable_caching=False)  # reads a log that grows
     # a live pool re-executes the questions (its response cache replays them; misses are calls)
-    kubernetes.use_secret_as_env(
-        check, secret_name=api_keys_secret, secret_key_to_env=API_KEY_ENV, optional=True
-    )
-    kubernetes.use_secret_as_env(check, secret_name=s3_secret, secret_key_to_env=S3_ENV, optional=True)
+    use_secrets([check], s3_secret=s3_secret, api_keys_secret=api_keys_secret)
     return check.outputs["Output"]

@@ -21,23 +21,13 @@ from components.prepare_data.component import prepare_data
 from components.promote_conductor.component import promote_conductor
 from components.register_conductor.component import register_conductor
 from components.train_conductor.component import train_conductor
-from kfp import dsl, kubernetes
+from kfp import dsl
+
+from pipelines.wiring import API_KEY_ENV as API_KEY_ENV
+from pipelines.wiring import GPU_RESOURCE, same_named, use_secrets
+from pipelines.wiring import S3_ENV as S3_ENV
 
 PIPELINE_NAME = "conductor-training"
-GPU_RESOURCE = "nvidia.com/gpu"
-#: Secret data key -> environment variable, for the live workers' SDKs.
-API_KEY_ENV = {
-    "OPENAI_API_KEY": "OPENAI_API_KEY",
-    "ANTHROPIC_API_KEY": "ANTHROPIC_API_KEY",
-    "GEMINI_API_KEY": "GEMINI_API_KEY",
-}
-#: Secret data key -> environment variable, for boto3 (rl_conductor.storage) and MLflow's S3 store.
-S3_ENV = {
-    "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
-    "AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL",
-    "MLFLOW_S3_ENDPOINT_URL": "MLFLOW_S3_ENDPOINT_URL",
-}
 
 
 class PipelineOutputs(NamedTuple):
@@ -94,70 +84,26 @@ def conductor_training(
     local folder or s3://bucket/prefix for datasets, checkpoints and reports.
     """
     run_tag = dsl.PIPELINE_JOB_NAME_PLACEHOLDER
-    data = prepare_data(
-        dataset=dataset,
-        pool=pool,
-        train_limit=train_limit,
-        eval_limit=eval_limit,
-        seed=seed,
-        artifact_root=artifact_root,
-        run_tag=run_tag,
-    )
-    train = train_conductor(
-        train_data=data.outputs["train_data"],
-        preset=preset,
-        pool=pool,
-        reward_preset=reward_preset,
-        cost_weight=cost_weight,
-        grpo_steps=grpo_steps,
-        sft_examples=sft_examples,
-        train_overrides=train_overrides,
-        gpus=train_gpus,
-        seed=seed,
-        mlflow_tracking_uri=mlflow_tracking_uri,
-        artifact_root=artifact_root,
-        run_tag=run_tag,
-    )
+    parameters = dict(locals())  # the parameters and run_tag, which steps take by name (same_named)
+    data = prepare_data(**same_named(prepare_data, parameters))
+    train = train_conductor(**same_named(train_conductor, parameters, data, gpus=train_gpus))
     train.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(train_gpus)
     evaluation = evaluate_conductor(
-        model=train.outputs["model"],
-        train_data=data.outputs["train_data"],
-        test_data=data.outputs["test_data"],
-        pool=pool,
-        seed=seed,
-        artifact_root=artifact_root,
-        run_tag=run_tag,
-        max_latency_s=eval_max_latency_s,
-        deadlines=eval_deadlines,
+        **same_named(
+            evaluate_conductor,
+            parameters,
+            data,
+            train,
+            max_latency_s=eval_max_latency_s,
+            deadlines=eval_deadlines,
+        )
     )
-    register = register_conductor(
-        model=train.outputs["model"],
-        results=evaluation.outputs["results"],
-        report=evaluation.outputs["report"],
-        report_html=evaluation.outputs["report_html"],
-        pareto=evaluation.outputs["pareto"],
-        model_name=model_name,
-        preset=preset,
-        mlflow_tracking_uri=mlflow_tracking_uri,
-        artifact_root=artifact_root,
-        run_tag=run_tag,
-    )
-    promote = promote_conductor(
-        version=register.outputs["version"],
-        model_name=model_name,
-        min_accuracy_gain=min_accuracy_gain,
-        max_cost_ratio=max_cost_ratio,
-        min_accuracy=min_accuracy,
-        mlflow_tracking_uri=mlflow_tracking_uri,
-    )
+    register = register_conductor(**same_named(register_conductor, parameters, train, evaluation))
+    promote = promote_conductor(**same_named(promote_conductor, parameters, register))
     for task in (register, promote):  # side effects on the registry: never reuse a cached result
         task.set_caching_options(enable_caching=False)
-    for task in (train, evaluation):
-        kubernetes.use_secret_as_env(
-            task, secret_name=api_keys_secret, secret_key_to_env=API_KEY_ENV, optional=True
-        )
-    for task in (data, train, evaluation, register, promote):
-        kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=S3_ENV, optional=True)
+    use_secrets((train, evaluation), s3_secret=s3_secret, api_keys_secret=api_keys_secret)
+    use_secrets((data, register, promote), s3_secret=s3_secret)
     return PipelineOutputs(
         version=register.outputs["version"],
         promoted=promote.outputs["promoted"],

@@ -23,9 +23,9 @@ worker API keys from ``api_keys_secret`` on a cluster (ignored locally), as in
 from components.retrain_collect.component import collect_traffic
 from components.retrain_conductor.component import retrain_conductor
 from components.retrain_gate.component import gate_challenger
-from kfp import dsl, kubernetes
+from kfp import dsl
 
-from pipelines.conductor_training import API_KEY_ENV, GPU_RESOURCE, S3_ENV
+from pipelines.wiring import GPU_RESOURCE, same_named, use_secrets
 
 PIPELINE_NAME = "conductor-retrain"
 
@@ -69,60 +69,20 @@ def conductor_retrain(
     ``<model_name>-loop`` and the registered version's ``gate.*`` tags).
     """
     run_tag = dsl.PIPELINE_JOB_NAME_PLACEHOLDER
-    collect = collect_traffic(
-        traffic_store=traffic_store,
-        pool=pool,
-        model_name=model_name,
-        window_hours=window_hours,
-        holdout_fraction=holdout_fraction,
-        eval_limit=eval_limit,
-        base_train_limit=base_train_limit,
-        min_train_tasks=min_train_tasks,
-        only_on_pool_change=only_on_pool_change,
-        seed=seed,
-        mlflow_tracking_uri=mlflow_tracking_uri,
-        run_tag=run_tag,
-    )
+    parameters = dict(locals())  # the parameters and run_tag, which steps take by name (same_named)
+    collect = collect_traffic(**same_named(collect_traffic, parameters))
     collect.set_caching_options(enable_caching=False)  # reads a log that grows
-    kubernetes.use_secret_as_env(collect, secret_name=s3_secret, secret_key_to_env=S3_ENV, optional=True)
+    use_secrets([collect], s3_secret=s3_secret)
     with dsl.If(collect.outputs["Output"] == True):  # noqa: E712 (a KFP condition, not Python)
-        train = retrain_conductor(
-            train_data=collect.outputs["train_data"],
-            champion=collect.outputs["champion"],
-            observed_data=collect.outputs["observed_data"],
-            preset=preset,
-            pool=pool,
-            train_overrides=train_overrides,
-            spend_cap_usd=spend_cap_usd,
-            seed=seed,
-            mlflow_tracking_uri=mlflow_tracking_uri,
-            artifact_root=artifact_root,
-            run_tag=run_tag,
-        )
+        train = retrain_conductor(**same_named(retrain_conductor, parameters, collect))
         # a constant: kfp's local runner cannot resolve a pipeline parameter in a task's settings
         # inside dsl.If (multi-GPU training: conductor-training's train_gpus)
         train.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(1)
         gate = gate_challenger(
-            challenger=train.outputs["model"],
-            champion=collect.outputs["champion"],
-            holdout_data=collect.outputs["holdout_data"],
-            test_data=collect.outputs["test_data"],
-            train_data=collect.outputs["train_data"],
-            pool=pool,
-            model_name=model_name,
-            min_reward_gain=min_reward_gain,
-            require_significant=require_significant,
-            seed=seed,
-            mlflow_tracking_uri=mlflow_tracking_uri,
-            run_tag=run_tag,
-            fit_limit=fit_limit,
+            **same_named(gate_challenger, parameters, collect, challenger=train.outputs["model"])
         )
         gate.set_caching_options(enable_caching=False)  # moves the registry's aliases
-        for task in (train, gate):
-            kubernetes.use_secret_as_env(
-                task, secret_name=api_keys_secret, secret_key_to_env=API_KEY_ENV, optional=True
-            )
-            kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=S3_ENV, optional=True)
+        use_secrets((train, gate), s3_secret=s3_secret, api_keys_secret=api_keys_secret)
     return collect.outputs[
         "Output"
     ]  # whether it retrained; the decision is on the registry version and in MLflow
