@@ -161,19 +161,18 @@ class _Mutator(ast.NodeTransformer):
                 node.ops[i] = swap()
         return node
 
-    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+    def _swap_binop(self, node: ast.BinOp | ast.AugAssign, prefix: str) -> ast.AST:
         node = self.generic_visit(node)  # type: ignore[assignment]
         swap = _BINOP_SWAPS.get(type(node.op))
-        if swap and self._site(node, "binop", f"{type(node.op).__name__} -> {swap.__name__}"):
+        if swap and self._site(node, "binop", f"{prefix}{type(node.op).__name__} -> {swap.__name__}"):
             node.op = swap()
         return node
 
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        return self._swap_binop(node, "")
+
     def visit_AugAssign(self, node: ast.AugAssign) -> ast.AST:
-        node = self.generic_visit(node)  # type: ignore[assignment]
-        swap = _BINOP_SWAPS.get(type(node.op))
-        if swap and self._site(node, "binop", f"augmented {type(node.op).__name__} -> {swap.__name__}"):
-            node.op = swap()
-        return node
+        return self._swap_binop(node, "augmented ")
 
     def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
         node = self.generic_visit(node)  # type: ignore[assignment]
