@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import shutil
 import sys
 import uuid
@@ -64,6 +65,18 @@ if "torch" in sys.modules:
     sys.modules["torch"].set_num_threads(1)
 else:
     sys.meta_path.insert(0, _OneTorchThread())
+
+# One BLAS/OpenMP thread per process, for this process and the servers it starts: pytest-xdist
+# already runs a worker per core, and OpenBLAS's extra threads spin while they wait. On 2 cores
+# the non-slow tests of test_evidence_rank/_select/test_evidence/test_knn took 56 CPU s with
+# the default threads and 18.6 with one (the sklearn probe fits spent most of it in L-BFGS's BLAS
+# calls). The libraries read these at load, and nothing imports numpy before this conftest.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+if "numpy" in sys.modules:  # loaded already (another plugin): limit its pools now
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
 
 
 @pytest.fixture(scope="session")
