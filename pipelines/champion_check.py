@@ -26,7 +26,7 @@ The run's output is whether the champion is below the floor; a verdict does not 
 from components.champion_check.component import check_champion
 from kfp import dsl
 
-from pipelines.wiring import same_named, use_secrets
+from pipelines import wiring
 
 PIPELINE_NAME = "conductor-champion-check"
 
@@ -38,8 +38,8 @@ PIPELINE_NAME = "conductor-champion-check"
 )
 def conductor_champion_check(
     traffic_store: str,
-    pool: str = "paper-sim",
-    model_name: str = "conductor",
+    pool: str = wiring.POOL,
+    model_name: str = wiring.MODEL_NAME,
     window_hours: float = 24.0,
     min_tasks: int = 30,
     fit_limit: int = 0,
@@ -47,16 +47,18 @@ def conductor_champion_check(
     mlflow_tracking_uri: str = "",
     prom_textfile: str = "",
     pushgateway: str = "",
-    api_keys_secret: str = "conductor-api-keys",
-    s3_secret: str = "conductor-s3",
+    api_keys_secret: str = wiring.API_KEYS_SECRET,
+    s3_secret: str = wiring.S3_SECRET,
 ) -> bool:
     """Parameters: traffic_store (the predictor's --traffic_store); pool (the pool now served);
     model_name (whose champion serves); window_hours (0: the whole log) / min_tasks: the schedule's
     window and the fewest requests with feedback for a verdict; fit_limit: training tasks the
     floor's routers fit on (0: all); prom_textfile / pushgateway: where the gauges go. Returns
     whether the champion is below the floor."""
-    check = check_champion(**same_named(check_champion, locals(), run_tag=dsl.PIPELINE_JOB_NAME_PLACEHOLDER))
+    check = check_champion(
+        **wiring.same_named(check_champion, locals(), run_tag=dsl.PIPELINE_JOB_NAME_PLACEHOLDER)
+    )
     check.set_caching_options(enable_caching=False)  # reads a log that grows
     # a live pool re-executes the questions (its response cache replays them; misses are calls)
-    use_secrets([check], s3_secret=s3_secret, api_keys_secret=api_keys_secret)
+    wiring.use_secrets([check], s3_secret=s3_secret, api_keys_secret=api_keys_secret)
     return check.outputs["Output"]

@@ -23,9 +23,7 @@ from components.register_conductor.component import register_conductor
 from components.train_conductor.component import train_conductor
 from kfp import dsl
 
-from pipelines.wiring import API_KEY_ENV as API_KEY_ENV
-from pipelines.wiring import GPU_RESOURCE, same_named, use_secrets
-from pipelines.wiring import S3_ENV as S3_ENV
+from pipelines import wiring
 
 PIPELINE_NAME = "conductor-training"
 
@@ -48,8 +46,8 @@ class PipelineOutputs(NamedTuple):
     "in MLflow as challenger and promote it to champion behind an evaluation gate.",
 )
 def conductor_training(
-    preset: str = "tiny",
-    pool: str = "paper-sim",
+    preset: str = wiring.PRESET,
+    pool: str = wiring.POOL,
     dataset: str = "",
     reward_preset: str = "",
     cost_weight: float = -1.0,
@@ -62,14 +60,14 @@ def conductor_training(
     train_overrides: str = "{}",
     train_gpus: int = 1,
     seed: int = 0,
-    model_name: str = "conductor",
+    model_name: str = wiring.MODEL_NAME,
     min_accuracy_gain: float = 0.0,
     max_cost_ratio: float = 1.0,
     min_accuracy: float = 0.0,
     mlflow_tracking_uri: str = "",
     artifact_root: str = "",
-    api_keys_secret: str = "conductor-api-keys",
-    s3_secret: str = "conductor-s3",
+    api_keys_secret: str = wiring.API_KEYS_SECRET,
+    s3_secret: str = wiring.S3_SECRET,
 ) -> PipelineOutputs:
     """Parameters (empty string, 0 or a negative number: the preset's or the default value).
 
@@ -84,12 +82,12 @@ def conductor_training(
     local folder or s3://bucket/prefix for datasets, checkpoints and reports.
     """
     run_tag = dsl.PIPELINE_JOB_NAME_PLACEHOLDER
-    parameters = dict(locals())  # the parameters and run_tag, which steps take by name (same_named)
-    data = prepare_data(**same_named(prepare_data, parameters))
-    train = train_conductor(**same_named(train_conductor, parameters, data, gpus=train_gpus))
-    train.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(train_gpus)
+    parameters = dict(locals())  # the parameters and run_tag, which steps take by name (wiring.same_named)
+    data = prepare_data(**wiring.same_named(prepare_data, parameters))
+    train = train_conductor(**wiring.same_named(train_conductor, parameters, data, gpus=train_gpus))
+    train.set_accelerator_type(wiring.GPU_RESOURCE).set_accelerator_limit(train_gpus)
     evaluation = evaluate_conductor(
-        **same_named(
+        **wiring.same_named(
             evaluate_conductor,
             parameters,
             data,
@@ -98,12 +96,12 @@ def conductor_training(
             deadlines=eval_deadlines,
         )
     )
-    register = register_conductor(**same_named(register_conductor, parameters, train, evaluation))
-    promote = promote_conductor(**same_named(promote_conductor, parameters, register))
+    register = register_conductor(**wiring.same_named(register_conductor, parameters, train, evaluation))
+    promote = promote_conductor(**wiring.same_named(promote_conductor, parameters, register))
     for task in (register, promote):  # side effects on the registry: never reuse a cached result
         task.set_caching_options(enable_caching=False)
-    use_secrets((train, evaluation), s3_secret=s3_secret, api_keys_secret=api_keys_secret)
-    use_secrets((data, register, promote), s3_secret=s3_secret)
+    wiring.use_secrets((train, evaluation), s3_secret=s3_secret, api_keys_secret=api_keys_secret)
+    wiring.use_secrets((data, register, promote), s3_secret=s3_secret)
     return PipelineOutputs(
         version=register.outputs["version"],
         promoted=promote.outputs["promoted"],

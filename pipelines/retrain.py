@@ -25,7 +25,7 @@ from components.retrain_conductor.component import retrain_conductor
 from components.retrain_gate.component import gate_challenger
 from kfp import dsl
 
-from pipelines.wiring import GPU_RESOURCE, same_named, use_secrets
+from pipelines import wiring
 
 PIPELINE_NAME = "conductor-retrain"
 
@@ -37,8 +37,8 @@ PIPELINE_NAME = "conductor-retrain"
 )
 def conductor_retrain(
     traffic_store: str,
-    pool: str = "paper-sim",
-    preset: str = "tiny",
+    pool: str = wiring.POOL,
+    preset: str = wiring.PRESET,
     train_overrides: str = "{}",
     window_hours: float = 24.0,
     holdout_fraction: float = 0.3,
@@ -51,11 +51,11 @@ def conductor_retrain(
     require_significant: bool = True,
     fit_limit: int = 0,
     seed: int = 0,
-    model_name: str = "conductor",
+    model_name: str = wiring.MODEL_NAME,
     mlflow_tracking_uri: str = "",
     artifact_root: str = "",
-    api_keys_secret: str = "conductor-api-keys",
-    s3_secret: str = "conductor-s3",
+    api_keys_secret: str = wiring.API_KEYS_SECRET,
+    s3_secret: str = wiring.S3_SECRET,
 ) -> bool:
     """Parameters: traffic_store (the predictor's --traffic_store); pool (the pool now served);
     preset / train_overrides (JSON): the training run, warm-started from the champion;
@@ -69,20 +69,20 @@ def conductor_retrain(
     ``<model_name>-loop`` and the registered version's ``gate.*`` tags).
     """
     run_tag = dsl.PIPELINE_JOB_NAME_PLACEHOLDER
-    parameters = dict(locals())  # the parameters and run_tag, which steps take by name (same_named)
-    collect = collect_traffic(**same_named(collect_traffic, parameters))
+    parameters = dict(locals())  # the parameters and run_tag, which steps take by name (wiring.same_named)
+    collect = collect_traffic(**wiring.same_named(collect_traffic, parameters))
     collect.set_caching_options(enable_caching=False)  # reads a log that grows
-    use_secrets([collect], s3_secret=s3_secret)
+    wiring.use_secrets([collect], s3_secret=s3_secret)
     with dsl.If(collect.outputs["Output"] == True):  # noqa: E712 (a KFP condition, not Python)
-        train = retrain_conductor(**same_named(retrain_conductor, parameters, collect))
+        train = retrain_conductor(**wiring.same_named(retrain_conductor, parameters, collect))
         # a constant: kfp's local runner cannot resolve a pipeline parameter in a task's settings
         # inside dsl.If (multi-GPU training: conductor-training's train_gpus)
-        train.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(1)
+        train.set_accelerator_type(wiring.GPU_RESOURCE).set_accelerator_limit(1)
         gate = gate_challenger(
-            **same_named(gate_challenger, parameters, collect, challenger=train.outputs["model"])
+            **wiring.same_named(gate_challenger, parameters, collect, challenger=train.outputs["model"])
         )
         gate.set_caching_options(enable_caching=False)  # moves the registry's aliases
-        use_secrets((train, gate), s3_secret=s3_secret, api_keys_secret=api_keys_secret)
+        wiring.use_secrets((train, gate), s3_secret=s3_secret, api_keys_secret=api_keys_secret)
     return collect.outputs[
         "Output"
     ]  # whether it retrained; the decision is on the registry version and in MLflow

@@ -13,6 +13,13 @@ from typing import Any
 from kfp import dsl, kubernetes
 
 GPU_RESOURCE = "nvidia.com/gpu"
+#: Defaults the pipelines' parameters share (kfp writes them into each compiled YAML).
+POOL = "paper-sim"
+PRESET = "tiny"
+MODEL_NAME = "conductor"
+#: The Secrets of the worker API keys and the S3 credentials (manifests/secrets/*.template.yaml).
+API_KEYS_SECRET = "conductor-api-keys"
+S3_SECRET = "conductor-s3"
 #: Secret data key -> environment variable, for the live workers' SDKs.
 API_KEY_ENV = {
     "OPENAI_API_KEY": "OPENAI_API_KEY",

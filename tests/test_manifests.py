@@ -267,11 +267,12 @@ def _template(name: str) -> dict[str, Any]:
 
 def test_pipeline_secrets_are_the_templates_the_manifests_ship() -> None:
     from pipelines import conductor_training as pipeline
+    from pipelines import wiring
 
     inputs = pipeline.conductor_training.component_spec.inputs
     api_keys, s3 = inputs["api_keys_secret"].default, inputs["s3_secret"].default
-    assert set(pipeline.API_KEY_ENV) <= set(_template(api_keys)["stringData"])
-    assert set(pipeline.S3_ENV) <= set(_template(s3)["stringData"])
+    assert set(wiring.API_KEY_ENV) <= set(_template(api_keys)["stringData"])
+    assert set(wiring.S3_ENV) <= set(_template(s3)["stringData"])
 
 
 @pytest.mark.parametrize(("overlay", "pool_file"), [("dev", "paper-sim.yaml"), ("prod", "cluster.yaml")])

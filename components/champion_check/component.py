@@ -5,11 +5,11 @@ Thin adapter over :func:`rl_conductor.loop.monitor.check_champion` and
 docs/closed-loop.md, section 5.
 """
 
-from components.images import BASE_IMAGE
+from components.images import base_component
 from kfp import dsl
 
 
-@dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
+@base_component
 def check_champion(
     traffic_store: str,
     check_metrics: dsl.Output[dsl.Metrics],
@@ -31,17 +31,12 @@ def check_champion(
     verdict: the CLI's exit 1)."""
     from rl_conductor.loop.monitor import check_champion as check
     from rl_conductor.loop.monitor import export_metrics
+    from rl_conductor.pipeline.steps import call_same_named
 
-    outcome = check(
-        traffic_store=traffic_store,
-        pool=pool,
-        model_name=model_name,
-        window_hours=window_hours,
-        min_tasks=min_tasks,
+    outcome = call_same_named(
+        check,
+        locals(),
         fit_limit=fit_limit or None,
-        seed=seed,
-        mlflow_tracking_uri=mlflow_tracking_uri,
-        run_tag=run_tag,
         log_verdict=False,  # printed once below
     )
     export_metrics(outcome, textfile=prom_textfile, pushgateway=pushgateway)

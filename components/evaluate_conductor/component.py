@@ -5,11 +5,11 @@ Thin adapter over :func:`rl_conductor.pipeline.steps.evaluate_step`; see README.
 
 from typing import NamedTuple
 
-from components.images import BASE_IMAGE
+from components.images import base_component
 from kfp import dsl
 
 
-@dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
+@base_component
 def evaluate_conductor(
     model: dsl.Input[dsl.Model],
     train_data: dsl.Input[dsl.Dataset],
@@ -42,7 +42,9 @@ def evaluate_conductor(
     from rl_conductor.pipeline import steps
 
     deadline, extra_deadlines = steps.deadline_parameters(max_latency_s, deadlines)
-    outcome = steps.evaluate_step(
+    outcome = steps.call_same_named(
+        steps.evaluate_step,
+        locals(),
         model_dir=model.path,
         train_path=train_data.path,
         test_path=test_data.path,
@@ -53,10 +55,6 @@ def evaluate_conductor(
             "latency_png": latency.path,
             "results_json": results.path,
         },
-        pool=pool,
-        seed=seed,
-        artifact_root=artifact_root,
-        run_tag=run_tag,
         max_latency_s=deadline,
         deadlines=extra_deadlines,
     )

@@ -5,11 +5,11 @@ Thin adapter over :func:`rl_conductor.pipeline.steps.prepare_data`; see README.m
 
 from typing import NamedTuple
 
-from components.images import BASE_IMAGE
+from components.images import base_component
 from kfp import dsl
 
 
-@dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
+@base_component
 def prepare_data(
     train_data: dsl.Output[dsl.Dataset],
     validation_data: dsl.Output[dsl.Dataset],
@@ -33,15 +33,12 @@ def prepare_data(
 
     from rl_conductor.pipeline import steps
 
-    prepared = steps.prepare_data(
+    prepared = steps.call_same_named(
+        steps.prepare_data,
+        locals(),
         outputs={"train": train_data.path, "validation": validation_data.path, "test": test_data.path},
-        dataset=dataset,
-        pool=pool,
         train_limit=train_limit or None,
         eval_limit=eval_limit or None,
-        seed=seed,
-        artifact_root=artifact_root,
-        run_tag=run_tag,
     )
     artifacts = {"train": train_data, "validation": validation_data, "test": test_data}
     for split, info in prepared.splits.items():

@@ -6,11 +6,10 @@ Thin adapter over :func:`rl_conductor.pipeline.steps.promote_step` (rules in
 
 from typing import NamedTuple
 
-from components.images import BASE_IMAGE
-from kfp import dsl
+from components.images import base_component
 
 
-@dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
+@base_component
 def promote_conductor(
     version: int,
     model_name: str = "conductor",
@@ -29,14 +28,7 @@ def promote_conductor(
 
     from rl_conductor.pipeline import steps
 
-    outcome = steps.promote_step(
-        version=int(version),
-        model_name=model_name,
-        min_accuracy_gain=min_accuracy_gain,
-        max_cost_ratio=max_cost_ratio,
-        min_accuracy=min_accuracy,
-        mlflow_tracking_uri=mlflow_tracking_uri,
-    )
+    outcome = steps.call_same_named(steps.promote_step, locals(), version=int(version))
     print(f"gate: {'promoted' if outcome.promoted else 'kept the champion'}: {outcome.reason}")
     PromoteOutputs = namedtuple("PromoteOutputs", ["promoted", "reason", "champion"])
     return PromoteOutputs(outcome.promoted, outcome.reason, outcome.champion)

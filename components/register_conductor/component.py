@@ -5,11 +5,11 @@ Thin adapter over :func:`rl_conductor.pipeline.steps.register_step`; see README.
 
 from typing import NamedTuple
 
-from components.images import BASE_IMAGE
+from components.images import base_component
 from kfp import dsl
 
 
-@dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
+@base_component
 def register_conductor(
     model: dsl.Input[dsl.Model],
     results: dsl.Input[dsl.Artifact],
@@ -32,15 +32,13 @@ def register_conductor(
 
     from rl_conductor.pipeline import steps
 
-    outcome = steps.register_step(
+    outcome = steps.call_same_named(
+        steps.register_step,
+        locals(),
         model_dir=model.path,
         results_path=results.path,
         report_files={"report.md": report.path, "report.html": report_html.path, "pareto.png": pareto.path},
-        model_name=model_name,
         params={"preset": preset},
-        mlflow_tracking_uri=mlflow_tracking_uri,
-        artifact_root=artifact_root,
-        run_tag=run_tag,
     )
     RegisterOutputs = namedtuple("RegisterOutputs", ["version", "model_uri"])
     return RegisterOutputs(outcome.version, outcome.model_uri)

@@ -3,11 +3,11 @@
 Thin adapter over :func:`rl_conductor.loop.retrain.collect_step`; see docs/closed-loop.md.
 """
 
-from components.images import BASE_IMAGE
+from components.images import base_component
 from kfp import dsl
 
 
-@dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
+@base_component
 def collect_traffic(
     traffic_store: str,
     train_data: dsl.Output[dsl.Dataset],
@@ -35,9 +35,11 @@ def collect_traffic(
     (``reason``, ``champion_version``) and the MLflow ``collect`` run. (One plain output: kfp's
     local runner resolves a ``dsl.If`` on a single ``Output`` only.)"""
     from rl_conductor.loop import retrain
+    from rl_conductor.pipeline.steps import call_same_named
 
-    outcome = retrain.collect_step(
-        traffic_store=traffic_store,
+    outcome = call_same_named(
+        retrain.collect_step,
+        locals(),
         outputs={
             "train": train_data.path,
             "holdout": holdout_data.path,
@@ -45,17 +47,6 @@ def collect_traffic(
             "champion": champion.path,
             "observed": observed_data.path,
         },
-        pool=pool,
-        model_name=model_name,
-        window_hours=window_hours,
-        holdout_fraction=holdout_fraction,
-        eval_limit=eval_limit,
-        base_train_limit=base_train_limit,
-        min_train_tasks=min_train_tasks,
-        only_on_pool_change=only_on_pool_change,
-        seed=seed,
-        mlflow_tracking_uri=mlflow_tracking_uri,
-        run_tag=run_tag,
     )
     for name, value in outcome.summary.items():
         window_metrics.log_metric(name, value)

@@ -4,11 +4,11 @@ Thin adapter over :func:`rl_conductor.loop.retrain.retrain_step` (which calls th
 pipeline's :func:`rl_conductor.pipeline.steps.train_step`); see docs/closed-loop.md.
 """
 
-from components.images import CUDA_IMAGE
+from components.images import cuda_component
 from kfp import dsl
 
 
-@dsl.component(base_image=CUDA_IMAGE, packages_to_install=[], install_kfp_package=False)
+@cuda_component
 def retrain_conductor(
     train_data: dsl.Input[dsl.Dataset],
     champion: dsl.Input[dsl.Model],
@@ -28,19 +28,15 @@ def retrain_conductor(
     ``spend_cap_usd`` caps what the warm-start table may pay live workers (0: the pool's own cap);
     ``observed_data``: the window's score-only requests, taught where they earned enough."""
     from rl_conductor.loop import retrain
+    from rl_conductor.pipeline.steps import call_same_named
 
-    outcome = retrain.retrain_step(
+    outcome = call_same_named(
+        retrain.retrain_step,
+        locals(),
         train_path=train_data.path,
         champion_dir=champion.path,
         model_dir=model.path,
-        preset=preset,
-        pool=pool,
         overrides=train_overrides,
-        spend_cap_usd=spend_cap_usd,
-        seed=seed,
-        mlflow_tracking_uri=mlflow_tracking_uri,
-        artifact_root=artifact_root,
-        run_tag=run_tag,
         observed_path=observed_data.path,
     )
     for name, value in outcome.metrics().items():

@@ -7,11 +7,11 @@ Thin adapter over :func:`rl_conductor.loop.retrain.gate_step` (rules in
 
 from typing import NamedTuple
 
-from components.images import BASE_IMAGE
+from components.images import base_component
 from kfp import dsl
 
 
-@dsl.component(base_image=BASE_IMAGE, packages_to_install=[], install_kfp_package=False)
+@base_component
 def gate_challenger(
     challenger: dsl.Input[dsl.Model],
     champion: dsl.Input[dsl.Model],
@@ -36,20 +36,16 @@ def gate_challenger(
     from collections import namedtuple
 
     from rl_conductor.loop import retrain
+    from rl_conductor.pipeline.steps import call_same_named
 
-    outcome = retrain.gate_step(
+    outcome = call_same_named(
+        retrain.gate_step,
+        locals(),
         challenger_dir=challenger.path,
         champion_dir=champion.path,
         holdout_path=holdout_data.path,
         test_path=test_data.path,
-        pool=pool,
-        model_name=model_name,
         champion_version=int(holdout_data.metadata.get("champion_version", 0)),
-        min_reward_gain=min_reward_gain,
-        require_significant=require_significant,
-        seed=seed,
-        mlflow_tracking_uri=mlflow_tracking_uri,
-        run_tag=run_tag,
         reason=str(holdout_data.metadata.get("reason", "")),
         train_path=train_data.path,
         fit_limit=fit_limit or None,

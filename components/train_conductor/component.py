@@ -7,11 +7,11 @@ ignored by the local runner).
 
 from typing import NamedTuple
 
-from components.images import CUDA_IMAGE
+from components.images import cuda_component
 from kfp import dsl
 
 
-@dsl.component(base_image=CUDA_IMAGE, packages_to_install=[], install_kfp_package=False)
+@cuda_component
 def train_conductor(
     train_data: dsl.Input[dsl.Dataset],
     model: dsl.Output[dsl.Model],
@@ -41,21 +41,15 @@ def train_conductor(
 
     from rl_conductor.pipeline import steps
 
-    outcome = steps.train_step(
+    outcome = steps.call_same_named(
+        steps.train_step,
+        locals(),
         train_path=train_data.path,
         model_dir=model.path,
-        preset=preset,
-        pool=pool,
-        reward_preset=reward_preset,
         cost_weight=cost_weight if cost_weight >= 0 else None,
         grpo_steps=grpo_steps or None,
         sft_examples=sft_examples or None,
         overrides=train_overrides,
-        gpus=gpus,
-        seed=seed,
-        mlflow_tracking_uri=mlflow_tracking_uri,
-        artifact_root=artifact_root,
-        run_tag=run_tag,
     )
     model.metadata.update(
         {

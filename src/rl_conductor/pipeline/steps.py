@@ -33,15 +33,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rl_conductor import storage
 from rl_conductor.tasks.base import DATA_SPLITS as SPLITS  # the splits every prepared dataset has
@@ -60,6 +61,7 @@ __all__ = [
     "RegisterOutcome",
     "SplitInfo",
     "TrainOutcome",
+    "call_same_named",
     "deadline_parameters",
     "default_artifact_root",
     "evaluate_step",
@@ -75,6 +77,8 @@ __all__ = [
     "train_step",
     "write_tasks",
 ]
+
+_R = TypeVar("_R")
 
 DEFAULT_MODEL_NAME = "conductor"
 #: Per-request budgets (USD) under which the evaluation re-runs the Conductor and the routers.
@@ -101,6 +105,17 @@ REGISTERED_METRICS = (
     "baseline_mean_cost_usd",
     "baseline_mean_reward",
 )
+
+
+# --------------------------------------------------------------------------- components
+
+
+def call_same_named(step: Callable[..., _R], scope: Mapping[str, Any], /, **arguments: Any) -> _R:
+    """``step`` called with every value of ``scope`` (a KFP component's ``locals()``: its
+    parameters) whose name is one of its parameters, then ``arguments``, which win: a component
+    passes its parameters on without writing each name twice."""
+    names = inspect.signature(step).parameters
+    return step(**({name: scope[name] for name in names if name in scope} | arguments))
 
 
 # --------------------------------------------------------------------------- locations
