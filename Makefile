@@ -38,14 +38,18 @@ compare: install ## every baseline side by side on paper-sim (table, JSON, Paret
 # Tests run on every core (pytest-xdist); a module's tests stay on one worker (--dist loadscope),
 # so module-scoped servers start once; the session's trained micro Conductor is shared by all
 # workers (tests/_tiny.py). PYTEST_WORKERS=0 runs them in this process.
+# The tests keep their bytecode (__pycache__, git-ignored): without it every worker rewrote the
+# asserts of every test module at collection (about 5 of its 9 CPU s) and every server or CLI
+# process the tests start compiled the package again.
 PYTEST_WORKERS ?= auto
 XDIST := -n $(PYTEST_WORKERS) --dist loadscope
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
 
 test: install ## run every test (slow ones included), on every core
-	$(PY) -m pytest -q $(XDIST)
+	$(PYTEST) -q $(XDIST)
 
 test-fast: install ## the tests not marked slow (no training runs, no server fleets): run between commits
-	$(PY) -m pytest -q $(XDIST) -m "not slow"
+	$(PYTEST) -q $(XDIST) -m "not slow"
 
 lint: install ## ruff lint + format check + the layer contract (.importlinter, docs/architecture.md)
 	$(BIN)/ruff check src tests benchmarks components pipelines serving
