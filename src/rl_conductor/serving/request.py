@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from rl_conductor.limits import SENSITIVITIES, RequestLimits
 from rl_conductor.reward import deadline_shortened
@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 #: and ``MAX_SECONDS``, the caps of every ``RequestLimits``.
 MAX_REQUEST_USD = MAX_USD
 MAX_REQUEST_SECONDS = MAX_SECONDS
+#: The capped per-request limits: field -> (largest value, unit), checked by every front door.
+REQUEST_CAPS: dict[str, tuple[float, str]] = {
+    "max_cost_usd": (MAX_REQUEST_USD, "USD"),
+    "max_latency_s": (MAX_REQUEST_SECONDS, "seconds"),
+}
 
 
 #: Most rounds and worker calls one request may ask for: more is a client bug, not a request.
@@ -87,30 +92,18 @@ class ConductorRequest(BaseModel):
             raise ValueError("the question is blank (only whitespace or invisible characters)")
         return v
 
-    @field_validator("max_cost_usd", mode="before")
+    @field_validator("max_cost_usd", "max_latency_s", mode="before")
     @classmethod
-    def _budget(cls, v: Any) -> Any:
+    def _capped(cls, v: Any, info: ValidationInfo) -> Any:
         # strictly a number: pydantic's lax mode reads "inf" as infinity and true as 1.0
         if v is None:
             return v
+        name = str(info.field_name)
+        cap, unit = REQUEST_CAPS[name]
         try:
-            return positive_finite("max_cost_usd", v, MAX_REQUEST_USD)
+            return positive_finite(name, v, cap)
         except InvalidValue:
-            raise ValueError(
-                f"must be a finite number of USD > 0 and <= {MAX_REQUEST_USD:g}, got {v!r}"
-            ) from None
-
-    @field_validator("max_latency_s", mode="before")
-    @classmethod
-    def _deadline(cls, v: Any) -> Any:
-        if v is None:
-            return v
-        try:
-            return positive_finite("max_latency_s", v, MAX_REQUEST_SECONDS)
-        except InvalidValue:
-            raise ValueError(
-                f"must be a finite number of seconds > 0 and <= {MAX_REQUEST_SECONDS:g}, got {v!r}"
-            ) from None
+            raise ValueError(f"must be a finite number of {unit} > 0 and <= {cap:g}, got {v!r}") from None
 
     @field_validator("max_steps", "max_rounds", "max_calls", mode="before")
     @classmethod

@@ -37,12 +37,14 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 
 from rl_conductor.serving.request import (
     MAX_REQUEST_SECONDS,
     MAX_REQUEST_USD,
+    REQUEST_CAPS,
     ConductorRequest,
     RequestError,
     parse_request,
@@ -116,22 +118,14 @@ class WireLimits(BaseModel):
     )
     max_calls: StrictInt | None = Field(default=None, description="most worker calls over all rounds")
 
-    @field_validator("max_cost_usd")
+    @field_validator("max_cost_usd", "max_latency_s")
     @classmethod
-    def _budget_cap(cls, v: float | None) -> float | None:
+    def _cap(cls, v: float | None, info: ValidationInfo) -> float | None:
+        cap, unit = REQUEST_CAPS[str(info.field_name)]
         if v is not None and not math.isfinite(v):
             raise ValueError("must be a finite number")
-        if v is not None and v > MAX_BUDGET_USD:
-            raise ValueError(f"at most {MAX_BUDGET_USD:g} USD per request, got {v:g}")
-        return v
-
-    @field_validator("max_latency_s")
-    @classmethod
-    def _deadline_cap(cls, v: float | None) -> float | None:
-        if v is not None and not math.isfinite(v):
-            raise ValueError("must be a finite number")
-        if v is not None and v > MAX_LATENCY_S:
-            raise ValueError(f"at most {MAX_LATENCY_S:g} seconds per request, got {v:g}")
+        if v is not None and v > cap:
+            raise ValueError(f"at most {cap:g} {unit} per request, got {v:g}")
         return v
 
 
