@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from typing import Any
 
 import httpx
 import yaml
+from _predictor import free_port  # benchmarks/_predictor.py (scripts run from this folder)
 
 QUESTION = "A train leaves at 9:00 at 80 km/h, a second at 10:00 at 120 km/h. When does the second catch up?"
 FAKE_POOL = {
@@ -112,12 +112,6 @@ def serve_echo(argv: list[str]) -> None:
     kserve.ModelServer(http_port=args.http_port, enable_grpc=False, enable_latency_logging=False).start(
         [model]
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -252,11 +246,11 @@ def main() -> None:
         pool = root / "pool.yaml"
         pool.write_text(yaml.safe_dump(FAKE_POOL))
         runs: dict[str, dict[str, Any]] = {}
-        with _server([py, __file__, "--serve-echo"], root / "echo.log", _free_port()) as url:
+        with _server([py, __file__, "--serve-echo"], root / "echo.log", free_port()) as url:
             runs["echo"] = asyncio.run(_load(url, args.requests, args.concurrency, args.warmup))
         predictor = [py, "-m", "rl_conductor.serving", "--auth", "none", "--host", "127.0.0.1", "--pool"]
         fixed_cmd = [*predictor, str(pool), "--policy", "fixed:0,1"]
-        with _server(fixed_cmd, root / "fixed.log", _free_port()) as url:
+        with _server(fixed_cmd, root / "fixed.log", free_port()) as url:
             runs["fixed"] = asyncio.run(_load(url, args.requests, args.concurrency, args.warmup))
             results["stream_sample_fixed"] = _stream_sample(url, QUESTION)
         runs["fixed"]["p50_vs_echo"] = round(runs["fixed"]["p50_ms"] / runs["echo"]["p50_ms"], 2)
@@ -265,7 +259,7 @@ def main() -> None:
         if not args.skip_tiny:
             model = Path(args.model) if args.model else _train_micro(root / "micro")
             tiny_cmd = [*predictor, "paper-sim", "--model", str(model)]
-            with _server(tiny_cmd, root / "tiny.log", _free_port()) as url:
+            with _server(tiny_cmd, root / "tiny.log", free_port()) as url:
                 n = args.tiny_requests
                 runs["tiny"] = asyncio.run(_load(url, n, args.concurrency, min(args.warmup, 32)))
                 batches = _plan_batches(url)

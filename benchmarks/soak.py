@@ -29,7 +29,6 @@ import os
 import platform
 import random
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from typing import Any
 
 import httpx
 import yaml
+from _predictor import free_port, report, wait_ready
 
 KEY = "soak-key-0123456789abcdef"
 FAIL = 0.3
@@ -68,12 +68,6 @@ KINDS = [  # (kind, weight)
     ("bad", 5),
 ]
 AUTH = {"authorization": f"Bearer {KEY}"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rss_mb(pid: int) -> float:
@@ -256,7 +250,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         pool = Path(tmp) / "pool.yaml"
         pool.write_text(yaml.safe_dump(POOL))
@@ -268,16 +262,7 @@ def main() -> None:
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
         try:
             url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"predictor did not start:\n{log.read_text()[-3000:]}")
-                time.sleep(0.2)
+            wait_ready(proc, lambda: httpx.get(f"{url}/v2/health/ready"), log)
             run = asyncio.run(_run(url, port, args.requests, args.concurrency, proc.pid, args.seed))
         finally:
             proc.terminate()
@@ -328,10 +313,7 @@ def main() -> None:
         "task_destroyed_lines": text.count("Task was destroyed but it is pending"),
         "tracebacks": text.count("Traceback"),
     }
-    print(json.dumps(results, indent=1))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    report(results, args.json)
 
 
 if __name__ == "__main__":

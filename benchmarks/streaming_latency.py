@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from typing import Any
 
 import httpx
 import yaml
+from _predictor import free_port, report, wait_ready
 
 from rl_conductor.workers.live.testing import Reply, ScriptedServer, success_body
 
@@ -80,12 +80,6 @@ def _pools(worker_url: str, piece_s: float) -> dict[str, dict[str, Any]]:
 BODY = {"model": "conductor", "messages": [{"role": "user", "content": "What is 6*7?"}]}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _stream_once(client: httpx.Client) -> dict[str, float]:
     t0 = time.perf_counter()
     marks: dict[str, float] = {}
@@ -120,7 +114,7 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def _measure(pool_cfg: dict[str, Any], requests: int) -> tuple[dict[str, float], dict[str, float]]:
     """Median marks (streaming, non-streaming) of ``requests`` interleaved requests of each mode."""
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="streaming-bench-") as tmp:
         pool = Path(tmp) / "pool.yaml"
         pool.write_text(yaml.safe_dump(pool_cfg))
@@ -131,16 +125,7 @@ def _measure(pool_cfg: dict[str, Any], requests: int) -> tuple[dict[str, float],
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ})
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-                deadline = time.monotonic() + 120
-                while True:
-                    try:
-                        if client.get("/v2/health/ready").status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit(f"predictor did not start:\n{log.read_text()[-3000:]}")
-                    time.sleep(0.2)
+                wait_ready(proc, lambda: client.get("/v2/health/ready"), log)
                 _stream_once(client), _plain_once(client)  # warm-up
                 streaming, plain = [], []
                 for _ in range(requests):  # interleaved: both modes see the same machine load
@@ -190,10 +175,7 @@ def main() -> None:
         "live: the final step is a loopback OpenAI-compatible worker that streams; whole: fake "
         "workers that answer whole (every worker before token streaming) with the same total time"
     )
-    print(json.dumps(results, indent=1))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    report(results, args.json)
 
 
 if __name__ == "__main__":
