@@ -130,7 +130,7 @@ def _champion(out: Path, sft: int, items: int, model_name: str, reuse: Path | No
 
 async def _serve(champion_dir: str, pool: str, store: str, questions: list[Any]) -> dict[str, Any]:
     """Serve ``questions`` through the predictor's service with the traffic log, then feedback."""
-    from rl_conductor.loop.feedback import Feedback, parse_feedback
+    from rl_conductor.loop.feedback import Feedback, gold_feedback, parse_feedback
     from rl_conductor.loop.traffic import TrafficConfig, TrafficLog
     from rl_conductor.serving.request import ConductorRequest
     from rl_conductor.serving.service import ConductorService, load_policy
@@ -150,12 +150,7 @@ async def _serve(champion_dir: str, pool: str, store: str, questions: list[Any])
     log.flush()
     fb = Feedback(log)
     for task, doc in zip(questions, docs, strict=True):
-        body: dict[str, Any] = {"request_id": doc["request_id"]}
-        if task.grader in ("math", "choice", "qa"):
-            body |= {"answer": task.answer, "grader": task.grader}
-        else:
-            body["score"] = 0.0
-        await asyncio.to_thread(fb.submit, parse_feedback(body))
+        await asyncio.to_thread(fb.submit, parse_feedback(gold_feedback(doc["request_id"], task)))
     log.close()
     return {
         "requests": len(docs),

@@ -51,6 +51,18 @@ def test_the_alert_needs_the_whole_interval_below_the_best_floor_policy() -> Non
         verdict({}, floor)
 
 
+def test_gold_feedback_names_the_answer_where_feedback_can_grade_it_else_a_score() -> None:
+    from rl_conductor.loop.feedback import gold_feedback, parse_feedback
+    from rl_conductor.tasks.base import Task
+
+    math = Task(id="m", question="1+1?", answer="2", domain="math", source="t", grader="math")
+    code = Task(id="c", question="add", answer="def add(a, b): ...", domain="code", source="t", grader="code")
+    assert gold_feedback("r1", math) == {"request_id": "r1", "answer": "2", "grader": "math"}
+    assert gold_feedback("r2", code) == {"request_id": "r2", "score": 0.0}
+    assert gold_feedback("r3", code, score=1.0)["score"] == 1.0
+    assert parse_feedback(gold_feedback("r1", math)).grader == "math"
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -110,7 +122,7 @@ def registered(
 def _serve_with_feedback(champion: Path, pool: str, store: Path, n: int) -> None:
     """``n`` paper-mix questions through the predictor's service with the traffic log, then a
     gold-answer feedback on each (a score for code, whose grader feedback cannot run)."""
-    from rl_conductor.loop.feedback import Feedback, parse_feedback
+    from rl_conductor.loop.feedback import Feedback, gold_feedback, parse_feedback
     from rl_conductor.loop.traffic import TrafficConfig, TrafficLog
     from rl_conductor.serving.request import ConductorRequest
     from rl_conductor.serving.service import ConductorService, load_policy
@@ -132,12 +144,7 @@ def _serve_with_feedback(champion: Path, pool: str, store: Path, n: int) -> None
     log.flush()
     fb = Feedback(log)
     for task, doc in zip(items, docs, strict=True):
-        body: dict[str, Any] = {"request_id": doc["request_id"]}
-        if task.grader in ("math", "choice", "qa"):
-            body |= {"answer": task.answer, "grader": task.grader}
-        else:
-            body["score"] = 0.0
-        assert fb.submit(parse_feedback(body))["status"] == "recorded"
+        assert fb.submit(parse_feedback(gold_feedback(doc["request_id"], task)))["status"] == "recorded"
     log.close()
 
 

@@ -35,12 +35,15 @@ import threading
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rl_conductor import storage
 from rl_conductor.loop.traffic import PRIVATE_NOT_RECORDED, TrafficLog
+
+if TYPE_CHECKING:
+    from rl_conductor.tasks.base import Task
 
 FEEDBACK_DIR = "feedback"
 #: Graders a gold answer may name (code needs tests, which feedback cannot carry).
@@ -99,6 +102,17 @@ def parse_feedback(raw: Any) -> FeedbackBody:
         raise FeedbackError(400, "give a score (0 to 1) or a gold answer, or both", "score")
     if body.grader is not None and body.answer is None:
         raise FeedbackError(400, "grader: names how to grade a gold answer; give the answer too", "grader")
+    return body
+
+
+def gold_feedback(request_id: str, task: Task, score: float = 0.0) -> dict[str, Any]:
+    """The feedback a client that knows ``task``'s gold answer sends on ``request_id``: the answer
+    and its grader where feedback may name it (:data:`FEEDBACK_GRADERS`), else ``score``."""
+    body: dict[str, Any] = {"request_id": request_id}
+    if task.grader in FEEDBACK_GRADERS:
+        body |= {"answer": task.answer, "grader": task.grader}
+    else:
+        body["score"] = score
     return body
 
 
