@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from kfp import dsl
 
+from _home import isolate_home
 from _lazy import lazy
 from rl_conductor import storage
 from rl_conductor.pipeline import steps
@@ -45,15 +46,6 @@ registry = lazy("rl_conductor.tracking.registry")
 TRAIN_LIMIT = QUICK_ARGUMENTS["train_limit"]
 EVAL_LIMIT = QUICK_ARGUMENTS["eval_limit"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _isolated_env(mp: pytest.MonkeyPatch, home: Path) -> None:
-    """A fresh CONDUCTOR_HOME (sqlite MLflow, kNN cache, kfp root) and no inherited MLflow settings."""
-    mp.setenv("CONDUCTOR_HOME", str(home))
-    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", mlflow_utils.ARTIFACT_ROOT_ENV):
-        mp.delenv(var, raising=False)
-    mp.setenv("TOKENIZERS_PARALLELISM", "false")
-    mp.setenv("MLFLOW_ENABLE_TELEMETRY", "false")
 
 
 @dataclass
@@ -85,7 +77,7 @@ def chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iter
     home = tmp_path_factory.mktemp("components-home")
     work = tmp_path_factory.mktemp("components-artifacts")
     with pytest.MonkeyPatch.context() as mp:
-        _isolated_env(mp, home)
+        isolate_home(mp, home)
         for key, value in s3_server.env().items():
             mp.setenv(key, value)
         bucket = s3_server.create_bucket(f"components-{uuid.uuid4().hex[:10]}")
@@ -160,7 +152,7 @@ def chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iter
 @pytest.fixture
 def chain_env(chain: Chain, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Chain:
     """The chain's CONDUCTOR_HOME and S3 credentials, for tests that act on its registry."""
-    _isolated_env(monkeypatch, chain.home)
+    isolate_home(monkeypatch, chain.home)
     for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)
     mlflow_utils.configure()
@@ -313,7 +305,7 @@ def test_later_registrations_go_through_the_gate(chain_env: Chain) -> None:
 @pytest.fixture
 def local_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """kfp's SubprocessRunner in this environment, a fresh CONDUCTOR_HOME; local artifact root."""
-    _isolated_env(monkeypatch, tmp_path / "home")
+    isolate_home(monkeypatch, tmp_path / "home")
     with local_session(tmp_path / "kfp"):
         yield tmp_path
 

@@ -28,6 +28,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from _home import isolate_home
 from _lazy import lazy
 from rl_conductor.cli import app
 from rl_conductor.pipeline import runner, steps
@@ -51,14 +52,6 @@ class Quick:
     output: str
     seconds: float
     split_id: str
-
-
-def _isolate(mp: pytest.MonkeyPatch, home: Path) -> None:
-    mp.setenv("CONDUCTOR_HOME", str(home))
-    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", mlflow_utils.ARTIFACT_ROOT_ENV):
-        mp.delenv(var, raising=False)
-    mp.setenv("TOKENIZERS_PARALLELISM", "false")
-    mp.setenv("MLFLOW_ENABLE_TELEMETRY", "false")
 
 
 def _seed_previous_champion(work: Path, split_id: str) -> None:
@@ -87,7 +80,7 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quick]:
     tests = load_tasks("paper-mix", "test", limit=QUICK_ARGUMENTS["eval_limit"], seed=0)
     split_id = steps.test_split_id(tests, "paper-sim")
     with pytest.MonkeyPatch.context() as mp:
-        _isolate(mp, home)
+        isolate_home(mp, home)
         _seed_previous_champion(tmp_path_factory.mktemp("previous"), split_id)
         t0 = time.perf_counter()
         result = CliRunner().invoke(app, ["pipeline", "run", "--local", "--quick", "--preset", "tiny"])
@@ -98,7 +91,7 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quick]:
 
 @pytest.fixture
 def quick_env(quick: Quick, monkeypatch: pytest.MonkeyPatch) -> Quick:
-    _isolate(monkeypatch, quick.home)
+    isolate_home(monkeypatch, quick.home)
     mlflow_utils.configure()
     return quick
 
