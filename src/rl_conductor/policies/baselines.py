@@ -50,7 +50,8 @@ def _plan(workflow: Workflow) -> Plan:
     return Plan(workflow=workflow, text=render(workflow))
 
 
-def _ordinal(view: PoolView, name: str) -> int:
+def ordinal(view: PoolView, name: str) -> int:
+    """The index of worker ``name`` in ``view``; ``ValueError`` when the view lacks it."""
     names = view.names()
     if name not in names:
         raise ValueError(f"worker {name!r} is not in the pool view {names}")
@@ -70,7 +71,7 @@ class SingleWorker(Policy):
         return cls(arg)
 
     async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
-        return _plan(Workflow(steps=(Step(_ordinal(view, self.worker), SOLVE, ()),)))
+        return _plan(Workflow(steps=(Step(ordinal(view, self.worker), SOLVE, ()),)))
 
 
 class RandomWorkflow(Policy):
@@ -116,8 +117,8 @@ class MixtureOfAgents(Policy):
             by_price = sorted(range(len(view)), key=lambda j: -view.worker(j).info.price_out)
             props, agg = by_price[:3], by_price[0]
         else:
-            props = [_ordinal(view, n) for n in self.proposers]
-            agg = _ordinal(view, self.aggregator or self.proposers[0])
+            props = [ordinal(view, n) for n in self.proposers]
+            agg = ordinal(view, self.aggregator or self.proposers[0])
         steps = [Step(p, SOLVE, ()) for p in props]
         steps.append(Step(agg, AGGREGATE, "all"))
         return _plan(Workflow(steps=tuple(steps)))
@@ -138,7 +139,7 @@ class SelfConsistency(Policy):
         return cls(name, int(n) if n else 5)
 
     async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
-        w = _ordinal(view, self.worker)
+        w = ordinal(view, self.worker)
         n = min(self.samples, limits.max_steps)  # each sample is a step the request pays for
         return _plan(Workflow(steps=tuple(Step(w, SOLVE, ()) for _ in range(n))))
 

@@ -30,8 +30,6 @@ Measurements are cached under ``.conductor/routers/`` like the routers' (:func:`
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,8 +41,15 @@ from numpy.typing import NDArray
 from rl_conductor.executor import Continuation, RoundRequest, execute
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Episode, Plan, Policy
-from rl_conductor.policies.baselines import SOLVE
-from rl_conductor.policies.routers import FIT_LIMIT, _reward_config, pool_key, training_tasks
+from rl_conductor.policies.baselines import SOLVE, ordinal
+from rl_conductor.policies.routers import (
+    FIT_LIMIT,
+    _reward_config,
+    load_outcomes,
+    pool_key,
+    save_outcomes,
+    training_tasks,
+)
 from rl_conductor.progress import progress as progress_display
 from rl_conductor.reward import RewardConfig, grade_trace, reward_of
 from rl_conductor.rounds import continuation_within_limits, single_within_budget, summarize
@@ -71,23 +76,17 @@ class SampleOutcomes:
     keys: list[list[list[str | None]]]
 
     def save(self, path: Path) -> None:
-        from rl_conductor.storage import write_bytes  # atomic: see SingleOutcomes.save
-
-        buf = io.BytesIO()
-        np.savez(buf, correct=self.correct, cost=self.cost)
-        write_bytes(str(path.with_suffix(".npz")), buf.getvalue())
         meta = {"names": self.names, "task_ids": self.task_ids, "keys": self.keys}
-        write_bytes(str(path.with_suffix(".json")), json.dumps(meta).encode())
+        save_outcomes(path, self.correct, self.cost, meta)
 
     @classmethod
     def load(cls, path: Path) -> SampleOutcomes:
-        arrays = np.load(path.with_suffix(".npz"))
-        meta = json.loads(path.with_suffix(".json").read_text())
+        meta, correct, cost = load_outcomes(path)
         return cls(
             names=list(meta["names"]),
             task_ids=list(meta["task_ids"]),
-            correct=arrays["correct"].astype(bool),
-            cost=arrays["cost"].astype(np.float64),
+            correct=correct,
+            cost=cost,
             keys=meta["keys"],
         )
 
@@ -206,13 +205,6 @@ def fit_cascade(
     return fits
 
 
-def _ordinal(view: PoolView, name: str) -> int:
-    names = view.names()
-    if name not in names:
-        raise ValueError(f"worker {name!r} is not in the pool view {names}")
-    return names.index(name)
-
-
 class Cascade(Policy):
     """See module docstring."""
 
@@ -256,7 +248,7 @@ class Cascade(Policy):
         return cls(best.first, best.escalate, fitted=best)
 
     async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
-        a, b = (_ordinal(view, n) for n in self.first)
+        a, b = (ordinal(view, n) for n in self.first)
         wf = Workflow(steps=(Step(a, SOLVE, ()), Step(b, SOLVE, ())))
         # a budget that cannot afford both answers gets one (rounds.single_within_budget)
         wf = single_within_budget(wf, view, limits.max_cost_usd) or wf
@@ -269,7 +261,7 @@ class Cascade(Policy):
             return Continuation(
                 workflow=keep, seen=summary.line(), answers=summary.answers, agree=summary.agree
             )
-        wf = Workflow(steps=(Step(_ordinal(request.view, self.escalate), SOLVE, ()),))
+        wf = Workflow(steps=(Step(ordinal(request.view, self.escalate), SOLVE, ()),))
         # no escalation the budget or time left cannot afford (it would be stopped part way)
         wf = continuation_within_limits(wf, request.view, request.limits, len(request.workflow.steps))
         return Continuation(

@@ -50,8 +50,10 @@ __all__ = [
     "SingleOutcomes",
     "choose_worker",
     "fit_limit",
+    "load_outcomes",
     "measure_singles",
     "reward_matrix",
+    "save_outcomes",
     "single_outcomes",
 ]
 
@@ -72,27 +74,41 @@ class SingleOutcomes:
     cost: NDArray[np.float64]
 
     def save(self, path: Path) -> None:
-        # atomic writes, arrays first (readers need both files): parallel test workers and
-        # pipeline steps may measure the same key at once and must never read a torn file
-        from rl_conductor.storage import write_bytes
-
-        buf = io.BytesIO()
-        np.savez(buf, correct=self.correct, cost=self.cost)
-        write_bytes(str(path.with_suffix(".npz")), buf.getvalue())
         meta = {"names": self.names, "task_ids": self.task_ids, "domains": self.domains}
-        write_bytes(str(path.with_suffix(".json")), json.dumps(meta).encode())
+        save_outcomes(path, self.correct, self.cost, meta)
 
     @classmethod
     def load(cls, path: Path) -> SingleOutcomes:
-        arrays = np.load(path.with_suffix(".npz"))
-        meta = json.loads(path.with_suffix(".json").read_text())
+        meta, correct, cost = load_outcomes(path)
         return cls(
             names=list(meta["names"]),
             task_ids=list(meta["task_ids"]),
             domains=list(meta["domains"]),
-            correct=arrays["correct"].astype(bool),
-            cost=arrays["cost"].astype(np.float64),
+            correct=correct,
+            cost=cost,
         )
+
+
+def save_outcomes(
+    path: Path, correct: NDArray[np.bool_], cost: NDArray[np.float64], meta: Mapping[str, Any]
+) -> None:
+    """Write measured outcomes: the arrays to ``<path>.npz``, ``meta`` to ``<path>.json``.
+
+    Atomic writes, arrays first (readers need both files): parallel test workers and pipeline
+    steps may measure the same key at once and must never read a torn file."""
+    from rl_conductor.storage import write_bytes
+
+    buf = io.BytesIO()
+    np.savez(buf, correct=correct, cost=cost)
+    write_bytes(str(path.with_suffix(".npz")), buf.getvalue())
+    write_bytes(str(path.with_suffix(".json")), json.dumps(meta).encode())
+
+
+def load_outcomes(path: Path) -> tuple[dict[str, Any], NDArray[np.bool_], NDArray[np.float64]]:
+    """What :func:`save_outcomes` wrote at ``path``: ``meta``, ``correct`` and ``cost``."""
+    arrays = np.load(path.with_suffix(".npz"))
+    meta = json.loads(path.with_suffix(".json").read_text())
+    return meta, arrays["correct"].astype(bool), arrays["cost"].astype(np.float64)
 
 
 async def measure_singles(
