@@ -104,13 +104,31 @@ def s3_bucket(s3_env: S3Server) -> str:
 
 @pytest.fixture(scope="session")
 def mlflow_db_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty, fully migrated MLflow sqlite file; copies of it skip the slow schema creation."""
+    """An empty, fully migrated MLflow sqlite file; copies of it skip the slow schema creation.
+
+    Tests only copy it. Under pytest-xdist the workers share one, made by the first to ask in the
+    session's common temporary folder under a file lock (the migration costs about 2 CPU s)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        path = tmp_path_factory.mktemp("mlflow-template") / "template.db"
+        _migrated_mlflow_db(path)
+        return path
+    from filelock import FileLock
+
+    path = tmp_path_factory.getbasetemp().parent / "mlflow-template.db"
+    with FileLock(f"{path}.lock"):
+        if not path.is_file():
+            part = path.with_name(f"{path.name}.part")
+            part.unlink(missing_ok=True)
+            _migrated_mlflow_db(part)
+            part.replace(path)
+    return path
+
+
+def _migrated_mlflow_db(path: Path) -> None:
     from mlflow import MlflowClient
 
-    path = tmp_path_factory.mktemp("mlflow-template") / "template.db"
     uri = f"sqlite:///{path}"
     MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments()
-    return path
 
 
 @pytest.fixture(scope="session")
