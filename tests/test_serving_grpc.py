@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import psutil
 import pytest
-from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
-from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 
+from _lazy import lazy
 from predictor import process, write_pool
 from servers import LOOPBACK, free_ports
+
+# imported by the first test that uses them (tests/_lazy.py): kserve's package imports pandas,
+# fastapi and the Kubernetes client, over a CPU second at every worker's collection
+pb = lazy("kserve.protocol.grpc.grpc_predict_v2_pb2")
+pb_grpc = lazy("kserve.protocol.grpc.grpc_predict_v2_pb2_grpc")
 
 
 def _infer(
@@ -128,22 +132,23 @@ def _tensor(questions: list[bytes], shape: list[int] | None = None, **params: pb
 
 
 @pytest.mark.parametrize(
-    ("inputs", "says"),
+    ("make_inputs", "says"),  # the tensors are built when the test runs (pb is imported lazily)
     [
         # a misplaced sensitivity was dropped, and the request answered by the external worker
         (
-            [_tensor([b"What is 6*7?"], sensitivity=pb.InferParameter(string_param="private"))],
+            lambda: [_tensor([b"What is 6*7?"], sensitivity=pb.InferParameter(string_param="private"))],
             "inputs.0.parameters.sensitivity: unknown field",
         ),
-        ([_tensor([b"first?"]), _tensor([b"second?"])], "a second input named 'question'"),
-        ([_tensor([b"What is 6*7?"], shape=[5])], "[5] holds 5 elements, but data has 1"),
+        (lambda: [_tensor([b"first?"]), _tensor([b"second?"])], "a second input named 'question'"),
+        (lambda: [_tensor([b"What is 6*7?"], shape=[5])], "[5] holds 5 elements, but data has 1"),
     ],
     ids=["tensor-parameters", "duplicate-tensors", "shape"],
 )
 def test_grpc_requests_get_the_http_v2_checks(
-    grpc_server: tuple[int, Any], inputs: list[Any], says: str
+    grpc_server: tuple[int, Any], make_inputs: Callable[[], list[Any]], says: str
 ) -> None:
     _, stub = grpc_server
+    inputs = make_inputs()
     with pytest.raises(grpc.RpcError) as bad:
         stub.ModelInfer(pb.ModelInferRequest(model_name="conductor", inputs=inputs), timeout=60)
     assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
