@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,10 +43,9 @@ from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.policies.baselines import SOLVE, ordinal
 from rl_conductor.policies.routers import (
     FIT_LIMIT,
+    MeasuredOutcomes,
     _reward_config,
-    load_outcomes,
     pool_key,
-    save_outcomes,
     training_tasks,
 )
 from rl_conductor.progress import progress as progress_display
@@ -65,7 +63,7 @@ SAMPLES = 3
 
 
 @dataclass
-class SampleOutcomes:
+class SampleOutcomes(MeasuredOutcomes):
     """Every worker alone, ``SAMPLES`` times, on every task (sample k is step k of a workflow of
     independent solves): ``correct[i, j, k]``, ``cost[i, j, k]`` and the extracted answer."""
 
@@ -75,20 +73,7 @@ class SampleOutcomes:
     cost: NDArray[np.float64]
     keys: list[list[list[str | None]]]
 
-    def save(self, path: Path) -> None:
-        meta = {"names": self.names, "task_ids": self.task_ids, "keys": self.keys}
-        save_outcomes(path, self.correct, self.cost, meta)
-
-    @classmethod
-    def load(cls, path: Path) -> SampleOutcomes:
-        meta, correct, cost = load_outcomes(path)
-        return cls(
-            names=list(meta["names"]),
-            task_ids=list(meta["task_ids"]),
-            correct=correct,
-            cost=cost,
-            keys=meta["keys"],
-        )
+    META = ("names", "task_ids", "keys")
 
 
 async def measure_samples(pool: Pool, tasks: Sequence[Task]) -> SampleOutcomes:

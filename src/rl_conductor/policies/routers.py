@@ -29,7 +29,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import numpy as np
 from numpy.typing import NDArray
@@ -47,13 +47,12 @@ from rl_conductor.workflow import Step, Workflow, render
 __all__ = [
     "FIT_LIMIT",
     "DomainRouter",
+    "MeasuredOutcomes",
     "SingleOutcomes",
     "choose_worker",
     "fit_limit",
-    "load_outcomes",
     "measure_singles",
     "reward_matrix",
-    "save_outcomes",
     "single_outcomes",
 ]
 
@@ -63,8 +62,36 @@ __all__ = [
 FIT_LIMIT = 500
 
 
+class MeasuredOutcomes:
+    """Saving and loading measured outcomes: the ``correct`` and ``cost`` arrays go to
+    ``<path>.npz``, the fields named by ``META`` to ``<path>.json``."""
+
+    META: ClassVar[tuple[str, ...]]
+    correct: NDArray[np.bool_]
+    cost: NDArray[np.float64]
+
+    def save(self, path: Path) -> None:
+        # atomic writes, arrays first (readers need both files): parallel test workers and
+        # pipeline steps may measure the same key at once and must never read a torn file
+        from rl_conductor.storage import write_bytes
+
+        buf = io.BytesIO()
+        np.savez(buf, correct=self.correct, cost=self.cost)
+        write_bytes(str(path.with_suffix(".npz")), buf.getvalue())
+        meta = {name: getattr(self, name) for name in self.META}
+        write_bytes(str(path.with_suffix(".json")), json.dumps(meta).encode())
+
+    @classmethod
+    def load(cls, path: Path) -> Self:
+        arrays = np.load(path.with_suffix(".npz"))
+        meta = json.loads(path.with_suffix(".json").read_text())
+        fields: dict[str, Any] = {name: meta[name] for name in cls.META}
+        fields |= {"correct": arrays["correct"].astype(bool), "cost": arrays["cost"].astype(np.float64)}
+        return cls(**fields)
+
+
 @dataclass
-class SingleOutcomes:
+class SingleOutcomes(MeasuredOutcomes):
     """Every worker alone on every task: ``correct[i, j]`` and ``cost[i, j]`` (USD)."""
 
     names: list[str]
@@ -73,42 +100,7 @@ class SingleOutcomes:
     correct: NDArray[np.bool_]
     cost: NDArray[np.float64]
 
-    def save(self, path: Path) -> None:
-        meta = {"names": self.names, "task_ids": self.task_ids, "domains": self.domains}
-        save_outcomes(path, self.correct, self.cost, meta)
-
-    @classmethod
-    def load(cls, path: Path) -> SingleOutcomes:
-        meta, correct, cost = load_outcomes(path)
-        return cls(
-            names=list(meta["names"]),
-            task_ids=list(meta["task_ids"]),
-            domains=list(meta["domains"]),
-            correct=correct,
-            cost=cost,
-        )
-
-
-def save_outcomes(
-    path: Path, correct: NDArray[np.bool_], cost: NDArray[np.float64], meta: Mapping[str, Any]
-) -> None:
-    """Write measured outcomes: the arrays to ``<path>.npz``, ``meta`` to ``<path>.json``.
-
-    Atomic writes, arrays first (readers need both files): parallel test workers and pipeline
-    steps may measure the same key at once and must never read a torn file."""
-    from rl_conductor.storage import write_bytes
-
-    buf = io.BytesIO()
-    np.savez(buf, correct=correct, cost=cost)
-    write_bytes(str(path.with_suffix(".npz")), buf.getvalue())
-    write_bytes(str(path.with_suffix(".json")), json.dumps(meta).encode())
-
-
-def load_outcomes(path: Path) -> tuple[dict[str, Any], NDArray[np.bool_], NDArray[np.float64]]:
-    """What :func:`save_outcomes` wrote at ``path``: ``meta``, ``correct`` and ``cost``."""
-    arrays = np.load(path.with_suffix(".npz"))
-    meta = json.loads(path.with_suffix(".json").read_text())
-    return meta, arrays["correct"].astype(bool), arrays["cost"].astype(np.float64)
+    META = ("names", "task_ids", "domains")
 
 
 async def measure_singles(
