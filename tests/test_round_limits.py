@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from _pools import rising_pool
 from _tiny import Micro, trained_micro
 from rl_conductor.executor import RoundRequest, execute
 from rl_conductor.limits import RequestLimits
@@ -25,20 +26,11 @@ from rl_conductor.prompting import quantile_seconds, typical_cost
 from rl_conductor.rounds import REVIEW_QUANTILE, continuation_within_limits, single_within_budget
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.base import WorkerInfo
-from rl_conductor.workers.fake import FakeWorker, fake_info
+from rl_conductor.workers.fake import FakeWorker
 from rl_conductor.workers.pool import Pool
 from rl_conductor.workflow import Step, Workflow
 
 TASK = Task(id="t/1", question="What is 6 * 7?", answer="42", domain="math", source="test", grader="math")
-
-
-def _pool(*answers: str) -> Pool:
-    """w0, w1, w2 with rising prices, each answering its text."""
-    workers = [
-        FakeWorker(info=fake_info(f"w{i}", price_in=i + 1.0, price_out=2.0 * (i + 1)), answer=a)
-        for i, a in enumerate(answers)
-    ]
-    return Pool(name="fake", workers=list(workers))
 
 
 def _timed_pool() -> Pool:
@@ -68,7 +60,7 @@ def _typical(pool: Pool, *ids: int) -> float:
 
 
 def test_a_pair_the_budget_cannot_afford_is_cut_to_its_answering_step() -> None:
-    pool = _pool("1", "2", "3")
+    pool = rising_pool("1", "2", "3")
     view = pool.view()
     both = _typical(pool, 0, 1)
     assert single_within_budget(_pair(), view, None) is None
@@ -87,7 +79,7 @@ def test_a_pair_the_budget_cannot_afford_is_cut_to_its_answering_step() -> None:
 
 
 def test_a_continuation_keeps_only_what_the_limits_left_afford() -> None:
-    pool = _pool("1", "2", "3")
+    pool = rising_pool("1", "2", "3")
     view = pool.view()
     three = Workflow(steps=tuple(Step(1, "solve", ()) for _ in range(3)))
     one_fits = RequestLimits(max_cost_usd=_typical(pool, 1) * 1.5)
@@ -119,7 +111,7 @@ def test_the_review_quantile_is_the_conductors_deadline_quantile() -> None:
 
 
 async def test_the_cascade_asks_one_worker_when_the_budget_cannot_afford_its_pair() -> None:
-    pool = _pool("\\boxed{41}", "\\boxed{42}", "\\boxed{42}")
+    pool = rising_pool("\\boxed{41}", "\\boxed{42}", "\\boxed{42}")
     budget = _typical(pool, 0, 1) - 1e-6
     ep = await Cascade(("w0", "w1"), "w2").run(TASK, pool.view(), RequestLimits(max_cost_usd=budget))
     assert [s.worker for s in ep.trace.steps] == ["w1"]
@@ -135,7 +127,7 @@ async def _after_the_pair(pool: Pool, left: RequestLimits) -> RoundRequest:
 
 
 async def test_the_cascade_does_not_escalate_past_the_budget_left() -> None:
-    pool = _pool("\\boxed{41}", "\\boxed{42}", "\\boxed{7}")
+    pool = rising_pool("\\boxed{41}", "\\boxed{42}", "\\boxed{7}")
     cascade = Cascade(("w0", "w1"), "w2")
     up = _typical(pool, 2)
     short = await cascade.review(await _after_the_pair(pool, RequestLimits(max_cost_usd=up * 0.9)))
@@ -191,7 +183,7 @@ async def test_the_conductor_cuts_a_pair_the_budget_cannot_afford(
     from rl_conductor.policies.conductor import ConductorPolicy
 
     policy = ConductorPolicy(micro.final_dir)
-    pool = _pool("\\boxed{41}", "\\boxed{42}", "\\boxed{42}")
+    pool = rising_pool("\\boxed{41}", "\\boxed{42}", "\\boxed{42}")
     monkeypatch.setattr(policy, "_generate", Script(_text([0, 1]), _text([])))
     budget = _typical(pool, 0, 1) - 1e-6
     plan = await policy.plan(TASK, pool.view(), RequestLimits(max_cost_usd=budget, max_rounds=2))
@@ -208,7 +200,7 @@ async def test_the_conductors_review_adds_only_what_the_budget_left_affords(
     from rl_conductor.policies.conductor import ConductorPolicy
 
     policy = ConductorPolicy(micro.final_dir)
-    pool = _pool("\\boxed{41}", "\\boxed{42}", "\\boxed{42}")
+    pool = rising_pool("\\boxed{41}", "\\boxed{42}", "\\boxed{42}")
     # the review asks for three more answers of w1; the budget left affords about one
     monkeypatch.setattr(policy, "_generate", Script(_text([0]), _text([1, 1, 1])))
     budget = _typical(pool, 0) + 1.5 * _typical(pool, 1)

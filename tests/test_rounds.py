@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _pools import rising_pool
 from one_round_cases import golden_lines, run_cases
 from rl_conductor.errors import UserError
 from rl_conductor.executor import Continuation, RoundRequest, execute
@@ -32,15 +33,6 @@ from rl_conductor.workflow import Step, Workflow
 
 TASK = Task(id="t/1", question="What is 6 * 7?", answer="42", domain="math", source="test", grader="math")
 EPS = 1e-9
-
-
-def _pool(*answers: str) -> Pool:
-    """w0, w1, ... with rising prices, each answering its text."""
-    workers = [
-        FakeWorker(info=fake_info(f"w{i}", price_in=i + 1.0, price_out=2.0 * (i + 1)), answer=a)
-        for i, a in enumerate(answers)
-    ]
-    return Pool(name="fake", workers=list(workers))
 
 
 # --------------------------------------------------------------------------- one round = before
@@ -60,13 +52,13 @@ def test_one_round_traces_are_byte_identical_to_before_rounds() -> None:
     assert differ == []
     for line in got:
         assert '"rounds"' not in line  # the projection drops it: a one-round trace records none
-    pool = _pool("1", "2", "3")
+    pool = rising_pool("1", "2", "3")
     ep = asyncio.run(make_policy("cascade:w0,w1>w2", pool).run(TASK, pool.view(), RequestLimits()))
     assert ep.trace.rounds  # (a cascade is two rounds by definition, so it does record them)
 
 
 async def test_a_one_round_request_never_calls_the_review() -> None:
-    pool = _pool("\\boxed{1}")
+    pool = rising_pool("\\boxed{1}")
     calls: list[int] = []
 
     async def review(req: RoundRequest) -> Continuation:
@@ -118,7 +110,7 @@ async def test_a_later_round_sees_the_earlier_answers_and_starts_after_them() ->
 
 
 async def test_no_review_when_the_budget_or_the_calls_are_spent() -> None:
-    pool = _pool("\\boxed{1}")
+    pool = rising_pool("\\boxed{1}")
     called: list[int] = []
 
     async def review(req: RoundRequest) -> Continuation:
@@ -135,7 +127,7 @@ async def test_no_review_when_the_budget_or_the_calls_are_spent() -> None:
 
 
 async def test_a_failing_or_invalid_review_keeps_the_answer() -> None:
-    pool = _pool("\\boxed{1}")
+    pool = rising_pool("\\boxed{1}")
 
     async def broken(req: RoundRequest) -> Continuation:
         raise RuntimeError("no")
@@ -232,12 +224,12 @@ def test_answers_agree_on_multiple_choice() -> None:
 
 
 async def test_the_cascade_escalates_only_when_the_cheap_answers_disagree() -> None:
-    agree = _pool("\\boxed{42}", "so 42 it is: \\boxed{42}", "\\boxed{7}")
+    agree = rising_pool("\\boxed{42}", "so 42 it is: \\boxed{42}", "\\boxed{7}")
     cascade = Cascade(("w0", "w1"), "w2")
     ep = await cascade.run(TASK, agree.view(), RequestLimits())
     assert [s.worker for s in ep.trace.steps] == ["w0", "w1"] and ep.trace.rounds[1].decision == "keep"
     assert ep.trace.rounds[1].agree is True
-    differ = _pool("\\boxed{41}", "\\boxed{42}", "\\boxed{42}")
+    differ = rising_pool("\\boxed{41}", "\\boxed{42}", "\\boxed{42}")
     ep = await Cascade(("w0", "w1"), "w2").run(TASK, differ.view(), RequestLimits())
     assert [s.worker for s in ep.trace.steps] == ["w0", "w1", "w2"] and ep.trace.rounds[
         1
@@ -255,7 +247,7 @@ async def test_the_cascade_escalates_only_when_the_cheap_answers_disagree() -> N
 
 
 def test_cascade_specs() -> None:
-    pool = _pool("1", "2", "3")
+    pool = rising_pool("1", "2", "3")
     assert make_policy("cascade:w0*2>w2", pool).name == "cascade:w0*2>w2"
     assert make_policy("cascade:w0,w1", pool).name == "cascade:w0,w1"
     for bad in ("cascade:w0>w2", "cascade:w0*3>w2", "cascade:w0,w9>w2"):

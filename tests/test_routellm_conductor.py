@@ -109,16 +109,15 @@ def test_routellm_preset_weight_makes_gpt4_alone_suboptimal_yet_routing_pay() ->
 # -- subject neighbourhoods of the warm start (TrainConfig.warm_group_by) ---------------------
 
 
-def _mmlu(i: int, subject: str) -> Task:
+def _choice(id: str, question: str, domain: str, source: str, metadata: dict[str, str]) -> Task:
+    """A multiple-choice task whose answer is A."""
     return Task(
-        id=f"mmlu_stem/{i}",
-        question=f"Question {i}?",
-        answer="A",
-        domain="knowledge",
-        source="mmlu_stem",
-        grader="choice",
-        metadata={"subject": subject},
+        id=id, question=question, answer="A", domain=domain, source=source, grader="choice", metadata=metadata
     )
+
+
+def _mmlu(i: int, subject: str) -> Task:
+    return _choice(f"mmlu_stem/{i}", f"Question {i}?", "knowledge", "mmlu_stem", {"subject": subject})
 
 
 def test_group_of_by_subject_and_bad_grouping() -> None:
@@ -222,16 +221,7 @@ def test_domain_groups_pool_sources_the_conductor_cannot_tell_apart() -> None:
 
 
 def _reasoning(i: int, task_name: str | None) -> Task:
-    meta = {"task_name": task_name} if task_name else {}
-    return Task(
-        id=f"lr/{i}",
-        question=f"Q{i}?",
-        answer="A",
-        domain="reasoning",
-        source="lr",
-        grader="choice",
-        metadata=meta,
-    )
+    return _choice(f"lr/{i}", f"Q{i}?", "reasoning", "lr", {"task_name": task_name} if task_name else {})
 
 
 def test_task_groups_route_each_task_type_and_keep_the_domain_whole() -> None:
