@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 
 def free_port() -> int:
@@ -23,6 +26,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def predictor(
+    pool_cfg: Mapping[str, Any], folder: Path, args: Sequence[str], env: Mapping[str, str]
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """The predictor (``python -m rl_conductor.serving``, policy ``fixed:0,1``) on ``pool_cfg`` with
+    the further ``args`` and ``env``; yields the process and its log, both in ``folder`` with the
+    pool file. Terminated on exit."""
+    pool = folder / "pool.yaml"
+    pool.write_text(yaml.safe_dump(pool_cfg))
+    log = folder / "predictor.log"
+    cmd = [sys.executable, "-m", "rl_conductor.serving", "--pool", str(pool), "--policy", "fixed:0,1", *args]
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=dict(env))
+    try:
+        yield proc, log
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def wait_ready(

@@ -146,7 +146,7 @@ def _server(cmd: list[str], log: Path, port: int, timeout_s: float = 180.0) -> I
 
 async def _load(url: str, n: int, concurrency: int, warmup: int) -> dict[str, Any]:
     body = {"instances": [{"question": QUESTION, "max_cost_usd": 0.05}]}
-    limits = httpx.RequestLimits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
         path = "/v1/models/conductor:predict"
         for _ in range(warmup):

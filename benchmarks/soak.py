@@ -29,16 +29,13 @@ import os
 import platform
 import random
 import re
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
-from _predictor import free_port, report, wait_ready
+from _predictor import free_port, predictor, report, wait_ready
 
 KEY = "soak-key-0123456789abcdef"
 FAIL = 0.3
@@ -225,7 +222,7 @@ async def _run(url: str, port: int, n: int, concurrency: int, pid: int, seed: in
     done = 0
     t0 = time.perf_counter()
     async with httpx.AsyncClient(
-        base_url=url, timeout=60, limits=httpx.RequestLimits(max_connections=concurrency)
+        base_url=url, timeout=60, limits=httpx.Limits(max_connections=concurrency)
     ) as c:
 
         async def guarded(i: int, kind: str) -> None:
@@ -251,22 +248,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     port = free_port()
+    serve = ["--host", "127.0.0.1", "--http_port", str(port), "--body_timeout_s", "2"]
+    env = {**os.environ, "CONDUCTOR_API_KEYS": KEY, "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        pool = Path(tmp) / "pool.yaml"
-        pool.write_text(yaml.safe_dump(POOL))
-        log = Path(tmp) / "predictor.log"
-        cmd = [sys.executable, "-m", "rl_conductor.serving", "--pool", str(pool), "--policy", "fixed:0,1"]
-        cmd += ["--host", "127.0.0.1", "--http_port", str(port), "--body_timeout_s", "2"]
-        env = {**os.environ, "CONDUCTOR_API_KEYS": KEY, "PYTHONUNBUFFERED": "1"}
-        with log.open("wb") as fh:
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-        try:
+        with predictor(POOL, Path(tmp), serve, env) as (proc, log):
             url = f"http://127.0.0.1:{port}"
             wait_ready(proc, lambda: httpx.get(f"{url}/v2/health/ready"), log)
             run = asyncio.run(_run(url, port, args.requests, args.concurrency, proc.pid, args.seed))
-        finally:
-            proc.terminate()
-            proc.wait(30)
         text = log.read_text()
     soak: Soak = run["soak"]
     m = run["metrics"]

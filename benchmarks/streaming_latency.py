@@ -25,16 +25,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
-from _predictor import free_port, report, wait_ready
+from _predictor import free_port, predictor, report, wait_ready
 
 from rl_conductor.workers.live.testing import Reply, ScriptedServer, success_body
 
@@ -115,25 +112,18 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
 def _measure(pool_cfg: dict[str, Any], requests: int) -> tuple[dict[str, float], dict[str, float]]:
     """Median marks (streaming, non-streaming) of ``requests`` interleaved requests of each mode."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="streaming-bench-") as tmp:
-        pool = Path(tmp) / "pool.yaml"
-        pool.write_text(yaml.safe_dump(pool_cfg))
-        log = Path(tmp) / "predictor.log"
-        cmd = [sys.executable, "-m", "rl_conductor.serving", "--pool", str(pool), "--policy", "fixed:0,1"]
-        cmd += ["--auth", "none", "--host", "127.0.0.1", "--http_port", str(port)]
-        with log.open("wb") as fh:
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ})
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-                wait_ready(proc, lambda: client.get("/v2/health/ready"), log)
-                _stream_once(client), _plain_once(client)  # warm-up
-                streaming, plain = [], []
-                for _ in range(requests):  # interleaved: both modes see the same machine load
-                    streaming.append(_stream_once(client))
-                    plain.append(_plain_once(client))
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    args = ["--auth", "none", "--host", "127.0.0.1", "--http_port", str(port)]
+    with (
+        tempfile.TemporaryDirectory(prefix="streaming-bench-") as tmp,
+        predictor(pool_cfg, Path(tmp), args, os.environ) as (proc, log),
+        httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client,
+    ):
+        wait_ready(proc, lambda: client.get("/v2/health/ready"), log)
+        _stream_once(client), _plain_once(client)  # warm-up
+        streaming, plain = [], []
+        for _ in range(requests):  # interleaved: both modes see the same machine load
+            streaming.append(_stream_once(client))
+            plain.append(_plain_once(client))
     return _summary(streaming), _summary(plain)
 
 
