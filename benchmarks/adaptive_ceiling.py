@@ -53,7 +53,7 @@ from rl_conductor.reward import REWARD_PRESETS, RewardConfig, reward_of
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.graders import keys_agree
-from rl_conductor.workers.pool import load_pool
+from rl_conductor.workers.pool import Pool, load_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.6)
@@ -174,17 +174,28 @@ def routers(train: Split, test: Split, rc: RewardConfig) -> tuple[list[dict[str,
     return rows, threshold
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(doc: str | None, cost_weight: float) -> argparse.ArgumentParser:
+    """The options the adaptive_* benchmarks share: ``--pool`` and ``--cost-weight``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pool", default="gsm8k-six")
-    ap.add_argument("--cost-weight", type=float, default=0.25)
+    ap.add_argument("--cost-weight", type=float, default=cost_weight)
+    return ap
+
+
+def setting(args: argparse.Namespace) -> tuple[RewardConfig, Pool, str]:
+    """The cost-aware reward at ``--cost-weight``, the ``--pool`` and its default dataset."""
+    rc = replace(REWARD_PRESETS["cost-aware"], cost_weight=args.cost_weight)
+    pool = load_pool(args.pool)
+    return rc, pool, str(pool.options.get("default_dataset", args.pool))
+
+
+def main() -> None:
+    ap = arguments(__doc__, 0.25)
     ap.add_argument("--max-rounds", type=int, default=3, help="rounds of the longest cascade (>= 2)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "adaptive_ceiling.json")
     args = ap.parse_args()
     t0 = time.process_time()
-    rc = replace(REWARD_PRESETS["cost-aware"], cost_weight=args.cost_weight)
-    pool = load_pool(args.pool)
-    dataset = str(pool.options.get("default_dataset", args.pool))
+    rc, pool, dataset = setting(args)
     data = {}
     for split in ("train", "test"):
         tasks = load_tasks(dataset, split=split)

@@ -23,19 +23,19 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from adaptive_ceiling import arguments, setting
 
 from rl_conductor.evaluation.suite import run_eval
 from rl_conductor.policies.cascade import fit_cascade, measure_samples
-from rl_conductor.reward import REWARD_PRESETS, RewardConfig
+from rl_conductor.reward import RewardConfig
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.graders import keys_agree
 from rl_conductor.workers.pool import load_pool
@@ -103,15 +103,11 @@ def hindsight(pool_name: str, split: str, rc: RewardConfig) -> list[dict[str, An
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pool", default="gsm8k-six")
-    ap.add_argument("--cost-weight", type=float, default=0.3)
+    ap = arguments(__doc__, 0.3)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "adaptive_rounds.json")
     args = ap.parse_args()
-    rc = replace(REWARD_PRESETS["cost-aware"], cost_weight=args.cost_weight)
     t0 = time.perf_counter()
-    pool = load_pool(args.pool)
-    dataset = str(pool.options.get("default_dataset", args.pool))
+    rc, pool, dataset = setting(args)
     train = load_tasks(dataset, split="train")
     fits = fit_cascade(asyncio.run(measure_samples(pool, train)), train, rc)
     specs = [f"single:{n}" for n in pool.names()] + ["knn", "domain-router", "cascade", "oracle"]

@@ -36,7 +36,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import time
@@ -46,7 +45,7 @@ from typing import Any
 
 import numpy as np
 from _results import write_json
-from adaptive_ceiling import WEIGHTS, Split, cascade, hull_at, routers, summary
+from adaptive_ceiling import WEIGHTS, Split, arguments, cascade, hull_at, routers, setting, summary
 from adaptive_conductor import paired_ci
 from numpy.typing import NDArray
 
@@ -54,11 +53,10 @@ from rl_conductor.policies.cascade import measure_samples
 from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
 from rl_conductor.policies.knn import cached_embeddings
 from rl_conductor.review_evidence import FEATURES, choose_tau, design, fit_probe, gain_of, text_features
-from rl_conductor.reward import REWARD_PRESETS, RewardConfig, reward_of
+from rl_conductor.reward import RewardConfig, reward_of
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.gsm8k_six import RECORDINGS
 from rl_conductor.tasks.recordings_format import load_recordings
-from rl_conductor.workers.pool import load_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,15 +116,11 @@ def _reward(rc: RewardConfig, o: dict[str, NDArray[Any]]) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pool", default="gsm8k-six")
-    ap.add_argument("--cost-weight", type=float, default=0.25)
+    ap = arguments(__doc__, 0.25)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "adaptive_text.json")
     args = ap.parse_args()
     t0 = time.process_time()
-    rc = replace(REWARD_PRESETS["cost-aware"], cost_weight=args.cost_weight)
-    pool = load_pool(args.pool)
-    dataset = str(pool.options.get("default_dataset", args.pool))
+    rc, pool, dataset = setting(args)
     rec = load_recordings(RECORDINGS)
     data: dict[str, Split] = {}
     for split in ("train", "test"):
