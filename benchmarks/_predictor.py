@@ -49,19 +49,26 @@ def predictor(
 
 
 def wait_ready(
-    proc: subprocess.Popen[bytes], ready: Callable[[], httpx.Response], log: Path, timeout_s: float = 120
+    proc: subprocess.Popen[bytes],
+    ready: Callable[[], httpx.Response],
+    log: Path,
+    timeout_s: float = 120,
+    *,
+    unreachable: type[Exception] = httpx.TransportError,
+    failure: Callable[[str], BaseException] = lambda tail: SystemExit(f"predictor did not start:\n{tail}"),
 ) -> None:
-    """Poll ``ready`` (a GET of ``/v2/health/ready``) until it answers 200; exit with the log's tail
-    when the predictor ``proc`` ends or ``timeout_s`` pass first."""
+    """Poll ``ready`` (a GET of ``/v2/health/ready``; ``unreachable``: not up yet) until it answers
+    200; raise ``failure`` of the log's tail when the server ``proc`` ends or ``timeout_s`` pass
+    first (by default: exit, the predictor did not start)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             if ready().status_code == 200:
                 return
-        except httpx.TransportError:
+        except unreachable:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"predictor did not start:\n{log.read_text()[-3000:]}")
+            raise failure(log.read_text()[-3000:])
         time.sleep(0.2)
 
 

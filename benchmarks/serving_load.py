@@ -43,7 +43,7 @@ from typing import Any
 
 import httpx
 import yaml
-from _predictor import free_port  # benchmarks/_predictor.py (scripts run from this folder)
+from _predictor import free_port, wait_ready  # benchmarks/_predictor.py (scripts run from this folder)
 
 QUESTION = "A train leaves at 9:00 at 80 km/h, a second at 10:00 at 120 km/h. When does the second catch up?"
 FAKE_POOL = {
@@ -125,16 +125,14 @@ def _server(cmd: list[str], log: Path, port: int, timeout_s: float = 180.0) -> I
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start: {' '.join(cmd)}\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+        wait_ready(
+            proc,
+            lambda: httpx.get(f"{url}/v2/health/ready", timeout=2),
+            log,
+            timeout_s,
+            unreachable=httpx.HTTPError,
+            failure=lambda tail: RuntimeError(f"server did not start: {' '.join(cmd)}\n{tail}"),
+        )
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
