@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests._tiny import Micro, trained_micro
 from tests.test_conductor_policy import Script
 from tests.test_evidence import COST_AWARE, _tasks
 from tests.test_warmstart import EASY_HARD, PRICES, _table
 
+from _tiny import Micro, trained_micro
 from rl_conductor.limits import RequestLimits
 from rl_conductor.lm.generate import ids_prefix_ok
 from rl_conductor.policies.conductor import ConductorPolicy

@@ -54,7 +54,14 @@ from rl_conductor.prompting import review_prompt
 from rl_conductor.reward import RewardConfig, budget_stopped, grade_trace, reward_of
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
-from rl_conductor.training.candidates import ROLE_TEXT, Candidate, CandidateTable, save_arrays, single
+from rl_conductor.training.candidates import (
+    ROLE_TEXT,
+    Candidate,
+    CandidateTable,
+    load_arrays,
+    save_arrays,
+    single,
+)
 from rl_conductor.training.rounds import KEEP
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
@@ -144,16 +151,8 @@ class RoundsTable:
 
     @classmethod
     def load(cls, path: Path) -> RoundsTable:
-        with np.load(path) as z:
-            h = json.loads(str(z["header"]))
-            return cls(
-                **h,
-                correct=z["correct"],
-                cost=z["cost"],
-                stopped=z["stopped"],
-                calls=z["calls"],
-                done=z["done"],
-            )
+        header, arrays = load_arrays(path)
+        return cls(**header, **arrays)
 
 
 def domain_sets(table: CandidateTable, top_k: int, pair_k: int) -> dict[str, tuple[list[str], list[str]]]:

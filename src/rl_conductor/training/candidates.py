@@ -146,6 +146,12 @@ def save_arrays(path: Path, header: dict[str, Any], **arrays: np.ndarray) -> Non
     write_bytes(str(path), buf.getvalue())
 
 
+def load_arrays(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What :func:`save_arrays` wrote: the header and every array by name."""
+    with np.load(path) as z:
+        return json.loads(str(z["header"])), {k: z[k] for k in z.files if k != "header"}
+
+
 @dataclass
 class CandidateTable:
     """Outcomes of candidates on items: arrays of shape ``[items, candidates, conditions]``.
@@ -201,24 +207,23 @@ class CandidateTable:
 
     @classmethod
     def load(cls, path: Path) -> CandidateTable:
-        with np.load(path) as z:
-            h = json.loads(str(z["header"]))
-            return cls(
-                task_ids=h["task_ids"],
-                domains=h["domains"],
-                groups=h["groups"],
-                candidates=[Candidate.parse_name(n) for n in h["candidates"]],
-                budgets=h["budgets"],
-                correct=z["correct"],
-                cost=z["cost"],
-                stopped=z["stopped"],
-                tokens=z["tokens"],
-                done=z["done"],
-                calls=z["calls"] if "calls" in z.files else None,
-                meta=h["meta"],
-                deadlines=[float(d) for d in h.get("deadlines", [])],
-                cut=z["cut"] if "cut" in z.files else None,
-            )
+        h, z = load_arrays(path)
+        return cls(
+            task_ids=h["task_ids"],
+            domains=h["domains"],
+            groups=h["groups"],
+            candidates=[Candidate.parse_name(n) for n in h["candidates"]],
+            budgets=h["budgets"],
+            correct=z["correct"],
+            cost=z["cost"],
+            stopped=z["stopped"],
+            tokens=z["tokens"],
+            done=z["done"],
+            calls=z.get("calls"),
+            meta=h["meta"],
+            deadlines=[float(d) for d in h.get("deadlines", [])],
+            cut=z.get("cut"),
+        )
 
 
 def select_items(tasks: Sequence[Task], per_domain: int) -> list[Task]:
