@@ -58,6 +58,7 @@ from rl_conductor.training.candidates import (
     ROLE_TEXT,
     Candidate,
     CandidateTable,
+    cache_or_build,
     load_arrays,
     save_arrays,
     single,
@@ -306,14 +307,13 @@ def cached_rounds_table(
     h.update(np.ascontiguousarray(table.correct[:, :, 0]).tobytes())
     h.update(np.ascontiguousarray(table.cost[:, :, 0]).tobytes())
     path = Path(cache_dir) / f"rounds-{pool.name}-{h.hexdigest()[:20]}.npz"
-    if path.exists():
-        try:
-            return RoundsTable.load(path)
-        except Exception as exc:  # a torn or foreign file: rebuild it
-            log.warning("rounds table %s unreadable (%s): rebuilding", path, exc)
-    out = build_rounds_table(tasks, pool, table, top_k=top_k, pair_k=pair_k, max_steps=max_steps)
-    out.save(path)
-    return out
+    return cache_or_build(
+        path,
+        RoundsTable.load,
+        lambda: build_rounds_table(tasks, pool, table, top_k=top_k, pair_k=pair_k, max_steps=max_steps),
+        what="rounds table",
+        logger=log,
+    )
 
 
 #: (domain, first plan name, signal) -> continuation label

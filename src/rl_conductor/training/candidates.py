@@ -88,10 +88,10 @@ import multiprocessing
 import multiprocessing.util
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -144,6 +144,33 @@ def save_arrays(path: Path, header: dict[str, Any], **arrays: np.ndarray) -> Non
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays, header=np.array(json.dumps(header)))
     write_bytes(str(path), buf.getvalue())
+
+
+class _Saves(Protocol):
+    def save(self, path: Path) -> None: ...
+
+
+_Table = TypeVar("_Table", bound=_Saves)
+
+
+def cache_or_build(
+    path: Path,
+    load: Callable[[Path], _Table],
+    build: Callable[[], _Table],
+    *,
+    what: str,
+    logger: logging.Logger,
+) -> _Table:
+    """The table cached at ``path``, else ``build()`` saved there: a torn or foreign file (one that
+    ``load`` cannot read) is rebuilt, with a warning on ``logger`` naming ``what``."""
+    if path.exists():
+        try:
+            return load(path)
+        except Exception as exc:  # a torn or foreign file: rebuild it
+            logger.warning("%s %s unreadable (%s): rebuilding", what, path, exc)
+    table = build()
+    table.save(path)
+    return table
 
 
 def load_arrays(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -748,11 +775,6 @@ def cached_table(
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
     path = Path(cache_dir) / f"candidates-{pool.name}-{key}.npz"
-    if path.exists():
-        try:
-            return CandidateTable.load(path)
-        except Exception as exc:  # a torn or foreign file: rebuild it
-            log.warning("candidate table %s unreadable (%s): rebuilding", path, exc)
-    table = build_table(tasks, pool, **kw)
-    table.save(path)
-    return table
+    return cache_or_build(
+        path, CandidateTable.load, lambda: build_table(tasks, pool, **kw), what="candidate table", logger=log
+    )
