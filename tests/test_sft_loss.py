@@ -321,3 +321,74 @@ def test_the_warm_start_trains_with_the_configured_weight(
     train_mod._sft(cfg, Path(trainer.model.name_or_path), records, tmp_path / "sft", progress=False)
     assert seen and all(w == 7.0 and k > 0 for w, k in seen)
     assert (tmp_path / "sft" / "config.json").exists()
+
+
+def test_padding_only_after_each_rows_last_token() -> None:
+    labels = torch.tensor([[-100, 5, 6, -100], [-100, 7, -100, -100]])
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    assert sft_loss.padding_only_after(right, labels)
+    assert not sft_loss.padding_only_after(
+        torch.ones_like(right), labels
+    )  # no padding: transformers' own path
+    assert not sft_loss.padding_only_after(torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1]]), labels)  # left-padded
+    assert not sft_loss.padding_only_after(torch.tensor([[1, 0, 1, 0], [1, 1, 0, 0]]), labels)  # a hole
+    assert not sft_loss.padding_only_after(right, torch.tensor([[-100, 5, 6, 9], [-100, 7, -100, -100]]))
+    assert not sft_loss.padding_only_after(torch.tensor([[1, 1, 2, 0], [1, 1, 0, 0]]), labels)
+    assert not sft_loss.padding_only_after(None, labels)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_right_padded_batches_give_the_masked_loss_and_gradients_bit_for_bit(
+    trainer: CompletionLossSFTTrainer,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    kv_heads: int,
+) -> None:
+    """With padding only after each row, causal attention (is_causal, skipping the blocks above
+    the diagonal) stands in for the padding mask: the same loss and every gradient bit for bit,
+    with key/value heads shared (grouped-query: 2 query heads per key/value head) or not."""
+    import importlib
+
+    from transformers import AttentionInterface, AutoModelForCausalLM
+
+    module = importlib.import_module("rl_conductor.training.sft_loss")  # not the lazy stand-in
+
+    model_dir = build_tiny(
+        [t.question for t in load_tasks("gsm8k")[:40]],
+        tmp_path_factory.mktemp("sft-loss-gqa") / "tiny",
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,  # with one key/value head: grouped-query attention
+        num_key_value_heads=kv_heads,
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert model.config._attn_implementation == "sdpa"
+    model.train()
+    batch = _batch(trainer)
+    assert int((batch["attention_mask"] == 0).sum()) > 0  # the collator padded it (on the right)
+    assert sft_loss.padding_only_after(batch["attention_mask"], batch["labels"])
+    masks: list[Any] = []
+    real = AttentionInterface._global_mapping[sft_loss.CAUSAL_SDPA]
+
+    def spy(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **k: Any) -> Any:
+        masks.append(attention_mask)
+        return real(module, query, key, value, attention_mask, **k)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, sft_loss.CAUSAL_SDPA, spy)
+    causal, g_causal = _loss_and_grads(lambda: sft_loss.completion_nll(model, dict(batch))[0], model)
+    layers = model.config.num_hidden_layers
+    assert len(masks) == layers and all(m is None for m in masks)  # every layer ran the causal kernel
+    assert model.config._attn_implementation == "sdpa"  # switched back
+    with monkeypatch.context() as m:
+        m.setattr(module, "padding_only_after", lambda *a: False)
+        masked, g_masked = _loss_and_grads(lambda: sft_loss.completion_nll(model, dict(batch))[0], model)
+    assert len(masks) == layers  # the masked path never came here
+    assert causal == masked and g_causal.keys() == g_masked.keys() and len(g_causal) > 0
+    for name, g in g_causal.items():
+        assert torch.equal(g, g_masked[name]), name
+    # a batch without padding keeps transformers' own path (there grouped-query attention runs in
+    # the kernel, whose key/value gradients are summed in another order)
+    full = {k: v[:1, : int(batch["attention_mask"][0].sum())] for k, v in batch.items()}
+    sft_loss.completion_nll(model, full)
+    assert len(masks) == layers
