@@ -137,6 +137,15 @@ def row(name: str, res: Any) -> dict[str, Any]:
         "multi_round_rate_agree": share([r for r in recs if r.first_agree is True]),
         "multi_round_rate_disagree": share([r for r in recs if r.first_agree is False]),
         "multi_round_rate_one_answer": share(one),
+        "by_domain": {
+            d: {
+                "n": sum(r.domain == d for r in recs),
+                "accuracy": float(np.mean([r.correct for r in recs if r.domain == d])),
+                "mean_cost_usd": float(np.mean([r.cost_usd for r in recs if r.domain == d])),
+                "multi_round_rate": share([r for r in recs if r.domain == d]),
+            }
+            for d in sorted({r.domain for r in recs})
+        },
         "shapes": s.get("shapes"),
     }
 
@@ -156,15 +165,27 @@ def main() -> None:
         help="another policy to compare, e.g. 'gsm8k-six Conductor=conductor:runs/gsm8k-six/final' "
         "(evaluated with max_rounds 2; a Conductor trained for one round plans once)",
     )
+    ap.add_argument(
+        "--no-baselines",
+        dest="baselines",
+        action="store_false",
+        help="only the Conductor (two rounds and one) and the --also policies",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     rc = replace(REWARD_PRESETS["cost-aware"], cost_weight=args.cost_weight)
     pool = load_pool(args.pool)
-    dataset = str(pool.options.get("default_dataset", args.pool))
+    # the dataset the Conductor was trained for (a built-in pool such as paper-sim names none)
+    trained = json.loads((args.model / "conductor.json").read_text())
+    dataset = str(trained.get("dataset") or pool.options.get("default_dataset", args.pool))
     view = pool.view()
     kw: dict[str, Any] = {"seed": 0, "dataset": dataset, "reward_config": rc, "fit_limit": None}
     conductor = make_policy(f"conductor:{args.model}", pool, **kw)
-    baselines = ["cascade", "knn", "domain-router", "oracle", *(f"single:{n}" for n in pool.names())]
+    baselines = (
+        ["cascade", "knn", "domain-router", "oracle", *(f"single:{n}" for n in pool.names())]
+        if args.baselines
+        else []
+    )
     built = [make_policy(spec, pool, **kw) for spec in baselines]
     also = [(n, make_policy(s, pool, **kw)) for n, _, s in (a.rpartition("=") for a in args.also)]
     follow = FollowsEstimate(conductor)
@@ -226,6 +247,14 @@ def main() -> None:
                 f"| {name} | {100 * a['mean']:+.1f} [{100 * a['low']:+.1f}, {100 * a['high']:+.1f}] "
                 f"| {c['mean']:+.6f} | {w['mean']:+.4f} [{w['low']:+.4f}, {w['high']:+.4f}] |"
             )
+        print("\nby domain (acc % / $ per question / rounds>1 %):")
+        for r in rows[:2]:
+            cells = [
+                f"{d} (n={v['n']}): {pct(v['accuracy'])} / {v['mean_cost_usd']:.6f} "
+                f"/ {pct(v['multi_round_rate'])}"
+                for d, v in r["by_domain"].items()
+            ]
+            print(f"  {r['policy']}: " + "; ".join(cells))
         print("review vs the cascade's rule:", result[split]["review"])
         print("review vs its estimate line:", result[split]["review_follows_estimate"])
     result["seconds"] = time.perf_counter() - t0

@@ -311,18 +311,40 @@ async def test_a_refused_plan_shows_the_completion_that_was_refused_not_the_fall
 # --------------------------------------------------------------------------- rounds
 
 
+@pytest.fixture
+def reviewer(micro: Micro) -> ConductorPolicy:
+    """The micro Conductor standing in for a model trained for two rounds (``conductor.json``
+    ``max_rounds: 2``); the tests script what it writes."""
+    p = ConductorPolicy(micro.final_dir)
+    p.meta["max_rounds"] = 2
+    return p
+
+
+async def test_a_model_trained_for_one_round_never_reviews(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request's max_rounds is an allowance: a model trained to plan once never learnt the review
+    prompt, so it keeps its answer (before, its untrained review added steps on most questions)."""
+    assert policy.trained_rounds == 1
+    script = _review_script(_plan_text([0]), _plan_text([1]))
+    monkeypatch.setattr(policy, "_generate", script)
+    ep = await policy.run(_task(), _pool().view(), RequestLimits(max_rounds=2))
+    assert len(script.calls) == 1 and ep.trace.rounds == [] and ep.trace.calls == 1
+    assert policy.review_hook(RequestLimits(max_rounds=2)) is None
+
+
 def _review_script(first: str, review: str) -> Script:
     return Script(lambda prompt, call: review if "Workflow so far:" in prompt else first)
 
 
 async def test_a_second_round_adds_steps_that_see_the_first(
-    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+    reviewer: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pool = _pool()
     # the review adds one step on w1 that sees step 0 (numbered after the steps so far)
     script = _review_script(_plan_text([0]), _plan_text([1], ["[0]"]))
-    monkeypatch.setattr(policy, "_generate", script)
-    ep = await policy.run(_task(), pool.view(), RequestLimits(max_rounds=2))
+    monkeypatch.setattr(reviewer, "_generate", script)
+    ep = await reviewer.run(_task(), pool.view(), RequestLimits(max_rounds=2))
     assert [s.worker for s in ep.trace.steps] == ["w0", "w1"]
     assert ep.trace.steps[1].visible == [0]
     assert ep.trace.final_answer == "\\boxed{w1}" and ep.trace.calls == 2
@@ -340,45 +362,45 @@ async def test_a_second_round_adds_steps_that_see_the_first(
     )
 
 
-async def test_one_round_never_reviews(policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_one_round_never_reviews(reviewer: ConductorPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
     script = _review_script(_plan_text([0]), _plan_text([1]))
-    monkeypatch.setattr(policy, "_generate", script)
-    ep = await policy.run(_task(), _pool().view(), RequestLimits())
+    monkeypatch.setattr(reviewer, "_generate", script)
+    ep = await reviewer.run(_task(), _pool().view(), RequestLimits())
     assert len(script.calls) == 1 and ep.trace.rounds == [] and ep.trace.calls == 1
 
 
 async def test_an_empty_review_keeps_the_answer(
-    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+    reviewer: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     empty = "model_id = []\nsubtasks = []\naccess_list = []"
-    monkeypatch.setattr(policy, "_generate", _review_script(_plan_text([0, 1], ["[]", "[]"]), empty))
-    ep = await policy.run(_task(), _pool().view(), RequestLimits(max_rounds=3))
+    monkeypatch.setattr(reviewer, "_generate", _review_script(_plan_text([0, 1], ["[]", "[]"]), empty))
+    ep = await reviewer.run(_task(), _pool().view(), RequestLimits(max_rounds=3))
     assert [r.decision for r in ep.trace.rounds] == ["plan", "keep"]
     assert ep.trace.rounds[1].agree is False  # w0 and w1 answered differently
     assert ep.trace.final_answer == "\\boxed{w1}" and ep.trace.calls == 2
     # an empty plan is only acceptable in a review
-    monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call: empty))
-    assert (await policy.plan(_task(), _pool().view(), RequestLimits())).fallback
+    monkeypatch.setattr(reviewer, "_generate", Script(lambda prompt, call: empty))
+    assert (await reviewer.plan(_task(), _pool().view(), RequestLimits())).fallback
 
 
 async def test_an_unparseable_review_keeps_the_answer(
-    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+    reviewer: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(policy, "_generate", _review_script(_plan_text([0]), "no lists here"))
-    ep = await policy.run(_task(), _pool().view(), RequestLimits(max_rounds=2))
+    monkeypatch.setattr(reviewer, "_generate", _review_script(_plan_text([0]), "no lists here"))
+    ep = await reviewer.run(_task(), _pool().view(), RequestLimits(max_rounds=2))
     assert [r.decision for r in ep.trace.rounds] == ["plan", "keep"] and ep.trace.calls == 1
 
 
 async def test_later_rounds_share_the_budget(
-    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+    reviewer: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pool = _pool()
-    monkeypatch.setattr(policy, "_generate", _review_script(_plan_text([0]), _plan_text([1, 1, 1])))
+    monkeypatch.setattr(reviewer, "_generate", _review_script(_plan_text([0]), _plan_text([1, 1, 1])))
     # room for the first call only: the review sees the budget left and adds none of the three
     # steps, each of which a typical answer of w1 would overrun (rounds.continuation_within_limits;
     # before, they were planned and stopped by the executor)
     limits = RequestLimits(max_rounds=2, max_cost_usd=0.0008)
-    ep = await policy.run(_task(), pool.view(), limits)
+    ep = await reviewer.run(_task(), pool.view(), limits)
     assert ep.trace.cost_usd <= 0.0008
     assert ep.trace.rounds[1].decision == "keep" and ep.trace.calls == 1
     assert not any(s.status == "skipped_budget" for s in ep.trace.steps)

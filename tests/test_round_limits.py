@@ -200,6 +200,7 @@ async def test_the_conductors_review_adds_only_what_the_budget_left_affords(
     from rl_conductor.policies.conductor import ConductorPolicy
 
     policy = ConductorPolicy(micro.final_dir)
+    policy.meta["max_rounds"] = 2  # stands for a model trained to review; its review is scripted
     pool = rising_pool("\\boxed{41}", "\\boxed{42}", "\\boxed{42}")
     # the review asks for three more answers of w1; the budget left affords about one
     monkeypatch.setattr(policy, "_generate", Script(_text([0]), _text([1, 1, 1])))

@@ -90,13 +90,33 @@ def test_answer_batch_returns_answer_workflow_steps_and_cost(micro: Micro, quest
             assert res["answer"] and res["cost_usd"] > 0 and res["tokens"] > 0
 
 
-def test_a_request_states_its_rounds_and_the_response_shows_them(micro: Micro, questions: list[str]) -> None:
-    """max_rounds 1 (the micro model's conductor.json default) records no rounds; max_rounds 2
-    records the plan and the review (the micro model's review rarely parses: it keeps then), and
-    a later round's steps are in the workflow and the steps alike."""
-    inputs = [questions[0], {"question": questions[0], "max_rounds": 2}]
-    one, two = pyfunc.answer_batch(micro.final_dir, inputs)
+def test_a_request_states_its_rounds_and_the_response_shows_them(
+    micro: Micro, questions: list[str], tmp_path: Path
+) -> None:
+    """max_rounds 1 (the micro model's conductor.json default) records no rounds; max_rounds 2 to a
+    model trained for two rounds (the micro model's folder with ``max_rounds: 2`` in its
+    conductor.json) records the plan and the review (the micro model's review rarely parses: it
+    keeps then), and a later round's steps are in the workflow and the steps alike. The micro
+    model itself, trained to plan once, does not review whatever the request allows."""
+    import json
+    import shutil
+
+    reviewer = tmp_path / "two-rounds"
+    shutil.copytree(micro.final_dir, reviewer)
+    meta = json.loads((reviewer / "conductor.json").read_text())
+    (reviewer / "conductor.json").write_text(json.dumps({**meta, "max_rounds": 2}))
+    q = questions[0]
+    assert [
+        r["rounds"] for r in pyfunc.answer_batch(micro.final_dir, [q, {"question": q, "max_rounds": 2}])
+    ] == [
+        [],
+        [],
+    ]
+    one, two, own = pyfunc.answer_batch(
+        reviewer, [{"question": q, "max_rounds": 1}, {"question": q, "max_rounds": 2}, q]
+    )
     assert one["rounds"] == []
+    assert [r["index"] for r in own["rounds"]] == [1, 2]  # a request that states none: the model's 2
     first, review = two["rounds"]
     assert first["decision"] == "plan" and first["steps"] == list(range(len(first["steps"])))
     assert review["decision"] in ("keep", "continue", "stop") and review["index"] == 2

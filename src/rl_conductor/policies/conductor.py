@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from rl_conductor.errors import InvalidSpec, model_not_found
-from rl_conductor.executor import Continuation, RoundRequest
+from rl_conductor.executor import Continuation, ReviewHook, RoundRequest
 from rl_conductor.limits import RequestLimits
 from rl_conductor.lm.generate import generate, load_lm
 from rl_conductor.lm.models import looks_like_hf_id
@@ -582,6 +582,20 @@ class ConductorPolicy(Policy):
             return self._plan_requests(
                 [t for t, _, _ in items], [v for _, v, _ in items], [lim for _, _, lim in items]
             )
+
+    @property
+    def trained_rounds(self) -> int:
+        """The rounds the model was trained for (``conductor.json`` ``max_rounds``; 1 without it)."""
+        return int(self.meta.get("max_rounds", 1))
+
+    def review_hook(self, limits: RequestLimits) -> ReviewHook | None:
+        """None for a model trained to plan once, whatever the request allows: it never learnt the
+        review prompt, and what it writes there is no decision (the ``tiny`` preset's Conductor
+        under ``max_rounds`` 2 added steps after 99.8 % of 510 paper-sim test questions and cost
+        2.5 times as much). A request's ``max_rounds`` is an allowance, not an order."""
+        if self.trained_rounds <= 1:
+            return None
+        return super().review_hook(limits)
 
     async def review(self, request: RoundRequest) -> Continuation:
         """Read the workflow so far and its answers; keep the answer or add steps (module docstring).

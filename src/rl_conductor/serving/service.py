@@ -481,7 +481,7 @@ def _answers_with_last_step(policy: Policy, limits: RequestLimits) -> bool:
     oracle)."""
     if not policy.executes_as_planned():
         return False
-    return limits.max_rounds <= 1 or not policy.reviews()
+    return policy.review_hook(limits) is None
 
 
 #: An attempt's error as the executor writes it: ``worker: ExceptionType: the worker's message``.
