@@ -135,6 +135,42 @@ async def test_a_review_never_reads_a_label_only_answer(tmp_path: Path) -> None:
     assert keys[1][0][0] == keys[1][1][0] is not None and keys[1][2] == [None] * 3
 
 
+async def test_a_review_never_reads_a_final_answer_line_made_from_a_label(tmp_path: Path) -> None:
+    """A recorded text that grades against its label gets a final-answer line made from the label
+    (the gold when labelled right): two such texts would "agree" on the gold whatever the models
+    wrote (here 7 and 9), so they count as made from the label too, and a stored completion keeps
+    that mark (a cache hit is no model's text either, and no export writes it as one)."""
+    from rl_conductor.policies.cascade import measure_samples
+    from rl_conductor.workers.cache import CachedWorker, SqliteCacheStore
+    from rl_conductor.workers.cache_export import export_cache
+
+    rows = [
+        {
+            **_item(
+                2,
+                a={"text": "I think it is 7. #### 7", "correct": True},
+                b={"text": "Surely 9. #### 9", "correct": True},
+                c={"text": "#### 3", "correct": False},
+            )
+        }
+    ]
+    path = _write(tmp_path / "r.jsonl", rows)  # fmt: skip
+    pool = build_pool({"recordings": str(path), "workers": [
+        {"name": n, "kind": "replay", "price_in": 1.0, "price_out": 2.0} for n in "abc"]})  # fmt: skip
+    task = load_tasks(dataset_name(path))[0]
+    ep = await make_policy("cascade:a,b>c", pool).run(task, pool.view(), RequestLimits(max_rounds=2))
+    assert [(s.worker, s.synthesised) for s in ep.trace.steps] == [("a", True), ("b", True), ("c", True)]
+    assert (await measure_samples(pool, [task])).keys == [[[None] * 3] * 3]
+    store = SqliteCacheStore(tmp_path / "cache.sqlite")
+    cached = CachedWorker(inner=pool.get("a"), store=store)
+    msgs = [{"role": "user", "content": task.question}]
+    for _ in range(2):  # a miss, then a hit
+        comp = await cached.complete(msgs, max_tokens=256, temperature=0.0, context=CallContext(task))
+        assert comp.synthesised
+    assert cached.hits == 1
+    assert export_cache(store, tmp_path / "out.jsonl")["items"] == 0
+
+
 async def test_routellm_recordings_are_one_instance_of_the_format(tmp_path: Path) -> None:
     path = tmp_path / "routellm.jsonl.gz"
     assert write_recordings(path, routellm_recordings()) == len(load_tasks("routellm"))

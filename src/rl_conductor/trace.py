@@ -74,8 +74,8 @@ class StepRecord:
     finish_reason: str = ""
     #: the token counts are estimates (the worker's server reported no usage)
     tokens_estimated: bool = False
-    #: the answer is a stand-in made from a recorded label (``Completion.synthesised``): graded,
-    #: never read by a review or compared with another answer
+    #: the answer (or its final-answer line) was made from a recorded label
+    #: (``Completion.synthesised``): graded, never read by a review or compared with another answer
     synthesised: bool = False
     requested_worker: str = ""
     attempts: list[Attempt] = field(default_factory=list)

@@ -43,9 +43,10 @@ class Completion:
     finish_reason: str = ""
     #: token counts are estimates (the server reported no usage), not the server's figures
     tokens_estimated: bool = False
-    #: the text is no model's answer but a stand-in made from a recorded correctness label (a
-    #: replay pool's label-only response): it grades as recorded, and nothing else may read it —
-    #: comparing two such texts would compare the labels (:func:`rl_conductor.rounds.summarize`)
+    #: the text, or the final-answer line appended to it, was made from a recorded correctness
+    #: label (a replay pool's label-only response, or a recorded text normalised to grade as its
+    #: label): it grades as recorded, and nothing else may read it — comparing two such answers
+    #: would compare the labels (:func:`rl_conductor.rounds.summarize`)
     synthesised: bool = False
 
 

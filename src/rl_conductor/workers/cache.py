@@ -308,6 +308,7 @@ class CachedWorker(WorkerWrapper):
                 cached=True,
                 finish_reason=str(row.get("finish_reason", "")),
                 tokens_estimated=bool(row.get("tokens_estimated", False)),
+                synthesised=bool(row.get("synthesised", False)),
             )
         self.misses += 1
         store.misses += 1
@@ -357,4 +358,5 @@ def _entry(
         "latency_s": comp.latency_s,
         "finish_reason": comp.finish_reason,
         "tokens_estimated": comp.tokens_estimated,
+        "synthesised": comp.synthesised,
     }

@@ -11,7 +11,8 @@ answers visible, then the lowest nonce, then the earliest. Its text, tokens, cos
 are kept as recorded; ``correct`` is the project's grade of that text against the item's gold
 (absent when the item has no gold answer).
 
-What is left out: entries made without a task (free-text calls: no item to belong to); entries
+What is left out: entries made without a task (free-text calls: no item to belong to), entries
+whose text was made from a recorded label (``Completion.synthesised``: no model wrote it); entries
 of serving traffic (a request's question, task source ``request``, or ``origin: serving``)
 unless ``include_serving`` is set, since those are users' questions rather than benchmark items;
 and private entries (``sensitivity: private``), always: a private request's text never leaves the
@@ -73,6 +74,8 @@ def export_cache(
             serving += 1
             continue
         if not entry.get("task") or (keep is not None and entry["worker"] not in keep):
+            continue
+        if entry.get("synthesised"):  # made from a recorded label, not a model's text: no recording
             continue
         task = Task.from_dict(entry["task"])
         tasks.setdefault(task.id, task)

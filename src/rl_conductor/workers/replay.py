@@ -279,7 +279,7 @@ class ReplayWorker(CallWorker):
                 output_tokens=output_tokens,
                 latency_s=latency,
                 latency_scale=self.latency_scale,
-                synthesised=answer.synthesised,
+                synthesised=answer.synthesised or answer.normalised,
             )
         if self.latency_scale > 0:
             await asyncio.sleep(latency * self.latency_scale)
@@ -290,7 +290,7 @@ class ReplayWorker(CallWorker):
             cost_usd=rec.cost_usd,
             latency_s=latency,
             worker=self.info.name,
-            synthesised=answer.synthesised,
+            synthesised=answer.synthesised or answer.normalised,
         )
 
 
