@@ -103,7 +103,11 @@ def family_gap(
     gaps = np.array(
         [acc_c[b] - upper_hull_at(cost_p[b], acc_p[b], float(cost_c[b])) for b in range(len(weights))]
     )
+    if np.isnan(gaps[0]):
+        raise ValueError("the Conductor is cheaper than every point of a family: no hull at its cost")
     return {
+        # draws where the Conductor was cheaper than every point (no hull there): left out of the CI
+        "nan_draws": int(np.isnan(gaps[1:]).sum()),
         "hull_accuracy": float(acc_c[0] - gaps[0]),
         "gap_points": float(100 * gaps[0]),
         "ci95_points": [
