@@ -18,16 +18,13 @@ from rl_conductor.executor import RoundRequest
 from rl_conductor.limits import RequestLimits
 from rl_conductor.prompting import RoundSummary, quantile_seconds, typical_cost
 from rl_conductor.tasks.graders import agreement, extract_answer
-from rl_conductor.trace import ANSWERED
 from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Step, Workflow
 
 
 def summarize(request: RoundRequest) -> RoundSummary:
     """The :class:`RoundSummary` of ``request``'s steps so far."""
-    # a label-only replay answer is a stand-in that encodes its label: reading or comparing it
-    # would tell the review which answers are right, which no real answer does
-    answered = [r for r in request.records if r.status in ANSWERED and r.answer and not r.synthesised]
+    answered = [r for r in request.records if r.readable_answer]
     texts = [r.answer for r in answered]
     return RoundSummary(
         steps=tuple(r.index for r in answered),

@@ -80,6 +80,13 @@ class StepRecord:
     requested_worker: str = ""
     attempts: list[Attempt] = field(default_factory=list)
 
+    @property
+    def readable_answer(self) -> str:
+        """The answer a review, a vote or a cascade's fit may read and compare: the step's text when
+        it answered, "" otherwise or when the text was made from a recorded label (``synthesised``:
+        comparing two such texts would compare the labels)."""
+        return self.answer if self.status in ANSWERED and not self.synthesised else ""
+
     def __post_init__(self) -> None:
         if self.status not in STEP_STATUSES:
             raise ValueError(f"step status {self.status!r} is not one of {STEP_STATUSES}")

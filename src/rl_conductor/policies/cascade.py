@@ -100,8 +100,8 @@ async def measure_samples(pool: Pool, tasks: Sequence[Task]) -> SampleOutcomes:
                         one = replace(tr, steps=[rec], final_answer=text)
                         correct[start + i, j, k] = grade_trace(t, one)
                         cost[start + i, j, k] = rec.cost_usd
-                        # a label's stand-in has no answer to compare (see rounds.summarize)
-                        row[j].append(extract_answer(t, text) if text and not rec.synthesised else None)
+                        readable = rec.readable_answer
+                        row[j].append(extract_answer(t, readable) if readable else None)
                 keys.append(row)
             bar.advance(pid, len(chunk))
     return SampleOutcomes(view.names(), [t.id for t in tasks], correct, cost, keys)

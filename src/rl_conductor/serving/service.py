@@ -280,8 +280,7 @@ class ConductorService:
         """Rounds of a request that states none: the service's setting, else the model's."""
         if self.config.max_rounds is not None:
             return self.config.max_rounds
-        meta = getattr(self.policy, "meta", None)
-        return int(meta.get("max_rounds", 1)) if isinstance(meta, dict) else 1
+        return int(getattr(self.policy, "trained_rounds", 1))
 
     def check(self, request: ConductorRequest) -> None:
         """Raise :class:`RequestError` now for what :meth:`answer` would reject (unknown or no
