@@ -153,11 +153,13 @@ def main() -> None:
     train = Split(train_tasks, asyncio.run(measure_samples(pool, train_tasks)))
     w = len(train.names)
     orders = [o for r in range(2, args.cascade_rounds + 2) for o in itertools.permutations(range(w), r)]
-    train_reward = {
-        o: float(np.mean(reward_of(rc, correct=cascade(train, o)["correct"], cost=cascade(train, o)["cost"])))
-        for o in orders
-    }
-    fitted = {cw: max(orders, key=lambda o, cw=cw: _reward_at(train, o, rc, cw)) for cw in WEIGHTS}
+    runs = {o: _casc(train, o) for o in orders}  # each cascade replayed once on the training split
+
+    def train_reward(o: tuple[int, ...], cw: float = rc.cost_weight) -> float:
+        y, c = runs[o]
+        return float(np.mean(reward_of(replace(rc, cost_weight=cw), correct=y, cost=c)))
+
+    fitted = {cw: max(orders, key=lambda o, cw=cw: train_reward(o, cw)) for cw in WEIGHTS}
     result: dict[str, Any] = {
         "model": str(args.model),
         "pool": meta["pool"],
@@ -165,7 +167,7 @@ def main() -> None:
         "max_rounds": args.max_rounds,
         "weights": list(WEIGHTS),
         "fitted_cascades": {str(cw): [train.names[j] for j in o] for cw, o in fitted.items()},
-        "best_train_cascade": [train.names[j] for j in max(orders, key=train_reward.__getitem__)],
+        "best_train_cascade": [train.names[j] for j in max(orders, key=train_reward)],
     }
     rng = np.random.default_rng(0)
     for split in args.splits:
@@ -247,11 +249,6 @@ def main() -> None:
 def _casc(s: Split, o: tuple[int, ...]) -> tuple[NDArray[Any], NDArray[Any]]:
     r = cascade(s, o)
     return r["correct"], r["cost"]
-
-
-def _reward_at(s: Split, o: tuple[int, ...], rc: Any, cw: float) -> float:
-    r = cascade(s, o)
-    return float(np.mean(reward_of(replace(rc, cost_weight=cw), correct=r["correct"], cost=r["cost"])))
 
 
 def _plot(
