@@ -115,7 +115,8 @@ def predictor(
     cli: bool = False,
 ) -> Iterator[Predictor]:
     """Run ``python -m rl_conductor.serving ARGS`` (or ``conductor serve ARGS``) until the block ends
-    (``--auth none`` unless ARGS or ``env`` give API keys)."""
+    (``--auth none`` unless ARGS or ``env`` give API keys), in ``log_dir`` as its CONDUCTOR_HOME
+    unless ``env`` names a home or a tracking store."""
     (port,) = free_ports(1)
     log = log_dir / f"predictor-{port}.log"
     entry = (
@@ -128,6 +129,9 @@ def predictor(
         env and "CONDUCTOR_API_KEYS" in env
     ):
         cmd += ["--auth", "none"]  # tests of authentication pass their keys
+    env = dict(env or {})
+    if "CONDUCTOR_HOME" not in env and "MLFLOW_TRACKING_URI" not in env:
+        env["CONDUCTOR_HOME"] = str(log_dir)  # its traces and cache stay out of the checkout's .conductor
     server = Predictor(port=port, log=log)
     with process(cmd, log, f"{server.url}/v2/health/ready", env=env, timeout_s=timeout_s):
         yield server

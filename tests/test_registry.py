@@ -277,3 +277,25 @@ def test_default_locations_follow_conductor_home(tmp_path: Path, monkeypatch: py
         "a.c": "[1, 2]",
         "d": "",
     }
+
+
+@pytest.mark.slow
+def test_processes_started_together_on_a_fresh_home_share_one_store(tmp_path: Path) -> None:
+    """Four processes (say predictor replicas) open the default sqlite store of one fresh
+    CONDUCTOR_HOME at once: MLflow migrates a new file on first touch, and without the lock beside
+    it all but one failed with "duplicate column name" (CI, four test workers)."""
+    code = (
+        "from rl_conductor.tracking import mlflow_utils as m; m.configure(); "
+        "print(m.ensure_experiment('shared'))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env[mlflow_utils.HOME_ENV] = str(tmp_path)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(4)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err.decode()[-1500:] for _, err in outs]
+    assert len({out.strip() for out, _ in outs}) == 1  # one experiment, the same id everywhere

@@ -48,12 +48,9 @@ def champion_snapshot(model_name: str, version: int, champion_dir: str) -> dict[
     """The pool snapshot the champion was evaluated on (see module docstring); None if unknown."""
     from pathlib import Path
 
-    from mlflow import MlflowClient
-
     from rl_conductor.tracking import mlflow_utils
 
-    cfg = mlflow_utils.tracking_config()
-    client = MlflowClient(tracking_uri=cfg.tracking_uri, registry_uri=cfg.registry_uri)
+    client = mlflow_utils.client()
     tags = client.get_model_version(model_name, str(version)).tags
     if SNAPSHOT_TAG in tags:
         return dict(json.loads(tags[SNAPSHOT_TAG]))

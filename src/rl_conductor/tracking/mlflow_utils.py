@@ -12,6 +12,10 @@ Deliberate simplifications:
   experiment keeps its location, and an MLflow server chooses its own (``--artifacts-destination``).
 - Nested params are flattened to dotted keys and stringified; non-finite or non-numeric metric
   values are dropped rather than failing a long run at its end.
+- A local sqlite store is created (or upgraded) under a file lock beside it: MLflow migrates a
+  new sqlite file on first touch, and two processes doing so at once on one fresh file fail
+  ("duplicate column name"), e.g. predictor replicas, or a server and a training run, started
+  together on a fresh ``CONDUCTOR_HOME``.
 """
 
 from __future__ import annotations
@@ -120,11 +124,35 @@ def tracking_config() -> TrackingConfig:
     return _config if _config is not None else configure()
 
 
+_schema_ready: set[str] = set()
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
+def _ensure_schema(cfg: TrackingConfig) -> None:
+    """Create or upgrade the schema of each local sqlite store of ``cfg`` once per process, one
+    process at a time (see the module's docstring)."""
+    from filelock import FileLock
+    from mlflow import MlflowClient
+
+    for uri in dict.fromkeys((cfg.tracking_uri, cfg.registry_uri)):
+        path = _sqlite_path(uri)
+        if path is None or uri in _schema_ready:
+            continue
+        with FileLock(f"{path}.lock"):
+            MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments(max_results=1)
+        _schema_ready.add(uri)
+
+
 def client() -> MlflowClient:
-    """An MlflowClient for the configured tracking store and registry."""
+    """An MlflowClient for the configured tracking store and registry (a new local sqlite store
+    is created first, under its lock)."""
     from mlflow import MlflowClient
 
     cfg = tracking_config()
+    _ensure_schema(cfg)
     return MlflowClient(tracking_uri=cfg.tracking_uri, registry_uri=cfg.registry_uri)
 
 
