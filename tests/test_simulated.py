@@ -197,6 +197,40 @@ def test_filler_never_changes_a_grade() -> None:
         assert not grade(task, render_answer(task, None, 800, _rng()))  # cut before the answer
 
 
+def test_a_trace_grade_costs_one_grading_per_simulated_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """reward.grade_trace grades a simulated text by its value: renderings with different filler
+    cost one real grading (a sandbox start for code) between them, with the real grader's verdict;
+    a text the simulation did not render is graded as it is."""
+    import random
+
+    from rl_conductor import reward
+    from rl_conductor.tasks import graders
+    from rl_conductor.trace import Trace
+
+    task = replace(CODE_TASK, id="syn-code/once")
+    calls: list[str] = []
+    real = graders.grade
+
+    def counted(t: Task, text: str) -> bool:
+        calls.append(text)
+        return real(t, text)
+
+    monkeypatch.setattr(graders, "grade", counted)
+
+    def trace(text: str) -> Trace:
+        return Trace(task_id=task.id, final_answer=text)
+
+    right = [render_answer(task, task.answer, n, random.Random(n)) for n in (5, 50, 400)]
+    wrong = render_answer(task, "def add(a, b):\n    return a - b\n", 30, random.Random(1))
+    assert len(set(right)) == 3  # three texts, one value
+    assert [reward.grade_trace(task, trace(t)) for t in right] == [True] * 3
+    assert not reward.grade_trace(task, trace(wrong))
+    assert len(calls) == 2  # one per value, not one per text
+    assert all(real(task, t) for t in right) and not real(task, wrong)
+    own = "```python\ndef add(a, b):\n    return b + a\n```"  # no simulation rendered it
+    assert reward.grade_trace(task, trace(own)) and calls[-1] == own
+
+
 def test_wrong_answers_of_different_workers_often_coincide() -> None:
     pool = syn_pool()
     items = [t for t in SYN if t.domain == "reasoning"][:120]

@@ -94,8 +94,16 @@ def reward_from_dict(data: dict[str, float]) -> RewardConfig:
 
 
 def grade_trace(task: Task, trace: Trace) -> bool:
-    """Whether the trace's final answer is correct for the task."""
-    return bool(trace.final_answer) and _GRADES.grade(task, trace.final_answer)
+    """Whether the trace's final answer is correct for the task. A simulated worker's text is
+    graded once per value it can be rendered with (``answers.grade_simulated``), any other text
+    once per exact text."""
+    from rl_conductor.workers.simulated.answers import grade_simulated
+
+    text = trace.final_answer
+    if not text:
+        return False
+    simulated = grade_simulated(task, text)
+    return simulated if simulated is not None else _GRADES.grade(task, text)
 
 
 class _GradeCache:

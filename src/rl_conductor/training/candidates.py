@@ -275,15 +275,16 @@ class _Grader:
     def __call__(self, task: Task, trace: Trace) -> bool:
         from rl_conductor.reward import grade_trace
         from rl_conductor.tasks.graders import extract_answer
-        from rl_conductor.workers.simulated.answers import _MISSING, grade_cached, simulated_value
+        from rl_conductor.workers.simulated.answers import grade_simulated
 
         text = trace.final_answer
         if not text:
             return False
-        if simulated_value(text) is not _MISSING:
+        simulated = grade_simulated(task, text)
+        if simulated is not None:
             # a simulated worker's text: the grade the simulation cached for its value (prepared
             # before the build, see prepare_grades), so a forked child never grades it itself
-            return grade_cached(task, text)
+            return simulated
         key = extract_answer(task, text)
         if key is None:
             return grade_trace(task, trace)

@@ -102,6 +102,16 @@ def grade_cached(task: Task, text: str) -> bool:
     return hit
 
 
+def grade_simulated(task: Task, text: str) -> bool | None:
+    """The grade of a text this process's simulation rendered, by the value it was rendered with
+    (:func:`grade_cached`: graded once per item and value); None for any other text.
+
+    Why: every rendering of a value has its own filler, so a cache keyed by the text misses on
+    each one, and a code answer cost a sandbox start per rendering (evaluation's routers graded
+    2,468 of them one after another to measure each worker alone on the training split)."""
+    return None if simulated_value(text) is _MISSING else grade_cached(task, text)
+
+
 async def grade_cached_async(task: Task, text: str) -> bool:
     """:func:`grade_cached`, off the event loop for code (a subprocess per uncached answer)."""
     if task.grader == "code":
