@@ -618,6 +618,7 @@ def _sft(
     from datasets import Dataset
     from trl import SFTConfig
 
+    from rl_conductor.lm.generate import torch_threads
     from rl_conductor.training.callbacks import MlflowMetrics, RichProgress
     from rl_conductor.training.sft_loss import CompletionLossSFTTrainer
 
@@ -649,7 +650,8 @@ def _sft(
         callbacks=[RichProgress("SFT warm start", enabled=progress), MlflowMetrics(prefix="sft/")],
         decision_weight=cfg.sft_decision_weight,
     )
-    trainer.train()
+    with torch_threads(cfg.sft_torch_threads or None):
+        trainer.train()
     model = trainer.model
     if peft_config is not None:
         model = model.merge_and_unload()
