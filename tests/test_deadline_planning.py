@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from _compare import compare_grid
 from rl_conductor.cli import app
 from rl_conductor.errors import ConfigError
 from rl_conductor.evaluation.report import (
@@ -233,19 +234,8 @@ def test_deadline_views_side_by_side(tmp_path: Path) -> None:
 def test_compare_runs_the_same_questions_under_each_deadline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("rl_conductor.evaluation.suite.baseline_specs", lambda pool: ["single:gpt-5", "moa"])
-    out = tmp_path / "cmp.json"
-    args = ["compare", "--pool", "paper-sim", "--limit", "6", "--deadlines", "none,5", "--json", str(out)]
-    result = CliRunner().invoke(app, [*args, "--plot", str(tmp_path / "p.png"), "--no-behaviour"])
-    assert result.exit_code == 0, result.output
-    assert "the same questions under each deadline" in result.output
-    rows = json.loads(out.read_text())["results"]
-    assert [(r["policy"], r["deadline"]) for r in rows] == [
-        ("single:gpt-5", "none"),
-        ("moa", "none"),
-        ("single:gpt-5", "5"),
-        ("moa", "5"),
-    ]
+    plot = ["--plot", str(tmp_path / "p.png"), "--no-behaviour"]
+    _, rows = compare_grid(tmp_path, monkeypatch, "deadline", "5", *plot)
     assert all(r["p95_latency_s"] <= 5 for r in rows if r["deadline"] == "5")
     assert any(r["p95_latency_s"] > 5 for r in rows if r["deadline"] == "none")  # 5 s binds
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

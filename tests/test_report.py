@@ -3,13 +3,13 @@ domain), the same questions under budgets side by side, and ``conductor compare 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from _compare import compare_grid
 from rl_conductor.cli import app
 from rl_conductor.evaluation.report import (
     behaviour_markdown,
@@ -128,20 +128,8 @@ def test_budget_views_side_by_side(tmp_path: Path) -> None:
 def test_compare_runs_the_same_questions_under_each_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("rl_conductor.evaluation.suite.baseline_specs", lambda pool: ["single:gpt-5", "moa"])
-    out = tmp_path / "cmp.json"
-    args = ["compare", "--pool", "paper-sim", "--limit", "6", "--budgets", "none,0.002", "--json", str(out)]
-    result = CliRunner().invoke(app, [*args, "--plot", str(tmp_path / "b.png")])
-    assert result.exit_code == 0, result.output
-    assert "the same questions under each budget" in result.output
+    result, rows = compare_grid(tmp_path, monkeypatch, "budget", "0.002", "--plot", str(tmp_path / "b.png"))
     assert "what each policy does" in result.output
-    rows = json.loads(out.read_text())["results"]
-    assert [(r["policy"], r["budget"]) for r in rows] == [
-        ("single:gpt-5", "none"),
-        ("moa", "none"),
-        ("single:gpt-5", "0.002"),
-        ("moa", "0.002"),
-    ]
     assert all(r["mean_cost_usd"] <= 0.002 for r in rows if r["budget"] == "0.002")
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
     bad = CliRunner().invoke(app, ["compare", "--limit", "2", "--budgets", "none,nan"])
