@@ -174,11 +174,13 @@ def routers(train: Split, test: Split, rc: RewardConfig) -> tuple[list[dict[str,
     return rows, threshold
 
 
-def arguments(doc: str | None, cost_weight: float) -> argparse.ArgumentParser:
-    """The options the adaptive_* benchmarks share: ``--pool`` and ``--cost-weight``."""
+def arguments(doc: str | None, cost_weight: float, out: str) -> argparse.ArgumentParser:
+    """The options the adaptive_* benchmarks share: ``--pool``, ``--cost-weight`` and ``--out``
+    (by default ``benchmarks/results/<out>``)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pool", default="gsm8k-six")
     ap.add_argument("--cost-weight", type=float, default=cost_weight)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / out)
     return ap
 
 
@@ -190,9 +192,8 @@ def setting(args: argparse.Namespace) -> tuple[RewardConfig, Pool, str]:
 
 
 def main() -> None:
-    ap = arguments(__doc__, 0.25)
+    ap = arguments(__doc__, 0.25, "adaptive_ceiling.json")
     ap.add_argument("--max-rounds", type=int, default=3, help="rounds of the longest cascade (>= 2)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "adaptive_ceiling.json")
     args = ap.parse_args()
     t0 = time.process_time()
     rc, pool, dataset = setting(args)

@@ -27,7 +27,6 @@ import asyncio
 import json
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,8 +38,6 @@ from rl_conductor.reward import RewardConfig
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.graders import keys_agree
 from rl_conductor.workers.pool import load_pool
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def reward_of(correct: np.ndarray, cost: np.ndarray, rc: RewardConfig) -> np.ndarray:
@@ -103,9 +100,7 @@ def hindsight(pool_name: str, split: str, rc: RewardConfig) -> list[dict[str, An
 
 
 def main() -> None:
-    ap = arguments(__doc__, 0.3)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "adaptive_rounds.json")
-    args = ap.parse_args()
+    args = arguments(__doc__, 0.3, "adaptive_rounds.json").parse_args()
     t0 = time.perf_counter()
     rc, pool, dataset = setting(args)
     train = load_tasks(dataset, split="train")

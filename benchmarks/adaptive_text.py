@@ -40,7 +40,6 @@ import asyncio
 import itertools
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,8 +56,6 @@ from rl_conductor.reward import RewardConfig, reward_of
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.gsm8k_six import RECORDINGS
 from rl_conductor.tasks.recordings_format import load_recordings
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def feature_table(s: Split, texts: dict[str, dict[str, str]]) -> NDArray[np.float64]:
@@ -116,9 +113,7 @@ def _reward(rc: RewardConfig, o: dict[str, NDArray[Any]]) -> float:
 
 
 def main() -> None:
-    ap = arguments(__doc__, 0.25)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "adaptive_text.json")
-    args = ap.parse_args()
+    args = arguments(__doc__, 0.25, "adaptive_text.json").parse_args()
     t0 = time.process_time()
     rc, pool, dataset = setting(args)
     rec = load_recordings(RECORDINGS)
