@@ -105,8 +105,9 @@ class S3Server:
             "AWS_DEFAULT_REGION": self.region,
         }
 
-    def client(self) -> Any:
-        """A boto3 S3 client for this server (independent of the process environment)."""
+    def client(self, config: Any = None) -> Any:
+        """A boto3 S3 client for this server (independent of the process environment);
+        ``config``: a ``botocore.config.Config`` (None: boto3's defaults)."""
         import boto3
 
         return boto3.session.Session().client(
@@ -115,6 +116,7 @@ class S3Server:
             aws_access_key_id=self.access_key,
             aws_secret_access_key=self.secret_key,
             region_name=self.region,
+            config=config,
         )
 
     def create_bucket(self, name: str) -> str:
@@ -171,17 +173,9 @@ def _wait_s3_ready(server: S3Server, proc: subprocess.Popen[bytes], timeout_s: f
     Listing buckets works before the volume server has joined the master; the first write
     would then stall for seconds, so readiness is a real write.
     """
-    import boto3
     from botocore.config import Config
 
-    client = boto3.session.Session().client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=server.access_key,
-        aws_secret_access_key=server.secret_key,
-        region_name=server.region,
-        config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5),
-    )
+    client = server.client(Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5))
     probe = f"ready-{secrets.token_hex(4)}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
