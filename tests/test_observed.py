@@ -22,7 +22,7 @@ from rl_conductor.training.candidates import single
 from rl_conductor.training.observed import Observed, counts, judge, read_observed, write_observed
 from rl_conductor.training.warmstart import ExpectedRewards
 from rl_conductor.workflow import parse
-from test_warmstart import EASY_HARD, PRICES, _table, _task
+from test_warmstart import EASY_HARD, PRICES, _paper_sim_targets, _table, _task
 
 COST_AWARE = REWARD_PRESETS["cost-aware"]
 
@@ -130,21 +130,8 @@ def _serve_log(store: Path, requests: list[dict[str, Any]]) -> list[str]:
 @pytest.fixture(scope="module")
 def paper_sim_targets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     """The warm start's targets on the simulated pool at tiny sizes (a real candidate table)."""
-    from rl_conductor.tasks.datasets import load_tasks
-    from rl_conductor.training.config import TrainConfig
-    from rl_conductor.training.train import warm_start_targets
-    from rl_conductor.workers.pool import load_pool
-
-    cfg = TrainConfig(
-        warm_items_per_domain=3,
-        warm_top_k=1,
-        warm_cheap_k=1,
-        max_steps_per_workflow=2,
-        budgets_usd=[0.002],
-        warm_cache_dir=str(tmp_path_factory.mktemp("candidates")),
-    )
-    pool = load_pool("paper-sim", seed=0)
-    return pool, warm_start_targets(cfg, load_tasks("paper-mix", split="train"), pool)
+    pool, _, targets = _paper_sim_targets(tmp_path_factory.mktemp("candidates"), max_steps=2)
+    return pool, targets
 
 
 def test_score_only_feedback_reaches_the_sft_data_where_it_scored_high(

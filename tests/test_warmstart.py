@@ -402,9 +402,9 @@ def test_single_is_a_one_step_solve() -> None:
     assert single("x").steps == (("x", "solve"),)
 
 
-def test_warm_start_targets_on_the_simulated_pool(tmp_path: Path) -> None:
-    """The training entry point on the real simulated pool, at tiny sizes: a cached table, and
-    targets that are valid plans within the step limit for every kind of question."""
+def _paper_sim_targets(cache_dir: Path, max_steps: int) -> tuple[Pool, list[Task], ExpectedRewards]:
+    """The simulated pool, paper-mix's training split and the warm start's targets on them at
+    tiny sizes (a real candidate table, cached in ``cache_dir``; one budget, $0.002)."""
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.training.config import TrainConfig
     from rl_conductor.training.train import warm_start_targets
@@ -414,13 +414,19 @@ def test_warm_start_targets_on_the_simulated_pool(tmp_path: Path) -> None:
         warm_items_per_domain=3,
         warm_top_k=1,
         warm_cheap_k=1,
-        max_steps_per_workflow=3,
+        max_steps_per_workflow=max_steps,
         budgets_usd=[0.002],
-        warm_cache_dir=str(tmp_path),
+        warm_cache_dir=str(cache_dir),
     )
     pool = load_pool("paper-sim", seed=0)
     tasks = load_tasks("paper-mix", split="train")
-    er = warm_start_targets(cfg, tasks, pool)
+    return pool, tasks, warm_start_targets(cfg, tasks, pool)
+
+
+def test_warm_start_targets_on_the_simulated_pool(tmp_path: Path) -> None:
+    """The training entry point on the real simulated pool, at tiny sizes: a cached table, and
+    targets that are valid plans within the step limit for every kind of question."""
+    pool, tasks, er = _paper_sim_targets(tmp_path, max_steps=3)
     assert len(list(tmp_path.glob("candidates-paper-sim-*.npz"))) == 1
     names = pool.names()
     for domain in ("math", "knowledge", "reasoning", "code"):
