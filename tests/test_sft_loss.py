@@ -75,6 +75,13 @@ def _batch(trainer: CompletionLossSFTTrainer) -> dict[str, Any]:
     return {k: v for k, v in batch.items()}
 
 
+def _training(trainer: CompletionLossSFTTrainer) -> tuple[Any, dict[str, Any]]:
+    """The trainer's model, switched to training mode, and a batch of its data."""
+    model = trainer.model
+    model.train()
+    return model, _batch(trainer)
+
+
 def _loss_and_grads(fn: Any, model: torch.nn.Module) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad()
     loss = fn()
@@ -84,9 +91,7 @@ def _loss_and_grads(fn: Any, model: torch.nn.Module) -> tuple[float, dict[str, t
 
 
 def test_loss_and_gradients_equal_trls(trainer: CompletionLossSFTTrainer) -> None:
-    model = trainer.model
-    model.train()
-    batch = _batch(trainer)
+    model, batch = _training(trainer)
     ours, g_ours = _loss_and_grads(lambda: trainer.compute_loss(model, dict(batch)), model)
     theirs, g_theirs = _loss_and_grads(
         lambda: trl.SFTTrainer.compute_loss(trainer, model, dict(batch)), model
@@ -132,9 +137,7 @@ def test_prompt_tokens_carry_no_loss(trainer: CompletionLossSFTTrainer) -> None:
 def test_outside_the_plain_case_trls_loss_is_used(
     trainer: CompletionLossSFTTrainer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = trainer.model
-    model.train()
-    batch = _batch(trainer)
+    model, batch = _training(trainer)
     calls: list[bool] = []
     real = trl.SFTTrainer.compute_loss
 
@@ -237,9 +240,7 @@ def test_decision_tokens_are_the_model_id_list_of_plans_and_reviews(
 def test_decision_weight_multiplies_those_tokens_loss_exactly(
     trainer: CompletionLossSFTTrainer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = trainer.model
-    model.train()
-    batch = _batch(trainer)
+    model, batch = _training(trainer)
     today = sft_loss.completion_nll(model, dict(batch))[0]
     assert trainer.decision_weight == 1.0 and trainer.decision_weights(batch["labels"]) is None
     assert torch.equal(trainer.compute_loss(model, dict(batch)), today)  # bit for bit
@@ -269,9 +270,7 @@ def test_decision_weight_multiplies_those_tokens_loss_exactly(
 def test_trls_loss_refuses_decision_weights_it_would_drop(
     trainer: CompletionLossSFTTrainer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = trainer.model
-    model.train()
-    batch = _batch(trainer)
+    model, batch = _training(trainer)
     monkeypatch.setattr(trainer, "decision_weight", 5.0)
     position_ids = torch.arange(batch["input_ids"].shape[1])[None]
     with pytest.raises(ConfigError, match="sft_decision_weight = 5 needs the completion-only SFT loss"):
