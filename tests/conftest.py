@@ -27,6 +27,7 @@ from servers import (
 )
 
 if TYPE_CHECKING:  # mlflow is imported by the fixtures that need it: it takes seconds
+    from _tiny import Micro
     from rl_conductor.tracking.mlflow_utils import TrackingConfig
 
 
@@ -129,6 +130,14 @@ def _migrated_mlflow_db(path: Path) -> None:
 
     uri = f"sqlite:///{path}"
     MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments()
+
+
+@pytest.fixture(scope="session")
+def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
+    """The session's one trained micro Conductor (tests/_tiny.py), for every test that asks."""
+    from _tiny import trained_micro
+
+    return trained_micro(tmp_path_factory, mlflow_db_template)
 
 
 @pytest.fixture(scope="session")

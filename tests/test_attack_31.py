@@ -248,13 +248,6 @@ def test_train_stops_with_the_reason_when_no_worker_answers_a_training_question(
 # --------------------------------------------------------------------------- F5: plan --execute
 
 
-@pytest.fixture(scope="module")
-def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Any:
-    from _tiny import trained_micro
-
-    return trained_micro(tmp_path_factory, mlflow_db_template)
-
-
 def test_plan_execute_answers_a_recorded_item_and_fails_loudly_on_free_text(
     micro: Any, tmp_path: Path
 ) -> None:

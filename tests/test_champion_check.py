@@ -23,14 +23,8 @@ from typing import Any, ClassVar
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from _tiny import Micro, trained_micro
+from _tiny import Micro
 from rl_conductor.loop.monitor import BELOW_FLOOR_EXIT, verdict
-
-
-@pytest.fixture(scope="module")
-def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
-    return trained_micro(tmp_path_factory, mlflow_db_template)
-
 
 # --------------------------------------------------------------------------- the rule
 

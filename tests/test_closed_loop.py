@@ -21,17 +21,11 @@ import httpx
 import pytest
 import yaml
 
-from _tiny import Micro, trained_micro
+from _tiny import Micro
 from predictor import predictor
 from rl_conductor.loop import pool_change
 from rl_conductor.loop.retrain import Comparison, decide, paired_gain, spend_capped_pool
 from rl_conductor.tracking import gate
-
-
-@pytest.fixture(scope="module")
-def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
-    return trained_micro(tmp_path_factory, mlflow_db_template)
-
 
 # --------------------------------------------------------------------------- rules
 

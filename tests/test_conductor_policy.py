@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from _tiny import Micro, trained_micro
+from _tiny import Micro
 from rl_conductor.limits import RequestLimits
 from rl_conductor.lm.generate import generate, ids_prefix_ok
 from rl_conductor.policies import make_policy
@@ -36,11 +35,6 @@ from rl_conductor.workers.pool import Pool, load_pool
 from rl_conductor.workflow import Step, Workflow, parse, render
 
 GARBAGE = "lorem ipsum dolor sit amet"
-
-
-@pytest.fixture(scope="session")
-def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
-    return trained_micro(tmp_path_factory, mlflow_db_template)
 
 
 @pytest.fixture(scope="module")

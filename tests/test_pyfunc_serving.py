@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from _lazy import lazy
-from _tiny import Micro, trained_micro
+from _tiny import Micro
 from predictor import predictor
 from rl_conductor.tasks.datasets import load_tasks
 
@@ -21,11 +21,6 @@ mlflow = lazy("mlflow")  # imported by the first test that uses it (tests/_lazy.
 
 #: Per-request values: a fresh id and the wall-clock time of each answer.
 PER_CALL = ("request_id", "wall_s")
-
-
-@pytest.fixture(scope="module")
-def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
-    return trained_micro(tmp_path_factory, mlflow_db_template)
 
 
 def _same(doc: dict[str, Any]) -> dict[str, Any]:

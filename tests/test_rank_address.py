@@ -6,7 +6,6 @@ beyond it, and the trace records the resolved ids and that they were named by ra
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from tests.test_conductor_policy import Script
 from tests.test_evidence import COST_AWARE, _tasks
 from tests.test_warmstart import EASY_HARD, PRICES, _table
 
-from _tiny import Micro, trained_micro
+from _tiny import Micro
 from rl_conductor.limits import RequestLimits
 from rl_conductor.lm.generate import ids_prefix_ok
 from rl_conductor.policies.conductor import ConductorPolicy
@@ -79,11 +78,6 @@ def test_budget_mask_leaves_rank_digits_alone() -> None:
     assert ids_prefix_ok("@1, 2", frozenset({0, 2}))
     assert not ids_prefix_ok("@1, 1", frozenset({0, 2}))
     assert not ids_prefix_ok("1", frozenset({0, 2}))
-
-
-@pytest.fixture(scope="session")
-def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
-    return trained_micro(tmp_path_factory, mlflow_db_template)
 
 
 @pytest.fixture(scope="module")

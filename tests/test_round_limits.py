@@ -12,13 +12,12 @@ $0.00132, $0.00265 and $0.00397 per typical answer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from _pools import rising_pool
-from _tiny import Micro, trained_micro
+from _tiny import Micro
 from rl_conductor.executor import RoundRequest, execute
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.cascade import Cascade
@@ -154,11 +153,6 @@ async def test_the_cascade_does_not_escalate_past_the_deadline() -> None:
 
 
 # --------------------------------------------------------------------------- the Conductor
-
-
-@pytest.fixture(scope="session")
-def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
-    return trained_micro(tmp_path_factory, mlflow_db_template)
 
 
 class Script:

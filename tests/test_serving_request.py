@@ -11,18 +11,13 @@ from typing import Any
 import pytest
 
 from _lazy import lazy
-from _tiny import Micro, trained_micro
+from _tiny import Micro
 from rl_conductor.serving.request import ConductorRequest, RequestError, parse_request
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.workers.pool import load_pool
 
 # imported by the first test that uses it (tests/_lazy.py): it imports MLflow, seconds of CPU
 pyfunc = lazy("rl_conductor.serving.pyfunc")
-
-
-@pytest.fixture(scope="session")
-def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
-    return trained_micro(tmp_path_factory, mlflow_db_template)
 
 
 @pytest.fixture(scope="module")

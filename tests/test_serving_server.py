@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _lazy import lazy
-from _tiny import Micro, trained_micro
+from _tiny import Micro
 from predictor import HOSTING, Predictor, predictor, process, write_pool
 from servers import free_ports
 
@@ -487,11 +487,6 @@ def test_10_percent_failing_worker_calls_still_answer_99_percent(tmp_path: Path)
 
 
 # -- the micro Conductor from the MLflow registry, with traces ---------------------------------
-
-
-@pytest.fixture(scope="module")
-def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
-    return trained_micro(tmp_path_factory, mlflow_db_template)
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _tiny import Micro, micro_config, trained_micro
+from _tiny import Micro, micro_config
 from rl_conductor.limits import RequestLimits
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
@@ -38,12 +38,6 @@ from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool
 from rl_conductor.workflow import normalize, parse, render
 from test_warmstart import _task  # "t/i": "What is i + i?"
-
-
-@pytest.fixture(scope="session")
-def micro(tmp_path_factory: pytest.TempPathFactory, mlflow_db_template: Path) -> Micro:
-    return trained_micro(tmp_path_factory, mlflow_db_template)
-
 
 # --------------------------------------------------------------------------- config and presets
 
