@@ -58,6 +58,19 @@ def micro_config(tracking_uri: str, **overrides: Any) -> TrainConfig:
     return TrainConfig(**{**MICRO, "mlflow_tracking_uri": tracking_uri, **overrides})
 
 
+def assert_refused_without(final: Path, file: str, match: str, tmp_path: Path) -> None:
+    """A copy of the trained folder ``final`` (under ``tmp_path``) without ``file`` fails to load
+    as a Conductor with ModelNotFound, its message matching ``match``."""
+    from rl_conductor.errors import ModelNotFound
+    from rl_conductor.policies.conductor import ConductorPolicy
+
+    broken = tmp_path / "broken"
+    shutil.copytree(final, broken)
+    (broken / file).unlink()
+    with pytest.raises(ModelNotFound, match=match):
+        ConductorPolicy(broken)
+
+
 @dataclass(frozen=True)
 class Micro:
     """Where the session's micro training run landed."""

@@ -6,7 +6,6 @@ was trained with from its folder."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -222,7 +221,8 @@ def test_trained_conductor_reads_its_evidence(tmp_path: Path) -> None:
     """A micro Conductor trained with ``evidence: probe`` on the replay pool: its folder holds the
     evidence model, conductor.json says so, and its prompts show an estimate per worker; a folder
     whose evidence files are missing fails to load with one line."""
-    from rl_conductor.errors import ModelNotFound
+    from tests._tiny import assert_refused_without
+
     from rl_conductor.policies.conductor import ConductorPolicy
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.training.train import train
@@ -238,11 +238,7 @@ def test_trained_conductor_reads_its_evidence(tmp_path: Path) -> None:
     task = load_tasks("routellm", split="test")[0]
     prompt = policy.prompt(task, pool.view(), RequestLimits())
     assert prompt.count("% right") == len(pool)
-    broken = tmp_path / "broken"
-    shutil.copytree(final, broken)
-    (broken / "evidence.npz").unlink()
-    with pytest.raises(ModelNotFound, match="evidence"):
-        ConductorPolicy(broken)
+    assert_refused_without(final, "evidence.npz", "evidence", tmp_path)
 
 
 def test_long_texts_are_embedded_by_their_start_and_their_end() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from _tiny import assert_refused_without
 from rl_conductor.executor import Continuation, RoundRequest, execute
 from rl_conductor.limits import RequestLimits
 from rl_conductor.prompting import review_prompt
@@ -153,7 +154,6 @@ def test_a_trained_text_conductor_shows_its_estimate_and_one_round_is_unchanged(
     with the model, fitted on training questions only; the review prompt shows the estimate where
     the model has one and not where its file says none; max_rounds 1 gives the same traces."""
     from one_round_cases import project
-    from rl_conductor.errors import ModelNotFound
     from rl_conductor.policies.conductor import ConductorPolicy
     from rl_conductor.review_evidence import ReviewEvidence
     from rl_conductor.tasks.datasets import load_tasks
@@ -212,11 +212,7 @@ def test_a_trained_text_conductor_shows_its_estimate_and_one_round_is_unchanged(
     assert plain_prompt == review_prompt(
         req, summarize(req), max_question_chars=plain_policy.max_question_chars
     )
-    broken = tmp_path / "broken"
-    shutil.copytree(final, broken)
-    (broken / "review_evidence.json").unlink()
-    with pytest.raises(ModelNotFound, match="review evidence"):
-        ConductorPolicy(broken)
+    assert_refused_without(final, "review_evidence.json", "review evidence", tmp_path)
 
 
 def test_the_text_preset_is_gsm8k_six_with_the_text_review() -> None:
