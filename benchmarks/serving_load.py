@@ -67,30 +67,6 @@ FAKE_POOL = {
         },
     ],
 }
-#: The test suite's micro Conductor (tests/_tiny.py), used when no --model is given.
-MICRO = {
-    "model": "tiny",
-    "tiny_hidden_size": 64,
-    "tiny_layers": 2,
-    "tiny_intermediate_size": 128,
-    "tiny_vocab_size": 1024,
-    "train_limit": 48,
-    "max_question_chars": 120,
-    "max_steps_per_workflow": 2,
-    "sft_examples": 256,
-    "sft_epochs": 2.0,
-    "sft_learning_rate": 0.01,
-    "sft_batch_size": 16,
-    "grpo_steps": 3,
-    "prompts_per_step": 2,
-    "num_generations": 4,
-    "temperature": 0.5,
-    "max_completion_length": 48,
-    "save_steps": 2,
-    "logging_steps": 1,
-    "torch_threads": 1,
-    "mlflow_experiment": "bench-micro",
-}
 
 
 def serve_echo(argv: list[str]) -> None:
@@ -200,11 +176,13 @@ def _plan_batches(url: str) -> dict[str, float]:
 
 def _train_micro(root: Path) -> Path:
     from rl_conductor.tracking import mlflow_utils
-    from rl_conductor.training.config import TrainConfig
+    from rl_conductor.training.config import MICRO_SETTINGS, TrainConfig
     from rl_conductor.training.train import train
 
     os.environ[mlflow_utils.HOME_ENV] = str(root)
-    cfg = TrainConfig(**{**MICRO, "mlflow_tracking_uri": f"sqlite:///{root / 'mlflow.db'}"})
+    # the test suite's micro Conductor (tests/_tiny.py) but with the default, expected-best SFT
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    cfg = TrainConfig(**{**MICRO_SETTINGS, "mlflow_experiment": "bench-micro", "mlflow_tracking_uri": uri})
     train(cfg, root / "out", progress=False)
     return root / "out" / "final"
 

@@ -23,33 +23,14 @@ from typing import Any
 
 import pytest
 
-from rl_conductor.training.config import TrainConfig
+from rl_conductor.training.config import MICRO_SETTINGS, TrainConfig
 
 #: The micro training run (see module docstring); ``micro_config`` adds paths and overrides.
 MICRO: dict[str, Any] = {
-    "model": "tiny",
-    "tiny_hidden_size": 64,
-    "tiny_layers": 2,
-    "tiny_intermediate_size": 128,
-    "tiny_vocab_size": 1024,
-    "train_limit": 48,
-    "max_question_chars": 120,
-    "max_steps_per_workflow": 2,
-    "sft_examples": 256,
+    **MICRO_SETTINGS,
     # random-workflow SFT: varied plans keep GRPO's group rewards apart (see module docstring);
     # the expected-best warm start is tested in test_warmstart.py
     "sft_targets": "random",
-    "sft_epochs": 2.0,
-    "sft_learning_rate": 0.01,
-    "sft_batch_size": 16,
-    "grpo_steps": 3,
-    "prompts_per_step": 2,
-    "num_generations": 4,
-    "temperature": 0.5,
-    "max_completion_length": 48,
-    "save_steps": 2,
-    "logging_steps": 1,
-    "torch_threads": 1,
     "mlflow_experiment": "micro-training",
 }
 

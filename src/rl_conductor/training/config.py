@@ -15,6 +15,33 @@ from rl_conductor import validation
 from rl_conductor.errors import ConfigError, UnknownName, yaml_problem
 from rl_conductor.prompting import QUESTION_CUTS
 
+#: The micro Conductor: the smallest run that still learns the output format (a 64-unit, 2-layer
+#: tiny model with a 1024-token vocabulary; plans of at most 2 steps in 48 completion tokens; 3
+#: GRPO steps), trained in tens of seconds on two CPU cores. The test suite's shared run
+#: (tests/_tiny.py) and benchmarks/serving_load.py's default Conductor are these settings.
+MICRO_SETTINGS: dict[str, Any] = {
+    "model": "tiny",
+    "tiny_hidden_size": 64,
+    "tiny_layers": 2,
+    "tiny_intermediate_size": 128,
+    "tiny_vocab_size": 1024,
+    "train_limit": 48,
+    "max_question_chars": 120,
+    "max_steps_per_workflow": 2,
+    "sft_examples": 256,
+    "sft_epochs": 2.0,
+    "sft_learning_rate": 0.01,
+    "sft_batch_size": 16,
+    "grpo_steps": 3,
+    "prompts_per_step": 2,
+    "num_generations": 4,
+    "temperature": 0.5,
+    "max_completion_length": 48,
+    "save_steps": 2,
+    "logging_steps": 1,
+    "torch_threads": 1,
+}
+
 #: How questions are grouped into warm-start neighbourhoods (``TrainConfig.warm_group_by``,
 #: ``training.candidates.group_of``).
 GROUP_BY = ("source", "subject", "domain", "task")
