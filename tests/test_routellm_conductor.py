@@ -109,11 +109,11 @@ def test_routellm_preset_weight_makes_gpt4_alone_suboptimal_yet_routing_pay() ->
 # -- subject neighbourhoods of the warm start (TrainConfig.warm_group_by) ---------------------
 
 
-def _choice(id: str, question: str, domain: str, source: str, metadata: dict[str, str]) -> Task:
-    """A multiple-choice task whose answer is A."""
-    return Task(
-        id=id, question=question, answer="A", domain=domain, source=source, grader="choice", metadata=metadata
-    )
+def _choice(
+    id: str, question: str, domain: str, source: str, metadata: dict[str, str], *, answer: str = "A"
+) -> Task:
+    """A multiple-choice task (answer A unless told otherwise)."""
+    return Task(id, question, answer, domain, source, grader="choice", metadata=metadata)
 
 
 def _mmlu(i: int, subject: str) -> Task:
@@ -128,14 +128,13 @@ def test_group_of_by_subject_and_bad_grouping() -> None:
     assert group_of(gsm, "subject") == "math/gsm8k"  # no subject: the source group
     assert group_of(t, "domain") == "knowledge" and group_of(gsm, "domain") == "math"
     assert group_of(t, "task") == "knowledge/*" and group_of(gsm, "task") == "math/*"  # no task type
-    grid = Task(
-        id="llmrouter/7",
-        question="Q: There are 3 houses in a row ...",
+    grid = _choice(
+        "llmrouter/7",
+        "Q: There are 3 houses in a row ...",
+        "reasoning",
+        "llmrouter",
+        {"task_name": "agentverse-logicgrid"},
         answer="2",
-        domain="reasoning",
-        source="llmrouter",
-        grader="choice",
-        metadata={"task_name": "agentverse-logicgrid"},
     )
     assert group_of(grid, "task") == "reasoning/agentverse-logicgrid"
     assert group_of(grid, "domain") == "reasoning" and group_of(grid) == "reasoning/llmrouter"
