@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _pools import rising_pool
+from _tasks import choice_task
 from one_round_cases import golden_lines, run_cases
 from rl_conductor.errors import UserError
 from rl_conductor.executor import Continuation, RoundRequest, execute
@@ -211,15 +212,7 @@ def test_answers_agree_compares_extracted_answers(a: str, b: str, same: bool) ->
 
 
 def test_answers_agree_on_multiple_choice() -> None:
-    mc = Task(
-        id="m",
-        question="Q?\nA. x\nB. y",
-        answer="B",
-        domain="knowledge",
-        source="t",
-        grader="choice",
-        metadata={"choices": ["x", "y"]},
-    )
+    mc = choice_task("m", "Q?\nA. x\nB. y", "knowledge", "t", {"choices": ["x", "y"]}, answer="B")
     assert answers_agree("The answer is B", "B", mc) and not answers_agree("A", "B", mc)
 
 

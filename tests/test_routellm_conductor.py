@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from _tasks import choice_task
 from rl_conductor.errors import ConfigError
 from rl_conductor.evaluation.frontier import (
     Point,
@@ -109,15 +110,8 @@ def test_routellm_preset_weight_makes_gpt4_alone_suboptimal_yet_routing_pay() ->
 # -- subject neighbourhoods of the warm start (TrainConfig.warm_group_by) ---------------------
 
 
-def _choice(
-    id: str, question: str, domain: str, source: str, metadata: dict[str, str], *, answer: str = "A"
-) -> Task:
-    """A multiple-choice task (answer A unless told otherwise)."""
-    return Task(id, question, answer, domain, source, grader="choice", metadata=metadata)
-
-
 def _mmlu(i: int, subject: str) -> Task:
-    return _choice(f"mmlu_stem/{i}", f"Question {i}?", "knowledge", "mmlu_stem", {"subject": subject})
+    return choice_task(f"mmlu_stem/{i}", f"Question {i}?", "knowledge", "mmlu_stem", {"subject": subject})
 
 
 def test_group_of_by_subject_and_bad_grouping() -> None:
@@ -128,7 +122,7 @@ def test_group_of_by_subject_and_bad_grouping() -> None:
     assert group_of(gsm, "subject") == "math/gsm8k"  # no subject: the source group
     assert group_of(t, "domain") == "knowledge" and group_of(gsm, "domain") == "math"
     assert group_of(t, "task") == "knowledge/*" and group_of(gsm, "task") == "math/*"  # no task type
-    grid = _choice(
+    grid = choice_task(
         "llmrouter/7",
         "Q: There are 3 houses in a row ...",
         "reasoning",
@@ -220,7 +214,7 @@ def test_domain_groups_pool_sources_the_conductor_cannot_tell_apart() -> None:
 
 
 def _reasoning(i: int, task_name: str | None) -> Task:
-    return _choice(f"lr/{i}", f"Q{i}?", "reasoning", "lr", {"task_name": task_name} if task_name else {})
+    return choice_task(f"lr/{i}", f"Q{i}?", "reasoning", "lr", {"task_name": task_name} if task_name else {})
 
 
 def test_task_groups_route_each_task_type_and_keep_the_domain_whole() -> None:
