@@ -25,7 +25,7 @@ from rl_conductor.policies.routers import DomainRouter, SingleOutcomes, measure_
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.base import CallContext, Hosting, Message
-from rl_conductor.workers.fake import FakeWorker, fake_info
+from rl_conductor.workers.fake import FakeWorker, fake_info, fake_pool
 from rl_conductor.workers.pool import Pool, load_pool
 from test_warmstart import _task  # 't/i': 'What is i + i?'
 
@@ -302,3 +302,32 @@ def test_a_served_router_keeps_a_bounded_number_of_question_embeddings_and_no_te
     assert not any("question" in key for key in hand._query._items)
     assert hand._query.get("private question number 0") is None  # the oldest went first
     assert hand._query.get(f"private question number {knn_module.QUERY_CACHE_SIZE + 49}") is not None
+
+
+def test_measuring_alone_in_forked_chunks_gives_the_same_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The routers' measurement of every worker alone, split over two forked processes, is the
+    one-process measurement array for array (paper-sim: simulated answers, code graded in the
+    sandbox, math through its helper), and live pools are never forked."""
+    import asyncio
+
+    from rl_conductor.policies import routers
+    from rl_conductor.tasks.datasets import load_tasks
+
+    pool = load_pool("paper-sim", seed=0)
+    tasks = [t for t in load_tasks("paper-mix", split="train") if t.domain in ("code", "math")][:48]
+    tasks += [t for t in load_tasks("paper-mix", split="train") if t.domain == "knowledge"][:24]
+    alone = asyncio.run(measure_singles(pool, tasks, progress=False))
+    forked = routers._forked(pool, tasks, 2)
+    assert forked.task_ids == alone.task_ids and forked.names == alone.names
+    assert np.array_equal(forked.correct, alone.correct) and np.array_equal(forked.cost, alone.cost)
+    assert alone.correct.any() and not alone.correct.all()
+
+    calls: list[int] = []
+    monkeypatch.setattr(routers, "_forked", lambda p, ts, w: calls.append(w))
+    monkeypatch.setattr(routers, "FORK_MIN_TASKS", 0)
+    monkeypatch.setenv("RL_CONDUCTOR_TABLE_WORKERS", "2")
+    many = [_task(i) for i in range(130)]
+    routers._measure(pool, many)
+    assert calls == [2]  # an in-memory pool is forked
+    fakes = routers._measure(fake_pool(2), many)  # fake workers stand for live ones: in process
+    assert calls == [2] and fakes.correct.shape == (130, 2)

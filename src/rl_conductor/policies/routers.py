@@ -104,7 +104,7 @@ class SingleOutcomes(MeasuredOutcomes):
 
 
 async def measure_singles(
-    pool: Pool, tasks: Sequence[Task], limits: RequestLimits | None = None
+    pool: Pool, tasks: Sequence[Task], limits: RequestLimits | None = None, *, progress: bool = True
 ) -> SingleOutcomes:
     """Run every worker of ``pool`` alone on every task (64 tasks at a time) and grade it."""
     limits = limits or RequestLimits()
@@ -112,7 +112,8 @@ async def measure_singles(
     w = len(view)
     correct = np.zeros((len(tasks), w), dtype=bool)
     cost = np.zeros((len(tasks), w), dtype=np.float64)
-    with progress_display() as bar:  # minutes on a large pool: a log must show that work goes on
+    # minutes on a large pool: a log must show that work goes on
+    with progress_display(enabled=progress) as bar:
         pid = bar.add_task(f"measure {w} workers alone", total=len(tasks))
         for start in range(0, len(tasks), 64):
             chunk = tasks[start : start + 64]
@@ -137,16 +138,64 @@ async def measure_singles(
     )
 
 
+#: Task lists shorter than this are measured in process (forking costs more than it saves).
+FORK_MIN_TASKS = 256
+#: Worker kinds answered in memory, which forked children may call (:func:`_forked`).
+FORKABLE_KINDS = frozenset({"simulated", "replay"})
+
+
 def _run_sync(pool: Pool, tasks: Sequence[Task]) -> SingleOutcomes:
-    """``measure_singles`` from synchronous code, also when an event loop is running here."""
+    """``measure_singles`` from synchronous code, also when an event loop is running here; a
+    long task list on a pool of in-memory workers in forked processes (:func:`_forked`)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(measure_singles(pool, tasks))
+        return _measure(pool, tasks)
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        return ex.submit(lambda: asyncio.run(measure_singles(pool, tasks))).result()
+        return ex.submit(_measure, pool, tasks).result()
+
+
+def _measure(pool: Pool, tasks: Sequence[Task]) -> SingleOutcomes:
+    from rl_conductor.tasks.forked import fork_workers
+
+    offline = all(w.info.kind in FORKABLE_KINDS for w in pool.workers)
+    workers = min(fork_workers(), len(tasks) // 64 or 1)
+    if offline and workers > 1 and len(tasks) >= FORK_MIN_TASKS:
+        return _forked(pool, tasks, workers)
+    return asyncio.run(measure_singles(pool, tasks))
+
+
+def _forked(pool: Pool, tasks: Sequence[Task], workers: int) -> SingleOutcomes:
+    """:func:`measure_singles` on contiguous chunks of ``tasks`` in ``workers`` forked processes
+    (``tasks.forked``), the same arrays as in one process: a worker alone on a task answers the
+    same whichever process asks (simulated and replayed answers are functions of the task, the
+    worker and the call, and a simulated answer is graded by its value); 1,671 paper-sim
+    questions in about half the time on two cores. Only pools of in-memory workers: a live
+    worker's client would be shared with the children."""
+    from rl_conductor.tasks.forked import chunk_bounds, fork_map
+
+    def chunk(lo: int, hi: int) -> tuple[NDArray[np.bool_], NDArray[np.float64]]:
+        part = asyncio.run(measure_singles(pool, tasks[lo:hi], progress=False))
+        return part.correct, part.cost
+
+    bounds = chunk_bounds(len(tasks), workers * 4)
+    correct, cost = [], []
+    with progress_display() as bar:
+        pid = bar.add_task(f"measure {len(pool.workers)} workers alone", total=len(tasks))
+        for (lo, hi), (c, k) in zip(bounds, fork_map(chunk, bounds, workers), strict=True):
+            correct.append(c)
+            cost.append(k)
+            bar.advance(pid, hi - lo)
+    view = pool.view()
+    return SingleOutcomes(
+        names=view.names(),
+        task_ids=[t.id for t in tasks],
+        domains=[t.domain for t in tasks],
+        correct=np.concatenate(correct),
+        cost=np.concatenate(cost),
+    )
 
 
 def pool_key(pool: Pool) -> str:

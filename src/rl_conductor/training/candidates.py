@@ -84,9 +84,6 @@ import io
 import itertools
 import json
 import logging
-import multiprocessing
-import multiprocessing.util
-import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -98,9 +95,8 @@ import numpy as np
 from rl_conductor.executor import DEADLINE_MARGIN, execute, reserve_input_tokens
 from rl_conductor.limits import MIN_OUTPUT_TOKENS, RequestLimits
 from rl_conductor.policies.chains import ROLE_TEXT, Candidate, single
+from rl_conductor.tasks import forked
 from rl_conductor.tasks.base import Task
-from rl_conductor.tasks.graders import close_math_helper
-from rl_conductor.tasks.sandbox import adopt_orphans, close_runners, sweep_orphans
 from rl_conductor.trace import Trace
 from rl_conductor.training.config import GROUP_BY
 from rl_conductor.workers.pool import Pool, PoolView
@@ -347,38 +343,19 @@ class _Outcome(NamedTuple):
 
 
 #: Env override of the number of worker processes for the table build (1: serial, in process).
-WORKERS_ENV = "RL_CONDUCTOR_TABLE_WORKERS"
+WORKERS_ENV = forked.WORKERS_ENV
 #: Job lists shorter than this run in process (forking costs more than it saves).
 PARALLEL_MIN_JOBS = 400
-_MAX_WORKERS = 16
 
 
 def table_workers(workers: int | None = None) -> int:
-    """The number of processes to build with: ``workers`` if given, else ``$RL_CONDUCTOR_TABLE_WORKERS``
-    (a number, or ``auto``), else ``auto``: the CPUs this process may run on, capped at 16; 1
-    where ``fork`` is unavailable.
+    """The number of processes to build with (:func:`rl_conductor.tasks.forked.fork_workers`:
+    ``workers`` if given, else ``$RL_CONDUCTOR_TABLE_WORKERS``, else every CPU, at most 16).
 
     Parallel is the default since the forked children stopped grading simulated answers
     themselves (before, 506 of 335,750 paper-sim cells differed from the serial build) and the
     graders' limits count CPU time, not wall time (see the module docstring)."""
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return 1
-    if workers is None:
-        env = os.environ.get(WORKERS_ENV, "").strip() or "auto"
-        if env != "auto":
-            try:
-                workers = int(env)
-            except ValueError:
-                raise ValueError(f"{WORKERS_ENV} must be an integer, got {env!r}") from None
-        else:
-            try:
-                workers = len(os.sched_getaffinity(0))
-            except AttributeError:  # not Linux
-                workers = os.cpu_count() or 1
-            workers = min(workers, _MAX_WORKERS)
-    if workers < 1:
-        raise ValueError(f"table workers must be >= 1, got {workers}")
-    return workers
+    return forked.fork_workers(workers)
 
 
 def _outcome(
@@ -407,33 +384,6 @@ def _serial_outcomes(
     return [_outcome(j[0], tr, view, grader, d) for j, tr, d in zip(jobs, traces, deadlines, strict=True)]
 
 
-# The state a forked child reads (inherited through fork, never pickled): jobs, view, grader,
-# the deadlines to check per job, and the chunk bounds.
-_FORK_STATE: tuple[Any, ...] | None = None
-
-
-def _worker_init() -> None:
-    """A forked worker reaps what its code sandboxes leave behind (see ``sandbox.adopt_orphans``)
-    and, when it ends, stops its test runners and math helper and reaps the rest: in a pod whose
-    PID 1 is the parent, nobody else would (``atexit`` does not run in a pool worker; its
-    ``Finalize`` does, when the pool is closed and joined rather than terminated)."""
-    adopt_orphans()
-    multiprocessing.util.Finalize(None, _worker_exit, exitpriority=10)
-
-
-def _worker_exit() -> None:
-    close_runners()
-    close_math_helper()
-    sweep_orphans()
-
-
-def _run_chunk(c: int) -> list[_Outcome]:
-    assert _FORK_STATE is not None
-    jobs, view, grader, deadlines, bounds = _FORK_STATE
-    lo, hi = bounds[c]
-    return _serial_outcomes(jobs[lo:hi], view, grader, deadlines[lo:hi])
-
-
 def _outcomes(
     jobs: list[tuple[Task, Workflow, RequestLimits]],
     view: PoolView,
@@ -453,22 +403,16 @@ def _outcomes(
     ``os.register_at_fork(after_in_child=...)``) and code answers start their own sandbox
     subprocess. Children return compact outcome tuples only. Each child grades with a copy of
     the parent's grade cache (a code answer is graded once per (task, key) per process)."""
-    global _FORK_STATE
     n = len(jobs)
     workers = min(workers, n)
     if workers <= 1 or n < min_jobs:
         return _serial_outcomes(jobs, view, grader, deadlines)
-    n_chunks = workers * 4  # contiguous chunks, several per worker: evens out slow chunks
-    edges = [round(n * c / n_chunks) for c in range(n_chunks + 1)]
-    bounds = [(edges[c], edges[c + 1]) for c in range(n_chunks) if edges[c + 1] > edges[c]]
-    _FORK_STATE = (jobs, view, grader, deadlines, bounds)
-    try:
-        with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init) as procs:
-            parts = procs.map(_run_chunk, range(len(bounds)), chunksize=1)
-            procs.close()  # workers exit normally and run their Finalize (not terminate()d)
-            procs.join()
-    finally:
-        _FORK_STATE = None
+
+    def chunk(lo: int, hi: int) -> list[_Outcome]:
+        return _serial_outcomes(jobs[lo:hi], view, grader, deadlines[lo:hi])
+
+    # contiguous chunks, several per worker: evens out slow chunks
+    parts = list(forked.fork_map(chunk, forked.chunk_bounds(n, workers * 4), workers))
     out = [o for part in parts for o in part]
     assert len(out) == n
     return out

@@ -225,10 +225,10 @@ class TrainConfig:
     torch_threads: int = _f(
         1, "CPU threads for torch (1 is fastest for tiny models on a shared 2-core machine)"
     )
-    sft_torch_threads: int = _f(
+    train_torch_threads: int = _f(
         0,
-        "CPU threads for torch during the SFT warm start only (0: torch_threads); its batched "
-        "forward and backward passes are large enough to use a second core, unlike generation",
+        "CPU threads for torch while SFT and GRPO train (0: torch_threads, which evaluation and "
+        "serving generate with); batched forward and backward passes use a second core well",
     )
     bf16: bool = _f(False, "bfloat16 (GPU)")
     use_lora: bool = _f(False, "train LoRA adapters instead of all weights (7B on GPU)")
@@ -281,7 +281,7 @@ class TrainConfig:
         validation.non_negative_finite("warm_se_rule", self.warm_se_rule)
         validation.integer_at_least("observed_copies", self.observed_copies, 1)
         validation.integer_at_least("torch_threads", self.torch_threads, 1)
-        validation.integer_at_least("sft_torch_threads", self.sft_torch_threads, 0)
+        validation.integer_at_least("train_torch_threads", self.train_torch_threads, 0)
         if self.observed_path and self.sft_targets != "expected-best":
             raise ConfigError(
                 "observed_path needs sft_targets: expected-best (an observed workflow is taught "

@@ -159,6 +159,7 @@ def train(
     from datasets import Dataset
 
     from rl_conductor.limits import RequestLimits
+    from rl_conductor.lm.generate import torch_threads
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.tracking import mlflow_utils
     from rl_conductor.training.data import grpo_records, make_specs, sft_records, warm_sft_records
@@ -345,7 +346,8 @@ def train(
             cfg, sft_dir, Dataset.from_list(grpo), reward, out / "grpo", progress=progress
         )
         ckpt = _last_checkpoint(out / "grpo") if resume else None
-        trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+        with torch_threads(cfg.train_torch_threads or None):
+            trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
         _save_policy(trainer, out / "grpo" / "last", merge_lora=cfg.use_lora)
         result.seconds["grpo"] = time.perf_counter() - t0
         result.cpu_seconds["grpo"] = _cpu_s() - c0
@@ -650,7 +652,7 @@ def _sft(
         callbacks=[RichProgress("SFT warm start", enabled=progress), MlflowMetrics(prefix="sft/")],
         decision_weight=cfg.sft_decision_weight,
     )
-    with torch_threads(cfg.sft_torch_threads or None):
+    with torch_threads(cfg.train_torch_threads or None):
         trainer.train()
     model = trainer.model
     if peft_config is not None:
