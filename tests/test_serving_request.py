@@ -231,3 +231,36 @@ def test_the_request_caps_are_one_definition_for_http_and_pyfunc() -> None:
     for field, cap in (("max_cost_usd", MAX_REQUEST_USD), ("max_latency_s", MAX_REQUEST_SECONDS)):
         with pytest.raises(RequestError, match=field):
             parse_request({"question": "q", field: cap * 1.5})
+
+
+def test_the_pyfunc_takes_a_batch_by_kserves_rules(tmp_path: Path) -> None:
+    """A batch through ``mlflow.pyfunc`` obeys what KServe's v1/v2 endpoints enforce, before any
+    model loads: the request cap bounds the budgets of the whole batch, at most 64 questions, an
+    error names the input. Before, the pyfunc answered two $6,000 questions KServe refused."""
+    from rl_conductor.serving.schemas import WireError, parse_v1
+
+    missing = str(tmp_path / "no-model")  # never loaded: validation comes first
+    rich = [{"question": "a", "max_cost_usd": 6000}, {"question": "b", "max_cost_usd": 6000}]
+    with pytest.raises(RequestError, match="add up to 12000 USD"):
+        pyfunc.answer_batch(missing, rich)
+    with pytest.raises(WireError, match="add up to 12000 USD"):
+        parse_v1({"instances": rich})
+    with pytest.raises(RequestError, match="at most 64 questions"):
+        pyfunc.answer_batch(missing, ["q"] * 65)
+    with pytest.raises(RequestError, match=r"inputs\.1: question"):
+        pyfunc.answer_batch(missing, ["fine", " \n\t "])
+
+
+def test_a_dataframe_keeps_the_integer_fields_of_rows_that_leave_them_out() -> None:
+    """A DataFrame column that some rows leave out holds floats (2 -> 2.0): every integer field of
+    a request comes back an integer, not only max_steps (max_rounds 2.0 was refused)."""
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        [{"question": "a", "max_rounds": 2, "max_calls": 3, "max_steps": 4}, {"question": "b"}]
+    )
+    first, second = pyfunc.as_records(frame)
+    assert first == {"question": "a", "max_rounds": 2, "max_calls": 3, "max_steps": 4}
+    assert all(type(first[k]) is int for k in ("max_rounds", "max_calls", "max_steps"))
+    assert second == {"question": "b"}
+    assert parse_request(first).max_rounds == 2

@@ -26,7 +26,7 @@ from typing import Any
 from mlflow.pyfunc.model import PythonModel
 
 from rl_conductor.policies.conductor import ConductorPolicy
-from rl_conductor.serving.request import parse_request
+from rl_conductor.serving.request import parse_batch
 from rl_conductor.serving.service import ConductorService
 from rl_conductor.tracking.registry import MODEL_DIR_ARTIFACT
 from rl_conductor.workers.pool import load_pool
@@ -52,6 +52,10 @@ class ConductorPyfunc(PythonModel):
         return answer_batch(self.model_dir, as_records(model_input))
 
 
+#: The request's integer fields (a DataFrame column with a missing value holds them as floats).
+_INTEGER_FIELDS = frozenset({"max_steps", "max_rounds", "max_calls"})
+
+
 def as_records(model_input: Any) -> list[Any]:
     """pyfunc hands over a DataFrame, a dict, a list or a string; answer_batch gets a list."""
     if hasattr(model_input, "to_dict"):  # pandas DataFrame
@@ -63,7 +67,7 @@ def as_records(model_input: Any) -> list[Any]:
         all_nan = {c for c in model_input.columns if bool(model_input[c].isna().all())}
 
         def clean(k: str, v: Any) -> Any:
-            if k == "max_steps" and isinstance(v, float) and v.is_integer():
+            if k in _INTEGER_FIELDS and isinstance(v, float) and v.is_integer():
                 return int(v)
             return v
 
@@ -105,9 +109,11 @@ def answer_batch(
 ) -> list[dict[str, Any]]:
     """One response document per input, in order, as :meth:`ConductorService.answer` makes it.
 
-    Every input is validated before any runs (:class:`~rl_conductor.serving.request.RequestError`
-    names the field); ``pool`` is the operator's, never the request's."""
-    requests = [parse_request(r) for r in inputs]
+    Every input is validated before any runs, with the batch rules KServe applies (at most 64
+    questions, their budgets within the request cap: :func:`~rl_conductor.serving.request.parse_batch`;
+    :class:`~rl_conductor.serving.request.RequestError` names the input and field); ``pool`` is
+    the operator's, never the request's."""
+    requests = parse_batch(list(inputs))
     service = service_for(str(model_dir), pool)
 
     async def run_all() -> list[dict[str, Any]]:

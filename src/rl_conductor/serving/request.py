@@ -19,7 +19,8 @@ point a served Conductor at a pool nobody evaluated.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +140,40 @@ def parse_request(raw: Any) -> ConductorRequest:
     except ValidationError as exc:
         msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
         raise RequestError(msgs) from None
+
+
+#: Questions one call may carry (a KServe v1/v2 batch, a pyfunc ``predict`` input).
+MAX_BATCH = 64
+
+
+def check_batch(requests: Sequence[ConductorRequest], where: str = "inputs") -> None:
+    """The rules of a batch, on every path that takes one: at most :data:`MAX_BATCH` questions,
+    and the request cap (``max_cost_usd``'s) bounds the whole batch: the budgets its questions
+    state add up to at most the cap (a question without a budget states none, as alone)."""
+    if len(requests) > MAX_BATCH:
+        raise RequestError(f"{where}: at most {MAX_BATCH} questions per request, got {len(requests)}")
+    cap = REQUEST_CAPS["max_cost_usd"][0]
+    total = math.fsum(r.max_cost_usd for r in requests if r.max_cost_usd is not None)
+    if total > cap:
+        raise RequestError(
+            f"{where}: the questions' max_cost_usd add up to {total:g} USD; at most {cap:g} "
+            "USD per request, for the whole batch"
+        )
+
+
+def parse_batch(raws: Sequence[Any], where: str = "inputs") -> list[ConductorRequest]:
+    """Validated requests of a batch (:func:`parse_request` each, named by position, then
+    :func:`check_batch`): what the pyfunc model takes, with KServe's rules."""
+    if len(raws) > MAX_BATCH:  # before validating thousands of them
+        raise RequestError(f"{where}: at most {MAX_BATCH} questions per request, got {len(raws)}")
+    requests = []
+    for i, raw in enumerate(raws):
+        try:
+            requests.append(parse_request(raw))
+        except RequestError as exc:
+            raise RequestError(f"{where}.{i}: {exc}") from None
+    check_batch(requests, where)
+    return requests
 
 
 def request_limits(request: ConductorRequest, *, default_rounds: int = 1) -> RequestLimits:

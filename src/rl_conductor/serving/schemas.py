@@ -42,18 +42,20 @@ from pydantic import (
 )
 
 from rl_conductor.serving.request import (
+    MAX_BATCH,
     MAX_REQUEST_SECONDS,
     MAX_REQUEST_USD,
     REQUEST_CAPS,
     ConductorRequest,
     RequestError,
+    check_batch,
     parse_request,
 )
 
 #: Largest request body the server reads (bytes); bigger ones get 413.
 MAX_BODY_BYTES = 1_000_000
 #: Most instances in one v1/v2 request.
-MAX_INSTANCES = 64
+MAX_INSTANCES = MAX_BATCH
 #: The request caps (one definition, :mod:`rl_conductor.serving.request`'s).
 MAX_BUDGET_USD = MAX_REQUEST_USD
 MAX_LATENCY_S = MAX_REQUEST_SECONDS
@@ -137,9 +139,6 @@ class Instance(WireLimits):
 
 def to_request(fields: dict[str, Any], prefix: str = "") -> ConductorRequest:
     """Library-validated request from already shape-checked fields (None values dropped)."""
-    question = fields.get("question")
-    if isinstance(question, str) and question and not question.strip():
-        raise WireError(f"{prefix}question: must contain more than whitespace")
     try:
         return parse_request({k: v for k, v in fields.items() if v is not None})
     except RequestError as exc:
@@ -179,14 +178,11 @@ def parse_v1(body: Any) -> list[ConductorRequest]:
 
 
 def check_batch_budget(requests: list[ConductorRequest], where: str) -> None:
-    """The request cap (:data:`MAX_BUDGET_USD`) bounds a whole batch: the budgets its questions
-    state add up to at most the cap (a question without a budget states none, as alone)."""
-    total = math.fsum(r.max_cost_usd for r in requests if r.max_cost_usd is not None)
-    if total > MAX_BUDGET_USD:
-        raise WireError(
-            f"{where}: the questions' max_cost_usd add up to {total:g} USD; at most {MAX_BUDGET_USD:g} "
-            "USD per request, for the whole batch"
-        )
+    """:func:`rl_conductor.serving.request.check_batch` as a 400."""
+    try:
+        check_batch(requests, where)
+    except RequestError as exc:
+        raise WireError(str(exc)) from None
 
 
 def parse_v2_parameters(params: Any) -> dict[str, Any]:
