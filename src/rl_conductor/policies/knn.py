@@ -11,17 +11,15 @@ permits and can afford (:func:`rl_conductor.policies.routers.choose_worker`), as
 and RouteLLM's similarity-weighted routers do. Weights are the similarities clipped at 0
 (uniform if none is positive).
 
-``k`` was chosen on paper-sim's validation split (289 questions, fitted on 500 training
-questions; accuracy / mean reward): k=5 54.3 % / 0.7621, 10 60.6 % / 0.7916, 25 62.3 % /
-0.7985, 50 64.0 % / 0.8072, 100 64.7 % / 0.8094, 200 65.1 % / 0.8102, all 67.5 % / 0.8215 (best
-single worker there: 62.3 %). Sharper weights (similarity^4, ^16, exp(10·sim)) did worse. In that
-simulation a question's neighbours share its domain and topic, not its item difficulty, so wide
-neighbourhoods estimate a worker's skill best; with live workers a smaller ``k`` may pay.
+``k`` (by default every training question) was chosen on paper-sim's validation split, where a
+question's neighbours share its domain and topic, not its item difficulty, so wide
+neighbourhoods estimate a worker's skill best; sharper weights did worse (the sweep's figures:
+``benchmarks/README.md``, "kNN router settings"). With live workers a smaller ``k`` may pay.
 
-Why not the cheapest correct worker as a label (the first version): it drifts to cheap workers
-(49 % on paper-sim, below every frontier worker), so as a baseline it flattered the Conductor.
+Why not the cheapest correct worker as a label (the first version): it drifts to cheap workers,
+below every frontier worker on paper-sim, so as a baseline it flattered the Conductor.
 
-Embeddings (~20-40 questions/s on 2 cores) are cached under ``.conductor/routers/`` keyed by
+Embeddings are cached under ``.conductor/routers/`` keyed by
 the question texts; the single-worker outcomes by pool, code version and task ids.
 """
 

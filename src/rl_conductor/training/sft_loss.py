@@ -4,10 +4,10 @@ Why: TRL's ``SFTTrainer`` (1.16) always computes the loss through its fused LM h
 log-softmax that also yields each token's entropy and top-1 hit, over *every* position of the
 batch. The Conductor's warm start trains on prompts of ~230 tokens (the worker list, the limits,
 the question) and completions of ~40 (the plan), with ``completion_only_loss``: the prompt
-positions carry no loss, yet on 2 CPU cores that chunked head took 37 % of each SFT step
-(measured on the tiny preset at hidden size 192: 0.47 of 1.26 s a step). Applying the LM head
-to the completion positions only gives the same loss — the mean negative log-likelihood of the
-completion tokens — at a fraction of the cost.
+positions carry no loss, yet on CPU that chunked head took a third of each SFT step (figures:
+``benchmarks/README.md``, "SFT loss"). Applying the LM head to the completion positions only
+gives the same loss — the mean negative log-likelihood of the completion tokens — at a fraction
+of the cost.
 
 Scope: a plain (not PEFT-wrapped) causal LM in full precision, one process, padded and unpacked
 batches of ``input_ids``/``attention_mask``/``labels``, TRL's plain NLL: the CPU presets' case.
@@ -37,7 +37,7 @@ follows a row's last real token, so causality alone already keeps every real tok
 a pad: such batches run on the CPU with ``is_causal`` instead (:data:`CAUSAL_SDPA`), which
 skips the keys after each query block. The values and gradients at the real tokens are the same
 bit for bit (the pad positions differ, and carry no loss and no gradient; the trained weights
-are the same), and an SFT step of the tiny preset costs ~5 % less CPU time. Batches without
+are the same), and an SFT step costs less CPU time. Batches without
 padding keep transformers' own path: there it runs the kernel's grouped-query mode, whose
 key/value gradients are summed in another order than ``repeat_kv``'s, so switching those would
 change the trained weights.
