@@ -208,6 +208,7 @@ def test_a_trace_grade_costs_one_grading_per_simulated_value(monkeypatch: pytest
     from rl_conductor.trace import Trace
 
     task = replace(CODE_TASK, id="syn-code/once")
+    monkeypatch.setenv("RL_CONDUCTOR_GRADE_CACHE", "0")  # what this process grades, not the disk's
     calls: list[str] = []
     real = graders.grade
 

@@ -34,9 +34,11 @@ from typing import Any
 from rl_conductor.errors import UserError
 
 __all__ = [
+    "HOME_ENV",
     "AccessDeniedError",
     "NotFoundError",
     "StorageError",
+    "conductor_home",
     "delete",
     "download_dir",
     "exists",
@@ -55,6 +57,14 @@ __all__ = [
 ]
 
 S3_SCHEME = "s3://"
+#: The root that holds ``.conductor/`` (the local MLflow store, caches, artifacts).
+HOME_ENV = "CONDUCTOR_HOME"
+
+
+def conductor_home() -> Path:
+    """``$CONDUCTOR_HOME`` or the current directory: the root that holds ``.conductor/``."""
+    return Path(os.environ.get(HOME_ENV) or os.getcwd()).resolve()
+
 
 _ACCESS_CODES = frozenset(
     {

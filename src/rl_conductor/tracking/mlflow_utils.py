@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import mlflow
 
+from rl_conductor import storage
+
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.tracking.fluent import ActiveRun
@@ -51,7 +53,7 @@ __all__ = [
 ]
 
 ARTIFACT_ROOT_ENV = "CONDUCTOR_ARTIFACT_ROOT"
-HOME_ENV = "CONDUCTOR_HOME"
+HOME_ENV = storage.HOME_ENV
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ _config: TrackingConfig | None = None
 
 def conductor_home() -> Path:
     """``$CONDUCTOR_HOME`` or the current directory: the root that holds ``.conductor/``."""
-    return Path(os.environ.get(HOME_ENV) or os.getcwd()).resolve()
+    return storage.conductor_home()
 
 
 def default_tracking_uri() -> str:

@@ -87,19 +87,58 @@ def answer_key(task: Task, text: str) -> str:
     return "none" if ans is None else f"extracted:{ans}"
 
 
+#: Graders whose grades of simulated values go to the grade store on disk (each costs a sandbox
+#: start or a symbolic parse; the others are a string comparison, cheaper than a lookup).
+_STORED_GRADERS = frozenset({"code", "math"})
+
+
 def grade_cached(task: Task, text: str) -> bool:
     """The task's real grader, cached on (task, :func:`answer_key`): code grading runs a sandboxed
     subprocess and math grading a symbolic parse, and the simulation produces the same few answers
-    per item over and over."""
+    per item over and over. A code or math grade of a simulated value is also kept on disk for
+    the other processes of this ``CONDUCTOR_HOME`` (:mod:`rl_conductor.tasks.grade_store`)."""
     from rl_conductor.tasks.graders import grade
 
-    key = (task.id, task.grader, task.answer, answer_key(task, text))
+    value_key = answer_key(task, text)
+    key = (task.id, task.grader, task.answer, value_key)
     hit = _GRADE_CACHE.get(key)
     if hit is None:
-        hit = bool(grade(task, text))
+        stored = _stored_grade(task, value_key)
+        hit = bool(grade(task, text)) if stored is None else stored
+        if stored is None:
+            _store_grade(task, value_key, hit)
         evict_oldest(_GRADE_CACHE, _GRADES_MAX)
         _GRADE_CACHE[key] = hit
     return hit
+
+
+def _stored_grade(task: Task, value_key: str) -> bool | None:
+    from rl_conductor.tasks import grade_store
+
+    if task.grader not in _STORED_GRADERS or not value_key.startswith(("value:", "cut")):
+        return None
+    store = grade_store.shared_store()
+    if store is None:
+        return None
+    try:
+        return store.get(grade_store.grade_key(task, value_key))
+    except Exception as exc:  # the store is a cache: never let it fail a grade
+        grade_store.disable(exc)
+        return None
+
+
+def _store_grade(task: Task, value_key: str, ok: bool) -> None:
+    from rl_conductor.tasks import grade_store
+
+    if task.grader not in _STORED_GRADERS or not value_key.startswith(("value:", "cut")):
+        return
+    store = grade_store.shared_store()
+    if store is None:
+        return
+    try:
+        store.put(grade_store.grade_key(task, value_key), ok)
+    except Exception as exc:
+        grade_store.disable(exc)
 
 
 def grade_simulated(task: Task, text: str) -> bool | None:
