@@ -41,14 +41,34 @@ def _forget(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """A new process, as far as grading goes: no grade in memory, and a grader that records calls."""
     monkeypatch.setattr(answers, "_GRADE_CACHE", {})
     calls: list[str] = []
-    real = graders.grade
+    real = graders.settled_grade
 
-    def counted(task: Task, text: str) -> bool:
+    def counted(task: Task, text: str) -> tuple[bool, bool]:
         calls.append(text)
         return real(task, text)
 
-    monkeypatch.setattr(graders, "grade", counted)
+    monkeypatch.setattr(graders, "settled_grade", counted)
     return calls
+
+
+def test_a_code_grade_without_a_runner_verdict_is_not_kept(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A code answer whose test runner gave no verdict (the wall-clock backstop under a loaded
+    machine) is graded wrong here but not kept for other processes, which grade it again."""
+    from rl_conductor.tasks import sandbox
+
+    real = sandbox.TestVerdict
+    monkeypatch.setattr(
+        graders, "run_tests", lambda *a, **k: real(False, 0, 0, "the test runner gave no verdict", False, 0.1)
+    )
+    assert not grade_cached(CODE, _text(CODE.answer, 1))
+    monkeypatch.undo()
+    monkeypatch.setenv("CONDUCTOR_HOME", str(home))
+    calls = _forget(monkeypatch)
+    assert grade_cached(CODE, _text(CODE.answer, 2)) and len(calls) == 1  # graded again: right
+    calls = _forget(monkeypatch)
+    assert grade_cached(CODE, _text(CODE.answer, 3)) and calls == []  # now kept
 
 
 def _text(value: str, seed: int) -> str:

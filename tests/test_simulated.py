@@ -210,13 +210,18 @@ def test_a_trace_grade_costs_one_grading_per_simulated_value(monkeypatch: pytest
     task = replace(CODE_TASK, id="syn-code/once")
     monkeypatch.setenv("RL_CONDUCTOR_GRADE_CACHE", "0")  # what this process grades, not the disk's
     calls: list[str] = []
-    real = graders.grade
+    real, real_settled = graders.grade, graders.settled_grade
 
     def counted(t: Task, text: str) -> bool:
         calls.append(text)
         return real(t, text)
 
+    def counted_settled(t: Task, text: str) -> tuple[bool, bool]:
+        calls.append(text)
+        return real_settled(t, text)
+
     monkeypatch.setattr(graders, "grade", counted)
+    monkeypatch.setattr(graders, "settled_grade", counted_settled)
 
     def trace(text: str) -> Trace:
         return Trace(task_id=task.id, final_answer=text)

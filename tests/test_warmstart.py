@@ -538,14 +538,15 @@ def test_parallel_build_on_the_simulated_pool_is_the_serial_table(monkeypatch: p
     from rl_conductor.workers.pool import load_pool
     from rl_conductor.workers.simulated import answers
 
-    parent, real = os.getpid(), graders.grade
+    parent, real = os.getpid(), graders.settled_grade
 
-    def load_dependent(task: Task, text: str) -> bool:
-        verdict = real(task, text)
+    def load_dependent(task: Task, text: str) -> tuple[bool, bool]:
+        verdict, settled = real(task, text)
         flips = task.grader in ("code", "math") and answers.simulated_value(text) is not answers._MISSING
-        return not verdict if flips and os.getpid() != parent else verdict
+        return (not verdict if flips and os.getpid() != parent else verdict), settled
 
-    monkeypatch.setattr(graders, "grade", load_dependent)
+    monkeypatch.setattr(graders, "settled_grade", load_dependent)
+    monkeypatch.setenv("RL_CONDUCTOR_GRADE_CACHE", "0")  # each build grades for itself
 
     tasks = select_items(load_tasks("paper-mix", "train"), 4)
     kw: dict[str, Any] = {

@@ -813,21 +813,29 @@ class CodeGrader:
         return key or None
 
     def grade(self, task: Task, text: str) -> bool:
+        return self.settled_grade(task, text)[0]
+
+    def settled_grade(self, task: Task, text: str) -> tuple[bool, bool]:
+        """(correct, settled): settled is False only when no verdict came from the test runner
+        (the wall-clock backstop, or a runner that gave none): another run may grade otherwise,
+        so such a grade is not kept beyond this process (``tasks.grade_store``)."""
         if not isinstance(text, str) or not text.strip():
-            return False
+            return False, True
         spec = test_spec(task)
         try:
             code = extract_code(_tail(text), task.metadata.get("entry_point"))
         except Exception:
-            return False
+            return False, True
         if not code.strip() or "\x00" in code:
-            return False
+            return False, True
         timeout = float(task.metadata.get("timeout_s") or CODE_TIMEOUT_S)
         program = candidate_program(task, code)
         if not compiles(program):
-            return False  # the sandbox would fail it at import: no process needed
+            return False, True  # the sandbox would fail it at import: no process needed
         # SandboxUnavailableError propagates: no sandbox means no grading, never a weaker mode.
-        return run_tests(program, spec, timeout_s=timeout, memory_mb=CODE_MEMORY_MB).passed
+        verdict = run_tests(program, spec, timeout_s=timeout, memory_mb=CODE_MEMORY_MB)
+        unsettled = verdict.total == 0 and verdict.error in ("timed out", "the test runner gave no verdict")
+        return verdict.passed, verdict.passed or not unsettled
 
 
 #: The file name :func:`compiles` gives the parser. Its compile-time warnings (``SyntaxWarning``:
@@ -928,6 +936,15 @@ def _grader_for(task: Task) -> Grader:
 def grade(task: Task, text: str) -> bool:
     """True when ``text`` (a worker's final answer) solves ``task``. Never raises on odd text."""
     return _grader_for(task).grade(task, text)
+
+
+def settled_grade(task: Task, text: str) -> tuple[bool, bool]:
+    """:func:`grade` and whether another run would surely grade the same (False only for a code
+    answer whose test runner gave no verdict: see :meth:`CodeGrader.settled_grade`)."""
+    grader = _grader_for(task)
+    if isinstance(grader, CodeGrader):
+        return grader.settled_grade(task, text)
+    return grader.grade(task, text), True
 
 
 def extract_answer(task: Task, text: str) -> str | None:

@@ -97,16 +97,17 @@ def grade_cached(task: Task, text: str) -> bool:
     subprocess and math grading a symbolic parse, and the simulation produces the same few answers
     per item over and over. A code or math grade of a simulated value is also kept on disk for
     the other processes of this ``CONDUCTOR_HOME`` (:mod:`rl_conductor.tasks.grade_store`)."""
-    from rl_conductor.tasks.graders import grade
+    from rl_conductor.tasks import graders
 
     value_key = answer_key(task, text)
     key = (task.id, task.grader, task.answer, value_key)
     hit = _GRADE_CACHE.get(key)
     if hit is None:
-        stored = _stored_grade(task, value_key)
-        hit = bool(grade(task, text)) if stored is None else stored
-        if stored is None:
-            _store_grade(task, value_key, hit)
+        hit = _stored_grade(task, value_key)
+        if hit is None:
+            hit, settled = graders.settled_grade(task, text)
+            if settled:  # a code answer whose runner gave no verdict is not kept for others
+                _store_grade(task, value_key, hit)
         evict_oldest(_GRADE_CACHE, _GRADES_MAX)
         _GRADE_CACHE[key] = hit
     return hit
