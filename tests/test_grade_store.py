@@ -109,3 +109,27 @@ def test_a_store_that_cannot_be_written_never_fails_a_grade(
         assert grade_store.shared_store() is None
     finally:
         home.chmod(stat.S_IRWXU)
+
+
+def test_math_grades_stay_in_their_process(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A math grade is not kept on disk: one made while the math-verify helper stalled is wrong
+    and would look settled (the helper's answers are cached in process), so the next process
+    grades math itself."""
+    task = Task("store-math/0", "What is 1 + 1?", "2", "math", "synthetic", grader="math")
+    assert grade_cached(task, render_answer(task, "2", 20, random.Random(0)))
+    calls = _forget(monkeypatch)
+    assert grade_cached(task, render_answer(task, "2", 30, random.Random(1))) and len(calls) == 1
+
+
+def test_grading_goes_on_when_the_working_directory_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    monkeypatch.delenv("CONDUCTOR_HOME", raising=False)
+    monkeypatch.setattr(grade_store, "_DISABLED", set())
+    monkeypatch.setattr(answers, "_GRADE_CACHE", {})
+    assert grade_cached(CODE, _text(CODE.answer, 1))
+    assert "grade store off" in caplog.text

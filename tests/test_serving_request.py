@@ -249,6 +249,8 @@ def test_the_pyfunc_takes_a_batch_by_kserves_rules(tmp_path: Path) -> None:
         pyfunc.answer_batch(missing, ["q"] * 65)
     with pytest.raises(RequestError, match=r"inputs\.1: question"):
         pyfunc.answer_batch(missing, ["fine", " \n\t "])
+    with pytest.raises(RequestError, match="at least one question"):  # KServe answers 400 too
+        pyfunc.answer_batch(missing, [])
 
 
 def test_a_dataframe_keeps_the_integer_fields_of_rows_that_leave_them_out() -> None:

@@ -164,6 +164,8 @@ def check_batch(requests: Sequence[ConductorRequest], where: str = "inputs") -> 
 def parse_batch(raws: Sequence[Any], where: str = "inputs") -> list[ConductorRequest]:
     """Validated requests of a batch (:func:`parse_request` each, named by position, then
     :func:`check_batch`): what the pyfunc model takes, with KServe's rules."""
+    if not raws:  # an empty batch is a mistake, not a request for nothing (KServe answers 400)
+        raise RequestError(f"{where}: expected at least one question")
     if len(raws) > MAX_BATCH:  # before validating thousands of them
         raise RequestError(f"{where}: at most {MAX_BATCH} questions per request, got {len(raws)}")
     requests = []

@@ -10,7 +10,8 @@ grader, gold answer and metadata, where the tests of a code question are), the a
 the version of the grading code, so a grade is reused only where it would come out the same:
 the graders' limits count CPU time, not wall time, so a grade does not depend on the load.
 
-What it holds: SHA-256 keys and booleans in one sqlite file per grading-code version,
+What it holds (what :mod:`rl_conductor.workers.simulated.answers` puts there: settled code grades
+of simulated values): SHA-256 keys and booleans in one sqlite file per grading-code version,
 ``<CONDUCTOR_HOME>/.conductor/cache/grades/<version>.sqlite`` — no question or answer text.
 ``RL_CONDUCTOR_GRADE_CACHE=0`` turns it off. Any error of the store (a read-only folder, a
 locked or corrupt file) turns it off for the process with one warning: grading never fails
@@ -24,6 +25,7 @@ import json
 import logging
 import os
 import sqlite3
+import sys
 import threading
 from importlib import metadata, resources
 from pathlib import Path
@@ -53,17 +55,21 @@ _VERSION: str | None = None
 
 
 def grading_version() -> str:
-    """A digest of the grading code (:data:`_SOURCES`) and math-verify's version."""
+    """A digest of the grading code (:data:`_SOURCES`), the Python that runs sandboxed code, and
+    the versions of math-verify and the parsers it uses."""
     global _VERSION
     if _VERSION is None:
         root = resources.files("rl_conductor")
         h = hashlib.sha256()
         for rel in _SOURCES:
             h.update(rel.encode() + b"\0" + root.joinpath(rel).read_bytes() + b"\0")
-        try:
-            h.update(metadata.version("math-verify").encode())
-        except metadata.PackageNotFoundError:
-            h.update(b"no math-verify")
+        # the interpreter the sandbox runs code with, and what math-verify parses with
+        h.update(f"{sys.version}\0{sys.executable}\0{os.path.realpath(sys.executable)}".encode())
+        for package in ("math-verify", "sympy", "latex2sympy2_extended"):
+            try:
+                h.update(f"{package}={metadata.version(package)}\0".encode())
+            except metadata.PackageNotFoundError:
+                h.update(f"{package} missing\0".encode())
         _VERSION = h.hexdigest()[:16]
     return _VERSION
 
@@ -106,7 +112,11 @@ def shared_store() -> GradeStore | None:
     pid = os.getpid()
     if pid in _DISABLED:
         return None
-    path = conductor_home() / ".conductor" / "cache" / "grades" / f"{grading_version()}.sqlite"
+    try:  # the home is the current directory by default, which may be gone
+        path = conductor_home() / ".conductor" / "cache" / "grades" / f"{grading_version()}.sqlite"
+    except OSError as exc:
+        disable(exc)
+        return None
     with _LOCK:
         store = _STORES.get((pid, path))
         if store is None:

@@ -143,8 +143,14 @@ def _ensure_schema(cfg: TrackingConfig) -> None:
         path = _sqlite_path(uri)
         if path is None or uri in _schema_ready:
             continue
-        with FileLock(f"{path}.lock"):
-            MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments(max_results=1)
+        try:
+            with FileLock(f"{path}.lock"):
+                MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments(max_results=1)
+        except OSError:
+            # no lock file possible beside it (a read-only home): an existing store is read as it
+            # is, as plain MLflow would; a missing one could not be created there anyway
+            if not path.is_file():
+                raise
         _schema_ready.add(uri)
 
 

@@ -87,15 +87,18 @@ def answer_key(task: Task, text: str) -> str:
     return "none" if ans is None else f"extracted:{ans}"
 
 
-#: Graders whose grades of simulated values go to the grade store on disk (each costs a sandbox
-#: start or a symbolic parse; the others are a string comparison, cheaper than a lookup).
-_STORED_GRADERS = frozenset({"code", "math"})
+#: Graders whose grades of simulated values go to the grade store on disk: code, where each grade
+#: costs a sandbox start and the runner's verdict says whether it is settled. Not math: a grade
+#: made while the math-verify helper stalled is wrong and, through the helper's in-process
+#: caches, looks settled (an outside review reproduced it sticking on disk); choice and qa are a
+#: string comparison, cheaper than a lookup.
+_STORED_GRADERS = frozenset({"code"})
 
 
 def grade_cached(task: Task, text: str) -> bool:
     """The task's real grader, cached on (task, :func:`answer_key`): code grading runs a sandboxed
     subprocess and math grading a symbolic parse, and the simulation produces the same few answers
-    per item over and over. A code or math grade of a simulated value is also kept on disk for
+    per item over and over. A settled code grade of a simulated value is also kept on disk for
     the other processes of this ``CONDUCTOR_HOME`` (:mod:`rl_conductor.tasks.grade_store`)."""
     from rl_conductor.tasks import graders
 
