@@ -16,16 +16,9 @@ from rl_conductor.tasks import grade_store, graders
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.simulated import answers
 from rl_conductor.workers.simulated.answers import grade_cached, render_answer
+from test_simulated import CODE_TASK
 
-CODE = Task(
-    id="store-code/0",
-    question="Write a function add(a, b) that returns the sum of a and b.",
-    answer="def add(a, b):\n    return a + b\n",
-    domain="code",
-    source="synthetic",
-    grader="code",
-    metadata={"tests": ["assert add(1, 2) == 3", "assert add(-1, 5) == 4"], "entry_point": "add"},
-)
+CODE = replace(CODE_TASK, id="store-code/0")  # add(a, b), two asserts
 WRONG = "def add(a, b):\n    return a * b\n"
 
 
