@@ -96,13 +96,22 @@ class GradeStore:
         )
 
     def get(self, key: bytes) -> bool | None:
-        with self._lock:
-            row = self._db.execute("SELECT ok FROM grades WHERE key = ?", (key,)).fetchone()
+        """The stored grade (None: none, or the store failed and is now off for this process)."""
+        try:
+            with self._lock:
+                row = self._db.execute("SELECT ok FROM grades WHERE key = ?", (key,)).fetchone()
+        except (OSError, sqlite3.Error) as exc:
+            disable(exc)
+            return None
         return None if row is None else bool(row[0])
 
     def put(self, key: bytes, ok: bool) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR IGNORE INTO grades (key, ok) VALUES (?, ?)", (key, int(ok)))
+        """Keep a grade (a failing store turns itself off for this process instead)."""
+        try:
+            with self._lock:
+                self._db.execute("INSERT OR IGNORE INTO grades (key, ok) VALUES (?, ?)", (key, int(ok)))
+        except (OSError, sqlite3.Error) as exc:
+            disable(exc)
 
 
 def shared_store() -> GradeStore | None:

@@ -117,32 +117,29 @@ def grade_cached(task: Task, text: str) -> bool:
 
 
 def _stored_grade(task: Task, value_key: str) -> bool | None:
-    from rl_conductor.tasks import grade_store
-
-    if task.grader not in _STORED_GRADERS or not value_key.startswith(("value:", "cut")):
-        return None
-    store = grade_store.shared_store()
-    if store is None:
-        return None
-    try:
-        return store.get(grade_store.grade_key(task, value_key))
-    except Exception as exc:  # the store is a cache: never let it fail a grade
-        grade_store.disable(exc)
-        return None
+    store = _store_for(task, value_key)
+    return None if store is None else store.get(_store_key(task, value_key))
 
 
 def _store_grade(task: Task, value_key: str, ok: bool) -> None:
+    store = _store_for(task, value_key)
+    if store is not None:
+        store.put(_store_key(task, value_key), ok)
+
+
+def _store_for(task: Task, value_key: str) -> Any:
+    """The grade store for this grade (None: not a stored kind of grade, or no store)."""
     from rl_conductor.tasks import grade_store
 
     if task.grader not in _STORED_GRADERS or not value_key.startswith(("value:", "cut")):
-        return
-    store = grade_store.shared_store()
-    if store is None:
-        return
-    try:
-        store.put(grade_store.grade_key(task, value_key), ok)
-    except Exception as exc:
-        grade_store.disable(exc)
+        return None
+    return grade_store.shared_store()
+
+
+def _store_key(task: Task, value_key: str) -> bytes:
+    from rl_conductor.tasks.grade_store import grade_key
+
+    return grade_key(task, value_key)
 
 
 def grade_simulated(task: Task, text: str) -> bool | None:
