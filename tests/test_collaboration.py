@@ -218,6 +218,46 @@ def test_same_seed_same_workflow_outcome() -> None:
     assert [t.final_answer for t in a] != [t.final_answer for t in c]
 
 
+def test_an_outcome_does_not_depend_on_the_executions_beside_it() -> None:
+    """A worker's verify and solve answers at one step index are the same draws, so often the same
+    text; a later step reads that answer's role (checks already made weaken its own). The role
+    comes from the executed step, not from whichever execution rendered the text last: run side
+    by side in either order, each workflow's traces are the ones it gives alone."""
+    p = pool({"verify": {"reasoning": 0.8, "math": 0.8}})
+    view = p.view()
+    names = view.names()
+    s, v, w = "qwen3-32b", "gemini-2.5-pro", "claude-sonnet-4"
+
+    def wf(middle: str) -> Workflow:
+        return Workflow(
+            steps=(
+                Step(names.index(s), SOLVE, ()),
+                Step(names.index(v), middle, "all"),
+                Step(names.index(w), VERIFY, "all"),
+            )
+        )
+
+    checked, solved = wf(VERIFY), wf(SOLVE)
+    tasks = (MATH + REASONING)[:400]
+
+    def outcomes(order: Sequence[Workflow]) -> dict[tuple[int, str], tuple[str, float]]:
+        jobs = [(k, x, t) for k, x in enumerate(order) for t in tasks]
+
+        async def go() -> list[Trace]:
+            return list(await asyncio.gather(*(execute(x, t, view, RequestLimits()) for _, x, t in jobs)))
+
+        traces = asyncio.run(go())
+        return {
+            (id(x), t.id): (tr.final_answer, tr.cost_usd)
+            for (_, x, t), tr in zip(jobs, traces, strict=True)
+        }
+
+    side_by_side, reversed_order = outcomes([checked, solved]), outcomes([solved, checked])
+    alone = {**outcomes([checked]), **outcomes([solved])}
+    assert side_by_side == alone
+    assert reversed_order == alone
+
+
 def test_a_plan_is_shorter_than_a_solution() -> None:
     p = pool()
     plan = run(p, [("gpt-5", PLAN, ())], MATH[:80])

@@ -70,6 +70,7 @@ from rl_conductor.workers.base import (
     CallContext,
     Completion,
     RetryRefusedError,
+    VisibleStep,
     Worker,
     WorkerInfo,
     estimate_token_bound,
@@ -406,6 +407,7 @@ async def _run_step(run: _Run, index: int, step: Step, done: dict[int, StepRecor
         step_index=index,
         instruction=step.instruction,
         visible_answers=tuple(a for _, _, a in visible),
+        visible_steps=tuple(VisibleStep(done[i].worker, i, instr) for i, instr, _ in visible),
         nonce=index,
         sensitivity=run.limits.sensitivity,
     )

@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from rl_conductor.limits import MIN_OUTPUT_TOKENS
 from rl_conductor.trace import estimate_tokens as estimate_tokens  # the workers' import
@@ -50,6 +50,15 @@ class Completion:
     synthesised: bool = False
 
 
+class VisibleStep(NamedTuple):
+    """Who wrote one answer a call sees: the worker that answered, its step's index (the nonce
+    the executor gave that call) and the step's instruction."""
+
+    worker: str
+    index: int
+    instruction: str
+
+
 @dataclass(frozen=True)
 class CallContext:
     """Structured facts about a call, for offline workers (simulated, replay).
@@ -59,6 +68,9 @@ class CallContext:
         step_index: position of the step in the workflow.
         instruction: the step's subtask.
         visible_answers: the answers of the earlier steps this step sees, in order.
+        visible_steps: who wrote each of them (:class:`VisibleStep`), aligned with
+            ``visible_answers``; empty when the caller does not say (the simulated pool then
+            treats them as text it did not render).
         nonce: distinguishes repeated calls of one worker on one item (self-consistency samples).
         sensitivity: the request's (``RequestLimits.sensitivity``); a ``"private"`` call is never
             written to a store other requests read (:mod:`rl_conductor.workers.cache`).
@@ -68,6 +80,7 @@ class CallContext:
     step_index: int = 0
     instruction: str = ""
     visible_answers: tuple[str, ...] = ()
+    visible_steps: tuple[VisibleStep, ...] = ()
     nonce: int = 0
     sensitivity: str = "public"
 

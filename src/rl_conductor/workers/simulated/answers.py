@@ -207,7 +207,7 @@ def _final_block(task: Task, value: str) -> str:
     if task.grader == "choice":
         return f"Answer: {value}"
     if task.grader == "code":
-        return f"```python\n{value.rstrip()}\n```"
+        return f"```python\n{value}\n```"
     return f"Answer: {value}"
 
 
@@ -248,6 +248,8 @@ def render_answer(task: Task, value: str | None, n_tokens: int, rng: random.Rand
         cut = _filler(task.domain, max(4, n_tokens * 4 - 3), rng)[: max(4, n_tokens * 4)]
         _remember(cut, None)
         return cut
+    if task.grader == "code":  # the text shows the code without trailing blanks: one value per text
+        value = value.rstrip()
     final = _final_block(task, value)
     body_chars = n_tokens * 4 - len(final) - 2
     body = _filler(task.domain, body_chars, rng) if body_chars > 0 else ""

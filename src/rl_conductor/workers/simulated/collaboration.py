@@ -35,9 +35,11 @@ on knowledge questions, fitted so that the best fixed workflow of the candidate 
 other half (held out), reaches the paper's Conductor row per domain.
 
 Who wrote a visible answer is known only for text this process rendered (a registry keyed by a
-digest of the text, like the grade cache); other text — recorded elsewhere, or from another
-process — counts as another worker's ``solve`` answer. Deliberate simplification: the wording of
-an instruction beyond its role keyword never matters; only live workers can reward better text.
+digest of the text and the call that rendered it, which the executor names for each visible
+answer); other text — recorded elsewhere, or from another process — counts as another worker's
+``solve`` answer. A visible answer's role is its step's instruction's, as for the call itself.
+Deliberate simplification: the wording of an instruction beyond its role keyword never matters;
+only live workers can reward better text.
 """
 
 from __future__ import annotations
@@ -226,19 +228,25 @@ class Authored:
     plan_quality: float = 0.0
 
 
-_AUTHORED: dict[bytes, Authored] = {}
+#: (text digest, task id, worker, step index) -> what the simulation knows of that rendering.
+#: Keyed by the rendering's call, not by the text alone: one text is rendered by several calls
+#: (a worker's solve and verify answers at one step index are the same draws; a short cut text
+#: recurs across items and workers), and a registry keyed by the text kept whichever came last —
+#: an order that asyncio's scheduling of threaded code grades and the candidate table's forked
+#: chunks change, so the table differed between builds.
+_AUTHORED: dict[tuple[bytes, str, str, int], Authored] = {}
 _AUTHORED_MAX = 500_000
 
 
-def remember_author(text: str, record: Authored) -> None:
+def remember_author(text: str, record: Authored, step_index: int) -> None:
     evict_oldest(_AUTHORED, _AUTHORED_MAX)  # not clear(): see answers.evict_oldest
-    _AUTHORED[_digest(text)] = record
+    _AUTHORED[(_digest(text), record.task_id, record.worker, step_index)] = record
 
 
-def author_of(text: str, task_id: str) -> Authored | None:
-    """The record of a text this process rendered for ``task_id`` (None if unknown)."""
-    rec = _AUTHORED.get(_digest(text))
-    return rec if rec is not None and rec.task_id == task_id else None
+def author_of(text: str, task_id: str, worker: str, step_index: int) -> Authored | None:
+    """The record of ``text`` as rendered by ``worker`` at ``step_index`` for ``task_id`` in this
+    process (None if it was not)."""
+    return _AUTHORED.get((_digest(text), task_id, worker, step_index))
 
 
 def plan_quality(latent: float) -> float:

@@ -17,6 +17,7 @@ from rl_conductor.workers.base import (
     CallContext,
     CallWorker,
     Completion,
+    VisibleStep,
     WorkerCall,
     WorkerInfo,
     estimate_tokens,
@@ -151,8 +152,26 @@ class SimulatedWorker(CallWorker):
         """P(correct) of a fresh call that sees no earlier answers."""
         return 1.0 / (1.0 + math.exp(-self.margin(task) / CALL_NOISE_SCALE))
 
+    def _authors(
+        self, task: Task, visible: Sequence[str], steps: Sequence[VisibleStep]
+    ) -> list[Authored | None]:
+        """What the simulation knows of each visible answer's rendering (None: text it did not
+        render for that call, or a caller that did not say who wrote it). The role is the visible
+        step's instruction's: the same text is one worker's solve answer in one workflow and its
+        verify answer in another."""
+        if len(steps) != len(visible):
+            return [None] * len(visible)
+        out: list[Authored | None] = []
+        for text, step in zip(visible, steps, strict=True):
+            rec = author_of(text, task.id, step.worker, step.index) if text else None
+            if rec is not None and self.collaboration.enabled:
+                role = classify_role(step.instruction)
+                rec = rec if rec.role == role else replace(rec, role=role)
+            out.append(rec)
+        return out
+
     async def _evidence(
-        self, task: Task, visible: Sequence[str], role: Role
+        self, task: Task, visible: Sequence[str], steps: Sequence[VisibleStep], role: Role
     ) -> tuple[float, str | None, float]:
         """(latent shift, most common visible wrong answer value, its weight) from the earlier
         answers a call sees: the evidence rule, plus the plan and verify effects of
@@ -160,7 +179,7 @@ class SimulatedWorker(CallWorker):
         from rl_conductor.tasks.graders import extract_answer
 
         name, domain = self.info.name, task.domain
-        authors = [author_of(text, task.id) if text else None for text in visible]
+        authors = self._authors(task, visible, steps)
         known = [a for a in authors if a is not None]
         shift = 0.0
         if role != "plan":
@@ -212,7 +231,9 @@ class SimulatedWorker(CallWorker):
             return None, False
         shift, top_wrong, k_wrong = (0.0, None, 0.0)
         if ctx.visible_answers:
-            shift, top_wrong, k_wrong = await self._evidence(task, ctx.visible_answers, role)
+            shift, top_wrong, k_wrong = await self._evidence(
+                task, ctx.visible_answers, ctx.visible_steps, role
+            )
         latent = self.latent(task, ctx) + shift
         if latent > 0:
             return task.answer, True
@@ -255,8 +276,10 @@ class SimulatedWorker(CallWorker):
             text = text[: cap * 4]
             output_tokens = min(cap, estimate_tokens(text))
         if context is not None and task.answer.strip():
-            quality = plan_quality(self.latent(task, ctx)) if role == "plan" else 0.0
-            remember_author(text, Authored(task.id, self.info.name, role, quality))
+            # the call's plan quality whatever its role: its text may be read as a plan when a
+            # plan step of the same call renders the same text (a cut answer is filler only)
+            quality = plan_quality(self.latent(task, ctx)) if self.collaboration.enabled else 0.0
+            remember_author(text, Authored(task.id, self.info.name, role, quality), ctx.step_index)
         latency = self.draw_latency(input_tokens, output_tokens, *parts)
         return await offline_completion(
             self.info,
