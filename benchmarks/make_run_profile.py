@@ -1,5 +1,6 @@
 """``make run``'s profile: each pipeline step's wall time, the training step's parts, and what the
-run produced (the trained weights' sha256, the report's figures), from kfp local runner logs.
+run produced (the trained weights' sha256, the sha256 of ``results.json`` without its run tag,
+the headline figures), from kfp local runner logs.
 
 Why: fast feedback is measured per step (issue 27: ``make run`` in at most 8 minutes on 2
 cores, with the same weights serial or parallel); the figures in the README and the closing
@@ -7,9 +8,9 @@ notes come from this script, not from reading logs by hand. Several logs are sho
 with their ratios to the first (for example the parallel build against
 ``RL_CONDUCTOR_TABLE_WORKERS=1``), and the weights and results of each are compared.
 
-Inputs: kfp local runner logs (``<CONDUCTOR_HOME>/kfp/logs/<timestamp>.log``, which
-``conductor pipeline run --local`` writes); with none given, the newest under
-``$CONDUCTOR_HOME`` (default ``.conductor``). ``--run`` first runs ``conductor pipeline run
+Inputs: kfp local runner logs (``<CONDUCTOR_HOME>/.conductor/kfp/logs/<timestamp>.log``, which
+``conductor pipeline run --local`` writes; ``CONDUCTOR_HOME`` defaults to the current
+directory); with none given, the newest there. ``--run`` first runs ``conductor pipeline run
 --local --preset tiny`` (what ``make run`` runs) and profiles that run.
 
 Usage: ``python benchmarks/make_run_profile.py [--run] [LOG ...] --json results/make_run_profile.json``
@@ -22,7 +23,6 @@ import argparse
 import ast
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -34,6 +34,8 @@ from typing import Any
 from _results import write_json  # benchmarks/_results.py (scripts run from this folder)
 from rich.console import Console
 from rich.table import Table
+
+from rl_conductor.storage import conductor_home
 
 _STAMP = r"(\d\d:\d\d:\d\d\.\d{3}) - INFO - "
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -56,6 +58,8 @@ def _elapsed(start: float, end: float) -> float:
 
 def profile(log: Path) -> dict[str, Any]:
     """Step times, training parts, weights sha256 and results of the run that wrote ``log``."""
+    if not log.is_file():
+        raise SystemExit(f"{log}: no such log file")
     text = _ANSI.sub("", log.read_text(errors="replace"))
     starts = {m.group(2): _clock(m.group(1)) for m in _START.finditer(text)}
     steps: dict[str, float] = {}
@@ -84,9 +88,18 @@ def profile(log: Path) -> dict[str, Any]:
             out["weights_sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
         results = run / "reports" / "results.json"
         if results.is_file():
-            out["results_sha256"] = hashlib.sha256(results.read_bytes()).hexdigest()
-            out["results"] = _headline(json.loads(results.read_text()))
+            figures = json.loads(results.read_text())
+            out["results_sha256"] = _figures_sha256(figures)
+            out["results"] = _headline(figures)
     return out
+
+
+def _figures_sha256(results: dict[str, Any]) -> str:
+    """sha256 of ``results.json`` without its run tag (the run's timestamp, the one field two runs
+    of the same code always differ in)."""
+    meta = {k: v for k, v in (results.get("meta") or {}).items() if k != "run_tag"}
+    body = json.dumps({**results, "meta": meta}, sort_keys=True).encode()
+    return hashlib.sha256(body).hexdigest()
 
 
 def _headline(results: dict[str, Any]) -> dict[str, Any]:
@@ -98,23 +111,27 @@ def _headline(results: dict[str, Any]) -> dict[str, Any]:
 
 def run_pipeline() -> tuple[Path, float]:
     """``conductor pipeline run --local --preset tiny`` (``make run``'s command); its log and wall s."""
-    home = Path(os.environ.get("CONDUCTOR_HOME", ".conductor"))
-    before = set((home / "kfp" / "logs").glob("*.log"))
+    logs_dir = _logs_dir()
+    before = set(logs_dir.glob("*.log"))
     conductor = Path(sys.executable).with_name("conductor")
     t0 = time.perf_counter()
     subprocess.run([str(conductor), "pipeline", "run", "--local", "--preset", "tiny"], check=True)
     wall = time.perf_counter() - t0
-    new = sorted(set((home / "kfp" / "logs").glob("*.log")) - before, key=lambda p: p.stat().st_mtime)
+    new = sorted(set(logs_dir.glob("*.log")) - before, key=lambda p: p.stat().st_mtime)
     if not new:
-        raise SystemExit(f"the pipeline ran but wrote no log under {home / 'kfp' / 'logs'}")
+        raise SystemExit(f"the pipeline ran but wrote no log under {logs_dir}")
     return new[-1], wall
 
 
+def _logs_dir() -> Path:
+    """Where ``conductor pipeline run --local`` writes its logs (``pipeline.runner._local_root``)."""
+    return conductor_home() / ".conductor" / "kfp" / "logs"
+
+
 def newest_log() -> Path:
-    home = Path(os.environ.get("CONDUCTOR_HOME", ".conductor"))
-    logs = sorted((home / "kfp" / "logs").glob("*.log"), key=lambda p: p.stat().st_mtime)
+    logs = sorted(_logs_dir().glob("*.log"), key=lambda p: p.stat().st_mtime)
     if not logs:
-        raise SystemExit(f"no kfp local runner log under {home / 'kfp' / 'logs'}: run `make run` first")
+        raise SystemExit(f"no kfp local runner log under {_logs_dir()}: run `make run` first")
     return logs[-1]
 
 
@@ -151,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("logs", nargs="*", type=Path, help="kfp local runner logs (default: the newest)")
     ap.add_argument("--run", action="store_true", help="run the pipeline first (make run's command)")
+    ap.add_argument("--labels", default="", help="comma-separated names of the runs, in order")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
     logs = list(args.logs)
@@ -161,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = [profile(p) for p in (logs or [newest_log()])]
     if wall is not None:
         runs[-1]["command_wall_s"] = round(wall, 2)
+    for run, label in zip(runs, [x.strip() for x in args.labels.split(",") if x.strip()], strict=False):
+        run["label"] = label
     show(runs)
     same = {
         key: len({r.get(key) for r in runs}) == 1 and runs[0].get(key) is not None
