@@ -72,7 +72,7 @@ def profile(log: Path) -> dict[str, Any]:
     if not steps:
         raise SystemExit(f"{log}: no finished kfp task in this log (is it a kfp local runner log?)")
     meta = _META.search(text)
-    parts = ast.literal_eval(meta.group(1)) if meta else {}
+    parts = _literal(meta.group(1)) if meta else {}
     out: dict[str, Any] = {
         "log": str(log),
         "steps_s": steps,
@@ -92,6 +92,16 @@ def profile(log: Path) -> dict[str, Any]:
             out["results_sha256"] = _figures_sha256(figures)
             out["results"] = _headline(figures)
     return out
+
+
+def _literal(text: str) -> dict[str, Any]:
+    """The logged metadata dict; ``nan`` / ``inf`` (a diverged reward) read as floats."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        text = re.sub(r"\b(nan|inf)\b", lambda m: f"'{m.group(1)}'", text)
+        value = {k: float(v) for k, v in ast.literal_eval(text).items()}
+    return value if isinstance(value, dict) else {}
 
 
 def _figures_sha256(results: dict[str, Any]) -> str:
