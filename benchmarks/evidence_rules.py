@@ -58,9 +58,9 @@ from rl_conductor.policies.knn import cached_embeddings
 from rl_conductor.policies.routers import reward_matrix, single_outcomes
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.validation import DATA_SPLITS as SPLITS
 from rl_conductor.workers.pool import load_pool
 
-SPLITS = ("train", "validation", "test")
 KS = (5, 10, 20, 50, 100, 200)
 #: cost weights the kNN frontier's routers are refitted at
 FRONTIER_WEIGHTS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)

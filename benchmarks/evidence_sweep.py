@@ -41,9 +41,9 @@ from rl_conductor.policies.knn import cached_embeddings
 from rl_conductor.policies.routers import reward_matrix, single_outcomes
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.validation import DATA_SPLITS as SPLITS
 from rl_conductor.workers.pool import load_pool
 
-SPLITS = ("train", "validation", "test")
 #: (pool, fewest workers drawn, cost weight range): the ranges span the weights at which the
 #: pool's reward-optimal single changes (below: the most accurate worker everywhere; above: the
 #: cheapest), where routing is the question

@@ -39,10 +39,9 @@ from rl_conductor.policies.routers import single_outcomes
 from rl_conductor.reward import grade_trace
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.validation import DATA_SPLITS as SPLITS
 from rl_conductor.workers.pool import Pool, load_pool, load_pool_config
 from rl_conductor.workflow import Step, Workflow
-
-SPLITS = ("train", "validation", "test")
 
 
 async def _texts(pool: Pool, tasks: list[Task]) -> list[dict[str, dict[str, Any]]]:

@@ -400,9 +400,9 @@ def test_stream_must_be_a_boolean(http: httpx.Client, value: Any) -> None:
 def test_the_request_cap_bounds_a_whole_batch(http: httpx.Client) -> None:
     """$10,000 is the cap of one request: a batch's budgets add up under it (before: each
     question could state $10,000)."""
-    from rl_conductor.serving.schemas import MAX_BUDGET_USD
+    from rl_conductor.limits import MAX_USD
 
-    half = MAX_BUDGET_USD / 2 + 1
+    half = MAX_USD / 2 + 1
     resp = http.post(
         "/v1/models/conductor:predict", json={"instances": [{"question": "q", "max_cost_usd": half}] * 2}
     )

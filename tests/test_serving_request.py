@@ -189,8 +189,8 @@ def test_absurd_or_disguised_values_are_request_errors(field: dict) -> None:
 
 
 def test_huge_limits_are_invalid_values_not_overflows() -> None:
-    from rl_conductor.limits import RequestLimits
-    from rl_conductor.validation import MAX_SECONDS, MAX_USD, InvalidValue
+    from rl_conductor.limits import MAX_SECONDS, MAX_USD, RequestLimits
+    from rl_conductor.validation import InvalidValue
 
     for kwargs in ({"max_cost_usd": 1e303}, {"max_latency_s": 1e308}, {"step_timeout_s": 1e300}):
         with pytest.raises(InvalidValue):
@@ -220,17 +220,30 @@ def test_pyfunc_dataframe_rows_nan_means_absent_and_an_all_nan_budget_is_an_erro
             parse_request(row)
 
 
-def test_the_request_caps_are_one_definition_for_http_and_pyfunc() -> None:
-    from rl_conductor import validation
-    from rl_conductor.serving import schemas
-    from rl_conductor.serving.request import MAX_REQUEST_SECONDS, MAX_REQUEST_USD, RequestError, parse_request
+def test_the_request_caps_are_one_definition_for_http_pyfunc_and_the_library() -> None:
+    """Every cap is :mod:`rl_conductor.limits`'s: the request model (HTTP and pyfunc) and every
+    ``RequestLimits`` accept a value at the cap and refuse one above it, counts included."""
+    from rl_conductor import limits
+    from rl_conductor.limits import RequestLimits
+    from rl_conductor.serving.request import RequestError, parse_request
+    from rl_conductor.validation import InvalidValue
 
-    assert schemas.MAX_BUDGET_USD == MAX_REQUEST_USD and schemas.MAX_LATENCY_S == MAX_REQUEST_SECONDS
-    assert (MAX_REQUEST_USD, MAX_REQUEST_SECONDS) == (validation.MAX_USD, validation.MAX_SECONDS)
-    assert parse_request({"question": "q", "max_cost_usd": MAX_REQUEST_USD}).max_cost_usd == MAX_REQUEST_USD
-    for field, cap in (("max_cost_usd", MAX_REQUEST_USD), ("max_latency_s", MAX_REQUEST_SECONDS)):
+    caps = {
+        "max_cost_usd": limits.MAX_USD,
+        "max_latency_s": limits.MAX_SECONDS,
+        "max_steps": limits.MAX_STEPS,
+        "max_rounds": limits.MAX_ROUNDS,
+        "max_calls": limits.MAX_CALLS,
+    }
+    for field, cap in caps.items():
+        assert getattr(parse_request({"question": "q", field: cap}), field) == cap
+        assert getattr(RequestLimits(**{field: cap}), field) == cap
+        over = cap * 1.5 if isinstance(cap, float) else cap + 1
         with pytest.raises(RequestError, match=field):
-            parse_request({"question": "q", field: cap * 1.5})
+            parse_request({"question": "q", field: over})
+        with pytest.raises(InvalidValue, match=field):
+            RequestLimits(**{field: over})
+    assert parse_request({"question": "q"}).max_steps == RequestLimits().max_steps == limits.DEFAULT_MAX_STEPS
 
 
 def test_the_pyfunc_takes_a_batch_by_kserves_rules(tmp_path: Path) -> None:

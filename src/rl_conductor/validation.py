@@ -28,12 +28,11 @@ class InvalidValue(UsageError, ValueError):
         super().__init__(f"invalid {name}: {value!r} (expected {expected})")
 
 
-#: Largest budget (USD) and duration (seconds) one request, one question of an evaluation or one
-#: step may state: the one set of caps, used by ``limits.RequestLimits``, the request model
-#: (``serving.request``) and the wire schemas. A day or $10,000 per question is a client bug, not a
-#: limit; both stay far below where products with token counts or rates overflow a float.
-MAX_USD = 10_000.0
-MAX_SECONDS = 3_600.0
+#: The three disjoint splits of every dataset (``tasks.datasets.split_of``), and the words a split
+#: option takes (``all`` besides): defined once, here at the bottom so that the CLI reads them
+#: without importing the dataset registry; ``tasks``, the pipeline and the benchmarks read them too.
+DATA_SPLITS = ("train", "validation", "test")
+SPLITS = (*DATA_SPLITS, "all")
 
 
 def has_visible_text(text: str) -> bool:
@@ -88,10 +87,15 @@ def probability(name: str, value: Any) -> float:
     return number
 
 
-def integer_at_least(name: str, value: Any, minimum: int) -> int:
-    """An integer >= ``minimum`` (counts, steps, token limits)."""
-    expected = f"an integer >= {minimum}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+def integer_at_least(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    """An integer >= ``minimum`` (counts, steps, token limits), at most ``maximum``."""
+    expected = f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
         raise InvalidValue(name, value, expected)
     return int(value)
 

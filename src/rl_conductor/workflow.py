@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Literal
 
-DEFAULT_MAX_STEPS = 5
+from rl_conductor.limits import DEFAULT_MAX_STEPS
+
 LIST_NAMES = ("model_id", "subtasks", "access_list")
 
 Access = Literal["all"] | tuple[int, ...]

@@ -11,7 +11,8 @@ from rich.table import Table
 
 from rl_conductor.cli.app import app, pool_app
 from rl_conductor.cli.options import choice, count, non_negative, positive, writable_path
-from rl_conductor.limits import SENSITIVITIES
+from rl_conductor.limits import MAX_CALLS, MAX_ROUNDS, SENSITIVITIES
+from rl_conductor.validation import SPLITS
 
 # a fixed width when not on a terminal (CI logs, pipes), so tables keep their columns whole
 console = Console(stderr=False, width=None if Console().is_terminal else 130)
@@ -30,7 +31,6 @@ def _write_json(path: Path | None, payload: Any) -> None:
     console.print(f"[dim]wrote {path}[/dim]")
 
 
-SPLITS = ("train", "validation", "test", "all")  # rl_conductor.tasks.datasets.SPLITS, kept import-free
 SeedOpt = Annotated[int, typer.Option(callback=count(0), help="random seed (>= 0)")]
 LimitOpt = Annotated[int | None, typer.Option(callback=count(1), help="at most N tasks")]
 SplitOpt = Annotated[str, typer.Option(callback=choice(*SPLITS), help=" | ".join(SPLITS))]
@@ -54,14 +54,18 @@ RewardPresetOpt = Annotated[
 MaxRoundsOpt = Annotated[
     int | None,
     typer.Option(
-        callback=count(1),
-        help="rounds a policy may use (>= 1): after each but the last, one that reviews (the "
-        "Conductor, cascade) reads the answers so far and keeps them or adds steps; 1 = plan once "
-        "(default: the Conductor's conductor.json, else 1)",
+        callback=count(1, MAX_ROUNDS),
+        help=f"rounds a policy may use (1 to {MAX_ROUNDS}): after each but the last, one that "
+        "reviews (the Conductor, cascade) reads the answers so far and keeps them or adds steps; "
+        "1 = plan once (default: the Conductor's conductor.json, else 1)",
     ),
 ]
 MaxCallsOpt = Annotated[
-    int | None, typer.Option(callback=count(1), help="most worker calls per question over all rounds")
+    int | None,
+    typer.Option(
+        callback=count(1, MAX_CALLS),
+        help=f"most worker calls per question over all rounds (1 to {MAX_CALLS})",
+    ),
 ]
 FitLimitOpt = Annotated[
     int | None,

@@ -42,9 +42,9 @@ def checked(rule: Callable[..., Any], *rule_args: Any) -> Callback:
     return callback
 
 
-def count(minimum: int) -> Callback:
-    """An integer >= ``minimum``."""
-    return checked(validation.integer_at_least, minimum)
+def count(minimum: int, maximum: int | None = None) -> Callback:
+    """An integer >= ``minimum`` (and <= ``maximum``: a request's cap, ``rl_conductor.limits``)."""
+    return checked(validation.integer_at_least, minimum, maximum)
 
 
 def choice(*words: str) -> Callback:

@@ -11,6 +11,7 @@ import typer
 from rl_conductor.cli.app import app
 from rl_conductor.cli.core import console
 from rl_conductor.cli.options import count, non_negative, positive
+from rl_conductor.limits import MAX_ROUNDS
 
 
 def preset_names() -> list[str]:
@@ -94,9 +95,10 @@ def plan_cmd(
     max_rounds: Annotated[
         int | None,
         typer.Option(
-            callback=count(1),
-            help="rounds with --execute: after each but the last the Conductor reads the answers so "
-            "far and keeps them or adds steps (default: its conductor.json's, else 1)",
+            callback=count(1, MAX_ROUNDS),
+            help=f"rounds with --execute (1 to {MAX_ROUNDS}): after each but the last the Conductor "
+            "reads the answers so far and keeps them or adds steps (default: its conductor.json's, "
+            "else 1)",
         ),
     ] = None,
 ) -> None:

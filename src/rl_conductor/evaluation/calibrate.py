@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_conductor.executor import execute
-from rl_conductor.limits import RequestLimits
+from rl_conductor.limits import DEFAULT_MAX_STEPS, RequestLimits
 from rl_conductor.tasks.base import DOMAINS, Task
 from rl_conductor.workers.base import CallContext, Completion, Worker
 from rl_conductor.workers.pool import Pool
@@ -301,7 +301,7 @@ async def collaboration_table_async(
     if singles is None:
         singles = await calibrate_async(pool, chosen, n=len(chosen))
     conductor = paper_conductor()
-    limits = RequestLimits(max_steps=5, max_tokens=MAX_TOKENS, temperature=TEMPERATURE)
+    limits = RequestLimits(max_steps=DEFAULT_MAX_STEPS, max_tokens=MAX_TOKENS, temperature=TEMPERATURE)
     rows: list[dict[str, Any]] = []
     by_domain: dict[str, list[Task]] = defaultdict(list)
     for t in chosen:
@@ -462,7 +462,7 @@ async def fit_collaboration_async(
     base = load_pool(pool, seed=seed, collaboration="off")
     singles = await calibrate_async(base, chosen, n=len(chosen))
     conductor = paper_conductor()
-    limits = RequestLimits(max_steps=5, max_tokens=MAX_TOKENS, temperature=TEMPERATURE)
+    limits = RequestLimits(max_steps=DEFAULT_MAX_STEPS, max_tokens=MAX_TOKENS, temperature=TEMPERATURE)
     fitted: dict[str, dict[str, float]] = {"plan_gain": {}, "verify": {}}
     for d in [x for x in DOMAINS if any(t.domain == x for t in chosen)]:
         items = [t for t in chosen if t.domain == d]

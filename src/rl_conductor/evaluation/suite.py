@@ -24,8 +24,8 @@ from rl_conductor.limits import SENSITIVITIES, RequestLimits, Sensitivity
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.conductor import CONFIG_FILE, model_source
 from rl_conductor.reward import RewardConfig, reward_config, reward_from_dict
-from rl_conductor.tasks.base import DATA_SPLITS
 from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.validation import DATA_SPLITS
 from rl_conductor.workers.pool import Pool, load_pool
 
 __all__ = [

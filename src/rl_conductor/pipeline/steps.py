@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rl_conductor import storage
-from rl_conductor.tasks.base import DATA_SPLITS as SPLITS  # the splits every prepared dataset has
 from rl_conductor.tasks.base import Task
+from rl_conductor.validation import DATA_SPLITS as SPLITS  # the splits every prepared dataset has
 
 if TYPE_CHECKING:
     from rl_conductor.tracking.registry import VersionRow

@@ -26,38 +26,34 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from rl_conductor.limits import SENSITIVITIES, RequestLimits
+from rl_conductor.limits import (
+    DEFAULT_MAX_STEPS,
+    MAX_CALLS,
+    MAX_ROUNDS,
+    MAX_SECONDS,
+    MAX_STEPS,
+    MAX_USD,
+    SENSITIVITIES,
+    RequestLimits,
+    Sensitivity,
+)
 from rl_conductor.reward import deadline_shortened
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import StepRecord
-from rl_conductor.validation import (
-    MAX_SECONDS,
-    MAX_USD,
-    InvalidValue,
-    has_visible_text,
-    integer_at_least,
-    positive_finite,
-)
+from rl_conductor.validation import InvalidValue, has_visible_text, integer_at_least, positive_finite
 
 if TYPE_CHECKING:
     from rl_conductor.policies.base import Episode
     from rl_conductor.workers.pool import Pool, PoolView
 
 
-#: The request caps of every front door (HTTP and pyfunc): :data:`rl_conductor.validation.MAX_USD`
-#: and ``MAX_SECONDS``, the caps of every ``RequestLimits``.
-MAX_REQUEST_USD = MAX_USD
-MAX_REQUEST_SECONDS = MAX_SECONDS
-#: The capped per-request limits: field -> (largest value, unit), checked by every front door.
+#: The capped amounts of a request: field -> (largest value, unit), for the messages of every
+#: front door; the caps are :mod:`rl_conductor.limits`'s (``MAX_USD``, ``MAX_SECONDS``), the caps
+#: of every ``RequestLimits``, as are the count caps below (``MAX_STEPS``, ...).
 REQUEST_CAPS: dict[str, tuple[float, str]] = {
-    "max_cost_usd": (MAX_REQUEST_USD, "USD"),
-    "max_latency_s": (MAX_REQUEST_SECONDS, "seconds"),
+    "max_cost_usd": (MAX_USD, "USD"),
+    "max_latency_s": (MAX_SECONDS, "seconds"),
 }
-
-
-#: Most rounds and worker calls one request may ask for: more is a client bug, not a request.
-MAX_ROUNDS = 5
-MAX_CALLS = 50
 
 
 class RequestError(ValueError):
@@ -78,9 +74,9 @@ class ConductorRequest(BaseModel):
     question: str = Field(min_length=1, max_length=100_000)
     max_cost_usd: float | None = Field(default=None, gt=0)
     max_latency_s: float | None = Field(default=None, gt=0)
-    sensitivity: str = "public"
+    sensitivity: Sensitivity = "public"
     allowed_workers: list[str] | None = None
-    max_steps: int = Field(default=5, ge=1, le=10)
+    max_steps: int = Field(default=DEFAULT_MAX_STEPS, ge=1, le=MAX_STEPS)
     #: None = the served model's (its ``conductor.json``, else 1)
     max_rounds: int | None = Field(default=None, ge=1, le=MAX_ROUNDS)
     max_calls: int | None = Field(default=None, ge=1, le=MAX_CALLS)
@@ -117,9 +113,9 @@ class ConductorRequest(BaseModel):
         except InvalidValue:
             raise ValueError(f"must be an integer >= 1, got {v!r}") from None
 
-    @field_validator("sensitivity")
+    @field_validator("sensitivity", mode="before")
     @classmethod
-    def _sens(cls, v: str) -> str:
+    def _sens(cls, v: Any) -> Any:
         if v not in SENSITIVITIES:
             raise ValueError("sensitivity must be 'public' or 'private'")
         return v
@@ -184,7 +180,7 @@ def request_limits(request: ConductorRequest, *, default_rounds: int = 1) -> Req
     return RequestLimits(
         max_cost_usd=request.max_cost_usd,
         max_latency_s=request.max_latency_s,
-        sensitivity=request.sensitivity,  # type: ignore[arg-type]
+        sensitivity=request.sensitivity,
         allowed_workers=frozenset(request.allowed_workers) if request.allowed_workers is not None else None,
         max_steps=request.max_steps,
         max_rounds=request.max_rounds or default_rounds,

@@ -41,10 +41,9 @@ from pydantic import (
     field_validator,
 )
 
+from rl_conductor.limits import Sensitivity
 from rl_conductor.serving.request import (
     MAX_BATCH,
-    MAX_REQUEST_SECONDS,
-    MAX_REQUEST_USD,
     REQUEST_CAPS,
     ConductorRequest,
     RequestError,
@@ -56,9 +55,6 @@ from rl_conductor.serving.request import (
 MAX_BODY_BYTES = 1_000_000
 #: Most instances in one v1/v2 request.
 MAX_INSTANCES = MAX_BATCH
-#: The request caps (one definition, :mod:`rl_conductor.serving.request`'s).
-MAX_BUDGET_USD = MAX_REQUEST_USD
-MAX_LATENCY_S = MAX_REQUEST_SECONDS
 
 
 class WireError(ValueError):
@@ -94,7 +90,8 @@ def _errors(exc: ValidationError, prefix: str = "") -> str:
 
 
 class WireLimits(BaseModel):
-    """The request-time limits every envelope may carry (values checked by serving.request)."""
+    """The request-time limits every envelope may carry (values and caps checked by
+    serving.request, with :mod:`rl_conductor.limits`'s caps)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -106,7 +103,7 @@ class WireLimits(BaseModel):
         description="deadline in seconds for the whole request; steps that cannot answer in time "
         "are skipped or shortened and the response says so (deadline_cut)",
     )
-    sensitivity: Literal["public", "private"] = Field(
+    sensitivity: Sensitivity = Field(
         default="public", description="'private' keeps the request on self-hosted workers"
     )
     allowed_workers: list[StrictStr] | None = Field(

@@ -50,6 +50,7 @@ from kserve.protocol.grpc.server import GRPCServer
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
+from rl_conductor.limits import MAX_ROUNDS
 from rl_conductor.lm.generate import trained_threads
 from rl_conductor.serving import metrics as m
 from rl_conductor.serving.auth import ApiKeys, AuthConfigError, load_keys
@@ -848,7 +849,7 @@ def main(argv: list[str] | None = None, extensions: Sequence[ServerExtension] = 
         port("--grpc_port", args.grpc_port)
         integer_at_least("--max_batch", args.max_batch, 1)
         if args.max_rounds is not None:
-            integer_at_least("--max_rounds", args.max_rounds, 1)
+            integer_at_least("--max_rounds", args.max_rounds, 1, MAX_ROUNDS)
         integer_at_least("--max_body_bytes", args.max_body_bytes, 1)
         integer_at_least("--max_connections", args.max_connections, 1)
         integer_at_least("--backlog", args.backlog, 1)

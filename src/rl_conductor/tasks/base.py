@@ -11,9 +11,6 @@ from typing import Any
 
 #: Domains the project knows. The simulated pool is calibrated per domain (see workers/simulated.py).
 DOMAINS = ("math", "knowledge", "reasoning", "code")
-#: The three disjoint splits of every dataset (``tasks.datasets.split_of``); a split option also takes
-#: ``all`` (``tasks.datasets.SPLITS``).
-DATA_SPLITS = ("train", "validation", "test")
 
 
 @dataclass(frozen=True)

@@ -46,10 +46,10 @@ from importlib import resources
 from typing import Any
 
 from rl_conductor.errors import UnknownName
-from rl_conductor.tasks.base import DATA_SPLITS, DOMAINS, Task
+from rl_conductor.tasks.base import DOMAINS, Task
 from rl_conductor.tasks.recordings_format import recordings_tasks
+from rl_conductor.validation import DATA_SPLITS, SPLITS
 
-SPLITS = (*DATA_SPLITS, "all")
 #: Upper bounds of the hash fraction for train and validation; the rest is test.
 SPLIT_BOUNDS = (0.7, 0.8)
 #: No domain of ``paper-mix`` holds more tasks than this.

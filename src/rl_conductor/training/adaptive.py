@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from rl_conductor.executor import Continuation, RoundRequest
-from rl_conductor.limits import RequestLimits
+from rl_conductor.limits import DEFAULT_MAX_STEPS, RequestLimits
 from rl_conductor.policies.base import GivenPlan, Plan
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.prompting import review_prompt
@@ -216,7 +216,7 @@ def build_rounds_table(
     *,
     top_k: int = 3,
     pair_k: int = 4,
-    max_steps: int = 5,
+    max_steps: int = DEFAULT_MAX_STEPS,
 ) -> RoundsTable:
     """Execute every (question of ``table``, first plan, continuation) (module docstring)."""
     view = pool.view()
@@ -282,7 +282,7 @@ def cached_rounds_table(
     *,
     top_k: int = 3,
     pair_k: int = 4,
-    max_steps: int = 5,
+    max_steps: int = DEFAULT_MAX_STEPS,
 ) -> RoundsTable:
     """:func:`build_rounds_table`, read from / written to ``cache_dir`` (the key covers the
     candidate table's questions and single-worker outcomes, the pool and the sizes)."""

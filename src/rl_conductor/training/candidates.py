@@ -93,7 +93,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import numpy as np
 
 from rl_conductor.executor import DEADLINE_MARGIN, execute, reserve_input_tokens
-from rl_conductor.limits import MIN_OUTPUT_TOKENS, RequestLimits
+from rl_conductor.limits import DEFAULT_MAX_STEPS, MIN_OUTPUT_TOKENS, RequestLimits
 from rl_conductor.policies.chains import ROLE_TEXT, Candidate, single
 from rl_conductor.tasks import forked
 from rl_conductor.tasks.base import Task
@@ -499,7 +499,7 @@ def build_table(
     deadline_items_per_domain: int | None = None,
     top_k: int = 3,
     cheap_k: int = 2,
-    max_steps: int = 5,
+    max_steps: int = DEFAULT_MAX_STEPS,
     limits: RequestLimits | None = None,
     progress: bool = False,
     workers: int | None = None,
@@ -678,7 +678,7 @@ def cached_table(
     deadline_items_per_domain: int | None = None,
     top_k: int = 3,
     cheap_k: int = 2,
-    max_steps: int = 5,
+    max_steps: int = DEFAULT_MAX_STEPS,
     progress: bool = False,
     workers: int | None = None,
 ) -> CandidateTable:

@@ -13,6 +13,7 @@ import yaml
 
 from rl_conductor import validation
 from rl_conductor.errors import ConfigError, UnknownName, yaml_problem
+from rl_conductor.limits import DEFAULT_MAX_STEPS, MAX_ROUNDS, MAX_STEPS
 from rl_conductor.prompting import QUESTION_CUTS
 
 #: The micro Conductor: the smallest run that still learns the output format (a 64-unit, 2-layer
@@ -70,7 +71,7 @@ class TrainConfig:
     dataset: str | None = _f(None, "training dataset (default: the pool's default_dataset)")
     train_limit: int | None = _f(None, "use at most N training tasks")
     seed: int = _f(0, "seed for data, pools and training")
-    max_steps_per_workflow: int = _f(5, "most steps a workflow may have (paper: 5)")
+    max_steps_per_workflow: int = _f(DEFAULT_MAX_STEPS, "most steps a workflow may have (paper: 5)")
     max_question_chars: int = _f(700, "questions are cut to this length in the Conductor prompt")
     question_cut: str = _f(
         "head",
@@ -270,12 +271,12 @@ class TrainConfig:
         from rl_conductor.training.deadlines import check_range
 
         check_range(self.deadline_range_s)
-        if self.max_steps_per_workflow < 1:
-            raise ConfigError("max_steps_per_workflow must be >= 1")
+        if not 1 <= self.max_steps_per_workflow <= MAX_STEPS:  # a request's cap (limits.MAX_STEPS)
+            raise ConfigError(f"max_steps_per_workflow must be >= 1 and <= {MAX_STEPS}")
         if self.sft_targets not in ("expected-best", "random"):
             raise ConfigError(f"sft_targets must be 'expected-best' or 'random', not {self.sft_targets!r}")
-        if self.max_rounds < 1 or self.warm_pair_k < 0:
-            raise ConfigError("max_rounds must be >= 1 and warm_pair_k >= 0")
+        if not 1 <= self.max_rounds <= MAX_ROUNDS or self.warm_pair_k < 0:  # limits.MAX_ROUNDS
+            raise ConfigError(f"max_rounds must be >= 1 and <= {MAX_ROUNDS}, and warm_pair_k >= 0")
         if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
             raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
         validation.non_negative_finite("warm_se_rule", self.warm_se_rule)
