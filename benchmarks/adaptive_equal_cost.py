@@ -59,7 +59,7 @@ from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.cascade import measure_samples
-from rl_conductor.reward import reward_from_dict, reward_of
+from rl_conductor.reward import reward_of, trained_reward
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.workers.pool import load_pool
 
@@ -144,7 +144,7 @@ def main() -> None:
     args = ap.parse_args()
     t0, c0 = time.perf_counter(), time.process_time()
     meta = json.loads((args.model / "conductor.json").read_text())
-    rc = reward_from_dict(meta["reward"])
+    rc = trained_reward(meta)
     pool = load_pool(meta["pool"], seed=0)
     dataset = str(meta["dataset"])
     view = pool.view()

@@ -34,15 +34,10 @@ from adaptive_ceiling import arguments, setting
 
 from rl_conductor.evaluation.suite import run_eval
 from rl_conductor.policies.cascade import fit_cascade, measure_samples
-from rl_conductor.reward import RewardConfig
+from rl_conductor.reward import RewardConfig, reward_of
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.graders import keys_agree
 from rl_conductor.workers.pool import load_pool
-
-
-def reward_of(correct: np.ndarray, cost: np.ndarray, rc: RewardConfig) -> np.ndarray:
-    penalty = np.minimum(rc.max_cost_penalty, rc.cost_weight * cost / rc.cost_scale)
-    return rc.format_bonus + rc.correct_weight * correct.astype(np.float64) - penalty
 
 
 def hindsight(pool_name: str, split: str, rc: RewardConfig) -> list[dict[str, Any]]:
@@ -80,13 +75,13 @@ def hindsight(pool_name: str, split: str, rc: RewardConfig) -> list[dict[str, An
             if not rows_mask.any():
                 row[label] = None
                 continue
-            options = {"stop": reward_of(correct0[rows_mask], cost0[rows_mask], rc)}
+            options = {"stop": reward_of(rc, correct=correct0[rows_mask], cost=cost0[rows_mask])}
             for e in range(len(names)):
                 if e in first:
                     continue
                 c = out.correct[rows_mask, e, 2]
                 k = cost0[rows_mask] + out.cost[rows_mask, e, 2]
-                options[f"+{names[e]}"] = reward_of(c, k, rc)
+                options[f"+{names[e]}"] = reward_of(rc, correct=c, cost=k)
             best = max(options, key=lambda o: float(options[o].mean()))
             row[label] = {
                 "n": int(rows_mask.sum()),

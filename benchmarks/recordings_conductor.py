@@ -52,7 +52,7 @@ from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
 from rl_conductor.policies.knn import KnnRouter, cached_embeddings
 from rl_conductor.policies.routers import reward_matrix, single_outcomes
-from rl_conductor.reward import reward_from_dict
+from rl_conductor.reward import trained_reward
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.workers.pool import load_pool
 
@@ -119,7 +119,7 @@ def main() -> None:
     meta = json.loads((args.model / "conductor.json").read_text())
     pool = load_pool(meta["pool"], seed=0)
     dataset = str(meta["dataset"])
-    rc = reward_from_dict(meta["reward"])
+    rc = trained_reward(meta)
     specs = {"conductor": f"conductor:{args.model}"}
     if args.sft:
         specs["conductor-sft"] = f"conductor:{args.model.parent / 'sft'}"

@@ -42,7 +42,7 @@ def test_the_reward_defaults_to_the_conductors_own(tmp_path: Path) -> None:
     # a model trained before conductor.json recorded its reward: rebuilt from its training config
     old = {"train_config": {"reward_preset": "cost-aware", "cost_weight": 0.27, "cost_scale": None}}
     assert trained_reward(old) == reward_config("cost-aware", cost_weight=0.27)
-    assert trained_reward({}) is None
+    assert trained_reward({}) == reward_config("cost-aware")  # neither: the preset
 
 
 def test_routers_are_fitted_at_the_evaluations_reward() -> None:

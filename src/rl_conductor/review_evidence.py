@@ -48,7 +48,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rl_conductor.prompting import RoundSummary, over_budget, percent
-from rl_conductor.reward import RewardConfig
+from rl_conductor.reward import RewardConfig, reward_of
 
 if TYPE_CHECKING:
     from rl_conductor.executor import RoundRequest
@@ -362,10 +362,18 @@ def choose_tau(gain: NDArray[np.floating], keep: NDArray[np.floating], go: NDArr
 
 def gain_of(config: RewardConfig, p_stay: Any, p_go: Any, extra_cost: float) -> Any:
     """The estimated reward gain of a continuation: ``correct_weight`` x (its chance of being
-    right − the answer so far's) − the cost term of its mean extra cost (linear below its cap)."""
-    return config.correct_weight * (np.asarray(p_go) - np.asarray(p_stay)) - config.cost_weight / (
-        config.cost_scale
-    ) * float(extra_cost)
+    right − the answer so far's) − the cost term of its mean extra cost, linear (uncapped: an
+    expensive continuation is not made to look cheaper by the cap). Written with the one reward
+    formula (:func:`rl_conductor.reward.reward_of`): the reward is linear in ``correct`` and both
+    answers called a worker (no format bonus between them), so the gain is the reward of the
+    difference in chances at the extra cost."""
+    return reward_of(
+        config,
+        correct=np.asarray(p_go) - np.asarray(p_stay),
+        cost=float(extra_cost),
+        called=False,
+        capped=False,
+    )
 
 
 @dataclass(frozen=True)

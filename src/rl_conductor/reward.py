@@ -24,6 +24,7 @@ import hashlib
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -91,6 +92,22 @@ def reward_from_dict(data: dict[str, float]) -> RewardConfig:
     if unknown:
         raise ValueError(f"unknown reward terms {unknown}; known: {sorted(known)}")
     return RewardConfig(**{k: float(v) for k, v in data.items()})
+
+
+def trained_reward(meta: Mapping[str, Any]) -> RewardConfig:
+    """The reward a Conductor was trained with, from its ``conductor.json`` (``meta``): ``reward``
+    as recorded; for older models rebuilt from ``train_config``'s reward settings; else (no
+    Conductor, or one that records neither) the cost-aware preset. The one reader of it, with one
+    fallback: the evaluation's reward, the Conductor's and the evidence rule's rankings and the
+    retraining loop's observed reward all call it."""
+    if isinstance(meta.get("reward"), dict):
+        return reward_from_dict(meta["reward"])
+    cfg = meta.get("train_config")
+    if isinstance(cfg, dict) and cfg.get("reward_preset"):
+        return reward_config(
+            str(cfg["reward_preset"]), cost_weight=cfg.get("cost_weight"), cost_scale=cfg.get("cost_scale")
+        )
+    return reward_config()
 
 
 def grade_trace(task: Task, trace: Trace) -> bool:
@@ -175,20 +192,21 @@ def reward_of(
     called: ArrayLike = True,
     budget_stopped: ArrayLike = False,
     deadline_stopped: ArrayLike = False,
+    capped: bool = True,
 ) -> Any:
     """The reward formula (module docstring) of plans that parsed, over scalars or numpy arrays
     (broadcast together): the format bonus where a worker was ``called``, ``correct_weight`` times
-    ``correct`` (a 0/1 outcome or an estimated probability), the capped cost term, and each
-    penalty where its limit stopped the workflow. The one place the formula is written: a plan's
-    reward (:func:`compute_reward`), the routers' and the cascade's reward matrices, the warm
-    start's candidate tables and the evidence ranking all call it. A float for scalars."""
+    ``correct`` (a 0/1 outcome or an estimated probability), the cost term (capped at
+    ``max_cost_penalty``; ``capped=False``: linear, as the review estimate's gain reads an extra
+    cost, :func:`rl_conductor.review_evidence.gain_of`), and each penalty where its limit stopped
+    the workflow. The one place the formula is written: a plan's reward (:func:`compute_reward`),
+    the routers' and the cascade's reward matrices, the warm start's candidate tables, the
+    evidence ranking and the review estimate's gain all call it. A float for scalars."""
+    cost_term = config.cost_weight * np.asarray(cost, dtype=np.float64) / config.cost_scale
     r = (
         config.format_bonus * np.asarray(called, dtype=np.float64)
         + config.correct_weight * np.asarray(correct, dtype=np.float64)
-        - np.minimum(
-            config.max_cost_penalty,
-            config.cost_weight * np.asarray(cost, dtype=np.float64) / config.cost_scale,
-        )
+        - (np.minimum(config.max_cost_penalty, cost_term) if capped else cost_term)
         - config.budget_penalty * np.asarray(budget_stopped, dtype=np.float64)
         - config.deadline_penalty * np.asarray(deadline_stopped, dtype=np.float64)
     )

@@ -23,7 +23,7 @@ from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.limits import SENSITIVITIES, RequestLimits, Sensitivity
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.conductor import CONFIG_FILE, model_source
-from rl_conductor.reward import RewardConfig, reward_config, reward_from_dict
+from rl_conductor.reward import RewardConfig, reward_config, trained_reward
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.validation import DATA_SPLITS
 from rl_conductor.workers.pool import Pool, load_pool
@@ -92,19 +92,6 @@ def trained_rounds(policies: list[str]) -> int:
     return int(trained_meta(policies).get("max_rounds") or 1)
 
 
-def trained_reward(meta: dict[str, Any]) -> RewardConfig | None:
-    """The reward a Conductor was trained with, from its ``conductor.json`` (None: unknown):
-    ``reward`` as recorded, or for older models rebuilt from ``train_config``."""
-    if isinstance(meta.get("reward"), dict):
-        return reward_from_dict(meta["reward"])
-    cfg = meta.get("train_config")
-    if isinstance(cfg, dict) and cfg.get("reward_preset"):
-        return reward_config(
-            str(cfg["reward_preset"]), cost_weight=cfg.get("cost_weight"), cost_scale=cfg.get("cost_scale")
-        )
-    return None
-
-
 def eval_reward(policies: list[str], reward_preset: str | None, cost_weight: float | None) -> RewardConfig:
     """The reward every policy of an evaluation is scored (and every router fitted) with: the
     options where given, on top of the Conductor's own reward (the first ``conductor:DIR``'s
@@ -112,8 +99,6 @@ def eval_reward(policies: list[str], reward_preset: str | None, cost_weight: flo
     if reward_preset is not None:
         return reward_config(reward_preset, cost_weight=cost_weight)
     own = trained_reward(trained_meta(policies))
-    if own is None:
-        return reward_config("cost-aware", cost_weight=cost_weight)
     return own if cost_weight is None else replace(own, cost_weight=cost_weight)
 
 

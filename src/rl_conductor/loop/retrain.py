@@ -121,7 +121,7 @@ def collect_step(
     from rl_conductor import validation
     from rl_conductor.loop import data as loop_data
     from rl_conductor.loop import pool_change
-    from rl_conductor.reward import reward_from_dict
+    from rl_conductor.reward import trained_reward
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.tracking import mlflow_utils
     from rl_conductor.training.observed import write_observed
@@ -167,7 +167,7 @@ def collect_step(
         if "observed" in outputs:
             write_observed(outputs["observed"], traffic.observed)
         if traffic.observed:
-            rc = reward_from_dict(json.loads((Path(champion_dir) / "conductor.json").read_text())["reward"])
+            rc = trained_reward(json.loads((Path(champion_dir) / "conductor.json").read_text()))
             summary["observed_reward"] = statistics.fmean(o.reward(rc) for o in traffic.observed)
         with mlflow_utils.start_run(
             model_name + LOOP_EXPERIMENT_SUFFIX,

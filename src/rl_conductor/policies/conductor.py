@@ -62,7 +62,7 @@ from rl_conductor.prompting import (
     typical_cost,
 )
 from rl_conductor.review_evidence import ReviewEvidence
-from rl_conductor.reward import reward_from_dict
+from rl_conductor.reward import trained_reward
 from rl_conductor.rounds import continuation_within_limits, single_within_budget, summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.pool import Pool, PoolView
@@ -284,7 +284,7 @@ class ConductorPolicy(Policy):
         #: reward under the reward the model was trained with (conductor.json ``reward``)
         self.ranker: Ranker | None = None
         if self.meta.get("evidence") == "rank" and self.evidence is not None:
-            self.ranker = Ranker(self.evidence, reward_from_dict(self.meta.get("reward", {})))
+            self.ranker = Ranker(self.evidence, trained_reward(self.meta))
         #: with ``review_evidence: text`` the review prompt shows each answer's text signals and
         #: the estimate of the review estimator saved with the model (rl_conductor/review_evidence.py)
         self.review_evidence: ReviewEvidence | None = None

@@ -24,7 +24,7 @@ from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.policies.chains import single
 from rl_conductor.policies.evidence import EvidenceModel, Ranker
-from rl_conductor.reward import reward_from_dict
+from rl_conductor.reward import trained_reward
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.pool import Pool, PoolView
 
@@ -47,7 +47,7 @@ class EvidenceRule(Policy):
                 str(model_dir), f"{source} was not trained with evidence: rank (conductor.json evidence)"
             )
         self.evidence = EvidenceModel.load(source)
-        self.ranker = Ranker(self.evidence, reward_from_dict(meta.get("reward", {})))
+        self.ranker = Ranker(self.evidence, trained_reward(meta))
         self._embed = embed
         self._embedded: dict[str, Any] = {}
         self.name = f"evidence-rule:{source.name}"
