@@ -113,6 +113,7 @@ def _changed_pool(out: Path, worker: str, factor: float, degrade: dict[str, floa
 
 
 def _champion(out: Path, sft: int, items: int, model_name: str, reuse: Path | None) -> tuple[str, float]:
+    from rl_conductor.serving.pyfunc import MODEL_CODE
     from rl_conductor.tracking import registry
     from rl_conductor.training.config import load_preset
     from rl_conductor.training.train import train
@@ -123,7 +124,9 @@ def _champion(out: Path, sft: int, items: int, model_name: str, reuse: Path | No
     else:
         cfg = load_preset("tiny", **COMMON, sft_examples=sft, warm_items_per_domain=items)
         final = train(cfg, out / "champion-train", progress=False).final_dir
-    mv = registry.log_conductor_model(final, name=model_name, alias=registry.CHALLENGER)
+    mv = registry.log_conductor_model(
+        final, model_code=MODEL_CODE, name=model_name, alias=registry.CHALLENGER
+    )
     registry.promote(model_name, mv.version)
     return str(final), time.perf_counter() - t
 

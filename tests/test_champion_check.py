@@ -95,6 +95,7 @@ def registered(
     """The micro Conductor as champion of a fresh model name in a sqlite MLflow of its own."""
     import mlflow
 
+    from rl_conductor.serving.pyfunc import MODEL_CODE
     from rl_conductor.tracking import mlflow_utils, registry
 
     db = tmp_path / "mlflow.db"
@@ -105,7 +106,7 @@ def registered(
     previous = mlflow.get_tracking_uri()
     mlflow_utils.configure(uri)
     name = f"check-{uuid.uuid4().hex[:8]}"
-    registry.log_conductor_model(micro.final_dir, name=name, alias="champion")
+    registry.log_conductor_model(micro.final_dir, model_code=MODEL_CODE, name=name, alias="champion")
     try:
         yield name, uri
     finally:

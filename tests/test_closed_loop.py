@@ -173,6 +173,7 @@ def test_served_traffic_and_feedback_retrain_on_the_local_runner_and_the_gate_de
 
     from rl_conductor.loop.pipeline import run_local
     from rl_conductor.loop.traffic import read_traffic
+    from rl_conductor.serving.pyfunc import MODEL_CODE
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.tracking import mlflow_utils, registry
 
@@ -186,7 +187,7 @@ def test_served_traffic_and_feedback_retrain_on_the_local_runner_and_the_gate_de
     previous = mlflow.get_tracking_uri()
     mlflow_utils.configure(uri)
     try:
-        registry.log_conductor_model(micro.final_dir, name=name, alias="champion")
+        registry.log_conductor_model(micro.final_dir, model_code=MODEL_CODE, name=name, alias="champion")
         store = tmp_path / "traffic"
         items = load_tasks("paper-mix", "train", limit=200, seed=3)
         env = {"MLFLOW_TRACKING_URI": uri, mlflow_utils.HOME_ENV: str(home)}

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rl_conductor.tracking.mlflow_utils import TrackingConfig
 
 registry = lazy("rl_conductor.tracking.registry")  # MLflow: imported by the test that uses it
+pyfunc = lazy("rl_conductor.serving.pyfunc")
 
 CHAMP = {"accuracy": 0.60, "mean_cost_usd": 0.010, "test_split_id": "test-v1"}
 
@@ -157,6 +158,7 @@ def test_promote_if_better_through_registry(mlflow_tracking: TrackingConfig, tmp
     def log(accuracy: float, cost: float, split: str, baseline: float = 0.40) -> int:
         info = registry.log_conductor_model(
             folder,
+            model_code=pyfunc.MODEL_CODE,
             name=name,
             metrics={"accuracy": accuracy, "mean_cost_usd": cost, "baseline_accuracy": baseline},
             params={"test_split_id": split, "baseline_policy": "domain-router"},

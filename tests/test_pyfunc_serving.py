@@ -31,6 +31,7 @@ def _same(doc: dict[str, Any]) -> dict[str, Any]:
 def test_kserve_and_pyfunc_answer_the_same_request_identically(
     micro: Micro, mlflow_local: dict[str, str], tmp_path: Path
 ) -> None:
+    from rl_conductor.serving.pyfunc import MODEL_CODE
     from rl_conductor.tracking import registry
 
     (question, other) = [t.question for t in load_tasks("paper-mix", split="test", limit=2, seed=3)]
@@ -40,7 +41,7 @@ def test_kserve_and_pyfunc_answer_the_same_request_identically(
         {"question": question, "max_cost_usd": 1e-7},  # below any call: the service's budget floor
         {"question": other, "max_cost_usd": 0.003, "max_steps": 2},
     ]
-    info = registry.log_conductor_model(micro.final_dir, alias="champion")
+    info = registry.log_conductor_model(micro.final_dir, model_code=MODEL_CODE, alias="champion")
     with (
         predictor(["--model", info.model_uri, "--pool", "paper-sim"], tmp_path, env=mlflow_local) as srv,
         httpx.Client(base_url=srv.url, timeout=120) as client,

@@ -29,6 +29,7 @@ mlflow = lazy("mlflow")
 pd = lazy("pandas")
 mlflow_utils = lazy("rl_conductor.tracking.mlflow_utils")
 registry = lazy("rl_conductor.tracking.registry")
+pyfunc = lazy("rl_conductor.serving.pyfunc")  # the "models from code" file the registry logs
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -87,6 +88,7 @@ def test_log_register_alias_promote(
 
     v1 = registry.log_conductor_model(
         folder,
+        model_code=pyfunc.MODEL_CODE,
         name=name,
         experiment=experiment,
         metrics={"accuracy": 0.61, "mean_cost_usd": 0.012, "skipped": float("nan")},
@@ -111,7 +113,11 @@ def test_log_register_alias_promote(
 
     assert registry.promote(name, v1.version) is None
     v2 = registry.log_conductor_model(
-        folder, name=name, experiment=experiment, metrics={"accuracy": 0.7, "mean_cost_usd": 0.01}
+        folder,
+        model_code=pyfunc.MODEL_CODE,
+        name=name,
+        experiment=experiment,
+        metrics={"accuracy": 0.7, "mean_cost_usd": 0.01},
     )
     assert v2.version == 2
     assert registry.get_alias_version(name, "challenger") == 2
@@ -150,7 +156,9 @@ def test_log_inside_active_run(mlflow_tracking: TrackingConfig, tmp_path: Path) 
     name = _unique("conductor")
     with mlflow_utils.start_run(_unique("exp"), "train-and-register", {"preset": "tiny"}) as run:
         mlflow_utils.log_metrics({"reward": 0.4, "ok": True}, step=3)
-        info = registry.log_conductor_model(folder, name=name, metrics={"accuracy": 0.5})
+        info = registry.log_conductor_model(
+            folder, model_code=pyfunc.MODEL_CODE, name=name, metrics={"accuracy": 0.5}
+        )
         assert info.run_id == run.info.run_id
     data = mlflow_utils.client().get_run(info.run_id).data
     assert data.params["preset"] == "tiny"
@@ -160,7 +168,7 @@ def test_log_inside_active_run(mlflow_tracking: TrackingConfig, tmp_path: Path) 
 def test_fresh_process_downloads_challenger(mlflow_tracking: TrackingConfig, tmp_path: Path) -> None:
     folder = _model_folder(tmp_path)
     name = _unique("conductor")
-    registry.log_conductor_model(folder, name=name, metrics={"accuracy": 0.5})
+    registry.log_conductor_model(folder, model_code=pyfunc.MODEL_CODE, name=name, metrics={"accuracy": 0.5})
 
     script = (
         "import hashlib, json, pathlib, sys\n"
@@ -208,7 +216,7 @@ def test_load_model_dir_from_plain_locations(s3_bucket: str, tmp_path: Path) -> 
     with pytest.raises(FileNotFoundError):
         registry.load_model_dir(str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match="model folder not found"):
-        registry.log_conductor_model(tmp_path / "missing", metrics={})
+        registry.log_conductor_model(tmp_path / "missing", model_code=pyfunc.MODEL_CODE, metrics={})
 
 
 @pytest.mark.slow
@@ -226,6 +234,7 @@ def test_through_mlflow_server(
         name = _unique("conductor")
         info = registry.log_conductor_model(
             folder,
+            model_code=pyfunc.MODEL_CODE,
             name=name,
             metrics={"accuracy": 0.66, "mean_cost_usd": 0.02},
             params={"test_split_id": "s"},

@@ -495,9 +495,10 @@ def test_micro_conductor_from_the_registry_plans_in_batches_and_traces(
 ) -> None:
     import mlflow
 
+    from rl_conductor.serving.pyfunc import MODEL_CODE
     from rl_conductor.tracking import mlflow_utils, registry
 
-    registry.log_conductor_model(micro.final_dir, alias="champion")
+    registry.log_conductor_model(micro.final_dir, model_code=MODEL_CODE, alias="champion")
     with (
         predictor(["--pool", "paper-sim"], tmp_path, env=mlflow_local) as srv,
         httpx.Client(base_url=srv.url, timeout=120) as client,

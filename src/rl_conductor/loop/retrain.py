@@ -494,6 +494,7 @@ def gate_step(
     import mlflow
 
     from rl_conductor.loop import pool_change
+    from rl_conductor.serving.pyfunc import MODEL_CODE
     from rl_conductor.tracking import mlflow_utils, registry
 
     tasks: dict[str, Task] = {}
@@ -546,6 +547,7 @@ def gate_step(
             )
             mv = registry.log_conductor_model(
                 challenger_dir,
+                model_code=MODEL_CODE,
                 name=model_name,
                 metrics=challenger_metrics,
                 params={"run_tag": run_tag},

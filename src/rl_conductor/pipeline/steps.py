@@ -619,6 +619,7 @@ def register_step(
     ``mean_cost_usd``, ...), a ``test_split_id`` param and tag, the training config, and the
     evaluation reports under ``eval/`` (``report_files`` maps a file name there to a local file).
     """
+    from rl_conductor.serving.pyfunc import MODEL_CODE
     from rl_conductor.tracking import registry
 
     meta, summaries = read_results(results_path)
@@ -643,6 +644,7 @@ def register_step(
     with _tracking(mlflow_tracking_uri, artifact_root):
         mv = registry.log_conductor_model(
             folder,
+            model_code=MODEL_CODE,
             name=model_name,
             metrics=metrics,
             params=all_params,

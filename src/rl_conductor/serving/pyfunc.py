@@ -5,7 +5,9 @@ loaded, so ``predict`` answers through :class:`~rl_conductor.serving.service.Con
 the engine of the KServe predictor (its budget floor, batched planning, deadline minus planning
 time, response document), not through a second copy of the plan → execute → annotate sequence.
 The registry (:mod:`rl_conductor.tracking.registry`) logs the model folder with a "models from
-code" file naming :class:`ConductorPyfunc`; it never imports this module.
+code" file, :data:`MODEL_CODE`, which its callers (the pipeline, the retraining loop) import from
+here and pass down, so the dependency is an import the layer contract sees; the registry never
+imports serving.
 
 A pyfunc's ``predict`` is synchronous and may be called from any thread, while the service's
 micro-batcher lives on one event loop: every service of this process runs on one event loop in
@@ -31,7 +33,17 @@ from rl_conductor.serving.service import ConductorService
 from rl_conductor.tracking.registry import MODEL_DIR_ARTIFACT
 from rl_conductor.workers.pool import load_pool
 
-__all__ = ["ConductorPyfunc", "answer_batch", "as_records", "service_for"]
+__all__ = ["MODEL_CODE", "ConductorPyfunc", "answer_batch", "as_records", "service_for"]
+
+#: The "models from code" file the registry logs (``registry.log_conductor_model(...,
+#: model_code=MODEL_CODE)``): MLflow rebuilds the model by running it, not by unpickling.
+MODEL_CODE = """\
+import mlflow.models
+
+from rl_conductor.serving.pyfunc import ConductorPyfunc
+
+mlflow.models.set_model(ConductorPyfunc())
+"""
 
 
 class ConductorPyfunc(PythonModel):

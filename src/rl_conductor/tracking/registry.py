@@ -9,8 +9,9 @@ The model is an MLflow pyfunc whose only artifact is the whole model folder (wei
 tokenizer, prompt template, config), so ``load_model_dir`` can hand serving a plain folder and
 nothing here depends on how the folder is laid out. The pyfunc class is serving code
 (:class:`rl_conductor.serving.pyfunc.ConductorPyfunc`, which answers through the KServe
-predictor's service); the logged "models from code" file names it, so this module never imports
-serving.
+predictor's service): the caller passes the "models from code" source that builds it
+(``serving.pyfunc.MODEL_CODE``), so the dependency on serving is the caller's own import, which
+the layer contract checks; no code of this module imports or names serving.
 
 Deliberate simplifications:
 - Metrics used to compare versions are read from the run that logged the version
@@ -62,13 +63,6 @@ __all__ = [
 MODEL_DIR_ARTIFACT = "model_dir"
 CHALLENGER = "challenger"
 CHAMPION = "champion"
-_MODEL_CODE = """\
-import mlflow.models
-
-from rl_conductor.serving.pyfunc import ConductorPyfunc
-
-mlflow.models.set_model(ConductorPyfunc())
-"""
 _PINNED_PACKAGES = ("mlflow", "torch", "transformers", "tokenizers", "safetensors")
 
 
@@ -125,6 +119,7 @@ def _stage_artifacts(artifact_files: Mapping[str, str | os.PathLike[str]], into:
 def log_conductor_model(
     model_dir: str | os.PathLike[str],
     *,
+    model_code: str,
     name: str = "conductor",
     metrics: Mapping[str, Any] | None = None,
     params: Mapping[str, Any] | None = None,
@@ -135,6 +130,9 @@ def log_conductor_model(
     alias: str | None = CHALLENGER,
 ) -> ModelVersionInfo:
     """Log ``model_dir`` as a pyfunc model, register it as a new version of ``name``, alias it.
+
+    ``model_code`` is the source of the "models from code" file that builds the pyfunc model
+    (``rl_conductor.serving.pyfunc.MODEL_CODE``); its artifact ``model_dir`` is the folder.
 
     Uses the active run if there is one, else opens a run in ``experiment``. ``metrics`` and
     ``params`` are logged on the run (a ``test_split_id`` param is also set as a run tag and a
@@ -169,7 +167,7 @@ def log_conductor_model(
         with tempfile.TemporaryDirectory(prefix="conductor-pyfunc-") as code_dir:
             # "Models from code": the model is rebuilt by running this file, not by unpickling.
             code = Path(code_dir) / "conductor_model.py"
-            code.write_text(_MODEL_CODE)
+            code.write_text(model_code)
             model_info = mlflow.pyfunc.log_model(
                 name="model",
                 python_model=str(code),
