@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from tests.test_warmstart import EASY_HARD, PRICES, _table
 
+from _pools import fake_pool
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.evidence import EvidenceModel, evidence_for, fit_evidence
 from rl_conductor.prompting import conductor_prompt, cut, percent
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
-from rl_conductor.workers.fake import fake_pool
 
 if TYPE_CHECKING:
     from rl_conductor.training.config import TrainConfig

@@ -13,12 +13,12 @@ import pytest
 from tests.test_evidence import COST_AWARE, _tasks, replay_evidence_config
 from tests.test_warmstart import EASY_HARD, PRICES, _table
 
+from _pools import fake_pool
 from rl_conductor.evaluation.runner import Record, summarize
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.evidence import EvidenceModel, Ranker, estimated_rewards, fit_evidence, ranking
 from rl_conductor.prompting import conductor_prompt, rank_line
 from rl_conductor.tasks.base import Task
-from rl_conductor.workers.fake import fake_pool
 
 
 def _domains(

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from _pools import fake_pool
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies import make_policy
 from rl_conductor.policies.knn import SOLVE, KnnRouter
@@ -25,7 +26,7 @@ from rl_conductor.policies.routers import DomainRouter, SingleOutcomes, measure_
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.base import CallContext, Hosting, Message
-from rl_conductor.workers.fake import FakeWorker, fake_info, fake_pool
+from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool, load_pool
 from test_warmstart import _task  # 't/i': 'What is i + i?'
 

@@ -13,6 +13,7 @@ from tests.test_conductor_policy import Script
 from tests.test_evidence import COST_AWARE, _tasks
 from tests.test_warmstart import EASY_HARD, PRICES, _table
 
+from _pools import fake_pool
 from _tiny import Micro
 from rl_conductor.limits import RequestLimits
 from rl_conductor.lm.generate import ids_prefix_ok
@@ -20,7 +21,6 @@ from rl_conductor.policies.conductor import ConductorPolicy
 from rl_conductor.policies.evidence import Ranker, fit_evidence
 from rl_conductor.prompting import RANK_SHOWN, shown_ranking
 from rl_conductor.tasks.base import Task
-from rl_conductor.workers.fake import fake_pool
 from rl_conductor.workflow import ParseError, Step, Workflow, model_ids, parse, render
 
 PLAN = "model_id = [{ids}]\nsubtasks = [{subs}]\naccess_list = [{acc}]"

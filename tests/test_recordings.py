@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,14 @@ from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks, split_of
 from rl_conductor.tasks.graders import grade
 from rl_conductor.tasks.recordings_format import (
+    RecordedResponse,
     RecordingsError,
     dataset_name,
+    item_dict,
     load_recordings,
     write_recordings,
 )
-from rl_conductor.tasks.routellm import routellm_recordings
+from rl_conductor.tasks.routellm import RECORDED_MODELS, recording
 from rl_conductor.workers.base import CallContext
 from rl_conductor.workers.live.testing import Reply, Request, ok, scripted_server
 from rl_conductor.workers.pool import PoolConfigError, build_pool, load_pool
@@ -169,6 +172,19 @@ async def test_a_review_never_reads_a_final_answer_line_made_from_a_label(tmp_pa
         assert comp.synthesised
     assert cached.hits == 1
     assert export_cache(store, tmp_path / "out.jsonl")["items"] == 0
+
+
+def routellm_recordings(dataset: str = "routellm") -> Iterator[dict[str, Any]]:
+    """RouteLLM's recordings as items of the bring-your-own recordings format
+    (:mod:`rl_conductor.tasks.recordings_format`; GSM8K: text and label; MMLU: label only)."""
+    for task in load_tasks(dataset):
+        responses = {}
+        for model in RECORDED_MODELS:
+            rec = recording(task.id, model)
+            if rec is not None:
+                responses[model] = RecordedResponse(text=rec.text, correct=rec.correct)
+        if responses:
+            yield item_dict(task, responses)
 
 
 async def test_routellm_recordings_are_one_instance_of_the_format(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ import numpy as np
 from rl_conductor.errors import InvalidSpec, model_not_found
 from rl_conductor.executor import Continuation, ReviewHook, RoundRequest
 from rl_conductor.limits import RequestLimits
-from rl_conductor.lm.generate import generate, load_lm
+from rl_conductor.lm.generate import apply_chat, generate, load_lm
 from rl_conductor.lm.models import looks_like_hf_id
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.evidence import EvidenceModel, Ranker
@@ -324,10 +324,7 @@ class ConductorPolicy(Policy):
 
     # -- generation -------------------------------------------------------------------------
     def _chat(self, prompt: str) -> str:
-        text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-        return str(text)
+        return apply_chat(self.tokenizer, "", prompt)  # the prompt is one user message
 
     def _generate(
         self,

@@ -24,8 +24,8 @@ in that split; items without one are split 70/10/20 by id hash like every other 
 (:func:`rl_conductor.tasks.datasets.split_of_task`). A path ``package:<file>`` names a file
 shipped under ``rl_conductor/data/recorded/`` (the built-in ``gsm8k-six`` pool's), so its dataset
 name is the same on every machine. RouteLLM's recordings (:mod:`rl_conductor.tasks.routellm`) are one instance
-of this shape: text and label for GSM8K, label only for MMLU
-(:func:`rl_conductor.tasks.routellm.routellm_recordings` writes them out in this format).
+of this shape: text and label for GSM8K, label only for MMLU (``tests/test_recordings.py`` writes
+them out in this format and checks that a pool over that file answers as the built-in one).
 
 Items the project cannot grade itself — no gold ``answer``, or a ``code`` item without
 ``metadata.tests`` — replay as recorded: every response must then carry ``correct`` (else the

@@ -31,15 +31,12 @@ import csv
 import functools
 import gzip
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import Any
 
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import format_choices, load_tasks, register_dataset
-from rl_conductor.tasks.recordings_format import RecordedResponse, item_dict
 
 #: Project worker name -> the column name RouteLLM used for that model.
 RECORDED_MODELS: dict[str, str] = {
@@ -197,16 +194,3 @@ def join_stats() -> JoinStats:
     return JoinStats(
         gsm8k_rows=g_rows, gsm8k_matched=len(g_tasks), mmlu_rows=m_rows, mmlu_matched=len(m_tasks)
     )
-
-
-def routellm_recordings(dataset: str = "routellm") -> Iterator[dict[str, Any]]:
-    """RouteLLM's recordings as items of the bring-your-own recordings format
-    (:mod:`rl_conductor.tasks.recordings_format`; GSM8K: text and label; MMLU: label only)."""
-    for task in load_tasks(dataset):
-        responses = {}
-        for model in RECORDED_MODELS:
-            rec = recording(task.id, model)
-            if rec is not None:
-                responses[model] = RecordedResponse(text=rec.text, correct=rec.correct)
-        if responses:
-            yield item_dict(task, responses)

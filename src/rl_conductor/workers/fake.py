@@ -24,7 +24,7 @@ from rl_conductor.workers.base import (
     WorkerInfo,
     estimate_tokens,
 )
-from rl_conductor.workers.pool import Pool, register_kind
+from rl_conductor.workers.pool import register_kind
 
 Responder = Callable[[Sequence[Message], CallContext | None], str]
 
@@ -102,22 +102,6 @@ def fake_info(
     name: str, *, price_in: float = 1.0, price_out: float = 2.0, hosting: Hosting = "external"
 ) -> WorkerInfo:
     return WorkerInfo(name=name, price_in=price_in, price_out=price_out, hosting=hosting, kind="fake")
-
-
-def fake_pool(
-    n: int = 3, *, latency_s: float = 0.0, hosting: Sequence[Hosting] | None = None, name: str = "fake"
-) -> Pool:
-    """A pool of ``n`` fake workers ``w0..w{n-1}`` with rising prices."""
-    hs = list(hosting) if hosting else ["external"] * n
-    workers = [
-        FakeWorker(
-            info=fake_info(f"w{i}", price_in=0.5 * (i + 1), price_out=2.0 * (i + 1), hosting=hs[i]),
-            answer=f"answer from w{i}",
-            latency_s=latency_s,
-        )
-        for i in range(n)
-    ]
-    return Pool(name=name, workers=list(workers))
 
 
 @register_kind("fake")
