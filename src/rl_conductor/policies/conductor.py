@@ -9,9 +9,8 @@ completion's ``model_id`` list is valid and its workers are usable under the req
 (permitted, each affordable and all together within the budget, within the deadline), those
 workers run with the default instruction: the model's decision is which workers run (what it was
 trained to weigh: the SFT loss weights those tokens), and a broken ``subtasks`` or ``access_list``
-does not unmake it — measured on gsm8k-six, the one test plan that did not parse was
-``model_id = [5, 1]`` with ``subtasks = [[], []]``, the cheap pair every other plan chose, and its
-fallback was a $0.85 call. Otherwise the documented default plan — one step on the view's
+does not unmake it (the gsm8k-six case that showed it: benchmarks/README.md, "Measured design
+choices of the LM Conductor"). Otherwise the documented default plan — one step on the view's
 highest-priced usable worker, which is the safest single choice a platform team would make by
 hand.
 
@@ -130,9 +129,9 @@ def allowed_ids(view: PoolView, limits: RequestLimits) -> frozenset[int] | None:
     costs more than the whole budget, :func:`~rl_conductor.prompting.over_budget`) is masked,
     unless every worker is. A worker the allow-list or a private request forbids is left to the
     executor, which replaces it with the permitted worker closest in price and says so in the
-    trace: measured on the tiny Conductor (paper-sim test split, private requests), that
-    replacement scored 61.4 % where masking the forbidden ids (the model's own next choice)
-    scored 59.4 %; under $0.002 masking scored 61.4 % where the executor's cut calls scored 52.4 %.
+    trace: on the tiny Conductor that replacement scored better than masking the forbidden ids,
+    and masking over-budget ids better than leaving the executor to cut their calls (the figures:
+    benchmarks/README.md, "Measured design choices of the LM Conductor").
     """
     if limits.max_cost_usd is None:
         return None
@@ -425,19 +424,13 @@ class ConductorPolicy(Policy):
         answer directly) if that fits, and only the rest are planned again with the deadline in
         the prompt (and such a plan that still misses is cut in the same way).
 
-        Why, measured on the tiny Conductor (paper-sim): a deadline the plan already meets
-        changes nothing about which plan is best, and a small Conductor plans unconstrained
-        requests best (most of its training): planning every 60 s request with the deadline in
-        the prompt scored 66.7 % on the test split where the unconstrained plans scored 72.9 %.
-        It also routes best there: with the deadline in the prompt it sent code to gemini at 15 s
-        and 60 s, where its unconstrained plan's answering worker (gpt-5) is the better one. At
-        the median answer time a chain that fits with little room is cut by the executor more
-        often than not; at p90 it is not kept. On the validation split (n = 289; best single
-        62.28 / 60.21 / 23.18 % at 60 / 15 / 5 s) the tiny preset's Conductor scored, at 60 / 15 /
-        5 s: median check, deadline prompt for the rest 64.71 / 59.86 / 23.18; p90 check, deadline
-        prompt 62.98 / 59.86 / 23.18; p90 check, cut to the answering step first 65.40 / 61.25 /
-        23.18 (p75 the same; a median check with the cut 64.71 / 61.25 / 23.18, as it keeps the
-        60 s chains the executor then cuts). Set ``deadline_trim`` off to replan without cutting."""
+        Why: a deadline the plan already meets changes nothing about which plan is best, and a
+        small Conductor plans unconstrained requests best (most of its training), so putting
+        every deadline in the prompt loses accuracy and routes worse; a chain that fits at the
+        median answer time is cut by the executor more often than not, so the check is at a high
+        quantile, and cutting to the answering step before replanning kept the most accuracy
+        (the tiny Conductor's figures for each variant: benchmarks/README.md, "Measured design
+        choices of the LM Conductor"). Set ``deadline_trim`` off to replan without cutting."""
         evidence = self.task_evidence(tasks)
         first = [
             replace(lim, max_latency_s=None) if self.deadline_check and lim.max_latency_s is not None else lim
@@ -587,9 +580,9 @@ class ConductorPolicy(Policy):
 
     def review_hook(self, limits: RequestLimits) -> ReviewHook | None:
         """None for a model trained to plan once, whatever the request allows: it never learnt the
-        review prompt, and what it writes there is no decision (the ``tiny`` preset's Conductor
-        under ``max_rounds`` 2 added steps after 99.8 % of 510 paper-sim test questions and cost
-        2.5 times as much). A request's ``max_rounds`` is an allowance, not an order."""
+        review prompt, and what it writes there is no decision (such a model adds steps after
+        nearly every question at a multiple of the cost: benchmarks/README.md, "Measured design
+        choices of the LM Conductor"). A request's ``max_rounds`` is an allowance, not an order."""
         if self.trained_rounds <= 1:
             return None
         return super().review_hook(limits)
@@ -599,8 +592,8 @@ class ConductorPolicy(Policy):
 
         Reviews that reach the event loop together (the rounds of requests run together, which
         end together: ``run_many``, an evaluation, concurrent served requests) are generated in
-        one batch (:meth:`review_many`): one at a time, a review of each of 217 questions took
-        longer than planning all of them. An unparseable review keeps the answer (its fallback
+        one batch (:meth:`review_many`): one generation per review costs more than planning the
+        whole batch. An unparseable review keeps the answer (its fallback
         would be a fresh one-step plan, which is no review); the continuation's text is kept on
         the trace's round record."""
         loop = asyncio.get_running_loop()
