@@ -248,8 +248,7 @@ def test_an_outcome_does_not_depend_on_the_executions_beside_it() -> None:
 
         traces = asyncio.run(go())
         return {
-            (id(x), t.id): (tr.final_answer, tr.cost_usd)
-            for (_, x, t), tr in zip(jobs, traces, strict=True)
+            (id(x), t.id): (tr.final_answer, tr.cost_usd) for (_, x, t), tr in zip(jobs, traces, strict=True)
         }
 
     side_by_side, reversed_order = outcomes([checked, solved]), outcomes([solved, checked])
