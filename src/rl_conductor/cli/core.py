@@ -51,13 +51,20 @@ RewardPresetOpt = Annotated[
         help="cost-aware | paper (default: the Conductor's own, else cost-aware)",
     ),
 ]
+
+
+def max_rounds_option(what: str) -> Any:
+    """A ``--max-rounds`` option: an integer from 1 to the request cap (``limits.MAX_ROUNDS``);
+    ``what`` says what the rounds are, the help adds the range."""
+    return typer.Option(callback=count(1, MAX_ROUNDS), help=f"{what} (1 to {MAX_ROUNDS})")
+
+
 MaxRoundsOpt = Annotated[
     int | None,
-    typer.Option(
-        callback=count(1, MAX_ROUNDS),
-        help=f"rounds a policy may use (1 to {MAX_ROUNDS}): after each but the last, one that "
-        "reviews (the Conductor, cascade) reads the answers so far and keeps them or adds steps; "
-        "1 = plan once (default: the Conductor's conductor.json, else 1)",
+    max_rounds_option(
+        "rounds a policy may use: after each but the last, one that reviews (the Conductor, "
+        "cascade) reads the answers so far and keeps them or adds steps; 1 = plan once (default: "
+        "the Conductor's conductor.json, else 1)"
     ),
 ]
 MaxCallsOpt = Annotated[

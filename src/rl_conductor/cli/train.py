@@ -9,9 +9,8 @@ from typing import Annotated, Any
 import typer
 
 from rl_conductor.cli.app import app
-from rl_conductor.cli.core import console
+from rl_conductor.cli.core import console, max_rounds_option
 from rl_conductor.cli.options import count, non_negative, positive
-from rl_conductor.limits import MAX_ROUNDS
 
 
 def preset_names() -> list[str]:
@@ -94,11 +93,9 @@ def plan_cmd(
     ] = False,
     max_rounds: Annotated[
         int | None,
-        typer.Option(
-            callback=count(1, MAX_ROUNDS),
-            help=f"rounds with --execute (1 to {MAX_ROUNDS}): after each but the last the Conductor "
-            "reads the answers so far and keeps them or adds steps (default: its conductor.json's, "
-            "else 1)",
+        max_rounds_option(
+            "rounds with --execute: after each but the last the Conductor reads the answers so far "
+            "and keeps them or adds steps (default: its conductor.json's, else 1)"
         ),
     ] = None,
 ) -> None:
