@@ -8,6 +8,7 @@ pool calibrated on them); the slow one searches the candidate workflows on ``pap
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 from collections.abc import Sequence
 
@@ -24,8 +25,9 @@ from rl_conductor.executor import execute
 from rl_conductor.limits import RequestLimits
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Trace
-from rl_conductor.workers.pool import Pool, PoolConfigError, load_pool
+from rl_conductor.workers.pool import Pool, PoolConfigError, build_pool, load_pool, load_pool_config
 from rl_conductor.workers.simulated import grade_cached
+from rl_conductor.workers.simulated.answers import remember
 from rl_conductor.workers.simulated.collaboration import (
     PAPER_COLLABORATION,
     ROLE_INSTRUCTIONS,
@@ -255,6 +257,55 @@ def test_an_outcome_does_not_depend_on_the_executions_beside_it() -> None:
     alone = {**outcomes([checked]), **outcomes([solved])}
     assert side_by_side == alone
     assert reversed_order == alone
+
+
+def test_a_pool_outcome_does_not_depend_on_another_pool_run_beside_it() -> None:
+    """Two pools of one process, same seed and worker names, the planner weaker in the second:
+    a plan carries no answer, so both pools render the same plan text for the same call, with
+    another plan quality. Each pool reads its own record: run side by side, the first pool's
+    traces are the ones it gives alone (before, a process-wide registry let the pool that
+    rendered last decide the other's outcomes)."""
+    cfg = load_pool_config("paper-sim")
+    weak = copy.deepcopy(cfg)
+    for spec in weak["workers"]:
+        if spec["name"] == "gemini-2.5-pro":
+            spec["accuracy"] = {"math": 0.2, "knowledge": 0.2, "reasoning": 0.2, "code": 0.2}
+    strong_pool, weak_pool = (build_pool(c, calibration=ITEMS, seed=0) for c in (cfg, weak))
+    assert strong_pool.workers[0].authors is strong_pool.workers[-1].authors  # type: ignore[attr-defined]
+    assert strong_pool.workers[0].authors is not weak_pool.workers[0].authors  # type: ignore[attr-defined]
+    steps = (("gemini-2.5-pro", PLAN, ()), ("qwen3-32b", SOLVE, "all"))
+    tasks = (MATH + REASONING)[:300]
+
+    def traces(pools: Sequence[Pool]) -> list[list[tuple[str | None, float]]]:
+        async def go() -> list[Trace]:
+            jobs = []
+            for p in pools:
+                view = p.view()
+                names = view.names()
+                wf = Workflow(steps=tuple(Step(names.index(w), i, a) for w, i, a in steps))  # type: ignore[arg-type]
+                jobs += [execute(wf, t, view, RequestLimits()) for t in tasks]
+            return list(await asyncio.gather(*jobs))
+
+        out = [(t.final_answer, t.cost_usd) for t in asyncio.run(go())]
+        return [out[k * len(tasks) : (k + 1) * len(tasks)] for k in range(len(pools))]
+
+    (alone,) = traces([strong_pool])
+    (weak_alone,) = traces([weak_pool])
+    assert alone != weak_alone  # the planner's strength matters to the solver
+    assert traces([strong_pool, weak_pool]) == [alone, weak_alone]
+    assert traces([weak_pool, strong_pool]) == [weak_alone, alone]
+
+
+def test_a_rewritten_entry_is_the_newest() -> None:
+    """A long-lived process renders a text again: it is then the newest entry, not evicted as
+    old while an execution in flight still reads it."""
+    cache: dict[str, int] = {}
+    for k in ("a", "b", "c"):
+        remember(cache, k, 0, limit=4)
+    remember(cache, "a", 1, limit=4)  # re-written: now the newest
+    remember(cache, "d", 0, limit=4)
+    remember(cache, "e", 0, limit=4)  # full: the older half (b, c) goes
+    assert cache == {"a": 1, "d": 0, "e": 0}
 
 
 def test_a_plan_is_shorter_than_a_solution() -> None:

@@ -513,8 +513,8 @@ def _fresh_simulation(monkeypatch: pytest.MonkeyPatch, cache_max: int) -> None:
     from rl_conductor import reward
     from rl_conductor.workers.simulated import answers, collaboration, skill
 
-    for module, name in ((answers, "_GRADE_CACHE"), (answers, "_RENDERED"), (collaboration, "_AUTHORED")):
-        monkeypatch.setattr(module, name, {})
+    for module, name in ((answers, "_GRADE_CACHE"), (answers, "_RENDERED")):
+        monkeypatch.setattr(module, name, {})  # a pool file's workers get a fresh author registry
     monkeypatch.setattr(skill, "_MODELS", {})
     monkeypatch.setattr(reward, "_GRADES", type(reward._GRADES)(reward._GRADES.maxsize))
     monkeypatch.setattr(answers, "_CACHE_MAX", cache_max)

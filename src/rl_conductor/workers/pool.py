@@ -216,7 +216,12 @@ def build_pool(cfg: dict[str, Any], **overrides: Any) -> Pool:
             raise PoolConfigError(f"duplicate worker name {spec['name']!r}")
         names.add(spec["name"])
         workers.append(_BUILDERS[kind](dict(spec), options))
-    return Pool(name=str(cfg.get("name", "pool")), workers=workers, options=options)
+    pool = Pool(name=str(cfg.get("name", "pool")), workers=workers, options=options)
+    for worker in workers:  # state a kind shares among its workers of one pool, not the process
+        join = getattr(worker, "join_pool", None)
+        if callable(join):
+            join(pool)
+    return pool
 
 
 def load_pool(name_or_path: str | Path, **overrides: Any) -> Pool:

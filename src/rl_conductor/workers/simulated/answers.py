@@ -46,24 +46,35 @@ def _digest(text: str) -> bytes:
 
 
 def evict_oldest(cache: dict[Any, Any], limit: int) -> None:
-    """Make room in a full ``cache``: drop its older half (insertion order), never everything.
+    """Make room in a full ``cache``: drop its older half (write order), never everything.
 
     Why not ``clear()``: a workflow's later step looks up what its earlier steps rendered (the
     value, the author). Clearing a full cache forgot the texts of executions still in flight, so
     an outcome depended on when, among all the executions of the process, the cache filled up:
     a forked table worker (which fills its own copy at other moments) scored some cells
-    differently from the serial build. An entry is read at most a few thousand insertions after
-    it was written (the executions in flight), far fewer than ``limit // 2``, so dropping the
-    oldest half never loses one that is still needed."""
+    differently from the serial build. An entry is read at most a few thousand writes after it
+    was last written (the executions in flight), far fewer than ``limit // 2``, so dropping the
+    oldest half never loses one that is still needed — provided a re-written key counts as new,
+    which :func:`remember` sees to."""
     if len(cache) < limit:
         return
     for key in list(itertools.islice(cache, len(cache) - limit // 2)):
         del cache[key]
 
 
+def remember(cache: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    """Write ``cache[key] = value`` as the newest entry, making room first (:func:`evict_oldest`).
+
+    A plain re-assignment keeps a dict key at its first insertion's place, so a text rendered
+    again at the end of a long-lived process (a server, a sweep) would be evicted as "old" while
+    an execution in flight still reads it: the key is popped first, so write order is age."""
+    cache.pop(key, None)
+    evict_oldest(cache, limit)
+    cache[key] = value
+
+
 def _remember(text: str, value: str | None) -> None:
-    evict_oldest(_RENDERED, _CACHE_MAX)
-    _RENDERED[_digest(text)] = value
+    remember(_RENDERED, _digest(text), value, _CACHE_MAX)
 
 
 def simulated_value(text: str) -> object:
@@ -111,8 +122,7 @@ def grade_cached(task: Task, text: str) -> bool:
             hit, settled = graders.settled_grade(task, text)
             if settled:  # a code answer whose runner gave no verdict is not kept for others
                 _store_grade(task, value_key, hit)
-        evict_oldest(_GRADE_CACHE, _GRADES_MAX)
-        _GRADE_CACHE[key] = hit
+        remember(_GRADE_CACHE, key, hit, _GRADES_MAX)
     return hit
 
 

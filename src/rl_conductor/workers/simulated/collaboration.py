@@ -34,12 +34,12 @@ on knowledge questions, fitted so that the best fixed workflow of the candidate 
 :mod:`rl_conductor.evaluation.calibrate`, chosen on half of the calibration items and measured on the
 other half (held out), reaches the paper's Conductor row per domain.
 
-Who wrote a visible answer is known only for text this process rendered (a registry keyed by a
-digest of the text and the call that rendered it, which the executor names for each visible
-answer); other text — recorded elsewhere, or from another process — counts as another worker's
-``solve`` answer. A visible answer's role is its step's instruction's, as for the call itself.
-Deliberate simplification: the wording of an instruction beyond its role keyword never matters;
-only live workers can reward better text.
+Who wrote a visible answer is known only for text this pool rendered in this process (an
+:class:`AuthorRegistry` per pool, keyed by a digest of the text and the call that rendered it,
+which the executor names for each visible answer); other text — recorded elsewhere, or from
+another process — counts as another worker's ``solve`` answer. A visible answer's role is its
+step's instruction's, as for the call itself. Deliberate simplification: the wording of an
+instruction beyond its role keyword never matters; only live workers can reward better text.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rl_conductor.tasks.base import DOMAINS
-from rl_conductor.workers.simulated.answers import _digest, evict_oldest
+from rl_conductor.workers.simulated.answers import _digest, remember
 
 Role = Literal["plan", "solve", "verify", "aggregate"]
 
@@ -228,25 +228,40 @@ class Authored:
     plan_quality: float = 0.0
 
 
-#: (text digest, task id, worker, step index) -> what the simulation knows of that rendering.
-#: Keyed by the rendering's call, not by the text alone: one text is rendered by several calls
-#: (a worker's solve and verify answers at one step index are the same draws; a short cut text
-#: recurs across items and workers), and a registry keyed by the text kept whichever came last —
-#: an order that asyncio's scheduling of threaded code grades and the candidate table's forked
-#: chunks change, so the table differed between builds.
-_AUTHORED: dict[tuple[bytes, str, str, int], Authored] = {}
+#: Most renderings an author registry keeps (the older half goes first, see
+#: ``answers.evict_oldest``).
 _AUTHORED_MAX = 500_000
 
 
-def remember_author(text: str, record: Authored, step_index: int) -> None:
-    evict_oldest(_AUTHORED, _AUTHORED_MAX)  # not clear(): see answers.evict_oldest
-    _AUTHORED[(_digest(text), record.task_id, record.worker, step_index)] = record
+@dataclass
+class AuthorRegistry:
+    """What the simulation knows of the texts one pool rendered, by the call that rendered them.
+
+    Keyed by (text digest, task id, worker, step index), not by the text alone: one text is
+    rendered by several calls (a worker's solve and verify answers at one step index are the same
+    draws; a short cut text recurs across items and workers), and a registry keyed by the text
+    kept whichever came last — an order that asyncio's scheduling of threaded code grades and the
+    candidate table's forked chunks change, so the table differed between builds.
+
+    One registry per pool (:meth:`SimulatedWorker.join_pool`), not per process: two pools with
+    the same seed and worker names but other accuracy targets render the same text for the same
+    call with another plan quality, and a shared registry let whichever pool ran last decide the
+    other's outcomes."""
+
+    entries: dict[tuple[bytes, str, str, int], Authored] = field(default_factory=dict)
+
+    def remember(self, text: str, record: Authored, step_index: int) -> None:
+        key = (_digest(text), record.task_id, record.worker, step_index)
+        remember(self.entries, key, record, _AUTHORED_MAX)  # not clear(): see answers.evict_oldest
+
+    def author_of(self, text: str, task_id: str, worker: str, step_index: int) -> Authored | None:
+        """The record of ``text`` as rendered by ``worker`` at ``step_index`` for ``task_id``
+        (None if this pool did not render it in this process)."""
+        return self.entries.get((_digest(text), task_id, worker, step_index))
 
 
-def author_of(text: str, task_id: str, worker: str, step_index: int) -> Authored | None:
-    """The record of ``text`` as rendered by ``worker`` at ``step_index`` for ``task_id`` in this
-    process (None if it was not)."""
-    return _AUTHORED.get((_digest(text), task_id, worker, step_index))
+#: The registry of simulated workers built outside a pool file (tests, hand-built workers).
+SHARED_AUTHORS = AuthorRegistry()
 
 
 def plan_quality(latent: float) -> float:

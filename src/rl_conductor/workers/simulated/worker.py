@@ -9,7 +9,7 @@ import hashlib
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rl_conductor.tasks.base import DOMAINS, Task
@@ -23,7 +23,7 @@ from rl_conductor.workers.base import (
     estimate_tokens,
     offline_completion,
 )
-from rl_conductor.workers.pool import PoolConfigError, info_from_spec, register_kind
+from rl_conductor.workers.pool import Pool, PoolConfigError, info_from_spec, register_kind
 from rl_conductor.workers.simulated.answers import (
     _MISSING,
     _PLACEHOLDER,
@@ -35,14 +35,14 @@ from rl_conductor.workers.simulated.answers import (
 from rl_conductor.workers.simulated.collaboration import (
     PAPER_COLLABORATION,
     PLAN_LENGTH_FACTOR,
+    SHARED_AUTHORS,
     Authored,
+    AuthorRegistry,
     Collaboration,
     Role,
-    author_of,
     classify_role,
     plan_bonus,
     plan_quality,
-    remember_author,
     verify_strength,
 )
 from rl_conductor.workers.simulated.draws import _rng, normal, unit
@@ -121,6 +121,8 @@ class SimulatedWorker(CallWorker):
     Attributes:
         latency_scale: 0 reports latency without sleeping; > 0 sleeps ``latency_s * scale``.
         collaboration: plan and verify strengths per domain (:mod:`.collaboration`).
+        authors: who rendered which text, shared by the simulated workers of one pool
+            (:meth:`join_pool`).
     """
 
     info: WorkerInfo
@@ -129,6 +131,13 @@ class SimulatedWorker(CallWorker):
     model: SimulationModel
     latency_scale: float = 0.0
     collaboration: Collaboration = PAPER_COLLABORATION
+    authors: AuthorRegistry = field(default_factory=lambda: SHARED_AUTHORS, repr=False, compare=False)
+
+    def join_pool(self, pool: Pool) -> None:
+        """Share one :class:`AuthorRegistry` with the pool's other simulated workers (called by
+        ``build_pool`` for each worker in order): the first one starts a fresh registry."""
+        first = next(w for w in pool.workers if isinstance(w, SimulatedWorker))
+        self.authors = AuthorRegistry() if first is self else first.authors
 
     @property
     def seed(self) -> int:
@@ -163,7 +172,7 @@ class SimulatedWorker(CallWorker):
             return [None] * len(visible)
         out: list[Authored | None] = []
         for text, step in zip(visible, steps, strict=True):
-            rec = author_of(text, task.id, step.worker, step.index) if text else None
+            rec = self.authors.author_of(text, task.id, step.worker, step.index) if text else None
             if rec is not None and self.collaboration.enabled:
                 role = classify_role(step.instruction)
                 rec = rec if rec.role == role else replace(rec, role=role)
@@ -279,7 +288,7 @@ class SimulatedWorker(CallWorker):
             # the call's plan quality whatever its role: its text may be read as a plan when a
             # plan step of the same call renders the same text (a cut answer is filler only)
             quality = plan_quality(self.latent(task, ctx)) if self.collaboration.enabled else 0.0
-            remember_author(text, Authored(task.id, self.info.name, role, quality), ctx.step_index)
+            self.authors.remember(text, Authored(task.id, self.info.name, role, quality), ctx.step_index)
         latency = self.draw_latency(input_tokens, output_tokens, *parts)
         return await offline_completion(
             self.info,
