@@ -173,6 +173,31 @@ def test_review_records_teach_keep_and_escalate_equally_often(tmp_path: Path) ->
     assert len(agree) == 10 and all(k == [] for r, k in zip(records, kinds, strict=True) if r in agree)
 
 
+def test_review_records_keep_after_first_plans_the_rule_does_not_cover(tmp_path: Path) -> None:
+    """A chain, a single and a prompt with a budget were valued without a review, so their review
+    target is keep. Before, they gave no review record at all, and a Conductor that had only seen
+    reviews of pairs escalated after every chain (paper-sim code: 67 % -> 43 %)."""
+    from rl_conductor.training.adaptive import review_records
+    from rl_conductor.training.train import _warm_start
+    from rl_conductor.workflow import Step, Workflow
+
+    pool, tasks = _pool(), _tasks()
+    _, _, _, rule = _warm_start(_cfg(tmp_path, max_rounds=2), tasks, pool)
+    assert rule
+    hard = [t for t in tasks if t.id.startswith("hard")]
+    chain = Workflow(steps=(Step(1, "Solve it.", ()), Step(0, "Check the answer.", "all")))
+    alone = Workflow(steps=(Step(1, "Solve it.", ()),))
+    budget = [PromptSpec(task=t, view=(0, 1, 2), budget=1.0) for t in hard]
+    specs = _specs(hard, pool) * 2 + budget
+    firsts = [chain] * len(hard) + [alone] * len(hard) + [chain] * len(budget)
+    records = review_records(specs, pool, RequestLimits(max_steps=2), firsts, rule, max_question_chars=120)
+    assert len(records) == len(specs)  # one review each: every first plan is followed by one
+    for rec in records:
+        assert DISAGREE in rec["prompt"][0]["content"] or "Workflow so far:" in rec["prompt"][0]["content"]
+        done = parse(rec["completion"][0]["content"], pool_size=3, allow_empty=True, first_index=2)
+        assert done.workers() == []
+
+
 def test_grpo_rollouts_continue_by_the_review_rule(tmp_path: Path) -> None:
     """With the rule, a rollout of the pair pays for the escalation on hard questions only and
     is graded on the final answer after it (without the rule the hard questions are wrong)."""

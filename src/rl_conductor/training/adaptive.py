@@ -442,9 +442,14 @@ def review_records(
 ) -> list[dict[str, Any]]:
     """SFT pairs for the review: each spec's target first plan executed (the spec's view and
     limits, two rounds), the review prompt the Conductor then sees, and the continuation the
-    rule picks for (first plan, signal). Specs whose first plan the rule does not cover (a chain,
-    a budget or deadline prompt) give none. With ``text`` (a ``training.review_text.TextRule``)
-    the prompt shows the text evidence and the continuation follows its estimate instead."""
+    rule picks for (first plan, signal): keep where the rule has none (a single, a chain, a
+    prompt with a budget or deadline — the table valued those first plans without a review).
+
+    Why every first plan, not only the rule's pairs: a Conductor that never saw a review after
+    a chain generalised from the pairs' reviews — on paper-sim it escalated after every code
+    chain (the one-round Conductor's best plan there) to a fresh solve that sees nothing, and
+    code fell from 67 % to 43 %. With ``text`` (a ``training.review_text.TextRule``) the prompt
+    shows the text evidence and the continuation follows its estimate instead."""
     from rl_conductor.training.data import chat
 
     async def one(spec: Any, wf: Workflow) -> list[tuple[str, str]]:
@@ -460,14 +465,7 @@ def review_records(
         return seen
 
     async def run_all() -> list[list[tuple[str, str]]]:
-        chosen = [
-            (s, wf)
-            for s, wf in zip(specs, first_targets, strict=True)
-            if s.budget is None
-            and s.deadline is None
-            and _first_name(wf, s.pool_view(pool).names()) is not None
-        ]
-        return list(await asyncio.gather(*(one(s, wf) for s, wf in chosen)))
+        return list(await asyncio.gather(*(one(s, wf) for s, wf in zip(specs, first_targets, strict=True))))
 
     out: list[dict[str, Any]] = []
     for seen in asyncio.run(run_all()):
