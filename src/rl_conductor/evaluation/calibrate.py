@@ -30,8 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from rl_conductor.executor import execute
 from rl_conductor.limits import DEFAULT_MAX_STEPS, RequestLimits
+from rl_conductor.policies.base import GivenPlan, Plan
+from rl_conductor.reward import grade_trace
 from rl_conductor.tasks.base import DOMAINS, Task
 from rl_conductor.workers.base import CallContext, Completion, Worker
 from rl_conductor.workers.pool import Pool
@@ -243,17 +244,16 @@ class CandidateResult:
 async def _run_candidate(
     pool: Pool, cand: Candidate, tasks: Sequence[Task], limits: RequestLimits
 ) -> CandidateResult:
-    """Execute one candidate on every task through the real executor; grade the final answers."""
+    """Run one candidate on every task as every policy's episode runs (a given plan, executed by
+    the real executor) and grade the final answers as evaluation does."""
     view = pool.view()
-    wf = cand.workflow(view.names())
+    plan, given = Plan(workflow=cand.workflow(view.names())), GivenPlan()
     traces = []
     for i in range(0, len(tasks), CHUNK):
-        traces += await asyncio.gather(*(execute(wf, t, view, limits) for t in tasks[i : i + CHUNK]))
+        runs = (given.run(t, view, limits, plan=plan) for t in tasks[i : i + CHUNK])
+        traces += [ep.trace for ep in await asyncio.gather(*runs)]
     return CandidateResult(
-        oks=tuple(
-            bool(tr.final_answer) and grade_cached(t, tr.final_answer)
-            for t, tr in zip(tasks, traces, strict=True)
-        ),
+        oks=tuple(grade_trace(t, tr) for t, tr in zip(tasks, traces, strict=True)),
         cost_usd=statistics.fmean(tr.cost_usd for tr in traces),
         tokens=statistics.fmean(tr.tokens for tr in traces),
         output_tokens=statistics.fmean(tr.output_tokens for tr in traces),

@@ -27,7 +27,6 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
-from rl_conductor.executor import execute
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.tasks.base import Task
@@ -146,7 +145,7 @@ class SelfConsistency(Policy):
     async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: RequestLimits) -> Episode:
         from rl_conductor.tasks.graders import extract_answer
 
-        trace = await execute(plan.workflow, task, view, limits)
+        trace = (await super().execute_plan(plan, task, view, limits)).trace
         if len(plan.workflow.steps) < self.samples:
             trace.notes.append(
                 f"self-consistency: {len(plan.workflow.steps)} of {self.samples} samples (max_steps)"
@@ -156,7 +155,6 @@ class SelfConsistency(Policy):
         if keyed:
             winner = Counter(keyed).most_common(1)[0][0]
             trace.final_answer = next(a for a, k in answers if k == winner)
-        trace.workflow_text = plan.text
         return Episode(plan=plan, trace=trace)
 
 
@@ -186,8 +184,12 @@ class Oracle(Policy):
         if not permitted:  # nothing may see the request: the executor records the skipped step
             return await super().execute_plan(plan, task, view, limits)
         wfs = [Workflow(steps=(Step(j, SOLVE, ()),)) for j in permitted]
+
+        async def ask(wf: Workflow, lim: RequestLimits) -> Trace:  # one worker, as any plan runs
+            return (await super(Oracle, self).execute_plan(_plan(wf), task, view, lim)).trace
+
         if limits.max_cost_usd is None:
-            traces = list(await asyncio.gather(*(execute(wf, task, view, limits) for wf in wfs)))
+            traces = list(await asyncio.gather(*(ask(wf, limits) for wf in wfs)))
         else:
             # one budget for every call: each worker spends only what the earlier ones left (and,
             # under a deadline, runs in the time they left)
@@ -200,7 +202,7 @@ class Oracle(Policy):
                 sub = replace(limits, max_cost_usd=left)
                 if limits.max_latency_s is not None:
                     sub = replace(sub, max_latency_s=limits.max_latency_s - elapsed)
-                t = await execute(wf, task, view, sub)
+                t = await ask(wf, sub)
                 for rec in t.steps:
                     rec.started_s += elapsed
                 traces.append(t)

@@ -92,8 +92,9 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-from rl_conductor.executor import DEADLINE_MARGIN, execute, reserve_input_tokens
+from rl_conductor.executor import DEADLINE_MARGIN, reserve_input_tokens
 from rl_conductor.limits import DEFAULT_MAX_STEPS, MIN_OUTPUT_TOKENS, RequestLimits
+from rl_conductor.policies.base import GivenPlan, Plan
 from rl_conductor.policies.chains import ROLE_TEXT, Candidate, single
 from rl_conductor.tasks import forked
 from rl_conductor.tasks.base import Task
@@ -315,10 +316,11 @@ async def _run_all(
     jobs: list[tuple[Task, Workflow, RequestLimits]], view: PoolView, concurrency: int
 ) -> list[Trace]:
     sem = asyncio.Semaphore(concurrency)
+    given = GivenPlan()
 
     async def one(task: Task, wf: Workflow, lim: RequestLimits) -> Trace:
-        async with sem:
-            return await execute(wf, task, view, lim)
+        async with sem:  # the episode path of every policy: a given plan, executed and annotated
+            return (await given.run(task, view, lim, plan=Plan(workflow=wf))).trace
 
     return list(await asyncio.gather(*(one(*j) for j in jobs)))
 
