@@ -90,9 +90,8 @@ def worker_lines(
 
     The flag says in words what the executor would do anyway (cap such a call's output to what
     the budget affords, or skip it): a small model learns "avoid the flagged workers" from a few
-    examples, where comparing a dollar amount with price tiers took far more (measured: a tiny
-    Conductor trained on 8 % of prompts at $0.002 still sent knowledge and math questions to a
-    premium worker under that budget). In the same way, under a ``deadline`` (seconds), workers
+    examples, where comparing a dollar amount with price tiers took far more (benchmarks/README.md,
+    measured design choices). In the same way, under a ``deadline`` (seconds), workers
     whose typical answer takes longer say ``too slow``."""
     lines = []
     for i, info in enumerate(view.infos()):

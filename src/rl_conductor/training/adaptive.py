@@ -446,10 +446,11 @@ def review_records(
     prompt with a budget or deadline — the table valued those first plans without a review).
 
     Why every first plan, not only the rule's pairs: a Conductor that never saw a review after
-    a chain generalised from the pairs' reviews — on paper-sim it escalated after every code
-    chain (the one-round Conductor's best plan there) to a fresh solve that sees nothing, and
-    code fell from 67 % to 43 %. With ``text`` (a ``training.review_text.TextRule``) the prompt
-    shows the text evidence and the continuation follows its estimate instead."""
+    a chain generalises from the pairs' reviews — it escalates after a chain (on paper-sim the
+    best code plan) to a fresh solve that sees nothing, and loses what the chain had earned
+    (benchmarks/README.md, measured design choices). With ``text`` (a
+    ``training.review_text.TextRule``) the prompt shows the text evidence and the continuation
+    follows its estimate instead."""
     from rl_conductor.training.data import chat
 
     async def one(spec: Any, wf: Workflow) -> list[tuple[str, str]]:
@@ -478,10 +479,10 @@ def balance_decisions(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     """The review records with each decision (keep, or add steps) repeated, in turn, up to the
     count of the more common one; order: alternating between the decisions.
 
-    Why: on gsm8k-six the cheap pair disagrees on ~80 % of the training questions, so ~80 % of the
-    review targets escalate, and a tiny Conductor trained on them escalated after every review,
-    agreeing answers included (measured: 64 of 64 validation reviews, 7 of them after agreement),
-    the same collapse onto the most common target its first plans showed. Balanced, the decision
+    Why: where a cheap pair mostly disagrees, most review targets escalate, and a tiny Conductor
+    trained on them escalated after every review, agreeing answers included — the same collapse
+    onto the most common target its first plans showed (benchmarks/README.md, measured design
+    choices). Balanced, the decision
     can only be learnt from what tells the cases apart: the agreement line and the answers."""
     keep = render(Workflow(steps=()))
     by: dict[str, list[dict[str, Any]]] = defaultdict(list)

@@ -158,7 +158,7 @@ class TrainConfig:
     warm_items_per_domain: int = _f(
         500,
         "training questions per domain on which every candidate workflow is executed (few items "
-        "overfit: 60 per domain picked targets worth 70.2 % on the test split, all 1,671 75.5 %)",
+        "overfit the targets: benchmarks/README.md, measured design choices)",
     )
     warm_deadlines_s: list[float] = _f(
         [5.0, 15.0, 40.0],
@@ -168,8 +168,8 @@ class TrainConfig:
     )
     warm_deadline_items_per_domain: int = _f(
         200,
-        "training questions per domain on which the deadline columns are executed (a subset; on "
-        "paper-sim, 100 per domain picked 15 s targets worth 63.3 % on the test split, 200 69.8 %)",
+        "training questions per domain on which the deadline columns are executed (a subset; "
+        "fewer pick worse deadline targets: benchmarks/README.md, measured design choices)",
     )
     warm_top_k: int = _f(2, "strongest workers per domain that composed candidates are built from")
     warm_cheap_k: int = _f(1, "cheap workers per domain that composed candidates are built from")
