@@ -191,11 +191,18 @@ def test_review_records_keep_after_first_plans_the_rule_does_not_cover(tmp_path:
     specs = _specs(hard, pool) * 2 + budget
     firsts = [chain] * len(hard) + [alone] * len(hard) + [chain] * len(budget)
     records = review_records(specs, pool, RequestLimits(max_steps=2), firsts, rule, max_question_chars=120)
-    assert len(records) == len(specs)  # one review each: every first plan is followed by one
+    # the 6 singles' reviews, and as many of the 12 after chains (unlimited or under a budget)
+    assert len(records) == 12
+    after_chain = [r for r in records if "Check the answer." in r["prompt"][0]["content"]]
+    assert len(after_chain) == 6
     for rec in records:
-        assert DISAGREE in rec["prompt"][0]["content"] or "Workflow so far:" in rec["prompt"][0]["content"]
+        assert "Workflow so far:" in rec["prompt"][0]["content"]
         done = parse(rec["completion"][0]["content"], pool_size=3, allow_empty=True, first_index=2)
         assert done.workers() == []
+    only_chains = review_records(
+        specs[:6], pool, RequestLimits(max_steps=2), firsts[:6], rule, max_question_chars=120
+    )
+    assert len(only_chains) == 6  # no ruled review to balance against: every keep
 
 
 def test_grpo_rollouts_continue_by_the_review_rule(tmp_path: Path) -> None:

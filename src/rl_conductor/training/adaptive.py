@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import logging
 from collections import defaultdict
@@ -444,6 +445,8 @@ def review_records(
     limits, two rounds), the review prompt the Conductor then sees, and the continuation the
     rule picks for (first plan, signal): keep where the rule has none (a single, a chain, a
     prompt with a budget or deadline — the table valued those first plans without a review).
+    The decisions after singles and pairs are balanced (:func:`balance_decisions`); the keeps
+    after chains and limited prompts are interleaved with them, at most as many.
 
     Why every first plan, not only the rule's pairs: a Conductor that never saw a review after
     a chain generalises from the pairs' reviews — it escalates after a chain (on paper-sim the
@@ -465,14 +468,27 @@ def review_records(
         await GivenPlan(review=hook).run(spec.task, view, limits, plan=Plan(workflow=wf))
         return seen
 
-    async def run_all() -> list[list[tuple[str, str]]]:
-        return list(await asyncio.gather(*(one(s, wf) for s, wf in zip(specs, first_targets, strict=True))))
+    jobs = list(zip(specs, first_targets, strict=True))
 
-    out: list[dict[str, Any]] = []
-    for seen in asyncio.run(run_all()):
+    async def run_all() -> list[list[tuple[str, str]]]:
+        return list(await asyncio.gather(*(one(s, wf) for s, wf in jobs)))
+
+    ruled: list[dict[str, Any]] = []  # a single or a pair, unlimited: what the rule decides
+    other: list[dict[str, Any]] = []  # a chain, a budget or a deadline: keep
+    for (spec, wf), seen in zip(jobs, asyncio.run(run_all()), strict=True):
+        covered = (
+            spec.budget is None
+            and spec.deadline is None
+            and _first_name(wf, spec.pool_view(pool).names()) is not None
+        )
         for prompt, completion in seen:
-            out.append({"prompt": chat(prompt), "completion": [{"role": "assistant", "content": completion}]})
-    return balance_decisions(out)
+            rec = {"prompt": chat(prompt), "completion": [{"role": "assistant", "content": completion}]}
+            (ruled if covered else other).append(rec)
+    ruled = balance_decisions(ruled)
+    # as many keeps after the other first plans as there are ruled reviews (all of them when there
+    # are none): enough to learn "keep after a chain" without drowning the ruled decisions
+    other = other[: len(ruled)] if ruled else other
+    return [r for pair_ in itertools.zip_longest(ruled, other) for r in pair_ if r is not None]
 
 
 def balance_decisions(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
