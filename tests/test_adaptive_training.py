@@ -177,7 +177,7 @@ def test_review_records_keep_after_first_plans_the_rule_does_not_cover(tmp_path:
     """A chain, a single and a prompt with a budget were valued without a review, so their review
     target is keep. Before, they gave no review record at all, and a Conductor that had only seen
     reviews of pairs escalated after every chain (paper-sim code: 67 % -> 43 %)."""
-    from rl_conductor.training.adaptive import review_records
+    from rl_conductor.training.adaptive import pair, review_records
     from rl_conductor.training.train import _warm_start
     from rl_conductor.workflow import Step, Workflow
 
@@ -199,6 +199,17 @@ def test_review_records_keep_after_first_plans_the_rule_does_not_cover(tmp_path:
         assert "Workflow so far:" in rec["prompt"][0]["content"]
         done = parse(rec["completion"][0]["content"], pool_size=3, allow_empty=True, first_index=2)
         assert done.workers() == []
+    # a ruled pair under a budget: the table valued it without a review, so keep, whatever the
+    # rule would do after it unlimited (it escalates on these hard questions)
+    pair_wf = pair("b", "a").workflow(pool.names())
+    limited = review_records(
+        budget, pool, RequestLimits(max_steps=2), [pair_wf] * 6, rule, max_question_chars=120
+    )
+    assert len(limited) == 6
+    assert all(
+        parse(r["completion"][0]["content"], pool_size=3, allow_empty=True, first_index=2).workers() == []
+        for r in limited
+    )
     only_chains = review_records(
         specs[:6], pool, RequestLimits(max_steps=2), firsts[:6], rule, max_question_chars=120
     )

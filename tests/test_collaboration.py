@@ -308,6 +308,53 @@ def test_a_rewritten_entry_is_the_newest() -> None:
     assert cache == {"a": 1, "d": 0, "e": 0}
 
 
+def test_wrapped_simulated_workers_of_a_pool_share_one_registry() -> None:
+    """A worker kind that wraps the simulated worker (metrics, a cache): the pool's workers still
+    share one author registry (before, the join looked for an unwrapped worker and raised
+    StopIteration)."""
+    from rl_conductor.workers.base import WorkerWrapper, innermost
+    from rl_conductor.workers.pool import register_kind
+    from rl_conductor.workers.simulated.worker import build_simulated
+
+    register_kind("wrapped-simulated-test")(
+        lambda spec, options: WorkerWrapper(build_simulated(spec, options))
+    )
+    cfg = load_pool_config("paper-sim")
+    cfg["workers"] = [dict(w, kind="wrapped-simulated-test") for w in cfg["workers"][:3]]
+    p = build_pool(cfg, calibration=ITEMS, seed=0)
+    first, *rest = (innermost(w).authors for w in p.workers)
+    assert all(r is first for r in rest)
+
+
+def test_cache_writes_from_threads_do_not_collide() -> None:
+    """Code grades are cached from worker threads: concurrent writes that evict must not raise
+    (an eviction iterating the dict while another thread inserted did)."""
+    import sys
+    import threading
+
+    cache: dict[int, int] = {}
+    errors: list[BaseException] = []
+
+    def hammer(offset: int) -> None:
+        try:
+            for i in range(20_000):
+                remember(cache, (i * 7 + offset) % 97, i, 64)
+        except BaseException as exc:  # any error is the finding
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=hammer, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == [] and len(cache) <= 64
+
+
 def test_a_plan_is_shorter_than_a_solution() -> None:
     p = pool()
     plan = run(p, [("gpt-5", PLAN, ())], MATH[:80])

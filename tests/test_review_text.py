@@ -223,3 +223,30 @@ def test_the_text_preset_is_gsm8k_six_with_the_text_review() -> None:
     assert {k: v for k, v in text.to_dict().items() if k != "review_evidence"} == {
         k: v for k, v in base.to_dict().items() if k != "review_evidence"
     }
+
+
+def test_a_chain_of_the_pair_workers_gets_no_estimate_and_keeps(tmp_path: Path) -> None:
+    """The estimators are fitted on the pair's fresh parallel solves. A chain of the same two
+    workers (the second sees the first's answer) is another first plan: before, it was looked up
+    by its workers' names, got the pair's estimate and a review target that escalated, after the
+    very plans whose review must keep."""
+    from rl_conductor.training.adaptive import review_records
+    from rl_conductor.training.train import _warm_start
+    from rl_conductor.workflow import Step
+
+    pool, train = _pool(), _tasks()
+    texts: list[Any] = []
+    _, _, _, rule = _warm_start(_cfg(tmp_path, review_evidence="text"), train, pool, text_rule=texts)
+    (text,) = texts
+    hard = _tasks(range(30, 34), kinds=("hard",))
+    chain = Workflow(steps=(Step(1, "Solve it.", ()), Step(0, "Check the answer.", "all")))
+    specs = [PromptSpec(task=t, view=(0, 1, 2), budget=None) for t in hard]
+    for txt in (None, text):
+        recs = review_records(
+            specs, pool, RequestLimits(max_steps=2), [chain] * 4, rule, max_question_chars=120, text=txt
+        )
+        assert len(recs) == 4
+        for r in recs:
+            assert "Best by estimate" not in r["prompt"][-1]["content"]
+            done = parse(r["completion"][0]["content"], pool_size=3, allow_empty=True, first_index=2)
+            assert done.workers() == []

@@ -447,8 +447,12 @@ class ReviewEvidence:
         sig, row = request_rows(request, summary)
         view, limits = request.view, request.limits
         names = view.names()
-        first = [names[s.worker] for s in request.workflow.steps]
-        est = self.plans.get(self.key(first))
+        steps = request.workflow.steps
+        first = [names[s.worker] for s in steps]
+        # estimators are fitted on fresh solves in parallel: a chain of the same workers (a later
+        # step sees an earlier answer) is another first plan, which none covers
+        chained = any(s.visible(i) for i, s in enumerate(steps))
+        est = None if chained else self.plans.get(self.key(first))
         if est is None or request.round != 2 or len(request.records) != len(first):
             return sig, None, None
         if probs is None:

@@ -469,6 +469,7 @@ def review_records(
         return seen
 
     jobs = list(zip(specs, first_targets, strict=True))
+    keep = render(Workflow(steps=()))
 
     async def run_all() -> list[list[tuple[str, str]]]:
         return list(await asyncio.gather(*(one(s, wf) for s, wf in jobs)))
@@ -482,7 +483,9 @@ def review_records(
             and _first_name(wf, spec.pool_view(pool).names()) is not None
         )
         for prompt, completion in seen:
-            rec = {"prompt": chat(prompt), "completion": [{"role": "assistant", "content": completion}]}
+            # the prompt as the hook showed it; the target keep where the rule does not decide
+            target = completion if covered else keep
+            rec = {"prompt": chat(prompt), "completion": [{"role": "assistant", "content": target}]}
             (ruled if covered else other).append(rec)
     ruled = balance_decisions(ruled)
     # as many keeps after the other first plans as there are ruled reviews (all of them when there

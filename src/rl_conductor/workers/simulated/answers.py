@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import random
 import re
+import threading
 from collections.abc import Callable
 from functools import cache, lru_cache
 from typing import Any
@@ -35,6 +36,7 @@ _RENDERED: dict[bytes, str | None] = {}
 _CACHE_MAX = 500_000  # rendered texts
 _GRADES_MAX = 500_000  # grades: a few values per item, so in practice never full
 _MISSING = object()
+_WRITE_LOCK = threading.Lock()  # one for every cache of the simulation (see remember)
 
 
 @lru_cache(maxsize=4096)
@@ -67,10 +69,13 @@ def remember(cache: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
 
     A plain re-assignment keeps a dict key at its first insertion's place, so a text rendered
     again at the end of a long-lived process (a server, a sweep) would be evicted as "old" while
-    an execution in flight still reads it: the key is popped first, so write order is age."""
-    cache.pop(key, None)
-    evict_oldest(cache, limit)
-    cache[key] = value
+    an execution in flight still reads it: the key is popped first, so write order is age. Under
+    a lock: code grades are written from worker threads, and an eviction that iterates the dict
+    while another thread inserts raised."""
+    with _WRITE_LOCK:
+        cache.pop(key, None)
+        evict_oldest(cache, limit)
+        cache[key] = value
 
 
 def _remember(text: str, value: str | None) -> None:

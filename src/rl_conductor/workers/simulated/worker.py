@@ -21,6 +21,7 @@ from rl_conductor.workers.base import (
     WorkerCall,
     WorkerInfo,
     estimate_tokens,
+    innermost,
     offline_completion,
 )
 from rl_conductor.workers.pool import Pool, PoolConfigError, info_from_spec, register_kind
@@ -135,8 +136,12 @@ class SimulatedWorker(CallWorker):
 
     def join_pool(self, pool: Pool) -> None:
         """Share one :class:`AuthorRegistry` with the pool's other simulated workers (called by
-        ``build_pool`` for each worker in order): the first one starts a fresh registry."""
-        first = next(w for w in pool.workers if isinstance(w, SimulatedWorker))
+        ``build_pool`` for each worker in order, through any wrappers): the first one starts a
+        fresh registry. A :class:`Pool` assembled by hand from the workers of several loaded
+        pools keeps their registries apart, so a step does not see who wrote an answer rendered
+        by a worker of the other pool (it reads as another process's text)."""
+        inner = (innermost(w) for w in pool.workers)
+        first = next((w for w in inner if isinstance(w, SimulatedWorker)), self)
         self.authors = AuthorRegistry() if first is self else first.authors
 
     @property
