@@ -1,12 +1,15 @@
 """Fake pools the tests share: :func:`rising_pool` (the round tests), :func:`fake_pool` (the
-evidence, rank-address and kNN tests). Test doubles of pools live here, not in the library."""
+evidence, rank-address and kNN tests); :func:`pool_spend_guard` (the live-worker tests). Test
+doubles of pools live here, not in the library."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from rl_conductor.workers.base import Hosting
+from rl_conductor.workers.cache import SHARED_KEY, SharedState
 from rl_conductor.workers.fake import FakeWorker, fake_info
+from rl_conductor.workers.live.spend import SpendGuard
 from rl_conductor.workers.pool import Pool
 
 
@@ -33,3 +36,9 @@ def fake_pool(
         for i in range(n)
     ]
     return Pool(name=name, workers=list(workers))
+
+
+def pool_spend_guard(pool: Pool) -> SpendGuard | None:
+    """The spend guard of a built pool (None without ``max_usd``)."""
+    state = pool.options.get(SHARED_KEY)
+    return state.spend_guard if isinstance(state, SharedState) else None

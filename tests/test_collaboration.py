@@ -11,6 +11,7 @@ import asyncio
 import copy
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,6 @@ from rl_conductor.evaluation.calibrate import (
     candidate_workflows,
     collaboration_gap,
     collaboration_table,
-    format_collaboration,
 )
 from rl_conductor.executor import execute
 from rl_conductor.limits import RequestLimits
@@ -48,6 +48,23 @@ KNOWLEDGE = choice_tasks(300)
 REASONING = choice_tasks(300, "reasoning")
 MATH = math_tasks(300)
 ITEMS = KNOWLEDGE + REASONING + MATH
+
+
+def format_collaboration(rows: Sequence[dict[str, Any]]) -> str:
+    """One line per domain: paper Conductor row, best single, best workflow and its figures."""
+    head = (
+        f"{'domain':10}{'paper':>8}{'single':>8}{'best':>8}{'held':>8}{'$/q':>9}{'tokens':>8}{'out':>7}"
+        f"{'steps':>6}  workflow"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        paper = "-" if r["paper"] is None else f"{r['paper']:.2f}"
+        lines.append(
+            f"{r['domain']:10}{paper:>8}{r['best_single_accuracy']:8.2f}{r['accuracy']:8.2f}{r['held_out']:8.2f}"
+            f"{r['cost_usd']:9.4f}{r['tokens']:8.0f}{r['output_tokens']:7.0f}{r['steps']:6.2f}"
+            f"  {r['workflow']}"
+        )
+    return "\n".join(lines)
 
 
 def pool(collaboration: object = "paper", seed: int = 0) -> Pool:

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
+from _pools import pool_spend_guard
 from rl_conductor.executor import execute
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.baselines import MixtureOfAgents, Oracle
 from rl_conductor.tasks.base import Task
-from rl_conductor.workers.live.base import pool_spend_guard
 from rl_conductor.workers.live.spend import SpendLimitError, worst_case_cost
 from rl_conductor.workers.live.testing import (
     BillingServer,

@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
+from _pools import pool_spend_guard
 from rl_conductor.executor import execute
 from rl_conductor.limits import RequestLimits
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.base import CallContext, utf8_token_bound
 from rl_conductor.workers.cache import CachedWorker, S3CacheStore, SqliteCacheStore
-from rl_conductor.workers.live.base import LiveWorker, pool_spend_guard
+from rl_conductor.workers.live.base import LiveWorker
 from rl_conductor.workers.live.resilience import (
     CircuitBreaker,
     CircuitOpenError,

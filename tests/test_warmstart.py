@@ -38,6 +38,11 @@ from rl_conductor.workflow import parse, render
 COST_AWARE = REWARD_PRESETS["cost-aware"]
 
 
+def deadline_column(table: CandidateTable, k: int) -> int:
+    """The condition column of ``table.deadlines[k]`` (after the budget columns)."""
+    return len(table.budgets) + k
+
+
 def _task(i: int, domain: str = "math", source: str = "t") -> Task:
     return Task(
         id=f"{source}/{i}",
@@ -140,7 +145,7 @@ def _deadline_table() -> CandidateTable:
     )
     table.budgets = [None, 0.002, 0.01]
     table.deadlines = [5.0, 40.0]
-    slow, short = table.index("solve:slow"), table.deadline_column(0)
+    slow, short = table.index("solve:slow"), deadline_column(table, 0)
     table.cut = np.zeros_like(table.done)
     table.cut[:, slow, short] = True
     table.correct[:, slow, short] = False
@@ -153,7 +158,7 @@ def test_targets_plan_for_the_deadline() -> None:
     er = ExpectedRewards.fit(table, COST_AWARE)
     t, names = _task(0), ["fast", "slow"]
     r = reward_array(table, COST_AWARE)
-    slow, short = table.index("solve:slow"), table.deadline_column(0)
+    slow, short = table.index("solve:slow"), deadline_column(table, 0)
     # the cut is charged the deadline penalty (item 8: slow is wrong there without a deadline too)
     assert r[0, slow, short] == pytest.approx(r[8, slow, 0] - COST_AWARE.deadline_penalty)
     # without a deadline (or with a long one) the accurate slow worker; under 5 s the fast one
@@ -319,7 +324,7 @@ def test_build_table_executes_the_deadline_columns_under_the_deadline(tmp_path: 
     tasks = [_task(i) for i in range(8)]
     table = build_table(tasks, pool, deadlines=[5.0], deadline_items_per_domain=6, top_k=1, cheap_k=1)
     assert table.deadlines == [5.0] and table.cut is not None
-    col = table.deadline_column(0)
+    col = deadline_column(table, 0)
     dear, cheap = table.index("solve:dear"), table.index("solve:cheap")
     scored = {i for i, t in enumerate(tasks) if t.id in {x.id for x in select_items(tasks, 6)}}
     assert table.done[:, :, col].any(axis=1).tolist() == [i in scored for i in range(8)]

@@ -357,23 +357,6 @@ def collaboration_gap(rows: Sequence[dict[str, Any]], column: str = "held_out") 
     return max((math.inf if math.isnan(g) else g for g in gaps), default=0.0)
 
 
-def format_collaboration(rows: Sequence[dict[str, Any]]) -> str:
-    """One line per domain: paper Conductor row, best single, best workflow and its figures."""
-    head = (
-        f"{'domain':10}{'paper':>8}{'single':>8}{'best':>8}{'held':>8}{'$/q':>9}{'tokens':>8}{'out':>7}"
-        f"{'steps':>6}  workflow"
-    )
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        paper = "-" if r["paper"] is None else f"{r['paper']:.2f}"
-        lines.append(
-            f"{r['domain']:10}{paper:>8}{r['best_single_accuracy']:8.2f}{r['accuracy']:8.2f}{r['held_out']:8.2f}"
-            f"{r['cost_usd']:9.4f}{r['tokens']:8.0f}{r['output_tokens']:7.0f}{r['steps']:6.2f}"
-            f"  {r['workflow']}"
-        )
-    return "\n".join(lines)
-
-
 #: Shape of the strengths per domain, (plan gain, verify) before the fitted scale: plans pay where
 #: a solution has structure (math, reasoning, code), not for recalling a fact; checking pays
 #: everywhere. The scale per domain is what :func:`fit_collaboration` fits.

@@ -273,9 +273,6 @@ class ConductorService:
         #: event loop, after its log line (the traffic log, rl_conductor.loop.traffic): must not block
         self.on_answered: list[Callable[[ConductorRequest, dict[str, Any], str], None]] = []
 
-    def worker_names(self) -> list[str]:
-        return self.pool.names()
-
     def default_rounds(self) -> int:
         """Rounds of a request that states none: the service's setting, else the model's."""
         if self.config.max_rounds is not None:

@@ -511,8 +511,3 @@ def balance_decisions(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
         return list(records)
     most = max(len(v) for v in by.values())
     return [by[k][i % len(by[k])] for i in range(most) for k in sorted(by)]
-
-
-def rule_summary(rule: Mapping[tuple[str, str, str], str]) -> dict[str, str]:
-    """The rule as JSON-friendly text (``domain | first plan | signal`` -> continuation)."""
-    return {" | ".join(k): v for k, v in sorted(rule.items())}

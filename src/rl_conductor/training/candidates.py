@@ -203,10 +203,6 @@ class CandidateTable:
     def index(self, name: str) -> int:
         return [c.name for c in self.candidates].index(name)
 
-    def deadline_column(self, k: int) -> int:
-        """The condition column of ``deadlines[k]``."""
-        return len(self.budgets) + k
-
     def save(self, path: Path) -> None:
         header = {
             "task_ids": self.task_ids,

@@ -22,7 +22,7 @@ The Conductor sees a :class:`PoolView`: an ordered subset of the pool whose ordi
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -153,14 +153,6 @@ class PoolView:
 
     def names(self) -> list[str]:
         return [i.name for i in self.infos()]
-
-    def restrict(self, keep: Iterable[str]) -> PoolView:
-        """A view with only the named workers (order kept)."""
-        keep_set = set(keep)
-        return PoolView(
-            pool=self.pool,
-            indices=tuple(i for i in self.indices if self.pool.workers[i].info.name in keep_set),
-        )
 
 
 def builtin_pool_dir() -> Path:

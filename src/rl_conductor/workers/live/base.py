@@ -480,14 +480,6 @@ def spend_guard_for(options: dict[str, Any]) -> SpendGuard | None:
     return guard
 
 
-def pool_spend_guard(pool: Any) -> SpendGuard | None:
-    """The spend guard of a built pool (None without ``max_usd``)."""
-    from rl_conductor.workers.cache import SHARED_KEY, SharedState
-
-    state = pool.options.get(SHARED_KEY)
-    return state.spend_guard if isinstance(state, SharedState) else None
-
-
 def wrap_cache(worker: Any, spec: dict[str, Any], options: dict[str, Any]) -> Any:
     """Wrap ``worker`` in the pool's response cache when the pool (or entry) configures ``cache``
     (public calls) or ``cache_private`` (a separate store for private calls; default off)."""

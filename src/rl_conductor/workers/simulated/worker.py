@@ -48,7 +48,6 @@ from rl_conductor.workers.simulated.collaboration import (
 )
 from rl_conductor.workers.simulated.draws import _rng, normal, unit
 from rl_conductor.workers.simulated.skill import (
-    CALL_NOISE_SCALE,
     DEFAULT_CALIBRATION,
     DEFAULT_CALIBRATION_N,
     SimulationModel,
@@ -161,10 +160,6 @@ class SimulatedWorker(CallWorker):
     def margin(self, task: Task) -> float:
         """skill − difficulty + persistent effects for this worker on ``task`` (logit scale)."""
         return self.model.margin(self.info.name, task, self._target(task.domain), self.profile.feature_weight)
-
-    def expected_accuracy(self, task: Task) -> float:
-        """P(correct) of a fresh call that sees no earlier answers."""
-        return 1.0 / (1.0 + math.exp(-self.margin(task) / CALL_NOISE_SCALE))
 
     def _authors(
         self, task: Task, visible: Sequence[str], steps: Sequence[VisibleStep]
