@@ -4,7 +4,7 @@ Both routers here and the kNN router (:mod:`rl_conductor.policies.knn`) learn fr
 measurement, :class:`SingleOutcomes`: every training question answered by every worker of the
 pool alone, through the same executor as evaluation, with its correctness and its cost. From it
 each predicts a worker's *expected reward* (the evaluation's reward preset: correct minus the
-cost term, :func:`rl_conductor.reward.compute_reward`) and sends the question to the best worker
+cost term, :func:`rl_conductor.reward.reward_of`) and sends the question to the best worker
 the request permits and can afford, as RouterBench's and RouteLLM's similarity-weighted
 routers do. Labelling each question with its cheapest correct worker instead (the old kNN
 router) drifts to cheap workers: the cheapest worker is right on the easy questions and every

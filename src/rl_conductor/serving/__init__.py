@@ -2,7 +2,8 @@
 
 * :mod:`.schemas` — the wire formats (v1, v2, OpenAI chat), checked before anything runs.
 * :mod:`.request` — the request model (values, caps) and the response document.
-* :mod:`.service` — :class:`ConductorService`: plan, execute, retry, observe (no HTTP).
+* :mod:`.service` — :class:`ConductorService`: plan, execute, observe (no HTTP; retries are the live
+  workers' own).
 * :mod:`.server` — the ``kserve.Model`` subclass, the OpenAI routes, the request guard, ``main``.
 * :mod:`.metrics` — the Prometheus metrics served on ``/metrics``.
 

@@ -140,7 +140,7 @@ class RoundsTable:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def rewards(self, config: RewardConfig) -> np.ndarray:
-        """``compute_reward`` vectorised over the cells (NaN where not run)."""
+        """``reward_of`` over the cells (NaN where not run)."""
         r = reward_of(
             config, correct=self.correct, cost=self.cost, called=self.calls > 0, budget_stopped=self.stopped
         )

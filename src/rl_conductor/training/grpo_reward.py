@@ -4,7 +4,7 @@
 list[float | None]`` and is async (TRL gathers async reward functions), so the rollouts of a batch
 execute concurrently. Each completion goes through the same ``parse`` → episode
 (:class:`~rl_conductor.policies.base.GivenPlan`: plan → execute → annotate) → ``grade_trace`` →
-``compute_reward`` path as evaluation and serving, under the prompt's budget and deadline (the
+``trace_reward`` path as evaluation and serving, under the prompt's budget and deadline (the
 ``budget`` and ``deadline`` columns, -1 for none), so ``budget_penalty`` and ``deadline_penalty``
 apply to plans those limits cut. Besides the reward it reports accuracy, cost, parse rate, steps,
 budget and deadline stops per batch through TRL's ``log_metric`` hook (and keeps running totals

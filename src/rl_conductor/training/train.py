@@ -419,7 +419,7 @@ def warm_start(
     return _warm_start(cfg, tasks, pool, progress=progress)[:3]
 
 
-def fail_if_nothing_answered(table: Any, items: list[Any], pool: Any) -> None:
+def fail_if_no_candidate_answered(table: Any, items: list[Any], pool: Any) -> None:
     """Raise when no candidate of the warm start's table got an answer on any training question.
 
     Why: a pool that answers none of the dataset's questions (a recordings file without its items,
@@ -484,7 +484,7 @@ def _warm_start(
         max_steps=cfg.max_steps_per_workflow,
         progress=progress,
     )
-    fail_if_nothing_answered(table, items, pool)
+    fail_if_no_candidate_answered(table, items, pool)
     if cfg.warm_group_by != "source":  # the cached table is grouped by source; regroup its rows
         by_id = {t.id: t for t in items}
         table = replace(table, groups=[group_of(by_id[i], cfg.warm_group_by) for i in table.task_ids])

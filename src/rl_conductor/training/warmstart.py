@@ -53,7 +53,7 @@ from rl_conductor.workflow import Workflow
 
 
 def reward_array(table: CandidateTable, config: RewardConfig) -> np.ndarray:
-    """The reward of every executed cell (``compute_reward`` vectorised; NaN where not run): the
+    """The reward of every executed cell (``reward_of`` over the cells; NaN where not run): the
     format bonus only where a worker was called."""
     called = table.done if table.calls is None else table.calls > 0
     r = reward_of(
