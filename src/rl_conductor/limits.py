@@ -19,6 +19,8 @@ from rl_conductor import validation
 Sensitivity = Literal["public", "private"]
 #: The values of :data:`Sensitivity` (the one list: the CLI, the request model and the wire use it).
 SENSITIVITIES: tuple[str, ...] = get_args(Sensitivity)
+#: How an error message names the allowed values (``'public' or 'private'``), built from the list.
+SENSITIVITY_CHOICES = " or ".join(repr(s) for s in SENSITIVITIES)
 
 # The caps of every request: the one definition. ``RequestLimits`` enforces them, and the request
 # model (``serving.request``), the wire schemas (``serving.schemas``), the server's and the CLI's
@@ -94,7 +96,7 @@ class RequestLimits:
                 "allowed_workers", self.allowed_workers, "None or a frozenset of worker names"
             )
         if self.sensitivity not in SENSITIVITIES:
-            raise validation.InvalidValue("sensitivity", self.sensitivity, "'public' or 'private'")
+            raise validation.InvalidValue("sensitivity", self.sensitivity, SENSITIVITY_CHOICES)
         validation.integer_at_least("max_steps", self.max_steps, 1, MAX_STEPS)
         validation.positive_finite("step_timeout_s", self.step_timeout_s, MAX_SECONDS)
         validation.integer_at_least("max_tokens", self.max_tokens, MIN_OUTPUT_TOKENS)

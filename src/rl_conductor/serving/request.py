@@ -34,6 +34,7 @@ from rl_conductor.limits import (
     MAX_STEPS,
     MAX_USD,
     SENSITIVITIES,
+    SENSITIVITY_CHOICES,
     RequestLimits,
     Sensitivity,
 )
@@ -117,7 +118,7 @@ class ConductorRequest(BaseModel):
     @classmethod
     def _sens(cls, v: Any) -> Any:
         if v not in SENSITIVITIES:
-            raise ValueError("sensitivity must be 'public' or 'private'")
+            raise ValueError(f"sensitivity must be {SENSITIVITY_CHOICES}")
         return v
 
 
