@@ -82,7 +82,7 @@ def chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iter
             mp.setenv(key, value)
         bucket = s3_server.create_bucket(f"components-{uuid.uuid4().hex[:10]}")
         root = f"{bucket}/conductor"
-        data = {s: _artifact(dsl.Dataset, work / f"{s}_data") for s in steps.SPLITS}
+        data = {s: _artifact(dsl.Dataset, work / f"{s}_data") for s in steps.DATA_SPLITS}
         stats = _artifact(dsl.Metrics, work / "data_stats")
         prepared = prepare_data.python_func(
             train_data=data["train"],
@@ -164,8 +164,8 @@ def chain_env(chain: Chain, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.slow
 def test_prepare_data_writes_disjoint_splits_with_counts(chain: Chain) -> None:
-    splits = {s: steps.read_tasks(chain.data[s].path) for s in steps.SPLITS}
-    assert [len(splits[s]) for s in steps.SPLITS] == [TRAIN_LIMIT, EVAL_LIMIT, EVAL_LIMIT]
+    splits = {s: steps.read_tasks(chain.data[s].path) for s in steps.DATA_SPLITS}
+    assert [len(splits[s]) for s in steps.DATA_SPLITS] == [TRAIN_LIMIT, EVAL_LIMIT, EVAL_LIMIT]
     for split, tasks in splits.items():
         assert {split_of(t.id) for t in tasks} == {split}
         meta = chain.data[split].metadata

@@ -174,6 +174,6 @@ def test_reference_answers_grade_correct_on_a_sample(name: str) -> None:
 def test_the_cli_offers_the_dataset_splits() -> None:
     """The CLI writes its ``--split`` choices out (its help is built before any import of tasks):
     they are the datasets' own."""
-    from rl_conductor.cli.core import SPLITS as CLI_SPLITS
+    from rl_conductor.cli.core import SPLIT_CHOICES as CLI_SPLITS
 
-    assert CLI_SPLITS == ds.SPLITS
+    assert CLI_SPLITS == ds.SPLIT_CHOICES

@@ -32,7 +32,7 @@ class InvalidValue(UsageError, ValueError):
 #: option takes (``all`` besides): defined once, here at the bottom so that the CLI reads them
 #: without importing the dataset registry; ``tasks``, the pipeline and the benchmarks read them too.
 DATA_SPLITS = ("train", "validation", "test")
-SPLITS = (*DATA_SPLITS, "all")
+SPLIT_CHOICES = (*DATA_SPLITS, "all")
 
 
 def has_visible_text(text: str) -> bool:

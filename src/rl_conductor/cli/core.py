@@ -12,7 +12,7 @@ from rich.table import Table
 from rl_conductor.cli.app import app, pool_app
 from rl_conductor.cli.options import choice, count, non_negative, positive, writable_path
 from rl_conductor.limits import MAX_CALLS, MAX_ROUNDS, SENSITIVITIES
-from rl_conductor.validation import SPLITS
+from rl_conductor.validation import SPLIT_CHOICES
 
 # a fixed width when not on a terminal (CI logs, pipes), so tables keep their columns whole
 console = Console(stderr=False, width=None if Console().is_terminal else 130)
@@ -33,7 +33,7 @@ def _write_json(path: Path | None, payload: Any) -> None:
 
 SeedOpt = Annotated[int, typer.Option(callback=count(0), help="random seed (>= 0)")]
 LimitOpt = Annotated[int | None, typer.Option(callback=count(1), help="at most N tasks")]
-SplitOpt = Annotated[str, typer.Option(callback=choice(*SPLITS), help=" | ".join(SPLITS))]
+SplitOpt = Annotated[str, typer.Option(callback=choice(*SPLIT_CHOICES), help=" | ".join(SPLIT_CHOICES))]
 
 
 CostWeightOpt = Annotated[

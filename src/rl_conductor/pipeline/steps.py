@@ -46,14 +46,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from rl_conductor import storage
 from rl_conductor.tasks.base import Task
-from rl_conductor.validation import DATA_SPLITS as SPLITS  # the splits every prepared dataset has
+from rl_conductor.validation import DATA_SPLITS  # the splits every prepared dataset has
 
 if TYPE_CHECKING:
     from rl_conductor.tracking.registry import VersionRow
 
 __all__ = [
+    "DATA_SPLITS",
     "DEFAULT_MODEL_NAME",
-    "SPLITS",
     "EvalOutcome",
     "ManualPromotion",
     "PreparedData",
@@ -270,13 +270,13 @@ def prepare_data(
     """
     from rl_conductor.tasks.datasets import domain_counts, load_tasks
 
-    missing = [s for s in SPLITS if s not in outputs]
+    missing = [s for s in DATA_SPLITS if s not in outputs]
     if missing:
         raise ValueError(f"outputs lacks the splits {missing}")
     name = dataset or _dataset_of_pool(pool)
     folder = run_folder(artifact_root, run_tag)
     infos: dict[str, SplitInfo] = {}
-    for split in SPLITS:
+    for split in DATA_SPLITS:
         limit = train_limit if split == "train" else eval_limit
         tasks = load_tasks(name, split, limit=limit or None, seed=seed)
         if not tasks:

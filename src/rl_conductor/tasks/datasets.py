@@ -48,7 +48,7 @@ from typing import Any
 from rl_conductor.errors import UnknownName
 from rl_conductor.tasks.base import DOMAINS, Task
 from rl_conductor.tasks.recordings_format import recordings_tasks
-from rl_conductor.validation import DATA_SPLITS, SPLITS
+from rl_conductor.validation import DATA_SPLITS, SPLIT_CHOICES
 
 #: Upper bounds of the hash fraction for train and validation; the rest is test.
 SPLIT_BOUNDS = (0.7, 0.8)
@@ -133,8 +133,8 @@ def load_tasks(name: str, split: str = "all", *, limit: int | None = None, seed:
         limit: keep at most this many, a random sample drawn with ``seed`` (order preserved).
         seed: seed of that sample; ignored without ``limit``.
     """
-    if split not in SPLITS:
-        raise UnknownName(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+    if split not in SPLIT_CHOICES:
+        raise UnknownName(f"unknown split {split!r}; expected one of {', '.join(SPLIT_CHOICES)}")
     if name not in _REGISTRY:
         _import_optional()
     if name not in _REGISTRY and name.startswith("recordings:"):  # a bring-your-own recordings file

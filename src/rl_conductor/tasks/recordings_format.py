@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_conductor.tasks.base import Task
+from rl_conductor.validation import DATA_SPLITS
 
 PREFIX = "recordings:"
 #: The grader of items the file gives no way to grade (no gold answer; code without tests):
@@ -61,7 +62,6 @@ PREFIX = "recordings:"
 RECORDED_GRADER = "recorded"
 #: A recordings path ``package:<file>`` names ``rl_conductor/data/recorded/<file>``.
 PACKAGE_PREFIX = "package:"
-SPLIT_NAMES = ("train", "validation", "test")
 DEFAULT_GRADER = "qa"
 DEFAULT_DOMAIN = "reasoning"
 _RESPONSE_KEYS = {"text", "correct", "input_tokens", "output_tokens", "cost_usd", "latency_s"}
@@ -215,8 +215,8 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
         raise RecordingsError(f"{where}: metadata must be an object")
     split = row.get("split")
     if split is not None:
-        if split not in SPLIT_NAMES:
-            raise RecordingsError(f"{where}: split must be one of {', '.join(SPLIT_NAMES)}, got {split!r}")
+        if split not in DATA_SPLITS:
+            raise RecordingsError(f"{where}: split must be one of {', '.join(DATA_SPLITS)}, got {split!r}")
         metadata = {**metadata, "split": split}
     answer = row.get("answer")
     gradable = _why_not_gradable(grader, answer, metadata)
