@@ -48,7 +48,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rl_conductor.prompting import RoundSummary, over_budget, percent
-from rl_conductor.reward import RewardConfig, reward_of
+from rl_conductor.reward import RewardConfig, reward_from_dict, reward_of
 
 if TYPE_CHECKING:
     from rl_conductor.executor import RoundRequest
@@ -513,7 +513,7 @@ class ReviewEvidence:
             )
             for k, e in doc["plans"].items()
         }
-        return cls(config=RewardConfig(**doc["reward"]), plans=plans)
+        return cls(config=reward_from_dict(doc["reward"]), plans=plans)
 
     @classmethod
     def load(cls, folder: str | Path) -> ReviewEvidence:

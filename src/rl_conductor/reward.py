@@ -94,6 +94,19 @@ def reward_from_dict(data: dict[str, float]) -> RewardConfig:
     return RewardConfig(**{k: float(v) for k, v in data.items()})
 
 
+def reward_from_options(options: Mapping[str, Any]) -> RewardConfig:
+    """The reward a policy built from a spec is fitted at (the routers, the kNN router, the
+    cascade): ``options["reward_config"]`` (a :class:`RewardConfig` or its ``to_dict``; what the
+    evaluation scores with, e.g. the Conductor's own), else ``reward_preset`` / ``cost_weight``
+    (cost-aware)."""
+    given = options.get("reward_config")
+    if given is not None:
+        return given if isinstance(given, RewardConfig) else reward_from_dict(given)
+    return reward_config(
+        str(options.get("reward_preset") or "cost-aware"), cost_weight=options.get("cost_weight")
+    )
+
+
 def trained_reward(meta: Mapping[str, Any]) -> RewardConfig:
     """The reward a Conductor was trained with, from its ``conductor.json`` (``meta``): ``reward``
     as recorded; for older models rebuilt from ``train_config``'s reward settings; else (no

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from rl_conductor import reward
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Episode, Policy
 from rl_conductor.reward import (
@@ -239,7 +240,7 @@ async def evaluate_async(
 
     limits = limits or RequestLimits()
     records: list[Record] = []
-    rc = reward_config or RewardConfig()
+    rc = reward_config or reward.reward_config()
     with progress_display(progress) as bar:
         pid = bar.add_task(description or f"eval {policy.name}", total=len(tasks))
         for start in range(0, len(tasks), concurrency):

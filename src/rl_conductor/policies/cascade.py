@@ -44,12 +44,11 @@ from rl_conductor.policies.baselines import SOLVE, ordinal
 from rl_conductor.policies.routers import (
     FIT_LIMIT,
     MeasuredOutcomes,
-    _reward_config,
     pool_key,
     training_tasks,
 )
 from rl_conductor.progress import progress as progress_display
-from rl_conductor.reward import RewardConfig, grade_trace, reward_of
+from rl_conductor.reward import RewardConfig, grade_trace, reward_from_options, reward_of
 from rl_conductor.rounds import continuation_within_limits, single_within_budget, summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.graders import extract_answer, keys_agree
@@ -227,7 +226,7 @@ class Cascade(Policy):
     @classmethod
     def fit(cls, pool: Pool, kw: Mapping[str, Any], limit: int | None) -> Cascade:
         """Fitted on ``limit`` training questions (None: all) at the evaluation's reward."""
-        config = kw.get("reward_config") or _reward_config(kw)
+        config = reward_from_options(kw)
         tasks = training_tasks(pool, kw, limit) if limit is not None else _all_training(pool, kw)
         best = fit_cascade(sample_outcomes(pool, tasks), tasks, config)[0]
         return cls(best.first, best.escalate, fitted=best)

@@ -43,14 +43,13 @@ from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.policies.routers import (
     FIT_LIMIT,
     SingleOutcomes,
-    _reward_config,
     choose_worker,
     fit_limit,
     reward_matrix,
     single_outcomes,
     training_tasks,
 )
-from rl_conductor.reward import REWARD_PRESETS, RewardConfig
+from rl_conductor.reward import RewardConfig, reward_config, reward_from_dict, reward_from_options
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
@@ -136,7 +135,7 @@ class KnnRouter(Policy):
         self.embeddings = embeddings.astype(np.float32)
         self.outcomes = outcomes
         self.k = k
-        self.reward = reward or REWARD_PRESETS["cost-aware"]
+        self.reward = reward or reward_config()
         self.rewards = reward_matrix(outcomes, self.reward)
         overall = self.rewards.mean(axis=0) if len(self.rewards) else np.zeros(len(outcomes.names))
         self.prior = [outcomes.names[j] for j in np.argsort(-overall, kind="stable")]
@@ -165,7 +164,7 @@ class KnnRouter(Policy):
             np.load(p.with_suffix(".npy")),
             outcomes,
             k=None if meta["k"] is None else int(meta["k"]),
-            reward=RewardConfig(**meta["reward"]),
+            reward=reward_from_dict(meta["reward"]),
         )
 
     @classmethod
@@ -176,7 +175,7 @@ class KnnRouter(Policy):
         if arg and not arg.isdigit():
             return cls.load(arg)
         limit = fit_limit(arg, kw, "knn")
-        return cls.fit(pool, training_tasks(pool, kw, limit), reward=_reward_config(kw))
+        return cls.fit(pool, training_tasks(pool, kw, limit), reward=reward_from_options(kw))
 
     # -- routing ------------------------------------------------------------------------------
     def expected(self, query: NDArray[np.floating[Any]]) -> tuple[dict[str, float], dict[str, float]]:

@@ -39,7 +39,7 @@ from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.progress import progress as progress_display
-from rl_conductor.reward import REWARD_PRESETS, RewardConfig, grade_trace, reward_config, reward_of
+from rl_conductor.reward import RewardConfig, grade_trace, reward_config, reward_from_options, reward_of
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
@@ -272,15 +272,6 @@ def choose_worker(
     return min(known, key=lambda j: (-expected[infos[j].name], mean_cost.get(infos[j].name, 0.0), j))
 
 
-def _reward_config(kw: Mapping[str, Any]) -> RewardConfig:
-    """The reward a router is fitted at: ``kw["reward_config"]`` (what the evaluation scores
-    with, e.g. the Conductor's own), else ``reward_preset`` / ``cost_weight`` (cost-aware)."""
-    given = kw.get("reward_config")
-    if given is not None:
-        return given if isinstance(given, RewardConfig) else RewardConfig(**given)
-    return reward_config(str(kw.get("reward_preset") or "cost-aware"), cost_weight=kw.get("cost_weight"))
-
-
 def fit_limit(arg: str, kw: Mapping[str, Any], kind: str) -> int | None:
     """How many training questions a router is fitted on: the spec's ``:N``, else
     ``kw["fit_limit"]``, else None (every training question)."""
@@ -318,7 +309,7 @@ class DomainRouter(Policy):
 
     @classmethod
     def from_outcomes(cls, outcomes: SingleOutcomes, config: RewardConfig | None = None) -> DomainRouter:
-        rewards = reward_matrix(outcomes, config or REWARD_PRESETS["cost-aware"])
+        rewards = reward_matrix(outcomes, config or reward_config())
         domains = np.asarray(outcomes.domains)
         table: dict[str, dict[str, float]] = {}
         costs: dict[str, dict[str, float]] = {}
@@ -333,9 +324,11 @@ class DomainRouter(Policy):
     @classmethod
     def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> DomainRouter:
         """``domain-router`` (fit on every training task, or ``kw["fit_limit"]`` of them) or
-        ``domain-router:N``, at ``kw``'s reward (:func:`_reward_config`)."""
+        ``domain-router:N``, at ``kw``'s reward (:func:`rl_conductor.reward.reward_from_options`)."""
         limit = fit_limit(arg, kw, "domain-router")
-        return cls.from_outcomes(single_outcomes(pool, training_tasks(pool, kw, limit)), _reward_config(kw))
+        return cls.from_outcomes(
+            single_outcomes(pool, training_tasks(pool, kw, limit)), reward_from_options(kw)
+        )
 
     def choose(self, domain: str, view: PoolView, limits: RequestLimits) -> int:
         expected = self.table.get(domain, {})
