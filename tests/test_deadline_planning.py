@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,9 @@ from rl_conductor.prompting import conductor_prompt, template
 from rl_conductor.reward import (
     REWARD_PRESETS,
     RewardConfig,
-    compute_reward,
     deadline_shortened,
     deadline_stopped,
+    trace_reward,
 )
 from rl_conductor.tasks.base import Task
 from rl_conductor.training.config import TrainConfig
@@ -172,12 +173,12 @@ def test_reward_penalises_a_workflow_the_deadline_cut() -> None:
     assert [s.status for s in whole.steps] == ["ok", "ok"] and not deadline_stopped(whole)
     cfg = RewardConfig()
     assert cfg.deadline_penalty == cfg.budget_penalty  # documented default
-    kw = dict(parsed=True, correct=True, cost_usd=0.0, budget_exceeded=False, config=cfg, worker_calls=1)
-    assert compute_reward(**kw, deadline_exceeded=True) == pytest.approx(
-        compute_reward(**kw) - cfg.deadline_penalty
-    )
-    paper = dict(kw, config=REWARD_PRESETS["paper"])
-    assert compute_reward(**paper, deadline_exceeded=True) == compute_reward(**paper)
+    # the cut trace without its skipped step: the same calls and cost, no deadline stop
+    ran = replace(cut, steps=[s for s in cut.steps if s.status != "skipped_deadline"])
+    assert ran.cost_usd == cut.cost_usd and not deadline_stopped(ran)
+    assert trace_reward(cut, True, cfg) == pytest.approx(trace_reward(ran, True, cfg) - cfg.deadline_penalty)
+    paper = REWARD_PRESETS["paper"]
+    assert trace_reward(cut, True, paper) == trace_reward(ran, True, paper)
 
 
 def test_a_capped_answer_counts_as_shortened_but_is_not_penalised_as_skipped() -> None:

@@ -16,7 +16,7 @@ from rl_conductor.cli import app
 from rl_conductor.evaluation.suite import eval_reward, run_eval, trained_reward
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.knn import KnnRouter
-from rl_conductor.reward import RewardConfig, compute_reward, reward_config
+from rl_conductor.reward import RewardConfig, reward_config, reward_of
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tracking.gate import GateThresholds, best_baseline, decide
 from rl_conductor.workers.pool import load_pool
@@ -64,9 +64,8 @@ def test_every_policy_is_scored_with_one_reward() -> None:
                     seed=0, progress=False, cost_weight=0.2)  # fmt: skip
     for s in runs:
         assert s["reward"] == rc.to_dict()
-        # one call, parsed, no budget: the reward of each question is compute_reward at that config
-        expected = compute_reward(parsed=True, correct=True, cost_usd=0.0, budget_exceeded=False, config=rc,
-                                  worker_calls=1)  # fmt: skip
+        # one call, parsed, no budget: the reward of each question is reward_of at that config
+        expected = reward_of(rc, correct=True, cost=0.0, called=True)
         assert s["mean_reward"] <= expected
     gpt4, mixtral = runs
     per_q = rc.correct_weight * (gpt4["accuracy"] - mixtral["accuracy"])

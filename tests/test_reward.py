@@ -11,9 +11,9 @@ from rl_conductor import reward as reward_module
 from rl_conductor.executor import execute
 from rl_conductor.limits import RequestLimits
 from rl_conductor.prompting import conductor_prompt
-from rl_conductor.reward import REWARD_PRESETS, RewardConfig, budget_stopped, compute_reward, grade_trace
+from rl_conductor.reward import REWARD_PRESETS, RewardConfig, budget_stopped, grade_trace, trace_reward
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import StepRecord, Trace
+from rl_conductor.trace import Attempt, StepRecord, Trace
 from rl_conductor.training.grpo_reward import ConductorReward
 from rl_conductor.workers.fake import FakeWorker, fake_info
 from rl_conductor.workers.pool import Pool
@@ -34,15 +34,27 @@ def _reward(
     calls: int = 1,
     late: bool = False,
 ) -> float:
-    return compute_reward(
-        parsed=parsed,
-        correct=correct,
-        cost_usd=cost,
-        budget_exceeded=over,
-        config=config,
-        worker_calls=calls,
-        deadline_exceeded=late,
-    )
+    """:func:`trace_reward` of a trace with that cost, ``calls`` worker calls, a step the budget
+    skipped when ``over`` and one the deadline skipped when ``late``."""
+    steps = [
+        StepRecord(
+            index=0,
+            worker="w",
+            instruction="solve",
+            visible=[],
+            cost_usd=cost,
+            attempts=[Attempt(worker="w", status="ok") for _ in range(calls)],
+        )
+    ]
+    if over:
+        steps.append(
+            StepRecord(index=1, worker="w", instruction="check", visible=[0], status="skipped_budget")
+        )
+    if late:
+        steps.append(
+            StepRecord(index=2, worker="w", instruction="check", visible=[0], status="skipped_deadline")
+        )
+    return trace_reward(Trace(task_id="t", steps=steps), correct, config, parsed=parsed)
 
 
 @pytest.mark.parametrize("cost", [0.0, 0.02, 5.0])
@@ -188,7 +200,7 @@ CELL = st.tuples(
 )
 def test_one_formula_over_scalars_and_arrays(cells: list[tuple], config: RewardConfig) -> None:
     """reward_of over arrays (the routers', the cascade's, the warm start's tables) is, cell by
-    cell and to the bit, compute_reward of one plan (evaluation, training): one formula."""
+    cell and to the bit, trace_reward of one plan (evaluation, training): one formula."""
     import numpy as np
 
     from rl_conductor.reward import reward_of

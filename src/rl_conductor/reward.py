@@ -170,33 +170,6 @@ class _GradeCache:
 _GRADES = _GradeCache(maxsize=50_000)
 
 
-def compute_reward(
-    *,
-    parsed: bool,
-    correct: bool,
-    cost_usd: float,
-    budget_exceeded: bool,
-    config: RewardConfig,
-    worker_calls: int,
-    deadline_exceeded: bool = False,
-) -> float:
-    """The reward of one plan (see module docstring); ``worker_calls`` counts the calls made to
-    workers (``len(trace.attempts)``), failed ones included; ``deadline_exceeded`` is
-    :func:`deadline_stopped` of the trace."""
-    if not parsed:
-        return 0.0
-    return float(
-        reward_of(
-            config,
-            correct=correct,
-            cost=cost_usd,
-            called=worker_calls > 0,
-            budget_stopped=budget_exceeded,
-            deadline_stopped=deadline_exceeded,
-        )
-    )
-
-
 def reward_of(
     config: RewardConfig,
     *,
@@ -212,7 +185,7 @@ def reward_of(
     ``correct`` (a 0/1 outcome or an estimated probability), the cost term (capped at
     ``max_cost_penalty``; ``capped=False``: linear, as the review estimate's gain reads an extra
     cost, :func:`rl_conductor.review_evidence.gain_of`), and each penalty where its limit stopped
-    the workflow. The one place the formula is written: a plan's reward (:func:`compute_reward`),
+    the workflow. The one place the formula is written: a plan's reward (:func:`trace_reward`),
     the routers' and the cascade's reward matrices, the warm start's candidate tables, the
     evidence ranking and the review estimate's gain all call it. A float for scalars."""
     cost_term = config.cost_weight * np.asarray(cost, dtype=np.float64) / config.cost_scale
@@ -237,17 +210,22 @@ def deadline_stopped(trace: Trace) -> bool:
 
 
 def trace_reward(trace: Trace, correct: bool, config: RewardConfig, *, parsed: bool = True) -> float:
-    """:func:`compute_reward` of an executed ``trace`` graded ``correct``: its cost, its worker
-    calls and whether its budget or deadline stopped it (the one place a trace becomes a reward:
-    evaluation, the GRPO reward and the round-2 targets call it)."""
-    return compute_reward(
-        parsed=parsed,
-        correct=correct,
-        cost_usd=trace.cost_usd,
-        budget_exceeded=budget_stopped(trace),
-        config=config,
-        worker_calls=len(trace.attempts),
-        deadline_exceeded=deadline_stopped(trace),
+    """The reward of one plan (see module docstring), executed as ``trace`` and graded
+    ``correct``: 0 when the plan did not parse (``parsed=False``), else :func:`reward_of` of its
+    cost, whether it made any worker call (``trace.attempts``, failed ones included) and whether
+    its budget or deadline stopped it. The one place a trace becomes a reward: evaluation, the
+    GRPO reward and the round-2 targets call it."""
+    if not parsed:
+        return 0.0
+    return float(
+        reward_of(
+            config,
+            correct=correct,
+            cost=trace.cost_usd,
+            called=len(trace.attempts) > 0,
+            budget_stopped=budget_stopped(trace),
+            deadline_stopped=deadline_stopped(trace),
+        )
     )
 
 
