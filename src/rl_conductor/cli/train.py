@@ -156,7 +156,7 @@ def _recorded_item(pool: Any, question: str) -> Any:
     worker answers items, not free text (and a simulated one grades an item against its gold)."""
     from rl_conductor.tasks.datasets import load_tasks
 
-    dataset = pool.options.get("default_dataset")
+    dataset = pool.default_dataset(fallback="")  # "": the pool names no dataset of its own
     if not dataset:
         return None
-    return next((t for t in load_tasks(str(dataset)) if t.question == question), None)
+    return next((t for t in load_tasks(dataset) if t.question == question), None)

@@ -68,7 +68,7 @@ def eval_limits(
 
 def dataset_for(pool: Pool, dataset: str | None) -> str:
     """``dataset``, else the pool's ``default_dataset`` option, else ``paper-mix``."""
-    return dataset or str(pool.options.get("default_dataset", "paper-mix"))
+    return dataset or pool.default_dataset()
 
 
 def trained_meta(policies: list[str]) -> dict[str, Any]:

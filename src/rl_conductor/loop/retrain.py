@@ -346,7 +346,7 @@ def evaluate_with_floor(
 
     p = load_pool(pool, seed=seed)
     view = p.view()
-    dataset = str(p.options.get("default_dataset", "paper-mix"))
+    dataset = p.default_dataset()
     fit_on = steps.register_prepared([train_path]) if train_path else dataset
     specs = [f"conductor:{d}" for d in conductor_dirs]
     rc = eval_reward(specs[:1], None, None)  # the first Conductor's reward

@@ -248,7 +248,7 @@ class PreparedData:
 def _dataset_of_pool(pool: str) -> str:
     from rl_conductor.workers.pool import load_pool
 
-    return str(load_pool(pool).options.get("default_dataset", "paper-mix"))
+    return load_pool(pool).default_dataset()
 
 
 def prepare_data(

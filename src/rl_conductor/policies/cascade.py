@@ -261,5 +261,5 @@ class Cascade(Policy):
 def _all_training(pool: Pool, kw: Mapping[str, Any]) -> list[Task]:
     from rl_conductor.tasks.datasets import load_tasks
 
-    dataset = str(kw.get("dataset") or pool.options.get("default_dataset", "paper-mix"))
+    dataset = str(kw.get("dataset") or pool.default_dataset())
     return load_tasks(dataset, split="train")

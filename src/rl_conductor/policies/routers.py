@@ -288,7 +288,7 @@ def training_tasks(pool: Pool, kw: Mapping[str, Any], limit: int | None) -> list
     seeded sample of ``limit``."""
     from rl_conductor.tasks.datasets import load_tasks
 
-    dataset = str(kw.get("dataset") or pool.options.get("default_dataset", "paper-mix"))
+    dataset = str(kw.get("dataset") or pool.default_dataset())
     return load_tasks(dataset, split="train", limit=limit, seed=int(kw.get("seed", 0)))
 
 

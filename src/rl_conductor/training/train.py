@@ -175,7 +175,7 @@ def train(
     t_all, c_all = time.perf_counter(), _cpu_s()
 
     pool = load_pool(cfg.pool, seed=cfg.seed)
-    dataset = cfg.dataset or str(pool.options.get("default_dataset", "paper-mix"))
+    dataset = cfg.dataset or pool.default_dataset()
     tasks = load_tasks(dataset, split="train", limit=cfg.train_limit, seed=cfg.seed)
     if not tasks:
         raise ValueError(f"dataset {dataset!r} has no training tasks")

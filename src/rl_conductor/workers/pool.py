@@ -4,6 +4,7 @@ A pool file lists workers with their kind, model, prices, hosting and descriptio
 
     name: paper-sim
     seed: 0                      # pool-level options are passed to every worker builder
+    default_dataset: paper-mix   # what the pool is trained and evaluated on (Pool.default_dataset)
     workers:
       - name: gpt-5
         kind: simulated          # simulated | replay | fake | openai | anthropic | gemini
@@ -95,6 +96,10 @@ _INFO_KEYS = {
 }
 
 
+#: The dataset of a pool whose file names no ``default_dataset``.
+DEFAULT_DATASET = "paper-mix"
+
+
 @dataclass
 class Pool:
     """A named, ordered set of workers."""
@@ -117,6 +122,13 @@ class Pool:
 
     def get(self, name: str) -> Worker:
         return self.workers[self.index(name)]
+
+    def default_dataset(self, fallback: str = DEFAULT_DATASET) -> str:
+        """The dataset the pool is trained and evaluated on when none is named: its
+        ``default_dataset`` option, else ``fallback`` (:data:`DEFAULT_DATASET`, the paper's mix
+        the simulated pool is calibrated on; ``""`` asks whether the pool names one at all)."""
+        stated = self.options.get("default_dataset")
+        return fallback if stated is None else str(stated)
 
     def view(self, indices: Sequence[int] | None = None) -> PoolView:
         """The pool as the Conductor sees it: ordinal ids over ``indices`` (all, in order, by default)."""
