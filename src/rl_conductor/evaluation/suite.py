@@ -11,7 +11,6 @@ caller's options, else the reward the first ``conductor:DIR`` was trained with, 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,7 +21,7 @@ from rl_conductor.errors import InvalidArgument
 from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.limits import SENSITIVITIES, RequestLimits, Sensitivity
 from rl_conductor.policies.base import make_policy
-from rl_conductor.policies.conductor import CONFIG_FILE, model_source
+from rl_conductor.policies.conductor import model_source, read_conductor_meta
 from rl_conductor.reward import RewardConfig, reward_config, trained_reward
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.validation import DATA_SPLITS
@@ -79,10 +78,7 @@ def trained_meta(policies: list[str]) -> dict[str, Any]:
         if kind != "conductor" or not arg:
             continue
         src = model_source(arg)
-        if isinstance(src, Path) and (src / CONFIG_FILE).is_file():
-            meta: dict[str, Any] = json.loads((src / CONFIG_FILE).read_text(encoding="utf-8"))
-            return meta
-        return {}
+        return read_conductor_meta(src) if isinstance(src, Path) else {}
     return {}
 
 

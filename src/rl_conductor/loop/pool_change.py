@@ -46,16 +46,14 @@ def changes(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]])
 
 def champion_snapshot(model_name: str, version: int, champion_dir: str) -> dict[str, dict[str, Any]] | None:
     """The pool snapshot the champion was evaluated on (see module docstring); None if unknown."""
-    from pathlib import Path
-
+    from rl_conductor.policies.conductor import read_conductor_meta
     from rl_conductor.tracking import mlflow_utils
 
     client = mlflow_utils.client()
     tags = client.get_model_version(model_name, str(version)).tags
     if SNAPSHOT_TAG in tags:
         return dict(json.loads(tags[SNAPSHOT_TAG]))
-    meta_path = Path(champion_dir) / "conductor.json"
-    pool = json.loads(meta_path.read_text()).get("pool") if meta_path.is_file() else None
+    pool = read_conductor_meta(champion_dir).get("pool")
     if not pool:
         return None
     try:

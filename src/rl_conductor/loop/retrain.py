@@ -121,6 +121,7 @@ def collect_step(
     from rl_conductor import validation
     from rl_conductor.loop import data as loop_data
     from rl_conductor.loop import pool_change
+    from rl_conductor.policies.conductor import read_conductor_meta
     from rl_conductor.reward import trained_reward
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.tracking import mlflow_utils
@@ -167,7 +168,7 @@ def collect_step(
         if "observed" in outputs:
             write_observed(outputs["observed"], traffic.observed)
         if traffic.observed:
-            rc = trained_reward(json.loads((Path(champion_dir) / "conductor.json").read_text()))
+            rc = trained_reward(read_conductor_meta(champion_dir))
             summary["observed_reward"] = statistics.fmean(o.reward(rc) for o in traffic.observed)
         with mlflow_utils.start_run(
             model_name + LOOP_EXPERIMENT_SUFFIX,
@@ -245,9 +246,11 @@ def retrain_overrides(
     valued, at the reward the champion was trained with, which is also the one the gate compares
     at; a preset's default would silently change the objective), and ``observed_path`` when the
     file holds any example (``TrainConfig.observed_path``)."""
+    from rl_conductor.policies.conductor import read_conductor_meta
+
     extra = steps.parse_overrides(overrides)
     extra["model"] = champion_dir
-    meta = json.loads((Path(champion_dir) / "conductor.json").read_text())
+    meta = read_conductor_meta(champion_dir)
     trained = meta.get("train_config") or {}
     for key in REWARD_KEYS:
         if extra.get(key) is None and trained.get(key) is not None:
@@ -342,6 +345,7 @@ def evaluate_with_floor(
     from rl_conductor.evaluation.suite import eval_limits, eval_reward
     from rl_conductor.lm.generate import torch_threads, trained_threads
     from rl_conductor.policies.base import make_policy
+    from rl_conductor.policies.conductor import read_conductor_meta
     from rl_conductor.workers.pool import load_pool
 
     p = load_pool(pool, seed=seed)
@@ -350,7 +354,7 @@ def evaluate_with_floor(
     fit_on = steps.register_prepared([train_path]) if train_path else dataset
     specs = [f"conductor:{d}" for d in conductor_dirs]
     rc = eval_reward(specs[:1], None, None)  # the first Conductor's reward
-    meta = json.loads((Path(conductor_dirs[0]) / "conductor.json").read_text())
+    meta = read_conductor_meta(conductor_dirs[0])
     limits = eval_limits(None, "public", None, None, int(meta.get("max_rounds", 1)))
     results = {}
     floor = [*(f"single:{n}" for n in p.names()), *ROUTERS]

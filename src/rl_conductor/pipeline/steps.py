@@ -489,6 +489,7 @@ def evaluate_step(
     from rl_conductor.evaluation.suite import GridPoint, baseline_specs, run_sweep
     from rl_conductor.lm.generate import torch_threads, trained_threads
     from rl_conductor.pipeline.report import write_reports
+    from rl_conductor.policies.conductor import read_conductor_meta
     from rl_conductor.tracking.gate import best_baseline
     from rl_conductor.validation import positive_finite
 
@@ -507,8 +508,7 @@ def evaluate_step(
     # every evaluation of this step: the same pool, prepared test split and seed, and the rounds
     # the Conductor was trained for (``max_rounds`` in its conductor.json; the pipeline's
     # train_overrides set it)
-    meta_path = Path(model_dir) / "conductor.json"
-    trained: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    trained = read_conductor_meta(model_dir)
     rounds = int(trained.get("max_rounds", 1))
     same_questions: dict[str, Any] = dict(
         pool=pool, dataset=dataset, split="test", limit=None, seed=seed, progress=False, max_rounds=rounds
@@ -619,6 +619,7 @@ def register_step(
     ``mean_cost_usd``, ...), a ``test_split_id`` param and tag, the training config, and the
     evaluation reports under ``eval/`` (``report_files`` maps a file name there to a local file).
     """
+    from rl_conductor.policies.conductor import read_conductor_meta
     from rl_conductor.serving.pyfunc import MODEL_CODE
     from rl_conductor.tracking import registry
 
@@ -628,8 +629,7 @@ def register_step(
         raise ValueError(f"{results_path} has no {CONDUCTOR_LABEL!r} row")
     metrics = {k: conductor[k] for k in REGISTERED_METRICS if conductor.get(k) is not None}
     folder = Path(model_dir)
-    info_file = folder / "conductor.json"
-    info = json.loads(info_file.read_text()) if info_file.exists() else {}
+    info = read_conductor_meta(folder)
     all_params: dict[str, Any] = {
         registry.TEST_SPLIT_KEY: meta["test_split_id"],
         "pool": meta.get("pool", ""),

@@ -79,6 +79,16 @@ CONFIG_FILE = "conductor.json"
 FALLBACK_INSTRUCTION = "Solve the problem step by step and give the final answer."
 
 
+def read_conductor_meta(folder: str | Path) -> dict[str, Any]:
+    """The :data:`CONFIG_FILE` of a Conductor folder (what it was trained on, with which reward
+    and for how many rounds), ``{}`` when the folder has none: the one reader of the file."""
+    path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        return {}
+    meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return meta
+
+
 def model_source(spec: str | Path) -> Path | str:
     """Where to load a Conductor from, checked before any weights are read.
 
@@ -254,8 +264,7 @@ class ConductorPolicy(Policy):
     ) -> None:
         source = model_source(model_dir)
         self.model_dir = Path(source)
-        cfg_path = self.model_dir / CONFIG_FILE
-        self.meta: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        self.meta: dict[str, Any] = read_conductor_meta(self.model_dir)
         try:
             self.model, self.tokenizer = load_lm(source, device=device)
         except OSError as exc:

@@ -12,7 +12,6 @@ weights are loaded.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ class EvidenceRule(Policy):
     """Each question to the first worker of its ranking line (see module docstring)."""
 
     def __init__(self, model_dir: str | Path) -> None:
-        from rl_conductor.policies.conductor import CONFIG_FILE, model_source
+        from rl_conductor.policies.conductor import model_source, read_conductor_meta
         from rl_conductor.policies.knn_embed import embed
 
         source = model_source(model_dir)
@@ -41,7 +40,7 @@ class EvidenceRule(Policy):
             raise model_not_found(
                 str(model_dir), "evidence-rule needs a Conductor folder or URI, not a hub id"
             )
-        meta: dict[str, Any] = json.loads((source / CONFIG_FILE).read_text())
+        meta = read_conductor_meta(source)
         if meta.get("evidence") != "rank" or not EvidenceModel.exists(source):
             raise model_not_found(
                 str(model_dir), f"{source} was not trained with evidence: rank (conductor.json evidence)"
