@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rl_conductor.executor import Continuation, RoundRequest, execute
+from rl_conductor.executor import Continuation, RoundRequest
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies.base import Episode, Plan, Policy
+from rl_conductor.policies.base import Episode, GivenPlan, Plan, Policy
 from rl_conductor.policies.baselines import SOLVE, ordinal
 from rl_conductor.policies.routers import (
     FIT_LIMIT,
@@ -76,19 +76,25 @@ class SampleOutcomes(MeasuredOutcomes):
 
 
 async def measure_samples(pool: Pool, tasks: Sequence[Task]) -> SampleOutcomes:
-    """Run ``SAMPLES`` independent solves of every worker on every task and grade each."""
+    """Run ``SAMPLES`` independent solves of every worker on every task and grade each (each
+    worker's workflow of solves an episode of the one episode runner,
+    :class:`~rl_conductor.policies.base.GivenPlan`, as evaluation runs it)."""
     view = pool.view()
     w = len(view)
     correct = np.zeros((len(tasks), w, SAMPLES), dtype=bool)
     cost = np.zeros((len(tasks), w, SAMPLES), dtype=np.float64)
     keys: list[list[list[str | None]]] = []
     limits = RequestLimits(max_steps=SAMPLES)
-    wf = [Workflow(steps=tuple(Step(j, SOLVE, ()) for _ in range(SAMPLES))) for j in range(w)]
+    plans = [
+        Plan(workflow=Workflow(steps=tuple(Step(j, SOLVE, ()) for _ in range(SAMPLES)))) for j in range(w)
+    ]
+    given = GivenPlan()
     with progress_display() as bar:  # minutes on a large pool: a log must show that work goes on
         pid = bar.add_task(f"sample {w} workers x{SAMPLES}", total=len(tasks))
         for start in range(0, len(tasks), 32):
             chunk = tasks[start : start + 32]
-            traces = await asyncio.gather(*(execute(wf[j], t, view, limits) for t in chunk for j in range(w)))
+            runs = (given.run(t, view, limits, plan=plans[j]) for t in chunk for j in range(w))
+            traces = [ep.trace for ep in await asyncio.gather(*runs)]
             for i, t in enumerate(chunk):
                 row: list[list[str | None]] = []
                 for j in range(w):

@@ -2,7 +2,7 @@
 
 Both routers here and the kNN router (:mod:`rl_conductor.policies.knn`) learn from one
 measurement, :class:`SingleOutcomes`: every training question answered by every worker of the
-pool alone, through the same executor as evaluation, with its correctness and its cost. From it
+pool alone, through the same episode runner as evaluation, with its correctness and its cost. From it
 each predicts a worker's *expected reward* (the evaluation's reward preset: correct minus the
 cost term, :func:`rl_conductor.reward.reward_of`) and sends the question to the best worker
 the request permits and can afford, as RouterBench's and RouteLLM's similarity-weighted
@@ -34,9 +34,8 @@ from typing import Any, ClassVar, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from rl_conductor.executor import execute
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies.base import Plan, Policy
+from rl_conductor.policies.base import GivenPlan, Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.progress import progress as progress_display
 from rl_conductor.reward import RewardConfig, grade_trace, reward_config, reward_from_options, reward_of
@@ -106,9 +105,12 @@ class SingleOutcomes(MeasuredOutcomes):
 async def measure_singles(
     pool: Pool, tasks: Sequence[Task], limits: RequestLimits | None = None, *, progress: bool = True
 ) -> SingleOutcomes:
-    """Run every worker of ``pool`` alone on every task (64 tasks at a time) and grade it."""
+    """Run every worker of ``pool`` alone on every task (64 tasks at a time) and grade it. Each
+    run is an episode of the one episode runner (:class:`~rl_conductor.policies.base.GivenPlan`:
+    the single-worker plan, executed and annotated), as evaluation runs it."""
     limits = limits or RequestLimits()
     view = pool.view()
+    given = GivenPlan()
     w = len(view)
     correct = np.zeros((len(tasks), w), dtype=bool)
     cost = np.zeros((len(tasks), w), dtype=np.float64)
@@ -118,11 +120,11 @@ async def measure_singles(
         for start in range(0, len(tasks), 64):
             chunk = tasks[start : start + 64]
             runs = [
-                execute(Workflow(steps=(Step(j, SOLVE, ()),)), t, view, limits)
+                given.run(t, view, limits, plan=Plan(workflow=Workflow(steps=(Step(j, SOLVE, ()),))))
                 for t in chunk
                 for j in range(w)
             ]
-            traces = await asyncio.gather(*runs)
+            traces = [ep.trace for ep in await asyncio.gather(*runs)]
             for i, t in enumerate(chunk):
                 for j in range(w):
                     tr = traces[i * w + j]
