@@ -121,7 +121,7 @@ def build_smol(out_dir: str | Path) -> Path:
 
     The tokenizer keeps SmolLM2's ChatML template and eos `<|im_end|>`, but pads with
     `<|endoftext|>` rather than eos, so padding masks never hide the end of a completion.
-    Takes ~40 s on two cores; the folder is ~515 MiB. Returns `out_dir`.
+    Takes tens of seconds on a CPU; the folder is about 0.5 GiB. Returns `out_dir`.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig

@@ -40,10 +40,8 @@ when its drawn length exceeds the cap, and its rendered text is never shorter th
 length minus one token, so a cap of at least the reported output + 1 changes nothing; its
 latency is a deterministic function of the call. So the deadline run would be the same run,
 step for step: the reuse is exact, not an approximation (``DEADLINE_MARGIN`` is applied exactly
-as the executor applies it). Checked on paper-sim (25 items per domain, deadlines 5/15/40 s):
-built with and without reuse, the tables differ in 12 of 10,800 deadline cells, all code items,
-and two builds without reuse differ in code cells too (the code sandbox under load, not the
-rule). Every other item is executed under ``RequestLimits(max_latency_s=D)`` for
+as the executor applies it; benchmarks/README.md, table_build, has the check on paper-sim).
+Every other item is executed under ``RequestLimits(max_latency_s=D)`` for
 real; a run the deadline cut (a ``skipped_deadline`` step) is marked in ``cut`` so the reward's
 ``deadline_penalty`` applies.
 
@@ -351,8 +349,8 @@ def table_workers(workers: int | None = None) -> int:
     ``workers`` if given, else ``$RL_CONDUCTOR_TABLE_WORKERS``, else every CPU, at most 16).
 
     Parallel is the default since the forked children stopped grading simulated answers
-    themselves (before, 506 of 335,750 paper-sim cells differed from the serial build) and the
-    graders' limits count CPU time, not wall time (see the module docstring)."""
+    themselves (before, some paper-sim cells differed from the serial build: benchmarks/README.md,
+    table_build) and the graders' limits count CPU time, not wall time (module docstring)."""
     return forked.fork_workers(workers)
 
 

@@ -80,9 +80,8 @@ def make_specs(
     leaves the random stream, and thus every spec, as without deadlines.
 
     ``balance_domains``: every domain gets the same share of specs (its tasks repeated as often
-    as needed), so a rare domain's plans (code: 16 % of paper-mix) are learnt as well as the
-    common ones; measured on the tiny warm start, it halved the questions sent to another
-    domain's plan."""
+    as needed), so a rare domain's plans (code, on paper-mix) are learnt as well as the common
+    ones (the tiny preset's comments have the measurement)."""
     order = balanced(tasks, rng) if balance_domains else list(tasks)
     if n > 0 and not order:
         raise ValueError("make_specs needs at least one task")  # else the cycle below never ends

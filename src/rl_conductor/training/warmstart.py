@@ -22,7 +22,7 @@ Noise: with ``se_rule = k > 0`` (``TrainConfig.warm_se_rule``) a candidate whose
 ``k`` paired standard errors of the best's (the standard error of the per-item reward difference,
 over the group's items) counts as tied — the one-standard-error rule of model selection. On
 paper-sim most composed plans beat the best single by less than a point on some domains; the
-best *mean* among ~75 candidates is then partly luck (targets chosen that way put two steps on
+best *mean* among dozens of candidates is then partly luck (targets chosen that way put two steps on
 knowledge questions, where composition pays least, at the same accuracy on the test split and
 twice the tokens). The rule keeps a composed plan only where its edge is larger than the noise.
 

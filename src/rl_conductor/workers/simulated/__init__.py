@@ -41,8 +41,8 @@ single-worker call (nonce 0, step 0) on the calibration items (default: ``paper-
 ≤ 500 items per domain by :func:`calibration_subset`). Item ``i`` is correct iff ``skill > c_i``
 (``c_i`` = difficulty − topic − ε − η), so realised accuracy is a step function of the skill and
 the solution is the order statistic that makes ``round(target·n)`` items correct — the limit of a
-bisection, computed directly. Independent draws would add ≈2 points of sampling noise per
-500-item domain on top of the paper's numbers; fitting to the realised draws removes it on the
+bisection, computed directly. Independent draws would add binomial sampling noise per domain
+on top of the paper's numbers; fitting to the realised draws removes it on the
 calibration items, while other items (a split alone, another seed, other datasets) keep honest
 sampling noise, as a real worker's accuracy would.
 
