@@ -479,8 +479,9 @@ def evaluate_step(
     Under each of ``budgets`` (USD per request) the Conductor and the two routers run the same
     questions again; the report shows them side by side and ``results.json`` keeps them under
     ``budget_results``. (Single workers under a budget: ``conductor compare --budgets``; left out
-    here to keep ``make run`` short: they would run every worker again under every budget.) Likewise under each of ``deadlines`` (seconds per request): the
-    report's latency-vs-accuracy view, ``deadline_results`` in ``results.json`` and, when
+    here to keep ``make run`` short: they would run every worker again under every budget.)
+    Likewise under each of ``deadlines`` (seconds per request): the report's latency-vs-accuracy
+    view, ``deadline_results`` in ``results.json`` and, when
     ``outputs`` names ``latency_png``, its chart. ``max_latency_s`` is a deadline for every
     request of the whole evaluation (None: none), so the gate compares the Conductor with the
     baselines under the deadline it will be served with.
