@@ -64,7 +64,7 @@ from rl_conductor.training.candidates import (
     save_arrays,
     single,
 )
-from rl_conductor.training.rounds import KEEP
+from rl_conductor.training.rounds import KEEP, run_continued
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
@@ -186,16 +186,10 @@ def domain_firsts(top: Sequence[str], cheap: Sequence[str], names: Sequence[str]
 async def _execute_cell(
     task: Task, view: PoolView, first: Workflow, cont: Workflow, limits: RequestLimits
 ) -> tuple[str, bool, float, bool, int]:
-    seen: list[str] = []
-
-    async def review(req: RoundRequest) -> Continuation:
-        seen.append(summarize(req).line())
-        return Continuation(workflow=cont)
-
-    limits = replace(limits, max_rounds=2)
-    trace = (await GivenPlan(review=review).run(task, view, limits, plan=Plan(workflow=first))).trace
+    trace, seen = await run_continued(task, view, first, cont, limits)
     correct = grade_trace(task, trace)
-    return (seen[0] if seen else "", correct, trace.cost_usd, budget_stopped(trace), len(trace.attempts))
+    line = seen[1] if seen is not None else ""
+    return (line, correct, trace.cost_usd, budget_stopped(trace), len(trace.attempts))
 
 
 async def _execute_all(

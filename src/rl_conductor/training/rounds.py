@@ -35,6 +35,7 @@ from rl_conductor.prompting import DEFAULT_MAX_QUESTION_CHARS, review_prompt
 from rl_conductor.reward import RewardConfig, grade_trace, trace_reward
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Trace
 from rl_conductor.training.data import chat
 from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Step, Workflow, render
@@ -71,6 +72,36 @@ def continuations(view: PoolView) -> dict[str, Workflow]:
     return out
 
 
+async def run_continued(
+    task: Task,
+    view: PoolView,
+    first: Workflow,
+    cont: Workflow,
+    limits: RequestLimits,
+    *,
+    max_question_chars: int | None = None,
+) -> tuple[Trace, tuple[str, str] | None]:
+    """Run ``first`` as an episode, then, at its review, ``cont`` whatever the answers were: one
+    cell of a table of continuations (this module's, ``training/adaptive.py``'s rounds table).
+    Returns the trace and, where a review was reached, (the review prompt — "" unless
+    ``max_question_chars`` is given — and its agreement line), both taken when the review ran."""
+    seen: list[tuple[str, str]] = []
+
+    async def review(req: RoundRequest) -> Continuation:
+        summary = summarize(req)
+        prompt = (
+            ""
+            if max_question_chars is None
+            else review_prompt(req, summary, max_question_chars=max_question_chars)
+        )
+        seen.append((prompt, summary.line()))
+        return Continuation(workflow=cont)  # fresh solves: they see no earlier step
+
+    limits = replace(limits, max_rounds=2)
+    trace = (await GivenPlan(review=review).run(task, view, limits, plan=Plan(workflow=first))).trace
+    return trace, (seen[0] if seen else None)
+
+
 async def _run(
     task: Task,
     view: PoolView,
@@ -81,18 +112,9 @@ async def _run(
     max_question_chars: int,
 ) -> tuple[str, str, float]:
     """(review prompt, its agreement line, the reward of ``first`` then ``cont``)."""
-    seen: list[tuple[str, str]] = []
-
-    async def review(req: RoundRequest) -> Continuation:
-        summary = summarize(req)
-        seen.append((review_prompt(req, summary, max_question_chars=max_question_chars), summary.line()))
-        return Continuation(workflow=cont)  # fresh solves: they see no earlier step
-
-    limits = replace(limits, max_rounds=2)
-    trace = (await GivenPlan(review=review).run(task, view, limits, plan=Plan(workflow=first))).trace
-    correct = grade_trace(task, trace)
-    reward = trace_reward(trace, correct, config)
-    prompt, line = seen[0] if seen else ("", "no review")
+    trace, seen = await run_continued(task, view, first, cont, limits, max_question_chars=max_question_chars)
+    reward = trace_reward(trace, grade_trace(task, trace), config)
+    prompt, line = seen if seen is not None else ("", "no review")
     return prompt, line, reward
 
 
