@@ -300,3 +300,24 @@ def test_evaluate_moa_costs_more_and_report_tables() -> None:
     assert pareto_front([single, moa]) == ["single:mid"]
     table = markdown_table([single, moa])
     assert table.count("\n") == 3 and "| single:mid | 4 | 100.0 |" in table
+
+
+def test_a_policy_that_does_not_batch_plans_each_request_of_a_batch_on_its_own() -> None:
+    """``plan_batch`` is every policy's: one that does not batch (``batches_plans`` False) plans
+    each item as ``plan`` would, each with its own view and limits, and serving gives it no
+    micro-batcher."""
+    import asyncio
+
+    from rl_conductor.serving.service import ConductorService
+
+    pool = _pool(("cheap", 1.0, "4"), ("dear", 10.0, "4"))
+    policy = make_policy("single:cheap", pool)
+    task = Task(id="t/1", question="What is 2 + 2?", answer="4", domain="math", source="t", grader="math")
+    full, reordered = pool.view(), pool.view([1, 0])
+    items = [(task, full, RequestLimits()), (task, reordered, RequestLimits())]
+    assert not policy.batches_plans
+    batch = policy.plan_batch(items)
+    alone = [asyncio.run(policy.plan(t, v, lim)) for t, v, lim in items]
+    assert [p.workflow for p in batch] == [p.workflow for p in alone]
+    assert [p.workflow.steps[0].worker for p in batch] == [0, 1]  # each in its own view
+    assert ConductorService(policy, pool)._planner is None

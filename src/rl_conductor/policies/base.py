@@ -75,13 +75,29 @@ class Policy(ABC):
     """Base class: subclasses implement :meth:`plan`; ``run`` plans and executes (module docstring)."""
 
     name: str = "policy"
+    #: Whether :meth:`plan_batch` plans several requests in one call (an LM's batched generation):
+    #: serving then micro-batches concurrent requests into it, and :meth:`plan_many` uses it.
+    batches_plans: bool = False
 
     @abstractmethod
     async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         """Write the workflow for ``task`` over the workers of ``view``."""
 
+    def plan_batch(self, items: Sequence[tuple[Task, PoolView, RequestLimits]]) -> list[Plan]:
+        """Plans of several requests, each with its own view and limits, in one synchronous call
+        (serving's micro-batcher calls it from a worker thread, outside any event loop). Here each
+        is planned on its own; a policy that ``batches_plans`` overrides it."""
+
+        async def each() -> list[Plan]:
+            return list(await asyncio.gather(*(self.plan(t, v, lim) for t, v, lim in items)))
+
+        return asyncio.run(each())
+
     async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: RequestLimits) -> list[Plan]:
-        """Plans for several tasks: each on its own here; a policy with batched planning overrides it."""
+        """Plans for several tasks under one view and limits: one :meth:`plan_batch` where the
+        policy batches, else each on its own."""
+        if self.batches_plans:
+            return self.plan_batch([(t, view, limits) for t in tasks])
         return list(await asyncio.gather(*(self.plan(t, view, limits) for t in tasks)))
 
     async def run(

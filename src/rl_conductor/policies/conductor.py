@@ -246,6 +246,8 @@ def rank_names(wf: Workflow) -> str:
 class ConductorPolicy(Policy):
     """A trained Conductor model (see module docstring)."""
 
+    batches_plans = True  # one batched generation for several prompts (plan_batch)
+
     def __init__(
         self,
         model_dir: str | Path,
@@ -568,10 +570,6 @@ class ConductorPolicy(Policy):
     async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         with self._lock:
             return self._plan_requests([task], [view], [limits])[0]
-
-    async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: RequestLimits) -> list[Plan]:
-        with self._lock:
-            return self._plan_requests(tasks, [view] * len(tasks), [limits] * len(tasks))
 
     def plan_batch(self, items: Sequence[tuple[Task, PoolView, RequestLimits]]) -> list[Plan]:
         """Plan several requests, each with its own view and limits, in one batched generation.

@@ -266,7 +266,7 @@ class ConductorService:
         self.config = config or ServiceConfig()
         self.policy = policy
         self.pool = observed_pool(pool)
-        self._planner = _Planner(policy, self.config.max_batch) if hasattr(policy, "plan_batch") else None
+        self._planner = _Planner(policy, self.config.max_batch) if policy.batches_plans else None
         self._tracer = _Tracer(self.config.experiment) if self.config.trace else None
         self._background: set[asyncio.Future[Any]] = set()
         #: called with (request, response document, endpoint) for every answered request, on the
