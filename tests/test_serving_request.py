@@ -279,3 +279,24 @@ def test_a_dataframe_keeps_the_integer_fields_of_rows_that_leave_them_out() -> N
     assert all(type(first[k]) is int for k in ("max_rounds", "max_calls", "max_steps"))
     assert second == {"question": "b"}
     assert parse_request(first).max_rounds == 2
+
+
+@pytest.mark.parametrize("value", [0, -1, 1e9, float("inf")])
+def test_a_capped_amount_is_refused_with_one_message_at_every_front_door(value: float) -> None:
+    """The request model and the wire schemas (v1 instances, OpenAI bodies) check the caps with
+    one function, so the same bad budget gets the same reason wherever it comes in."""
+    from rl_conductor.serving import schemas
+
+    reasons = []
+    for parse in (
+        lambda: parse_request({"question": "q", "max_cost_usd": value}),
+        lambda: schemas.parse_v1({"instances": [{"question": "q", "max_cost_usd": value}]}),
+        lambda: schemas.parse_chat(
+            {"model": "conductor", "messages": [{"role": "user", "content": "q"}], "max_cost_usd": value}
+        ),
+    ):
+        with pytest.raises(ValueError) as err:
+            parse()
+        reasons.append(str(err.value))
+    for reason in reasons:
+        assert "max_cost_usd" in reason and "must be a finite number of USD > 0 and <= 10000" in reason

@@ -57,6 +57,17 @@ REQUEST_CAPS: dict[str, tuple[float, str]] = {
 }
 
 
+def capped_amount(name: str, value: Any) -> float:
+    """``value`` of the capped amount ``name`` (:data:`REQUEST_CAPS`) if it is a finite number
+    above 0 and within its cap; else ``ValueError`` with the one message every front door gives
+    (the request model here and the wire schemas, ``serving.schemas``)."""
+    cap, unit = REQUEST_CAPS[name]
+    try:
+        return positive_finite(name, value, cap)
+    except InvalidValue:
+        raise ValueError(f"must be a finite number of {unit} > 0 and <= {cap:g}, got {value!r}") from None
+
+
 class RequestError(ValueError):
     """A request is malformed; the message says which field and why."""
 
@@ -94,14 +105,7 @@ class ConductorRequest(BaseModel):
     @classmethod
     def _capped(cls, v: Any, info: ValidationInfo) -> Any:
         # strictly a number: pydantic's lax mode reads "inf" as infinity and true as 1.0
-        if v is None:
-            return v
-        name = str(info.field_name)
-        cap, unit = REQUEST_CAPS[name]
-        try:
-            return positive_finite(name, v, cap)
-        except InvalidValue:
-            raise ValueError(f"must be a finite number of {unit} > 0 and <= {cap:g}, got {v!r}") from None
+        return v if v is None else capped_amount(str(info.field_name), v)
 
     @field_validator("max_steps", "max_rounds", "max_calls", mode="before")
     @classmethod

@@ -44,9 +44,9 @@ from pydantic import (
 from rl_conductor.limits import Sensitivity
 from rl_conductor.serving.request import (
     MAX_BATCH,
-    REQUEST_CAPS,
     ConductorRequest,
     RequestError,
+    capped_amount,
     check_batch,
     parse_request,
 )
@@ -120,12 +120,7 @@ class WireLimits(BaseModel):
     @field_validator("max_cost_usd", "max_latency_s")
     @classmethod
     def _cap(cls, v: float | None, info: ValidationInfo) -> float | None:
-        cap, unit = REQUEST_CAPS[str(info.field_name)]
-        if v is not None and not math.isfinite(v):
-            raise ValueError("must be a finite number")
-        if v is not None and v > cap:
-            raise ValueError(f"at most {cap:g} {unit} per request, got {v:g}")
-        return v
+        return v if v is None else capped_amount(str(info.field_name), v)  # the request's own check
 
 
 class Instance(WireLimits):
