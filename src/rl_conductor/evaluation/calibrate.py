@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_conductor.limits import DEFAULT_MAX_STEPS, RequestLimits
-from rl_conductor.policies.base import GivenPlan, Plan
+from rl_conductor.policies.base import GivenPlan
 from rl_conductor.reward import grade_trace
 from rl_conductor.tasks.base import DOMAINS, Task
 from rl_conductor.workers.base import CallContext, Completion, Worker
@@ -247,11 +247,12 @@ async def _run_candidate(
     """Run one candidate on every task as every policy's episode runs (a given plan, executed by
     the real executor) and grade the final answers as evaluation does."""
     view = pool.view()
-    plan, given = Plan(workflow=cand.workflow(view.names())), GivenPlan()
+    wf, given = cand.workflow(view.names()), GivenPlan()
     traces = []
     for i in range(0, len(tasks), CHUNK):
-        runs = (given.run(t, view, limits, plan=plan) for t in tasks[i : i + CHUNK])
-        traces += [ep.trace for ep in await asyncio.gather(*runs)]
+        traces += await asyncio.gather(
+            *(given.run_workflow(wf, t, view, limits) for t in tasks[i : i + CHUNK])
+        )
     return CandidateResult(
         oks=tuple(grade_trace(t, tr) for t, tr in zip(tasks, traces, strict=True)),
         cost_usd=statistics.fmean(tr.cost_usd for tr in traces),

@@ -162,6 +162,13 @@ class GivenPlan(Policy):
     def review_hook(self, limits: RequestLimits) -> ReviewHook | None:
         return self.hook if limits.max_rounds > 1 else None
 
+    async def run_workflow(
+        self, workflow: Workflow, task: Task, view: PoolView, limits: RequestLimits
+    ) -> Trace:
+        """The trace of ``workflow`` run as this policy's episode: what the table builders and
+        measurements that execute workflows of their own (not a policy's plans) call."""
+        return (await self.run(task, view, limits, plan=Plan(workflow=workflow))).trace
+
 
 _REGISTRY = {
     "single": "rl_conductor.policies.baselines:SingleWorker",

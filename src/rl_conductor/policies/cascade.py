@@ -85,16 +85,14 @@ async def measure_samples(pool: Pool, tasks: Sequence[Task]) -> SampleOutcomes:
     cost = np.zeros((len(tasks), w, SAMPLES), dtype=np.float64)
     keys: list[list[list[str | None]]] = []
     limits = RequestLimits(max_steps=SAMPLES)
-    plans = [
-        Plan(workflow=Workflow(steps=tuple(Step(j, SOLVE, ()) for _ in range(SAMPLES)))) for j in range(w)
-    ]
+    wfs = [Workflow(steps=tuple(Step(j, SOLVE, ()) for _ in range(SAMPLES))) for j in range(w)]
     given = GivenPlan()
     with progress_display() as bar:  # minutes on a large pool: a log must show that work goes on
         pid = bar.add_task(f"sample {w} workers x{SAMPLES}", total=len(tasks))
         for start in range(0, len(tasks), 32):
             chunk = tasks[start : start + 32]
-            runs = (given.run(t, view, limits, plan=plans[j]) for t in chunk for j in range(w))
-            traces = [ep.trace for ep in await asyncio.gather(*runs)]
+            runs = (given.run_workflow(wfs[j], t, view, limits) for t in chunk for j in range(w))
+            traces = await asyncio.gather(*runs)
             for i, t in enumerate(chunk):
                 row: list[list[str | None]] = []
                 for j in range(w):

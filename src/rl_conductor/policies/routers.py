@@ -120,11 +120,11 @@ async def measure_singles(
         for start in range(0, len(tasks), 64):
             chunk = tasks[start : start + 64]
             runs = [
-                given.run(t, view, limits, plan=Plan(workflow=Workflow(steps=(Step(j, SOLVE, ()),))))
+                given.run_workflow(Workflow(steps=(Step(j, SOLVE, ()),)), t, view, limits)
                 for t in chunk
                 for j in range(w)
             ]
-            traces = [ep.trace for ep in await asyncio.gather(*runs)]
+            traces = await asyncio.gather(*runs)
             for i, t in enumerate(chunk):
                 for j in range(w):
                     tr = traces[i * w + j]

@@ -49,7 +49,7 @@ import numpy as np
 
 from rl_conductor.executor import Continuation, RoundRequest
 from rl_conductor.limits import DEFAULT_MAX_STEPS, RequestLimits
-from rl_conductor.policies.base import GivenPlan, Plan
+from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.prompting import review_prompt
 from rl_conductor.reward import RewardConfig, budget_stopped, grade_trace, reward_of
@@ -459,7 +459,7 @@ def review_records(
             else text.hook(max_question_chars=max_question_chars, seen=seen)
         )
         limits = replace(spec.limits(base), max_rounds=2)
-        await GivenPlan(review=hook).run(spec.task, view, limits, plan=Plan(workflow=wf))
+        await GivenPlan(review=hook).run_workflow(wf, spec.task, view, limits)
         return seen
 
     jobs = list(zip(specs, first_targets, strict=True))

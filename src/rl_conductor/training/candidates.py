@@ -92,7 +92,7 @@ import numpy as np
 
 from rl_conductor.executor import DEADLINE_MARGIN, reserve_input_tokens
 from rl_conductor.limits import DEFAULT_MAX_STEPS, MIN_OUTPUT_TOKENS, RequestLimits
-from rl_conductor.policies.base import GivenPlan, Plan
+from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.chains import ROLE_TEXT, Candidate, single
 from rl_conductor.tasks import forked
 from rl_conductor.tasks.base import Task
@@ -314,7 +314,7 @@ async def _run_all(
 
     async def one(task: Task, wf: Workflow, lim: RequestLimits) -> Trace:
         async with sem:  # the episode path of every policy: a given plan, executed and annotated
-            return (await given.run(task, view, lim, plan=Plan(workflow=wf))).trace
+            return await given.run_workflow(wf, task, view, lim)
 
     return list(await asyncio.gather(*(one(*j) for j in jobs)))
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from rl_conductor.executor import Continuation, RoundRequest
-from rl_conductor.policies.base import GivenPlan, Plan
+from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.prompting import review_prompt
 from rl_conductor.review_evidence import (
@@ -82,7 +82,7 @@ def review_rows(tasks: Sequence[Task], pool: Pool, rounds: RoundsTable, limits: 
             return Continuation(workflow=Workflow(steps=()))
 
         wf = first_plan(name).workflow(names)
-        await GivenPlan(review=hook).run(task, view, replace(limits, max_rounds=2), plan=Plan(workflow=wf))
+        await GivenPlan(review=hook).run_workflow(wf, task, view, replace(limits, max_rounds=2))
         return got[0] if got else None
 
     async def run_all() -> list[np.ndarray | None]:

@@ -29,7 +29,7 @@ import numpy as np
 
 from rl_conductor.executor import Continuation, RoundRequest
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies.base import GivenPlan, Plan
+from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.prompting import DEFAULT_MAX_QUESTION_CHARS, review_prompt
 from rl_conductor.reward import RewardConfig, grade_trace, trace_reward
@@ -98,7 +98,7 @@ async def run_continued(
         return Continuation(workflow=cont)  # fresh solves: they see no earlier step
 
     limits = replace(limits, max_rounds=2)
-    trace = (await GivenPlan(review=review).run(task, view, limits, plan=Plan(workflow=first))).trace
+    trace = await GivenPlan(review=review).run_workflow(first, task, view, limits)
     return trace, (seen[0] if seen else None)
 
 
