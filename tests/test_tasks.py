@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from rl_conductor.errors import UnknownName
 from rl_conductor.tasks import datasets as ds
 from rl_conductor.tasks.base import DOMAINS, Task
 from rl_conductor.tasks.datasets import (
@@ -95,8 +96,7 @@ def test_unknown_dataset_and_split_errors_name_the_options() -> None:
 def scratch_dataset() -> Iterator[str]:
     name = "test-scratch"
     yield name
-    ds._REGISTRY.pop(name, None)
-    ds._load_all.cache_clear()
+    ds.unregister_dataset(name)
 
 
 def test_register_dataset_makes_a_loader_available(scratch_dataset: str) -> None:
@@ -175,5 +175,27 @@ def test_the_cli_offers_the_dataset_splits() -> None:
     """The CLI writes its ``--split`` choices out (its help is built before any import of tasks):
     they are the datasets' own."""
     from rl_conductor.cli.core import SPLIT_CHOICES as CLI_SPLITS
+    from rl_conductor.validation import SPLIT_CHOICES
 
-    assert CLI_SPLITS == ds.SPLIT_CHOICES
+    assert CLI_SPLITS == SPLIT_CHOICES
+    with pytest.raises(UnknownName, match="expected one of train, validation, test, all"):
+        ds.load_tasks("math500", "dev")
+
+
+def test_the_catalog_registers_every_dataset_on_import_and_no_dataset_module_imports_it() -> None:
+    """Every shipped dataset is registered by importing the catalog (none found lazily by a
+    string import), and the dataset modules build on ``tasks.registry``, never on the catalog."""
+    import ast
+    import inspect
+
+    from rl_conductor.tasks import builtin, gsm8k_six, registry, routellm
+
+    for module in (registry, builtin, routellm, gsm8k_six):
+        source = inspect.getsource(module)
+        tree = ast.parse(source)
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "rl_conductor.tasks.datasets" not in imported, module.__name__
+        assert "import_module" not in source and "__import__" not in source, module.__name__
+    assert set(ds.DATASET_MODULES) == {builtin, routellm, gsm8k_six}
+    assert {"routellm", "routellm-gsm8k", "gsm8k-six", "paper-mix", "mbpp"} <= set(available_datasets())

@@ -1,483 +1,60 @@
-"""Dataset registry and loaders: every benchmark the project trains or evaluates on, as Tasks.
+"""The dataset catalog: every benchmark the project trains or evaluates on, as Tasks.
 
-The data ships inside the package (``rl_conductor/data/tasks/*.jsonl.gz``, licences in
-``data/DATA_LICENSES.md``), so loading needs no network and no files outside the package.
-
-Splits are not the datasets' native ones: every task falls into ``train`` / ``validation`` /
-``test`` (70 / 10 / 20) by a SHA-256 hash of its id, so the split of a task never changes and is
-the same in every dataset that contains it (``paper-mix`` included). ``llmrouter``'s own train
-and test files are merged (and de-duplicated) first. A task whose ``metadata["split"]`` names a
-split is in that one instead (a recordings file's ``split`` field, :func:`split_of_task`): every
-split consumer goes through :func:`load_tasks`, which reads it.
+Why a catalog: importing this module registers every dataset the package ships, so
+:func:`load_tasks` here knows them all. The mechanics (registry, hash splits, the ``split`` field
+of a recordings file, ``recordings:<path>`` names) live in :mod:`rl_conductor.tasks.registry`,
+below the modules that register; this module imports those modules, and none of them imports it
+(no import circle, no import by string).
 
 Registered datasets:
 
-* ``math500`` (math / ``math``), ``gsm8k`` (math / ``math``, test file only),
-  ``mmlu_stem`` (knowledge / ``choice``), ``mbpp`` and ``humaneval`` (code / ``code``);
-* ``llmrouter``: LLMRouter's mixed query set, see :func:`load_llmrouter` for the mapping of its
-  13 task types and for the rows it drops;
-* ``paper-mix``: the paper's four in-domain benchmarks (MATH500, MMLU, RLPR, LiveCodeBench),
-  approximated by math500, mmlu_stem, llmrouter's reasoning rows and mbpp + humaneval, each
-  domain capped at ``PAPER_MIX_DOMAIN_CAP`` tasks so averages weigh domains alike.
+* :mod:`rl_conductor.tasks.builtin`: ``math500``, ``gsm8k``, ``mmlu_stem``, ``mbpp``,
+  ``humaneval``, ``llmrouter``, ``paper-mix``;
+* :mod:`rl_conductor.tasks.routellm`: ``routellm``, ``routellm-mmlu``, ``routellm-gsm8k`` (the
+  RouteLLM recorded benchmarks);
+* :mod:`rl_conductor.tasks.gsm8k_six`: ``gsm8k-six`` (six real models' GSM8K solutions);
+* a name ``recordings:<path>``: the items of a bring-your-own recordings file
+  (:mod:`rl_conductor.tasks.recordings_format`).
 
-Other modules add datasets with :func:`register_dataset`; ``rl_conductor.tasks.routellm`` (the
-RouteLLM recorded benchmarks) is imported lazily the first time a name is not found. A name
-``recordings:<path>`` loads the items of a bring-your-own recordings file
-(:mod:`rl_conductor.tasks.recordings_format`).
-
-Simplifications: loaders return all rows at once (the largest set is a few thousand rows) and
-cache them for the process; the cached Tasks share their ``metadata`` dicts, which callers must
-not mutate.
+Other code adds datasets with :func:`register_dataset` (and drops them with
+:func:`unregister_dataset`).
 """
 
 from __future__ import annotations
 
-import ast
-import functools
-import gzip
-import hashlib
-import importlib
-import json
-import random
-import re
-from collections import Counter
-from collections.abc import Callable, Iterable
-from importlib import resources
-from typing import Any
-
-from rl_conductor.errors import UnknownName
-from rl_conductor.tasks.base import DOMAINS, Task
-from rl_conductor.tasks.recordings_format import recordings_tasks
-from rl_conductor.validation import DATA_SPLITS, SPLIT_CHOICES
-
-#: Upper bounds of the hash fraction for train and validation; the rest is test.
-SPLIT_BOUNDS = (0.7, 0.8)
-#: No domain of ``paper-mix`` holds more tasks than this.
-PAPER_MIX_DOMAIN_CAP = 800
-#: Modules that register more datasets when imported; tried when a name is unknown.
-OPTIONAL_DATASET_MODULES = ("rl_conductor.tasks.routellm", "rl_conductor.tasks.gsm8k_six")
-
-Loader = Callable[[], list[Task]]
-_REGISTRY: dict[str, Loader] = {}
-
-
-class UnknownDatasetError(UnknownName):
-    """Raised by :func:`load_tasks` for a name no loader is registered under."""
-
-
-def register_dataset(name: str) -> Callable[[Loader], Loader]:
-    """Decorator: register ``fn() -> list[Task]`` (all rows, every split) under ``name``."""
-
-    def deco(fn: Loader) -> Loader:
-        existing = _REGISTRY.get(name)
-        if existing is not None and existing.__qualname__ != fn.__qualname__:
-            raise ValueError(f"dataset {name!r} is already registered by {existing.__module__}")
-        _REGISTRY[name] = fn
-        _load_all.cache_clear()
-        return fn
-
-    return deco
-
-
-def _import_optional() -> None:
-    for module in OPTIONAL_DATASET_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-
-
-def available_datasets() -> list[str]:
-    """Names accepted by :func:`load_tasks`, sorted."""
-    _import_optional()
-    return sorted(_REGISTRY)
-
-
-def _hash_fraction(key: str) -> float:
-    return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:12], 16) / float(1 << 48)
-
-
-def split_of(task_id: str) -> str:
-    """``train`` / ``validation`` / ``test``, from a SHA-256 hash of the task id (70/10/20)."""
-    h = _hash_fraction(task_id)
-    if h < SPLIT_BOUNDS[0]:
-        return "train"
-    if h < SPLIT_BOUNDS[1]:
-        return "validation"
-    return "test"
-
-
-def split_of_task(task: Task) -> str:
-    """The split of ``task``: its ``metadata["split"]`` when it states one, else :func:`split_of`."""
-    stated = task.metadata.get("split")
-    return stated if stated in DATA_SPLITS else split_of(task.id)
-
-
-@functools.cache
-def _load_all(name: str) -> tuple[Task, ...]:
-    tasks = tuple(_REGISTRY[name]())
-    ids = Counter(t.id for t in tasks)
-    dups = [i for i, n in ids.items() if n > 1]
-    if dups:
-        raise ValueError(f"dataset {name!r} has duplicate task ids, e.g. {dups[:3]}")
-    return tasks
-
-
-def load_tasks(name: str, split: str = "all", *, limit: int | None = None, seed: int = 0) -> list[Task]:
-    """Tasks of dataset ``name`` in ``split``, in the dataset's order.
-
-    Args:
-        name: a registered dataset (see :func:`available_datasets`).
-        split: ``"train"``, ``"validation"``, ``"test"`` or ``"all"``.
-        limit: keep at most this many, a random sample drawn with ``seed`` (order preserved).
-        seed: seed of that sample; ignored without ``limit``.
-    """
-    if split not in SPLIT_CHOICES:
-        raise UnknownName(f"unknown split {split!r}; expected one of {', '.join(SPLIT_CHOICES)}")
-    if name not in _REGISTRY:
-        _import_optional()
-    if name not in _REGISTRY and name.startswith("recordings:"):  # a bring-your-own recordings file
-        return _select(recordings_tasks(name), split, limit, seed)
-    if name not in _REGISTRY:
-        raise UnknownDatasetError(f"unknown dataset {name!r}; available: {', '.join(sorted(_REGISTRY))}")
-    return _select(list(_load_all(name)), split, limit, seed)
-
-
-def _select(all_tasks: list[Task], split: str, limit: int | None, seed: int) -> list[Task]:
-    tasks = [t for t in all_tasks if split == "all" or split_of_task(t) == split]
-    if limit is not None and limit < len(tasks):
-        keep = sorted(random.Random(seed).sample(range(len(tasks)), max(limit, 0)))
-        tasks = [tasks[i] for i in keep]
-    return tasks
-
-
-def domain_counts(tasks: Iterable[Task]) -> dict[str, int]:
-    """Number of tasks per domain, known domains first in ``DOMAINS`` order."""
-    counts = Counter(t.domain for t in tasks)
-    order = [d for d in DOMAINS if d in counts] + sorted(d for d in counts if d not in DOMAINS)
-    return {d: counts[d] for d in order}
-
-
-# --------------------------------------------------------------------------- file access and helpers
-
-
-@functools.cache
-def read_jsonl(filename: str) -> tuple[dict[str, Any], ...]:
-    """Rows of ``rl_conductor/data/tasks/<filename>`` (gzipped JSON lines), cached."""
-    ref = resources.files("rl_conductor").joinpath("data", "tasks", filename)
-    with ref.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
-        return tuple(json.loads(line) for line in f if line.strip())
-
-
-def format_choices(question: str, choices: list[str]) -> str:
-    """The question followed by lettered options ("A. ...\\nB. ...")."""
-    lines = [f"{chr(ord('A') + i)}. {c}" for i, c in enumerate(choices)]
-    return question.rstrip() + "\n\n" + "\n".join(lines)
-
-
-def _gsm8k_gold(solution: str) -> str | None:
-    m = re.search(r"####\s*(.+)\s*$", solution.strip())
-    return m.group(1).replace(",", "").strip() if m else None
-
-
-def _boxed_gold(solution: str) -> str | None:
-    from rl_conductor.tasks.graders import last_boxed
-
-    return last_boxed(solution)
-
-
-def _entry_point(header: str) -> str:
-    m = re.search(r"def\s+([A-Za-z_]\w*)\s*\(", header)
-    return m.group(1) if m else ""
-
-
-def _mbpp_question(prompt: str, tests: list[str]) -> str:
-    return prompt.strip() + "\nYour code should pass these tests:\n\n" + "\n".join(tests)
-
-
-def _humaneval_question(prompt: str) -> str:
-    return "Complete the following Python function.\n\n```python\n" + prompt + "```"
-
-
-# --------------------------------------------------------------------------- single-source datasets
-
-
-@register_dataset("math500")
-def load_math500() -> list[Task]:
-    """MATH-500 (Lightman et al.'s subset of MATH): level 1-5, subject, ref_len (solution chars)."""
-    return [
-        Task(
-            id=f"math500/{i}",
-            question=r["problem"],
-            answer=r["answer"],
-            domain="math",
-            source="math500",
-            grader="math",
-            metadata={"level": int(r["level"]), "subject": r["subject"], "ref_len": len(r["solution"])},
-        )
-        for i, r in enumerate(read_jsonl("math500_test.jsonl.gz"))
-    ]
-
-
-@register_dataset("gsm8k")
-def load_gsm8k() -> list[Task]:
-    """GSM8K test set; the gold is the number after ``####`` in the reference solution."""
-    tasks = []
-    for i, r in enumerate(read_jsonl("gsm8k_test.jsonl.gz")):
-        gold = _gsm8k_gold(r["answer"])
-        if gold is None:
-            continue
-        tasks.append(
-            Task(
-                id=f"gsm8k/{i}",
-                question=r["question"],
-                answer=gold,
-                domain="math",
-                source="gsm8k",
-                grader="math",
-                metadata={"ref_len": len(r["answer"])},
-            )
-        )
-    return tasks
-
-
-@register_dataset("mmlu_stem")
-def load_mmlu_stem() -> list[Task]:
-    """MMLU STEM subjects; the question lists its lettered options, the gold is the letter."""
-    tasks = []
-    for i, r in enumerate(read_jsonl("mmlu_stem_test.jsonl.gz")):
-        choices = [str(c) for c in r["choices"]]
-        tasks.append(
-            Task(
-                id=f"mmlu_stem/{i}",
-                question=format_choices(r["question"], choices),
-                answer="ABCDEFGHIJ"[int(r["answer"])],
-                domain="knowledge",
-                source="mmlu_stem",
-                grader="choice",
-                metadata={"choices": choices, "subject": r["type"]},
-            )
-        )
-    return tasks
-
-
-def _mbpp_task(task_id: str, source: str, prompt: str, row: dict[str, Any]) -> Task:
-    tests = [str(t) for t in row["test_list"]]
-    return Task(
-        id=task_id,
-        question=_mbpp_question(prompt, tests),
-        answer=row["code"],
-        domain="code",
-        source=source,
-        grader="code",
-        metadata={
-            "tests": tests,
-            "test_imports": [str(t) for t in row.get("test_imports") or []],
-            "entry_point": _entry_point(row.get("code_header") or row["code"]),
-            "prompt": prompt,
-            "ref_len": len(row["code"]),
-        },
-    )
-
-
-#: Rows left out at load time, with the reason. Every other row's reference answer grades as
-#: correct (checked for all rows when this list was written; tests/test_tasks.py re-checks samples).
-EXCLUDED_IDS: dict[str, str] = {
-    # amicable_numbers_sum: the reference is O(n^2) up to 9,999 and needs ~10 s of CPU, beyond
-    # graders.CODE_TIMEOUT_S; correct solutions would be graded wrong by the timeout.
-    "mbpp/64": "reference solution exceeds the code grading timeout",
-}
-
-
-@register_dataset("mbpp")
-def load_mbpp() -> list[Task]:
-    """MBPP (sanitized) test set: tests are assert statements, gold is the reference code."""
-    return [
-        _mbpp_task(f"mbpp/{i}", "mbpp", r["prompt"], r)
-        for i, r in enumerate(read_jsonl("mbpp_sanitized_test.jsonl.gz"))
-        if f"mbpp/{i}" not in EXCLUDED_IDS
-    ]
-
-
-def _humaneval_task(task_id: str, source: str, row: dict[str, Any]) -> Task:
-    gold = row["prompt"] + row["canonical_solution"]
-    return Task(
-        id=task_id,
-        question=_humaneval_question(row["prompt"]),
-        answer=gold,
-        domain="code",
-        source=source,
-        grader="code",
-        metadata={
-            "tests": row["test"],
-            "entry_point": row["entry_point"],
-            "prompt": row["prompt"],
-            "ref_len": len(row["canonical_solution"]),
-        },
-    )
-
-
-@register_dataset("humaneval")
-def load_humaneval() -> list[Task]:
-    """HumanEval: tests are its ``check(candidate)`` code, gold is prompt + canonical solution."""
-    return [
-        _humaneval_task("humaneval/" + r["task_id"].split("/")[-1], "humaneval", r)
-        for r in read_jsonl("humaneval_test.jsonl.gz")
-    ]
-
-
-# --------------------------------------------------------------------------- llmrouter (mixed)
-
-#: LLMRouter task_name -> (domain, grader). ``commongen`` is absent on purpose (see loader).
-LLMROUTER_TASKS: dict[str, tuple[str, str]] = {
-    "math": ("math", "math"),
-    "gsm8k": ("math", "math"),
-    "agentverse-mgsm": ("math", "math"),
-    "mmlu": ("knowledge", "choice"),
-    "arc_challenge": ("knowledge", "choice"),
-    "openbook_qa": ("knowledge", "choice"),
-    "natural_qa": ("knowledge", "qa"),
-    "trivia_qa": ("knowledge", "qa"),
-    "commonsense_qa": ("reasoning", "choice"),
-    "agentverse-logicgrid": ("reasoning", "choice"),
-    "mbpp": ("code", "code"),
-    "human_eval": ("code", "code"),
-}
-
-
-def _parse_choices(raw: Any, gold: str) -> tuple[list[str], str] | None:
-    """LLMRouter choices (a list, or a dict of text + label(s), stored as a repr) -> (texts, letter)."""
-    try:
-        value = ast.literal_eval(raw) if isinstance(raw, str) else raw
-    except (ValueError, SyntaxError):
-        return None
-    if isinstance(value, dict):
-        texts = [str(t) for t in value.get("text", [])]
-        labels = [str(x) for x in value.get("label") or value.get("labels") or []]
-        if len(labels) != len(texts) or gold not in labels:
-            return None
-        return texts, "ABCDEFGHIJ"[labels.index(gold)]
-    if isinstance(value, list | tuple):
-        texts = [str(t) for t in value]
-        idx = "ABCDEFGHIJ".find(gold)
-        if not 0 <= idx < len(texts):
-            return None
-        return texts, gold
-    return None
-
-
-def _llmrouter_row(task_id: str, r: dict[str, Any], refs: dict[str, Any]) -> Task | None:
-    from rl_conductor.tasks.graders import normalize_text
-
-    kind = r["task_name"]
-    if kind not in LLMROUTER_TASKS:
-        return None
-    domain, grader = LLMROUTER_TASKS[kind]
-    gt, query = str(r["ground_truth"]), str(r["query"])
-    meta: dict[str, Any] = {"task_name": kind}
-    question, answer = query, gt
-    if kind == "math":
-        answer = _boxed_gold(gt) or ""
-        meta["ref_len"] = len(gt)
-    elif kind == "gsm8k":
-        answer = _gsm8k_gold(gt) or ""
-        meta["ref_len"] = len(gt)
-    elif grader == "choice":
-        parsed = _parse_choices(r["choices"], gt.strip())
-        if parsed is None:
-            return None
-        choices, answer = parsed
-        question = format_choices(query, choices)
-        meta["choices"] = choices
-    elif grader == "qa":
-        if not normalize_text(gt):
-            return None
-        meta["aliases"] = [gt]
-    elif kind == "human_eval":
-        row = refs["humaneval"].get(str(r["task_id"]))
-        if row is None:
-            return None
-        base = _humaneval_task(task_id, "llmrouter", row)
-        return Task(**{**base.to_dict(), "metadata": {**base.metadata, **meta}})
-    elif kind == "mbpp":
-        try:
-            tests = tuple(ast.literal_eval(gt))
-        except (ValueError, SyntaxError):
-            return None
-        row = refs["mbpp"].get(tests)
-        if row is None:
-            return None
-        base = _mbpp_task(task_id, "llmrouter", query, row)
-        return Task(**{**base.to_dict(), "metadata": {**base.metadata, **meta}})
-    if not answer:
-        return None
-    return Task(
-        id=task_id, question=question, answer=answer, domain=domain, source="llmrouter", grader=grader,
-        metadata=meta,
-    )  # fmt: skip
-
-
-@register_dataset("llmrouter")
-def load_llmrouter() -> list[Task]:
-    """LLMRouter's mixed query set (train + test files merged, duplicate queries dropped).
-
-    Task types map to domains and graders as in ``LLMROUTER_TASKS``: math / gsm8k /
-    agentverse-mgsm are math; mmlu / arc_challenge / openbook_qa are knowledge (choice);
-    natural_qa / trivia_qa are knowledge graded by ``qa`` (their gold strings are noisy
-    normalised titles, so exact match is strict); commonsense_qa and agentverse-logicgrid are
-    reasoning (choice); mbpp / human_eval are code.
-
-    Dropped rows, because they cannot be verified automatically here: all of ``commongen``
-    (open-ended generation scored by concept coverage); ``mbpp`` rows whose tests do not match a
-    row of MBPP-sanitized (LLMRouter ships tests but no reference solution, and the grader's
-    gold must be a solution that passes); any row whose gold cannot be extracted.
-    Ids are ``llmrouter/<file>-<row>`` with ``<file>`` ``train`` or ``test``.
-    """
-    refs: dict[str, Any] = {
-        "humaneval": {r["task_id"]: r for r in read_jsonl("humaneval_test.jsonl.gz")},
-        "mbpp": {tuple(r["test_list"]): r for r in read_jsonl("mbpp_sanitized_test.jsonl.gz")},
-    }
-    tasks, seen = [], set()
-    for part in ("train", "test"):
-        for i, r in enumerate(read_jsonl(f"llmrouter_mixed_{part}.jsonl.gz")):
-            key = (r["task_name"], r["query"])
-            if key in seen:
-                continue
-            seen.add(key)
-            task = _llmrouter_row(f"llmrouter/{part}-{i}", r, refs)
-            if task is not None:
-                tasks.append(task)
-    return tasks
-
-
-# --------------------------------------------------------------------------- paper-mix
-
-
-def cap_by_hash(tasks: list[Task], cap: int, salt: str) -> list[Task]:
-    """At most ``cap`` tasks, chosen by a salted id hash (independent of the split hash)."""
-    if len(tasks) <= cap:
-        return list(tasks)
-    keep = set(sorted((t.id for t in tasks), key=lambda i: _hash_fraction(f"{salt}:{i}"))[:cap])
-    return [t for t in tasks if t.id in keep]
-
-
-@register_dataset("paper-mix")
-def load_paper_mix() -> list[Task]:
-    """The default benchmark: the paper's four in-domain domains, balanced.
-
-    math = math500 (MATH500), knowledge = mmlu_stem (MMLU), reasoning = llmrouter's reasoning
-    rows (stand-in for RLPR), code = mbpp + humaneval (stand-in for LiveCodeBench); each domain
-    capped at ``PAPER_MIX_DOMAIN_CAP`` by a salted hash of the id, so a domain average and the
-    four-domain average are comparable with the paper's four-benchmark average.
-    """
-    parts = {
-        "math": list(_load_all("math500")),
-        "knowledge": list(_load_all("mmlu_stem")),
-        "reasoning": [t for t in _load_all("llmrouter") if t.domain == "reasoning"],
-        "code": list(_load_all("mbpp")) + list(_load_all("humaneval")),
-    }
-    out: list[Task] = []
-    for domain, tasks in parts.items():
-        out += cap_by_hash(tasks, PAPER_MIX_DOMAIN_CAP, salt=f"paper-mix/{domain}")
-    return out
+from rl_conductor.tasks import builtin, gsm8k_six, routellm
+from rl_conductor.tasks.builtin import PAPER_MIX_DOMAIN_CAP, format_choices, read_jsonl
+from rl_conductor.tasks.registry import (
+    SPLIT_BOUNDS,
+    Loader,
+    UnknownDatasetError,
+    available_datasets,
+    domain_counts,
+    hash_fraction,
+    load_tasks,
+    register_dataset,
+    split_of,
+    split_of_task,
+    unregister_dataset,
+)
+
+#: The modules whose import registers the package's datasets (imported above).
+DATASET_MODULES = (builtin, routellm, gsm8k_six)
+
+__all__ = [
+    "DATASET_MODULES",
+    "PAPER_MIX_DOMAIN_CAP",
+    "SPLIT_BOUNDS",
+    "Loader",
+    "UnknownDatasetError",
+    "available_datasets",
+    "domain_counts",
+    "format_choices",
+    "hash_fraction",
+    "load_tasks",
+    "read_jsonl",
+    "register_dataset",
+    "split_of",
+    "split_of_task",
+    "unregister_dataset",
+]

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from rl_conductor.tasks.base import Task
-from rl_conductor.tasks.datasets import _hash_fraction, load_tasks, register_dataset
 from rl_conductor.tasks.recordings_format import (
     PACKAGE_PREFIX,
     RecordedResponse,
@@ -39,6 +38,8 @@ from rl_conductor.tasks.recordings_format import (
     load_recordings,
     write_recordings,
 )
+from rl_conductor.tasks.registry import hash_fraction, load_tasks, register_dataset
+from rl_conductor.tasks.routellm import RECORDED_MODELS, recording
 from rl_conductor.trace import estimate_tokens
 
 FILE = "gsm8k_six_responses.jsonl.gz"
@@ -63,7 +64,7 @@ def _norm(text: str) -> str:
 
 def split_for(task_id: str) -> str:
     """The fixed split written into the file: a seeded hash of the id, 60/15/25."""
-    h = _hash_fraction(f"{SPLIT_SALT}:{task_id}")
+    h = hash_fraction(f"{SPLIT_SALT}:{task_id}")
     return "train" if h < SPLIT_BOUNDS[0] else "validation" if h < SPLIT_BOUNDS[1] else "test"
 
 
@@ -74,8 +75,6 @@ def _response(text: str, correct: bool) -> RecordedResponse:
 def build_items(openai_solutions: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Items of the six-model file from OpenAI's solutions file and RouteLLM's package copy;
     returns them and the join's counts (rows read, rows that matched no GSM8K question)."""
-    from rl_conductor.tasks.routellm import RECORDED_MODELS, recording
-
     gsm8k = load_tasks("gsm8k")
     by_question = {_norm(t.question): t for t in gsm8k}
     openai: dict[str, dict[str, Any]] = {}

@@ -5,7 +5,7 @@ lm-sys/RouteLLM published, per benchmark item, whether ``gpt-4-1106-preview`` an
 This module joins those recordings to the project's own Tasks so that the replay worker pool
 (:mod:`rl_conductor.workers.replay`) can answer an item with what the real model said.
 
-Registered datasets (found lazily by :func:`rl_conductor.tasks.datasets.load_tasks`):
+Registered datasets (every one in the catalog, :func:`rl_conductor.tasks.datasets.load_tasks`):
 
 * ``routellm-gsm8k``: the ``gsm8k`` tasks with a recording. Joined by question text with
   whitespace normalised; all 1,319 recorded rows match.
@@ -36,7 +36,8 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 
 from rl_conductor.tasks.base import Task
-from rl_conductor.tasks.datasets import format_choices, load_tasks, register_dataset
+from rl_conductor.tasks.builtin import format_choices
+from rl_conductor.tasks.registry import load_tasks, register_dataset
 
 #: Project worker name -> the column name RouteLLM used for that model.
 RECORDED_MODELS: dict[str, str] = {

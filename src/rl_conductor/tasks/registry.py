@@ -1,0 +1,133 @@
+"""The dataset registry and the splits: the mechanics every dataset module registers with.
+
+Why a module of its own: the dataset modules (:mod:`rl_conductor.tasks.builtin`,
+:mod:`rl_conductor.tasks.routellm`, :mod:`rl_conductor.tasks.gsm8k_six`) register here and load
+one another's datasets through :func:`load_tasks`, and :mod:`rl_conductor.tasks.datasets` imports
+them all; with the registry below them every import points one way (no circle, no import by
+string). Callers import :func:`load_tasks` from :mod:`rl_conductor.tasks.datasets`, where every
+dataset is registered.
+
+Splits are not the datasets' native ones: every task falls into ``train`` / ``validation`` /
+``test`` (70 / 10 / 20) by a SHA-256 hash of its id, so the split of a task never changes and is
+the same in every dataset that contains it (``paper-mix`` included). A task whose
+``metadata["split"]`` names a split is in that one instead (a recordings file's ``split`` field,
+:func:`split_of_task`): every split consumer goes through :func:`load_tasks`, which reads it. A
+name ``recordings:<path>`` loads the items of a bring-your-own recordings file
+(:mod:`rl_conductor.tasks.recordings_format`).
+
+Loaders return all rows at once (the largest set is a few thousand rows), cached for the
+process; the cached Tasks share their ``metadata`` dicts, which callers must not mutate.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from rl_conductor.errors import UnknownName
+from rl_conductor.tasks.base import DOMAINS, Task
+from rl_conductor.tasks.recordings_format import recordings_tasks
+from rl_conductor.validation import DATA_SPLITS, SPLIT_CHOICES
+
+#: Upper bounds of the hash fraction for train and validation; the rest is test.
+SPLIT_BOUNDS = (0.7, 0.8)
+
+Loader = Callable[[], list[Task]]
+_REGISTRY: dict[str, Loader] = {}
+
+
+class UnknownDatasetError(UnknownName):
+    """Raised by :func:`load_tasks` for a name no loader is registered under."""
+
+
+def register_dataset(name: str) -> Callable[[Loader], Loader]:
+    """Decorator: register ``fn() -> list[Task]`` (all rows, every split) under ``name``."""
+
+    def deco(fn: Loader) -> Loader:
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing.__qualname__ != fn.__qualname__:
+            raise ValueError(f"dataset {name!r} is already registered by {existing.__module__}")
+        _REGISTRY[name] = fn
+        _load_all.cache_clear()
+        return fn
+
+    return deco
+
+
+def unregister_dataset(name: str) -> None:
+    """Forget the loader registered under ``name`` (a plugin's, a test's scratch dataset); no-op
+    for a name not registered."""
+    _REGISTRY.pop(name, None)
+    _load_all.cache_clear()
+
+
+def available_datasets() -> list[str]:
+    """Names accepted by :func:`load_tasks`, sorted."""
+    return sorted(_REGISTRY)
+
+
+def hash_fraction(key: str) -> float:
+    """A number in [0, 1) from a SHA-256 hash of ``key``: the split of an id, a salted order."""
+    return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:12], 16) / float(1 << 48)
+
+
+def split_of(task_id: str) -> str:
+    """``train`` / ``validation`` / ``test``, from a SHA-256 hash of the task id (70/10/20)."""
+    h = hash_fraction(task_id)
+    if h < SPLIT_BOUNDS[0]:
+        return "train"
+    if h < SPLIT_BOUNDS[1]:
+        return "validation"
+    return "test"
+
+
+def split_of_task(task: Task) -> str:
+    """The split of ``task``: its ``metadata["split"]`` when it states one, else :func:`split_of`."""
+    stated = task.metadata.get("split")
+    return stated if stated in DATA_SPLITS else split_of(task.id)
+
+
+@functools.cache
+def _load_all(name: str) -> tuple[Task, ...]:
+    tasks = tuple(_REGISTRY[name]())
+    ids = Counter(t.id for t in tasks)
+    dups = [i for i, n in ids.items() if n > 1]
+    if dups:
+        raise ValueError(f"dataset {name!r} has duplicate task ids, e.g. {dups[:3]}")
+    return tasks
+
+
+def load_tasks(name: str, split: str = "all", *, limit: int | None = None, seed: int = 0) -> list[Task]:
+    """Tasks of dataset ``name`` in ``split``, in the dataset's order.
+
+    Args:
+        name: a registered dataset (see :func:`available_datasets`).
+        split: ``"train"``, ``"validation"``, ``"test"`` or ``"all"``.
+        limit: keep at most this many, a random sample drawn with ``seed`` (order preserved).
+        seed: seed of that sample; ignored without ``limit``.
+    """
+    if split not in SPLIT_CHOICES:
+        raise UnknownName(f"unknown split {split!r}; expected one of {', '.join(SPLIT_CHOICES)}")
+    if name not in _REGISTRY and name.startswith("recordings:"):  # a bring-your-own recordings file
+        return _select(recordings_tasks(name), split, limit, seed)
+    if name not in _REGISTRY:
+        raise UnknownDatasetError(f"unknown dataset {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+    return _select(list(_load_all(name)), split, limit, seed)
+
+
+def _select(all_tasks: list[Task], split: str, limit: int | None, seed: int) -> list[Task]:
+    tasks = [t for t in all_tasks if split == "all" or split_of_task(t) == split]
+    if limit is not None and limit < len(tasks):
+        keep = sorted(random.Random(seed).sample(range(len(tasks)), max(limit, 0)))
+        tasks = [tasks[i] for i in keep]
+    return tasks
+
+
+def domain_counts(tasks: Iterable[Task]) -> dict[str, int]:
+    """Number of tasks per domain, known domains first in ``DOMAINS`` order."""
+    counts = Counter(t.domain for t in tasks)
+    order = [d for d in DOMAINS if d in counts] + sorted(d for d in counts if d not in DOMAINS)
+    return {d: counts[d] for d in order}
