@@ -340,7 +340,7 @@ def main() -> None:
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.tracking import mlflow_utils
 
-    # every step configures MLflow from the environment (steps._tracking): point it here
+    # every step configures MLflow from the environment (steps.mlflow_tracking): point it here
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{out / 'mlflow.db'}"
     mlflow_utils.configure()
     model_name = "conductor-drift"

@@ -63,7 +63,7 @@ def test_where_neighbours_carry_no_signal_the_estimate_is_the_domain_rate() -> N
     new, new_emb, _, truth = _no_signal(1)
     p = model.predict(new, new_emb)
     assert model.rate is not None
-    domain = model.rate[model._group_rows(new)]
+    domain = model.rate[model.group_rows(new)]
     assert np.abs(p - domain).mean() < 0.08 and np.abs(p - truth).mean() < 0.1
     first = estimated_rewards(model, new, p, COST_AWARE).argmax(axis=1)
     assert (first == truth.argmax(axis=1)).mean() > 0.95

@@ -178,10 +178,10 @@ def test_correct_answers_grade_correct_and_wrong_ones_wrong() -> None:
             value, correct = asyncio.run(worker.answer(task, CallContext(task=task, nonce=nonce)))
             assert ok == correct, (task.id, value)
         wrong = asyncio.run(worker.model.verified_wrong(task))
-        assert wrong and all(not grade(task, render_answer(task, v, 50, _rng())) for v in wrong)
+        assert wrong and all(not grade(task, render_answer(task, v, 50, seeded_rng())) for v in wrong)
 
 
-def _rng():  # a fixed RNG for rendering in tests
+def seeded_rng():  # a fixed RNG for rendering in tests
     import random
 
     return random.Random(0)
@@ -191,10 +191,10 @@ def test_filler_never_changes_a_grade() -> None:
     """The grade cache keys simulated text on its answer value: the filler must be inert."""
     for task in [*SYN[:3], *math_tasks(6)]:
         for value in (task.answer, "B", "7", "\\frac{1}{2}"):
-            bare = render_answer(task, value, 1, _rng())
+            bare = render_answer(task, value, 1, seeded_rng())
             for n in (30, 400, 3000):
-                assert grade(task, render_answer(task, value, n, _rng())) == grade(task, bare)
-        assert not grade(task, render_answer(task, None, 800, _rng()))  # cut before the answer
+                assert grade(task, render_answer(task, value, n, seeded_rng())) == grade(task, bare)
+        assert not grade(task, render_answer(task, None, 800, seeded_rng()))  # cut before the answer
 
 
 def test_a_trace_grade_costs_one_grading_per_simulated_value(monkeypatch: pytest.MonkeyPatch) -> None:

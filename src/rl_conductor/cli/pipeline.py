@@ -44,7 +44,7 @@ SetOpt = Annotated[
 ]
 
 
-def _arguments(set_values: list[str] | None, **named: Any) -> dict[str, Any]:
+def pipeline_arguments(set_values: list[str] | None, **named: Any) -> dict[str, Any]:
     """Named options plus ``--set NAME=VALUE`` pairs (VALUE parsed as JSON when it parses)."""
     args = {k: v for k, v in named.items() if v is not None}
     for item in set_values or []:
@@ -103,7 +103,7 @@ def run_cmd(
         raise typer.BadParameter(
             "only --local runs here; use `conductor pipeline submit --host URL` for a cluster"
         )
-    args = _arguments(
+    args = pipeline_arguments(
         set_values,
         preset=preset,
         pool=pool,
@@ -176,7 +176,7 @@ def submit_cmd(
     """Submit the compiled pipeline to a Kubeflow Pipelines cluster."""
     from rl_conductor.pipeline import submit
 
-    args = _arguments(
+    args = pipeline_arguments(
         set_values,
         preset=preset,
         pool=pool,

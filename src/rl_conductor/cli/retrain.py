@@ -11,7 +11,7 @@ import typer
 
 from rl_conductor.cli.app import app
 from rl_conductor.cli.core import console
-from rl_conductor.cli.pipeline import SetOpt, _arguments
+from rl_conductor.cli.pipeline import SetOpt, pipeline_arguments
 
 retrain_app = typer.Typer(
     help="Retrain the Conductor from served traffic and feedback (the closed loop).", no_args_is_help=True
@@ -41,7 +41,7 @@ def run_cmd(
         raise InvalidArgument(
             "only --local runs from here; on a cluster submit pipelines/retrain.yaml (docs/closed-loop.md)"
         )
-    args = _arguments(set_values, traffic_store=traffic_store, pool=pool, window_hours=window_hours)
+    args = pipeline_arguments(set_values, traffic_store=traffic_store, pool=pool, window_hours=window_hours)
     if only_on_pool_change:
         args["only_on_pool_change"] = True
     run = run_local(quick=quick, **args)

@@ -1,6 +1,7 @@
 """Evaluate policy specs on one task set: the library entry behind ``conductor eval``/``compare``,
 the KFP evaluation step and the benchmarks. A sweep (:func:`run_sweep`) runs them under several
-budgets and deadlines, building each policy once; ``run_eval`` is a sweep of one point.
+budgets and deadlines, building each policy once; ``run_eval`` is a sweep of one point, and
+:func:`sweep` is the loop both run (the retrain loop's comparison calls it with its own tasks).
 
 Why here and not in the CLI: the pipeline and the benchmarks evaluate exactly as the CLI does, and
 the CLI sits above the pipeline; so the evaluation entry lives in the evaluation layer and both
@@ -18,11 +19,12 @@ from typing import Any
 
 from rl_conductor import validation
 from rl_conductor.errors import InvalidArgument
-from rl_conductor.evaluation.runner import evaluate
+from rl_conductor.evaluation.runner import EvalResult, evaluate
 from rl_conductor.limits import SENSITIVITIES, RequestLimits, Sensitivity
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.conductor import model_source, read_conductor_meta
 from rl_conductor.reward import RewardConfig, reward_config, trained_reward
+from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.validation import DATA_SPLITS
 from rl_conductor.workers.pool import Pool, load_pool
@@ -35,6 +37,7 @@ __all__ = [
     "eval_reward",
     "run_eval",
     "run_sweep",
+    "sweep",
     "trained_defaults",
     "trained_meta",
     "trained_reward",
@@ -186,10 +189,42 @@ def run_sweep(
     tasks = load_tasks(ds, split=split, limit=limit, seed=seed)
     if not tasks:  # a table of dashes with exit 0 would read as "evaluated"
         raise no_questions(ds, split)
-    view = p.view()
     rc = eval_reward(policies, reward_preset, cost_weight)
+    out = []
+    for pt, _spec, res in sweep(
+        policies, grid, p, tasks, fit_on=ds, reward_config=rc, seed=seed, fit_limit=fit_limit,
+        concurrency=concurrency, progress=progress,
+    ):  # fmt: skip
+        summary = res.summary()
+        summary.update(dataset=ds, split=split, **pt.label)
+        out.append(summary)
+    return out
+
+
+def sweep(
+    policies: Sequence[str],
+    grid: Sequence[tuple[GridPoint, RequestLimits]],
+    pool: Pool,
+    tasks: Sequence[Task],
+    *,
+    fit_on: str,
+    reward_config: RewardConfig,
+    seed: int = 0,
+    fit_limit: int | None = None,
+    concurrency: int = 32,
+    progress: bool = True,
+) -> list[tuple[GridPoint, str, EvalResult]]:
+    """The one sweep: each policy of ``policies`` built once (``knn`` / ``domain-router`` /
+    ``cascade`` fitted at ``reward_config`` on the training split of dataset ``fit_on``), then run
+    on ``tasks`` under each grid point's limits (a point's ``only``: the specs it runs), scored
+    with ``reward_config``; (point, spec, result) in grid order, then ``policies``' order.
+    :func:`run_sweep` (``conductor eval`` / ``compare``, the pipeline's evaluation) and the retrain
+    loop's champion comparison (``loop.retrain.evaluate_with_floor``) both call it."""
+    view = pool.view()
     built = {
-        spec: make_policy(spec, p, seed=seed, dataset=ds, reward_config=rc, fit_limit=fit_limit)
+        spec: make_policy(
+            spec, pool, seed=seed, dataset=fit_on, reward_config=reward_config, fit_limit=fit_limit
+        )
         for spec in dict.fromkeys(policies)
     }
     out = []
@@ -198,11 +233,10 @@ def run_sweep(
             if pt.only is not None and spec not in pt.only:
                 continue
             res = evaluate(
-                built[spec], view, tasks, lim, concurrency=concurrency, progress=progress, reward_config=rc
-            )
-            summary = res.summary()
-            summary.update(dataset=ds, split=split, **pt.label)
-            out.append(summary)
+                built[spec], view, list(tasks), lim, concurrency=concurrency, progress=progress,
+                reward_config=reward_config,
+            )  # fmt: skip
+            out.append((pt, spec, res))
     return out
 
 

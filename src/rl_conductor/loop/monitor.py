@@ -119,7 +119,7 @@ def check_champion(
     from rl_conductor import validation
     from rl_conductor.errors import UserError
     from rl_conductor.loop import data as loop_data
-    from rl_conductor.loop.retrain import LOOP_EXPERIMENT_SUFFIX, _champion, evaluate_with_floor
+    from rl_conductor.loop.retrain import LOOP_EXPERIMENT_SUFFIX, download_champion, evaluate_with_floor
     from rl_conductor.tracking import mlflow_utils, registry
 
     validation.non_negative_finite("window_hours", window_hours)
@@ -130,7 +130,7 @@ def check_champion(
         validation.integer_at_least("fit_limit", fit_limit, 1)
     end = until if until is not None else time.time() + 1.0
     since = end - window_hours * 3600 if window_hours else None
-    dataset = steps._dataset_of_pool(pool)
+    dataset = steps.dataset_of_pool(pool)
     window = loop_data.collect(traffic_store, dataset=dataset, since=since, until=end, holdout_fraction=1.0)
     with_feedback = {e.task.id for e in window.examples if e.task is not None and e.feedback is not None}
     tasks = [t for t in window.holdout if t.id in with_feedback]
@@ -147,10 +147,10 @@ def check_champion(
         )
     summary = window.summary()
     with (
-        steps._tracking(mlflow_tracking_uri, ""),
+        steps.mlflow_tracking(mlflow_tracking_uri, ""),
         tempfile.TemporaryDirectory(prefix="conductor-check-") as tmp,
     ):
-        version, champion_dir = _champion(model_name, f"{tmp}/champion")
+        version, champion_dir = download_champion(model_name, f"{tmp}/champion")
         results, floor = evaluate_with_floor([champion_dir], tasks, pool=pool, seed=seed, fit_limit=fit_limit)
         rewards = {spec: {r.task_id: r.reward for r in res.records} for spec, res in results.items()}
         best, floor_mean, gap, low, high = verdict(

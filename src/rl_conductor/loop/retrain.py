@@ -74,7 +74,9 @@ class CollectOutcome:
     n_observed: int = 0
 
 
-def _champion(model_name: str, dst: str) -> tuple[int, str]:
+def download_champion(model_name: str, dst: str) -> tuple[int, str]:
+    """The ``champion`` version of ``model_name`` copied to ``dst`` (replaced if it exists):
+    (version, ``dst``); a one-line UserError when the model has no champion."""
     from rl_conductor.errors import UserError
     from rl_conductor.tracking import registry
 
@@ -131,7 +133,7 @@ def collect_step(
     missing = [k for k in ("train", "holdout", "test", "champion") if k not in outputs]
     if missing:
         raise ValueError(f"outputs lacks {missing}")
-    dataset = steps._dataset_of_pool(pool)
+    dataset = steps.dataset_of_pool(pool)
     tests = load_tasks(dataset, "test", limit=eval_limit or None, seed=seed)
     end = until if until is not None else time.time() + 1.0
     since = end - window_hours * 3600 if window_hours else None
@@ -149,8 +151,8 @@ def collect_step(
         train += [
             t for t in load_tasks(dataset, "train", limit=base_train_limit, seed=seed) if t.id not in have
         ]
-    with steps._tracking(mlflow_tracking_uri, ""):
-        version, champion_dir = _champion(model_name, outputs["champion"])
+    with steps.mlflow_tracking(mlflow_tracking_uri, ""):
+        version, champion_dir = download_champion(model_name, outputs["champion"])
         before = pool_change.champion_snapshot(model_name, version, champion_dir)
         now_snapshot = pool_change.snapshot(pool)
         changed = pool_change.changes(before, now_snapshot) if before is not None else []
@@ -341,35 +343,24 @@ def evaluate_with_floor(
     are fitted at that reward on the ``train`` split of ``train_path``'s tasks, else of the pool's
     dataset; ``fit_limit``: a seeded sample of that many. What :func:`compare` and the champion
     check (:mod:`rl_conductor.loop.monitor`) both measure."""
-    from rl_conductor.evaluation.runner import evaluate
-    from rl_conductor.evaluation.suite import eval_limits, eval_reward
+    from rl_conductor.evaluation.suite import GridPoint, eval_limits, eval_reward, sweep
     from rl_conductor.lm.generate import torch_threads, trained_threads
-    from rl_conductor.policies.base import make_policy
     from rl_conductor.policies.conductor import read_conductor_meta
     from rl_conductor.workers.pool import load_pool
 
     p = load_pool(pool, seed=seed)
-    view = p.view()
-    dataset = p.default_dataset()
-    fit_on = steps.register_prepared([train_path]) if train_path else dataset
+    fit_on = steps.register_prepared([train_path]) if train_path else p.default_dataset()
     specs = [f"conductor:{d}" for d in conductor_dirs]
     rc = eval_reward(specs[:1], None, None)  # the first Conductor's reward
     meta = read_conductor_meta(conductor_dirs[0])
     limits = eval_limits(None, "public", None, None, int(meta.get("max_rounds", 1)))
-    results = {}
     floor = [*(f"single:{n}" for n in p.names()), *ROUTERS]
     with torch_threads(trained_threads(meta)):  # as the pipeline's evaluation step
-        for spec in [*specs, *floor]:
-            pol = make_policy(
-                spec,
-                p,
-                seed=seed,
-                dataset=fit_on if spec in ROUTERS else dataset,
-                reward_config=rc,
-                fit_limit=fit_limit,
-            )
-            results[spec] = evaluate(pol, view, list(tasks), limits, progress=False, reward_config=rc)
-    return results, floor
+        ran = sweep(
+            [*specs, *floor], [(GridPoint(), limits)], p, tasks, fit_on=fit_on, reward_config=rc,
+            seed=seed, fit_limit=fit_limit, progress=False,
+        )  # fmt: skip
+    return {spec: res for _pt, spec, res in ran}, floor
 
 
 def compare(
@@ -518,7 +509,7 @@ def gate_step(
     challenger_metrics.pop(registry.BASELINE_POLICY_KEY, None)
     champion_metrics = _flat(comparison.champion)
     snapshot = json.dumps(pool_change.snapshot(pool), sort_keys=True)
-    with steps._tracking(mlflow_tracking_uri, ""):
+    with steps.mlflow_tracking(mlflow_tracking_uri, ""):
         before = registry.get_alias_version(model_name, registry.CHAMPION) or 0
         with mlflow_utils.start_run(
             model_name + LOOP_EXPERIMENT_SUFFIX,

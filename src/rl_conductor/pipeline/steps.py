@@ -139,7 +139,7 @@ def _mlflow_artifact_root(artifact_root: str) -> str | None:
 
 
 @contextlib.contextmanager
-def _tracking(tracking_uri: str, artifact_root: str) -> Iterator[None]:
+def mlflow_tracking(tracking_uri: str, artifact_root: str) -> Iterator[None]:
     """Point MLflow at ``tracking_uri`` (empty: the default) for the body, S3 artifacts included.
 
     ``train()`` configures MLflow itself from the environment, so the artifact location is
@@ -245,7 +245,8 @@ class PreparedData:
     splits: dict[str, SplitInfo]
 
 
-def _dataset_of_pool(pool: str) -> str:
+def dataset_of_pool(pool: str) -> str:
+    """The default dataset of pool ``pool`` (its ``default_dataset`` option, else ``paper-mix``)."""
     from rl_conductor.workers.pool import load_pool
 
     return load_pool(pool).default_dataset()
@@ -273,7 +274,7 @@ def prepare_data(
     missing = [s for s in DATA_SPLITS if s not in outputs]
     if missing:
         raise ValueError(f"outputs lacks the splits {missing}")
-    name = dataset or _dataset_of_pool(pool)
+    name = dataset or dataset_of_pool(pool)
     folder = run_folder(artifact_root, run_tag)
     infos: dict[str, SplitInfo] = {}
     for split in DATA_SPLITS:
@@ -389,7 +390,7 @@ def train_step(
     cfg.train_limit = None  # the prepared split is already the sample to train on
     checkpoints = storage.join(run_folder(artifact_root, run_tag), "checkpoints")
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_tracking(mlflow_tracking_uri, artifact_root))
+        stack.enter_context(mlflow_tracking(mlflow_tracking_uri, artifact_root))
         if storage.is_s3(checkpoints):
             work = stack.enter_context(tempfile.TemporaryDirectory(prefix="conductor-train-"))
             result = run_training(cfg, work)
@@ -641,7 +642,7 @@ def register_step(
     }
     artifacts = {f"eval/{name}": path for name, path in (report_files or {}).items()}
     artifacts["eval/results.json"] = results_path
-    with _tracking(mlflow_tracking_uri, artifact_root):
+    with mlflow_tracking(mlflow_tracking_uri, artifact_root):
         mv = registry.log_conductor_model(
             folder,
             model_code=MODEL_CODE,
@@ -687,7 +688,7 @@ def promote_step(
     thresholds = gate.GateThresholds(
         min_accuracy_gain=min_accuracy_gain, max_cost_ratio=max_cost_ratio, min_accuracy=min_accuracy
     )
-    with _tracking(mlflow_tracking_uri, ""):
+    with mlflow_tracking(mlflow_tracking_uri, ""):
         before = registry.get_alias_version(model_name, registry.CHAMPION)
         decision = gate.promote_if_better(model_name, int(version), thresholds=thresholds)
         after = registry.get_alias_version(model_name, registry.CHAMPION)
@@ -715,7 +716,7 @@ def promote_by_hand(
     """Point ``alias`` at ``version`` without the gate (a person decided); tags the version."""
     from rl_conductor.tracking import registry
 
-    with _tracking(mlflow_tracking_uri, ""):
+    with mlflow_tracking(mlflow_tracking_uri, ""):
         rows = {r.version: r for r in registry.list_versions(model_name)}
         if int(version) not in rows:
             known = ", ".join(str(v) for v in sorted(rows)) or "none"

@@ -136,7 +136,7 @@ class EvidenceModel:
     #: per candidate, its out-of-fold log-loss summed over workers (what ``rule="logloss"`` minimises)
     selection_logloss: dict[str, float] | None = None
 
-    def _group_rows(self, tasks: Sequence[Task]) -> NDArray[np.int64]:
+    def group_rows(self, tasks: Sequence[Task]) -> NDArray[np.int64]:
         """Each task's row of :attr:`rate` / :attr:`cost` (an unknown domain: the last row)."""
         index = {g: i for i, g in enumerate(self.groups)}
         return np.array([index.get(t.domain, len(self.groups)) for t in tasks], dtype=np.int64)
@@ -145,7 +145,7 @@ class EvidenceModel:
         """``[tasks, workers]`` mean training cost of each worker on the task's domain."""
         if self.cost is None:
             raise ValueError("this evidence model was saved without worker costs; train it again")
-        return self.cost[self._group_rows(tasks)]
+        return self.cost[self.group_rows(tasks)]
 
     def features(self, tasks: Sequence[Task], embeddings: NDArray[np.floating]) -> NDArray[np.float64]:
         s = (np.array([surface(t.question) for t in tasks], dtype=np.float64) - self.mean) / self.std
@@ -162,10 +162,10 @@ class EvidenceModel:
             z = self.features(tasks, embeddings) @ self.coef.T + self.intercept
             p = 1.0 / (1.0 + np.exp(-z))
             if kind in (None, "shrunk") and self.alpha is not None and self.rate is not None:
-                p = self.alpha * p + (1.0 - self.alpha) * self.rate[self._group_rows(tasks)]
+                p = self.alpha * p + (1.0 - self.alpha) * self.rate[self.group_rows(tasks)]
         if kind is not None and kind not in ("probe", "shrunk"):
             assert self.rate is not None, "a selected estimator keeps the domain rates"
-            prior = self.rate[self._group_rows(tasks)]
+            prior = self.rate[self.group_rows(tasks)]
             if kind == "domain":
                 p = prior
             else:
@@ -351,7 +351,7 @@ def fit_evidence(
         constant=np.full(w, np.nan),
         chosen_c=[0.0] * w,
     )
-    rows = model._group_rows(tasks)
+    rows = model.group_rows(tasks)
     if cost is not None:
         c = np.asarray(cost, dtype=np.float64)
         model.cost = np.stack([_rates(rows, c[:, j], len(groups), prior=0.0) for j in range(w)], axis=1)

@@ -319,9 +319,11 @@ async def _run_all(
     return list(await asyncio.gather(*(one(*j) for j in jobs)))
 
 
-def _execute(
+def execute_workflows(
     jobs: list[tuple[Task, Workflow, RequestLimits]], view: PoolView, concurrency: int = 256
 ) -> list[Trace]:
+    """The traces of (task, workflow, limits) jobs run as given plans on ``view``, ``concurrency``
+    at a time, in the jobs' order (``GivenPlan.run_workflow``: the episode path)."""
     return asyncio.run(_run_all(jobs, view, concurrency)) if jobs else []
 
 
@@ -376,7 +378,7 @@ def _serial_outcomes(
     grader: _Grader,
     deadlines: Sequence[Sequence[float]],
 ) -> list[_Outcome]:
-    traces = _execute(list(jobs), view)
+    traces = execute_workflows(list(jobs), view)
     return [_outcome(j[0], tr, view, grader, d) for j, tr, d in zip(jobs, traces, deadlines, strict=True)]
 
 
@@ -425,7 +427,7 @@ def pool_probe(pool: Pool, tasks: Sequence[Task], n: int = 12) -> str:
     ]
     jobs = [(t, c.workflow(names), RequestLimits()) for t in probe for c in cands]
     h = hashlib.sha256()
-    for tr in _execute(jobs, view):
+    for tr in execute_workflows(jobs, view):
         h.update(tr.final_answer.encode())
         h.update(f"{tr.cost_usd:.9f}".encode())
     return h.hexdigest()[:16]

@@ -432,11 +432,11 @@ def fail_if_no_candidate_answered(table: Any, items: list[Any], pool: Any) -> No
         return
     from rl_conductor.errors import UserError
     from rl_conductor.limits import RequestLimits
-    from rl_conductor.training.candidates import _execute, single
+    from rl_conductor.training.candidates import execute_workflows, single
 
     view = pool.view()
     names = view.names()
-    (trace,) = _execute([(items[0], single(names[0]).workflow(names), RequestLimits())], view)
+    (trace,) = execute_workflows([(items[0], single(names[0]).workflow(names), RequestLimits())], view)
     first = next((a.error for a in trace.attempts if a.error), "no answer")
     raise UserError(
         f"no worker answered any of the {len(table.task_ids)} training questions of the warm start "

@@ -18,7 +18,7 @@ from functools import cache, lru_cache
 from typing import Any
 
 from rl_conductor.tasks.base import Task
-from rl_conductor.workers.simulated.draws import _rng
+from rl_conductor.workers.simulated.draws import seeded_rng
 
 #: Probability weights of the per-item wrong answers (most popular first).
 WRONG_WEIGHTS = (0.6, 0.28, 0.12)
@@ -35,12 +35,13 @@ _GRADE_CACHE: dict[tuple[str, str, str, str], bool] = {}
 _RENDERED: dict[bytes, str | None] = {}
 _CACHE_MAX = 500_000  # rendered texts
 _GRADES_MAX = 500_000  # grades: a few values per item, so in practice never full
-_MISSING = object()
+#: What :func:`simulated_value` returns for a text this process did not render.
+NOT_RENDERED = object()
 _WRITE_LOCK = threading.Lock()  # one for every cache of the simulation (see remember)
 
 
 @lru_cache(maxsize=4096)
-def _digest(text: str) -> bytes:
+def text_digest(text: str) -> bytes:
     """The key of a rendered text in the caches below. Memoised for the texts of the executions
     in flight: each is looked up again by every later step that sees it (its author, its value),
     and a string's own hash is cached in it, so a hit costs far less than hashing kilobytes."""
@@ -79,13 +80,13 @@ def remember(cache: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
 
 
 def _remember(text: str, value: str | None) -> None:
-    remember(_RENDERED, _digest(text), value, _CACHE_MAX)
+    remember(_RENDERED, text_digest(text), value, _CACHE_MAX)
 
 
 def simulated_value(text: str) -> object:
     """The answer value a simulated text was rendered with (None: cut before its answer), or
-    ``_MISSING`` for text this process did not render."""
-    return _RENDERED.get(_digest(text), _MISSING)
+    ``NOT_RENDERED`` for text this process did not render."""
+    return _RENDERED.get(text_digest(text), NOT_RENDERED)
 
 
 def answer_key(task: Task, text: str) -> str:
@@ -95,7 +96,7 @@ def answer_key(task: Task, text: str) -> str:
     from rl_conductor.tasks.graders import extract_answer
 
     value = simulated_value(text)
-    if value is not _MISSING:
+    if value is not NOT_RENDERED:
         return "cut" if value is None else f"value:{value}"
     if task.grader == "qa":
         return f"text:{text.strip()}"
@@ -164,7 +165,7 @@ def grade_simulated(task: Task, text: str) -> bool | None:
     Why: every rendering of a value has its own filler, so a cache keyed by the text misses on
     each one, and a code answer cost a sandbox start per rendering (evaluation's routers graded
     2,468 of them one after another to measure each worker alone on the training split)."""
-    return None if simulated_value(text) is _MISSING else grade_cached(task, text)
+    return None if simulated_value(text) is NOT_RENDERED else grade_cached(task, text)
 
 
 async def grade_cached_async(task: Task, text: str) -> bool:
@@ -213,7 +214,8 @@ _FILLER = {
         "Helper variables keep the logic readable.",
     ],
 }
-_PLACEHOLDER = "(simulated worker: no reference answer is available for this question)"
+#: The answer a simulated worker gives to a question with no reference answer (an ad-hoc request).
+PLACEHOLDER = "(simulated worker: no reference answer is available for this question)"
 
 
 def _final_block(task: Task, value: str) -> str:
@@ -354,7 +356,7 @@ def _code_candidates(reference: str, rng: random.Random) -> list[str]:
 
 def wrong_candidates(task: Task, seed: int) -> list[str]:
     """Plausible wrong answer values for ``task`` in preference order (not yet verified)."""
-    rng = _rng(seed, "wrong-set", task.id)
+    rng = seeded_rng(seed, "wrong-set", task.id)
     if task.grader == "math":
         return _math_candidates(task.answer.strip(), rng)
     if task.grader == "choice":

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rl_conductor.tasks.base import DOMAINS
-from rl_conductor.workers.simulated.answers import _digest, remember
+from rl_conductor.workers.simulated.answers import remember, text_digest
 
 Role = Literal["plan", "solve", "verify", "aggregate"]
 
@@ -251,13 +251,13 @@ class AuthorRegistry:
     entries: dict[tuple[bytes, str, str, int], Authored] = field(default_factory=dict)
 
     def remember(self, text: str, record: Authored, step_index: int) -> None:
-        key = (_digest(text), record.task_id, record.worker, step_index)
+        key = (text_digest(text), record.task_id, record.worker, step_index)
         remember(self.entries, key, record, _AUTHORED_MAX)  # not clear(): see answers.evict_oldest
 
     def author_of(self, text: str, task_id: str, worker: str, step_index: int) -> Authored | None:
         """The record of ``text`` as rendered by ``worker`` at ``step_index`` for ``task_id``
         (None if this pool did not render it in this process)."""
-        return self.entries.get((_digest(text), task_id, worker, step_index))
+        return self.entries.get((text_digest(text), task_id, worker, step_index))
 
 
 #: The registry of simulated workers built outside a pool file (tests, hand-built workers).

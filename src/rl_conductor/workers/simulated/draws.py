@@ -30,5 +30,6 @@ def logistic(*parts: object) -> float:
     return math.log(u / (1.0 - u))
 
 
-def _rng(*parts: object) -> random.Random:
+def seeded_rng(*parts: object) -> random.Random:
+    """A ``random.Random`` seeded from ``parts`` (:func:`unit`): the same parts, the same draws."""
     return random.Random(int(unit(*parts) * 2**53))

@@ -30,7 +30,7 @@ from rl_conductor.workers.simulated.answers import (
     render_answer,
     wrong_candidates,
 )
-from rl_conductor.workers.simulated.draws import _rng, logistic, normal, unit
+from rl_conductor.workers.simulated.draws import logistic, normal, seeded_rng, unit
 
 #: Paper benchmark column whose accuracy each domain is calibrated to (Table 7, constrained).
 DOMAIN_COLUMNS = {"math": "MATH500", "knowledge": "MMLU", "reasoning": "RLPR", "code": "LiveCodeBench"}
@@ -301,7 +301,7 @@ class SimulationModel:
     async def _compute_wrong(self, task: Task, key: tuple[str, str, str]) -> list[str]:
         out: list[str] = []
         want = WRONG_SET_SIZE.get(task.grader, len(WRONG_WEIGHTS))
-        rng = _rng(self.seed, "render-check", task.id)
+        rng = seeded_rng(self.seed, "render-check", task.id)
         for cand in wrong_candidates(task, self.seed):
             if cand in out or cand.strip() == task.answer.strip():
                 continue
@@ -324,7 +324,7 @@ class SimulationModel:
         build, which grades the same values the same way."""
 
         async def one(task: Task) -> None:
-            rng = _rng(self.seed, "render-prepare", task.id)
+            rng = seeded_rng(self.seed, "render-prepare", task.id)
             wrong = await self.verified_wrong(task)
             # None: an answer cut before its end; a verifier that adopts an earlier wrong answer
             # says its stripped value; with no verified wrong answer a wrong worker says NO_ANSWER

@@ -26,9 +26,9 @@ from rl_conductor.workers.base import (
 )
 from rl_conductor.workers.pool import Pool, PoolConfigError, info_from_spec, register_kind
 from rl_conductor.workers.simulated.answers import (
-    _MISSING,
-    _PLACEHOLDER,
     NO_ANSWER,
+    NOT_RENDERED,
+    PLACEHOLDER,
     grade_cached_async,
     render_answer,
     simulated_value,
@@ -46,7 +46,7 @@ from rl_conductor.workers.simulated.collaboration import (
     plan_quality,
     verify_strength,
 )
-from rl_conductor.workers.simulated.draws import _rng, normal, unit
+from rl_conductor.workers.simulated.draws import normal, seeded_rng, unit
 from rl_conductor.workers.simulated.skill import (
     DEFAULT_CALIBRATION,
     DEFAULT_CALIBRATION_N,
@@ -208,7 +208,7 @@ class SimulatedWorker(CallWorker):
                 pull_right += 1.0 + v
                 continue
             value = simulated_value(text)
-            ans = extract_answer(task, text) if value is _MISSING else value
+            ans = extract_answer(task, text) if value is NOT_RENDERED else value
             if isinstance(ans, str) and ans.strip():
                 wrong[ans.strip()] = wrong.get(ans.strip(), 0.0) + (1.0 - v)
         top, k_wrong = max(wrong.items(), key=lambda kv: kv[1]) if wrong else (None, 0.0)
@@ -248,7 +248,7 @@ class SimulatedWorker(CallWorker):
             return task.answer, True
         key = (name, ctx.nonce, ctx.step_index)
         if top_wrong is not None and unit(self.seed, "adopt", task.id, *key) < k_wrong / (k_wrong + 1):
-            probe = render_answer(task, top_wrong, 8, _rng(self.seed, "render-check", task.id))
+            probe = render_answer(task, top_wrong, 8, seeded_rng(self.seed, "render-check", task.id))
             if not await grade_cached_async(task, probe):  # re-rendered, it must still grade wrong
                 return top_wrong, False
         return await self.model.pick_wrong(task, *key), False
@@ -263,7 +263,7 @@ class SimulatedWorker(CallWorker):
             joined = "\x1f".join(m.get("content", "") for m in messages)
             digest = hashlib.blake2b(joined.encode(), digest_size=8).hexdigest()
             ctx = CallContext(task=Task(f"adhoc/{digest}", "", "", "reasoning", "", "qa"))
-            value = _PLACEHOLDER
+            value = PLACEHOLDER
         else:
             ctx = context
             if self.collaboration.enabled:
@@ -279,7 +279,7 @@ class SimulatedWorker(CallWorker):
         cap = max(1, max_tokens)
         if want > cap:  # the answer does not fit: cut before the final answer
             want, value = cap, None
-        text = render_answer(task, value, want, _rng(self.seed, "text", self.info.name, *parts))
+        text = render_answer(task, value, want, seeded_rng(self.seed, "text", self.info.name, *parts))
         output_tokens = estimate_tokens(text)
         if output_tokens > cap:  # a long final block (code) under a tight cap: cut it too
             text = text[: cap * 4]
