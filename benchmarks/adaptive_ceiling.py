@@ -188,7 +188,7 @@ def setting(args: argparse.Namespace) -> tuple[RewardConfig, Pool, str]:
     """The cost-aware reward at ``--cost-weight``, the ``--pool`` and its default dataset."""
     rc = replace(REWARD_PRESETS["cost-aware"], cost_weight=args.cost_weight)
     pool = load_pool(args.pool)
-    return rc, pool, str(pool.options.get("default_dataset", args.pool))
+    return rc, pool, pool.default_dataset()
 
 
 def main() -> None:

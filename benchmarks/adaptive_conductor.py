@@ -177,7 +177,7 @@ def main() -> None:
     pool = load_pool(args.pool)
     # the dataset the Conductor was trained for (a built-in pool such as paper-sim names none)
     trained = json.loads((args.model / "conductor.json").read_text())
-    dataset = str(trained.get("dataset") or pool.options.get("default_dataset", args.pool))
+    dataset = str(trained.get("dataset") or pool.default_dataset())
     view = pool.view()
     kw: dict[str, Any] = {"seed": 0, "dataset": dataset, "reward_config": rc, "fit_limit": None}
     conductor = make_policy(f"conductor:{args.model}", pool, **kw)

@@ -43,7 +43,7 @@ from rl_conductor.workers.pool import load_pool
 def hindsight(pool_name: str, split: str, rc: RewardConfig) -> list[dict[str, Any]]:
     """One row per cheap first plan (see module docstring)."""
     pool = load_pool(pool_name)
-    tasks = load_tasks(pool.options.get("default_dataset", pool_name), split=split)
+    tasks = load_tasks(pool.default_dataset(), split=split)
     out = asyncio.run(measure_samples(pool, tasks))
     names = out.names
     mean_cost = out.cost[:, :, 0].mean(axis=0)

@@ -148,7 +148,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     pool = load_pool(args.pool, seed=0)
-    dataset = args.dataset or str(pool.options.get("default_dataset", "paper-mix"))
+    dataset = args.dataset or pool.default_dataset()
     rc = replace(REWARD_PRESETS[args.reward_preset], cost_weight=args.cost_weight)
     data: dict[str, dict[str, Any]] = {}
     names: list[str] = []

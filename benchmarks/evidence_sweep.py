@@ -54,7 +54,7 @@ RULES = ("domain-router", "knn", "evidence", "evidence-shrunk")
 
 def load(pool_name: str) -> dict[str, Any]:
     pool = load_pool(pool_name, seed=0)
-    dataset = str(pool.options.get("default_dataset"))
+    dataset = pool.default_dataset()
     out: dict[str, Any] = {"dataset": dataset}
     for split in SPLITS:
         tasks = load_tasks(dataset, split=split)

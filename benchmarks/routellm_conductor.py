@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     rc = reward_config(cfg)
     pool = load_pool(cfg.pool, seed=cfg.seed)
-    dataset = cfg.dataset or str(pool.options.get("default_dataset"))
+    dataset = cfg.dataset or pool.default_dataset()
     train_tasks = load_tasks(dataset, split="train")
     test_tasks = load_tasks(dataset, split="test", limit=args.test_limit, seed=cfg.seed)
     if {t.id for t in train_tasks} & {t.id for t in test_tasks}:
