@@ -56,7 +56,7 @@ def _judged(pool_path: str, served: list[tuple[Any, str]], items: int, cache: Pa
     from rl_conductor.limits import RequestLimits
     from rl_conductor.reward import grade_trace, reward_config
     from rl_conductor.tasks.datasets import load_tasks
-    from rl_conductor.training.candidates import _execute, single
+    from rl_conductor.training.candidates import execute_workflows, single
     from rl_conductor.training.config import load_preset
     from rl_conductor.training.observed import Observed, judge
     from rl_conductor.training.train import warm_start_targets
@@ -69,7 +69,7 @@ def _judged(pool_path: str, served: list[tuple[Any, str]], items: int, cache: Pa
     targets = warm_start_targets(cfg, load_tasks("paper-mix", split="train"), pool)
     view = pool.view()
     names = view.names()
-    traces = _execute([(t, single(w).workflow(names), RequestLimits()) for t, w in served], view)
+    traces = execute_workflows([(t, single(w).workflow(names), RequestLimits()) for t, w in served], view)
     observed = [
         Observed(
             request_id=f"r{i}",

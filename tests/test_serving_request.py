@@ -300,3 +300,16 @@ def test_a_capped_amount_is_refused_with_one_message_at_every_front_door(value: 
         reasons.append(str(err.value))
     for reason in reasons:
         assert "max_cost_usd" in reason and "must be a finite number of USD > 0 and <= 10000" in reason
+
+
+def test_a_service_config_the_request_caps_would_refuse_fails_when_built() -> None:
+    """A per-call timeout above the request cap (every request's step_timeout_s) is refused when
+    the service is configured, in the pyfunc as in the KServe server, not on every request."""
+    from rl_conductor.limits import MAX_SECONDS
+    from rl_conductor.serving.service import ServiceConfig
+    from rl_conductor.validation import InvalidValue
+
+    assert ServiceConfig(step_timeout_s=MAX_SECONDS).step_timeout_s == MAX_SECONDS
+    for bad in ({"step_timeout_s": MAX_SECONDS * 2}, {"max_rounds": 0}, {"max_batch": 0}):
+        with pytest.raises(InvalidValue):
+            ServiceConfig(**bad)

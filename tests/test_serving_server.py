@@ -611,6 +611,8 @@ def test_local_live_pool_end_to_end_keeps_private_requests_home(tmp_path: Path) 
         (["--pool", "paper-sim", "--model", "/nonexistent/conductor"], "cannot load"),
         (["--pool", "no-such-pool", "--policy", "fixed:0"], "no pool named"),
         (["--pool", "paper-sim", "--policy", "fixed:0", "--step_timeout_s", "-1"], "step_timeout_s"),
+        # above the request cap: a server that started would fail every request
+        (["--pool", "paper-sim", "--policy", "fixed:0", "--step_timeout_s", "7200"], "<= 3600"),
         (["--pool", "paper-sim", "--policy", "fixed:0", "--model", "x"], "either"),
     ],
 )

@@ -50,7 +50,7 @@ from kserve.protocol.grpc.server import GRPCServer
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
-from rl_conductor.limits import MAX_ROUNDS
+from rl_conductor.limits import MAX_ROUNDS, MAX_SECONDS
 from rl_conductor.lm.generate import trained_threads
 from rl_conductor.serving import metrics as m
 from rl_conductor.serving.auth import ApiKeys, AuthConfigError, load_keys
@@ -853,7 +853,7 @@ def main(argv: list[str] | None = None, extensions: Sequence[ServerExtension] = 
         integer_at_least("--max_body_bytes", args.max_body_bytes, 1)
         integer_at_least("--max_connections", args.max_connections, 1)
         integer_at_least("--backlog", args.backlog, 1)
-        positive_finite("--step_timeout_s", args.step_timeout_s)
+        positive_finite("--step_timeout_s", args.step_timeout_s, MAX_SECONDS)
         positive_finite("--body_timeout_s", args.body_timeout_s)
         positive_finite("--header_timeout_s", args.header_timeout_s)
         for extension in extensions:

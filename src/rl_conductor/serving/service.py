@@ -42,8 +42,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rl_conductor import validation
 from rl_conductor.executor import CHARGES, MIN_OUTPUT_TOKENS, Charge, reserve_input_tokens
-from rl_conductor.limits import RequestLimits
+from rl_conductor.limits import MAX_ROUNDS, MAX_SECONDS, RequestLimits
 from rl_conductor.policies.base import Episode, Plan, Policy
 from rl_conductor.reward import deadline_shortened, deadline_stopped
 from rl_conductor.serving import metrics as m
@@ -99,6 +100,14 @@ class ServiceConfig:
     max_batch: int = 32
     trace: bool = False
     experiment: str = "conductor-serving"
+
+    def __post_init__(self) -> None:
+        # the per-call timeout becomes every request's RequestLimits.step_timeout_s: a value its
+        # cap refuses would start a server that fails every request (the same caps, checked here)
+        validation.positive_finite("step_timeout_s", self.step_timeout_s, MAX_SECONDS)
+        if self.max_rounds is not None:
+            validation.integer_at_least("max_rounds", self.max_rounds, 1, MAX_ROUNDS)
+        validation.integer_at_least("max_batch", self.max_batch, 1)
 
 
 class StreamClosedError(WorkerError):
