@@ -105,8 +105,14 @@ def _serve_log(store: Path, requests: list[dict[str, Any]]) -> list[str]:
     ids = []
     for i, r in enumerate(requests):
         rid = f"req-{i}"
-        steps = [
-            {"index": k, "worker": w, "status": "ok", "cost_usd": r["cost"] / len(r["workflow"])}
+        steps = [  # as serving.request.step_document writes them: one successful attempt each
+            {
+                "index": k,
+                "worker": w,
+                "status": "ok",
+                "cost_usd": r["cost"] / len(r["workflow"]),
+                "attempts": [{"worker": w, "status": "ok", "cost_usd": r["cost"] / len(r["workflow"])}],
+            }
             for k, (w, _) in enumerate(r["workflow"])
         ]
         doc = {
@@ -243,3 +249,23 @@ def test_the_trainer_teaches_the_taught_workflows_and_says_so(
         assert run.data.params["observed_path"] == str(path)
     finally:
         mlflow_utils.reset()
+
+
+def test_a_recorded_request_made_a_call_as_the_reward_reads_its_trace() -> None:
+    """The retraining loop's ``called`` is the training reward's: any attempt, failed ones
+    included, even on a step a deadline then skipped; a record without attempt counts (written
+    before they were kept) falls back to the steps that ran or failed."""
+    from rl_conductor.loop.data import made_a_call
+    from rl_conductor.loop.traffic import traffic_record
+    from rl_conductor.serving.request import ConductorRequest
+
+    attempt = {"worker": "w", "status": "timeout", "input_tokens": 5, "output_tokens": 0, "cost_usd": 0.0}
+    doc = {
+        "request_id": "r1",
+        "steps": [{"index": 0, "worker": "w", "status": "skipped_deadline", "attempts": [attempt]}],
+    }
+    rec = traffic_record(ConductorRequest(question="2+2?"), doc, endpoint="v1")
+    assert rec["steps"][0]["attempts"] == 1
+    assert made_a_call(rec["steps"])  # the trace had an attempt: the format bonus is earned
+    assert not made_a_call([{"status": "skipped_deadline", "attempts": 0}])
+    assert made_a_call([{"status": "failed"}]) and not made_a_call([{"status": "skipped_budget"}])

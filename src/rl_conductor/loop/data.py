@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -123,7 +123,7 @@ def task_of(record: dict[str, Any], feedback: dict[str, Any] | None, dataset: st
 def observed_of(example: Example) -> Observed | None:
     """A request with a score and no gold answer as an observed example (else None): its
     question, executed workflow and outcome as the reward reads a trace — a worker was called
-    (a step that ran or failed), a budget or a deadline skipped a step."""
+    (:func:`made_a_call`), a budget or a deadline skipped a step."""
     fb = example.feedback
     if fb is None or fb.get("score") is None or fb.get("answer"):
         return None
@@ -136,7 +136,7 @@ def observed_of(example: Example) -> Observed | None:
         workflow=tuple(dict(s) for s in rec.get("workflow", [])),
         score=float(fb["score"]),
         cost_usd=float(rec.get("cost_usd", 0.0)),
-        called=any(s in ("ok", "failed") for s in statuses),
+        called=made_a_call(rec.get("steps", [])),
         budget_stopped="skipped_budget" in statuses,
         deadline_stopped="skipped_deadline" in statuses,
         max_cost_usd=rec.get("max_cost_usd"),
@@ -197,3 +197,13 @@ def collect(
 
 
 __all__ = ["Example", "TrafficData", "collect", "observed_of", "task_of"]
+
+
+def made_a_call(steps: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a recorded request called any worker, failed calls included: as
+    ``reward.trace_reward`` reads ``trace.attempts`` (a step the deadline skipped may still have
+    made a call). Records written before steps kept their ``attempts`` count: a step that ran or
+    failed."""
+    if any("attempts" in s for s in steps):
+        return any(int(s.get("attempts") or 0) > 0 for s in steps)
+    return any(str(s.get("status", "")) in ("ok", "failed") for s in steps)

@@ -168,6 +168,8 @@ def traffic_record(
                 "output_tokens": s.get("output_tokens", 0),
                 "cost_usd": s.get("cost_usd", 0.0),
                 "latency_s": s.get("latency_s", 0.0),
+                # the calls the step made, failed ones included: what the reward's "called" reads
+                "attempts": len(s.get("attempts") or []),
             }
             for s in doc.get("steps", [])
         ],
