@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import itertools
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,7 @@ from rl_conductor.policies.cascade import SampleOutcomes, measure_samples
 from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
 from rl_conductor.policies.knn import KnnRouter, cached_embeddings
 from rl_conductor.policies.routers import SingleOutcomes
-from rl_conductor.reward import REWARD_PRESETS, RewardConfig, reward_of
+from rl_conductor.reward import RewardConfig, reward_config, reward_of
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.graders import keys_agree
@@ -132,7 +131,7 @@ def router_choices(
     )
     mean_cost = {n: float(train.cost[:, j].mean()) for j, n in enumerate(train.names)}
     for w in WEIGHTS:
-        cfg = replace(rc, cost_weight=w)
+        cfg = reward_config(rc, cost_weight=w)
         for k in KS:
             knn = KnnRouter(emb_train, outcomes, k=k, reward=cfg)
             choice = []
@@ -150,7 +149,7 @@ def router_choices(
     )
     p = model.predict(test.tasks, emb_test)
     for w in WEIGHTS:
-        est = estimated_rewards(model, test.tasks, p, replace(rc, cost_weight=w))
+        est = estimated_rewards(model, test.tasks, p, reward_config(rc, cost_weight=w))
         choices[f"evidence w={w}"] = np.argmax(est, axis=1)
     acc = train.correct.mean(axis=0)
     strong = int(np.argmax(acc))
@@ -186,7 +185,7 @@ def arguments(doc: str | None, cost_weight: float, out: str) -> argparse.Argumen
 
 def setting(args: argparse.Namespace) -> tuple[RewardConfig, Pool, str]:
     """The cost-aware reward at ``--cost-weight``, the ``--pool`` and its default dataset."""
-    rc = replace(REWARD_PRESETS["cost-aware"], cost_weight=args.cost_weight)
+    rc = reward_config("cost-aware", cost_weight=args.cost_weight)
     pool = load_pool(args.pool)
     return rc, pool, pool.default_dataset()
 

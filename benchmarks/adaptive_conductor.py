@@ -26,7 +26,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ import numpy as np
 from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import make_policy
-from rl_conductor.reward import REWARD_PRESETS
+from rl_conductor.reward import reward_config
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.workers.pool import load_pool
 
@@ -173,7 +173,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     t0 = time.perf_counter()
-    rc = replace(REWARD_PRESETS["cost-aware"], cost_weight=args.cost_weight)
+    rc = reward_config("cost-aware", cost_weight=args.cost_weight)
     pool = load_pool(args.pool)
     # the dataset the Conductor was trained for (a built-in pool such as paper-sim names none)
     trained = json.loads((args.model / "conductor.json").read_text())

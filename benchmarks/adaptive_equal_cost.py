@@ -45,7 +45,6 @@ import itertools
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,7 @@ from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.cascade import measure_samples
-from rl_conductor.reward import reward_of, trained_reward
+from rl_conductor.reward import reward_config, reward_of, trained_reward
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.workers.pool import load_pool
 
@@ -157,7 +156,7 @@ def main() -> None:
 
     def train_reward(o: tuple[int, ...], cw: float = rc.cost_weight) -> float:
         y, c = runs[o]
-        return float(np.mean(reward_of(replace(rc, cost_weight=cw), correct=y, cost=c)))
+        return float(np.mean(reward_of(reward_config(rc, cost_weight=cw), correct=y, cost=c)))
 
     fitted = {cw: max(orders, key=lambda o, cw=cw: train_reward(o, cw)) for cw in WEIGHTS}
     result: dict[str, Any] = {

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -52,7 +51,7 @@ from rl_conductor.policies.cascade import measure_samples
 from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
 from rl_conductor.policies.knn import cached_embeddings
 from rl_conductor.review_evidence import FEATURES, choose_tau, design, fit_probe, gain_of, text_features
-from rl_conductor.reward import RewardConfig, reward_of
+from rl_conductor.reward import RewardConfig, reward_config, reward_of
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.tasks.gsm8k_six import RECORDINGS
 from rl_conductor.tasks.recordings_format import load_recordings
@@ -295,7 +294,7 @@ def main() -> None:
     )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for wt in WEIGHTS:
-        f = fit_at(replace(rc, cost_weight=wt))[0]
+        f = fit_at(reward_config(rc, cost_weight=wt))[0]
         cmp = compare(rule_outcome(test, f["first"], f["escalate"], f["g_test"], f["tau"]))
         sweep.append({"cost_weight": wt, "rule": name(f), **cmp})
         d, tr = cmp["accuracy_minus_threshold_router"], cmp["threshold_router_at_or_below"]

@@ -56,7 +56,7 @@ from rl_conductor.policies.evidence import (
 )
 from rl_conductor.policies.knn import cached_embeddings
 from rl_conductor.policies.routers import reward_matrix, single_outcomes
-from rl_conductor.reward import REWARD_PRESETS
+from rl_conductor.reward import reward_config
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.validation import DATA_SPLITS as SPLITS
 from rl_conductor.workers.pool import load_pool
@@ -135,7 +135,7 @@ def as_chosen(best: EvidenceModel, choice: str, plain: EvidenceModel, shrunk: Ev
 
 def reward_matrix_at(tr: dict[str, Any], weight: float, rc: Any) -> np.ndarray:
     """The training split's per-question rewards of every worker at another cost weight."""
-    return np.asarray(reward_matrix(tr["out"], replace(rc, cost_weight=weight)))
+    return np.asarray(reward_matrix(tr["out"], reward_config(rc, cost_weight=weight)))
 
 
 def main() -> None:
@@ -149,7 +149,7 @@ def main() -> None:
     args = ap.parse_args()
     pool = load_pool(args.pool, seed=0)
     dataset = args.dataset or pool.default_dataset()
-    rc = replace(REWARD_PRESETS[args.reward_preset], cost_weight=args.cost_weight)
+    rc = reward_config(args.reward_preset, cost_weight=args.cost_weight)
     data: dict[str, dict[str, Any]] = {}
     names: list[str] = []
     for split in SPLITS:

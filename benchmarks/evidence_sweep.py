@@ -26,7 +26,6 @@ benchmarks/results/evidence_sweep.json`` (minutes: the fits; singles and embeddi
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from rich.table import Table
 from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
 from rl_conductor.policies.knn import cached_embeddings
 from rl_conductor.policies.routers import reward_matrix, single_outcomes
-from rl_conductor.reward import REWARD_PRESETS
+from rl_conductor.reward import reward_config
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.validation import DATA_SPLITS as SPLITS
 from rl_conductor.workers.pool import load_pool
@@ -79,7 +78,7 @@ def bootstrap(diff: np.ndarray, n_boot: int = 2000, seed: int = 0) -> list[float
 def run_config(
     data: dict[str, Any], cols: list[int], weight: float, n_train: int | None, seed: int, plain_too: bool
 ) -> dict[str, Any]:
-    rc = replace(REWARD_PRESETS["cost-aware"], cost_weight=weight)
+    rc = reward_config("cost-aware", cost_weight=weight)
     names = [data["names"][j] for j in cols]
     tr = data["train"]
     rows = np.arange(len(tr["tasks"]))

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,7 @@ from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
 from rl_conductor.policies.knn import KnnRouter, cached_embeddings
 from rl_conductor.policies.routers import reward_matrix, single_outcomes
-from rl_conductor.reward import trained_reward
+from rl_conductor.reward import reward_config, trained_reward
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.workers.pool import load_pool
 
@@ -71,7 +70,7 @@ def knn_choices(train: dict[str, Any], test: dict[str, Any], base: Any) -> dict[
     w = np.where(w.sum(axis=1, keepdims=True) > 0, w, 1.0)
     w = w / w.sum(axis=1, keepdims=True)
     return {
-        cw: (w @ reward_matrix(train["out"], replace(base, cost_weight=cw))).argmax(axis=1)
+        cw: (w @ reward_matrix(train["out"], reward_config(base, cost_weight=cw))).argmax(axis=1)
         for cw in FRONTIER_WEIGHTS
     }
 

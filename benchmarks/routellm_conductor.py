@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     points = {k: Point(k, s["mean_cost_usd"], s["accuracy"]) for k, s in summaries.items()}
     knn_curve: list[dict[str, Any]] = []
     for w in KNN_SWEEP:
-        other = KnnRouter(knn.embeddings, train_out, reward=replace(rc, cost_weight=w))
+        other = KnnRouter(knn.embeddings, train_out, reward=reward_config(rc, cost_weight=w))
         other._query = dict(test_emb)
         s = run_eval(other, pool, test_tasks, limits, rc, f"knn@{w:g}").summary()
         knn_curve.append({"cost_weight": w, "accuracy": s["accuracy"], "mean_cost_usd": s["mean_cost_usd"]})

@@ -48,7 +48,7 @@ from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.training.candidates import build_table, group_of
 from rl_conductor.training.config import TrainConfig, load_preset
-from rl_conductor.training.train import _reward_config, warm_start_targets
+from rl_conductor.training.train import warm_start_targets
 from rl_conductor.training.warmstart import ExpectedRewards
 from rl_conductor.workers.pool import PoolView, load_pool
 from rl_conductor.workflow import render
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     view = pool.view()
     dataset = base.dataset or str(pool.options.get("default_dataset", "paper-mix"))
     train = load_tasks(dataset, split="train", limit=base.train_limit, seed=base.seed)
-    reward = _reward_config(base)  # the evaluation reward: the preset's cost weight
+    reward = base.reward()  # the evaluation reward: the preset's cost weight
     splits = {s: load_tasks(dataset, split=s, seed=0) for s in args.splits.split(",")}
 
     policies: list[tuple[str, Policy, dict[str, Any]]] = []

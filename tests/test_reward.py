@@ -234,3 +234,11 @@ def test_reward_config_overrides_any_term_of_a_preset() -> None:
         reward_config("paper", cost_wieght=1.0)
     with pytest.raises(ValueError, match="unknown reward preset"):
         reward_config("cheap")
+    # a model's own reward as the base: only the named term moves
+    own = RewardConfig(cost_weight=0.25, cost_scale=0.02, budget_penalty=0.1)
+    assert reward_config(own, cost_weight=0.13) == RewardConfig(
+        cost_weight=0.13, cost_scale=0.02, budget_penalty=0.1
+    )
+    assert reward_config(own, cost_weight=None) == own
+    with pytest.raises(ValueError, match="unknown reward terms"):
+        reward_config(own, weight=1.0)

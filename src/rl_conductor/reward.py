@@ -71,17 +71,18 @@ REWARD_PRESETS: dict[str, RewardConfig] = {
 }
 
 
-def reward_config(preset: str = "cost-aware", **overrides: float | None) -> RewardConfig:
-    """The reward of ``preset`` with any of its terms overridden (``cost_weight=0.25``; None: the
-    preset's): the one place a reward is built from settings, for training, evaluation, the
-    routers' fits and the pipeline's gate alike. An unknown preset or term is a ``ValueError``
-    that lists the known ones."""
-    if preset not in REWARD_PRESETS:
+def reward_config(preset: str | RewardConfig = "cost-aware", **overrides: float | None) -> RewardConfig:
+    """The reward of ``preset`` (a preset's name, or a reward to start from: a model's own) with
+    any of its terms overridden (``cost_weight=0.25``; None: the preset's): the one place a reward
+    is built from settings, for training, evaluation, the routers' fits and the pipeline's gate
+    alike. An unknown preset or term is a ``ValueError`` that lists the known ones."""
+    if isinstance(preset, str) and preset not in REWARD_PRESETS:
         raise ValueError(f"unknown reward preset {preset!r}; known: {', '.join(sorted(REWARD_PRESETS))}")
     unknown = sorted(set(overrides) - {f.name for f in fields(RewardConfig)})
     if unknown:
         raise ValueError(f"unknown reward terms {unknown}; known: {[f.name for f in fields(RewardConfig)]}")
-    return replace(REWARD_PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
+    base = REWARD_PRESETS[preset] if isinstance(preset, str) else preset
+    return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
 def reward_from_dict(data: dict[str, float]) -> RewardConfig:

@@ -21,13 +21,13 @@ Everything here is arithmetic on measured points; nothing runs a worker.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
 
 from rl_conductor.policies.routers import SingleOutcomes, reward_matrix
-from rl_conductor.reward import RewardConfig
+from rl_conductor.reward import RewardConfig, reward_config
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def mean_rewards(
     ``rows`` of the outcomes (default: all)."""
     out: dict[float, dict[str, float]] = {}
     for w in weights:
-        r = reward_matrix(outcomes, replace(base, cost_weight=float(w)))
+        r = reward_matrix(outcomes, reward_config(base, cost_weight=float(w)))
         if rows is not None:
             r = r[rows]
         if not len(r):
@@ -80,7 +80,7 @@ def crossover_weight(
     s, k = _column(outcomes, strong), _column(outcomes, weak)
 
     def gap(w: float) -> float:
-        r = reward_matrix(outcomes, replace(base, cost_weight=w))
+        r = reward_matrix(outcomes, reward_config(base, cost_weight=w))
         if rows is not None:
             r = r[rows]
         if not len(r):

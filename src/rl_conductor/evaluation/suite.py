@@ -13,7 +13,7 @@ caller's options, else the reward the first ``conductor:DIR`` was trained with, 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,7 @@ def eval_reward(policies: list[str], reward_preset: str | None, cost_weight: flo
     if reward_preset is not None:
         return reward_config(reward_preset, cost_weight=cost_weight)
     own = trained_reward(trained_meta(policies))
-    return own if cost_weight is None else replace(own, cost_weight=cost_weight)
+    return reward_config(own, cost_weight=cost_weight)
 
 
 def trained_defaults(policies: list[str], pool: str | None, dataset: str | None) -> tuple[str, str | None]:

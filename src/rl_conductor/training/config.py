@@ -15,6 +15,7 @@ from rl_conductor import validation
 from rl_conductor.errors import ConfigError, UnknownName, yaml_problem
 from rl_conductor.limits import DEFAULT_MAX_STEPS, MAX_ROUNDS, MAX_STEPS
 from rl_conductor.prompting import QUESTION_CUTS
+from rl_conductor.reward import RewardConfig, reward_config
 
 #: The micro Conductor: the smallest run that still learns the output format (a 64-unit, 2-layer
 #: tiny model with a 1024-token vocabulary; plans of at most 2 steps in 48 completion tokens; 3
@@ -242,6 +243,10 @@ class TrainConfig:
     # tracking
     mlflow_experiment: str = _f("conductor-training", "MLflow experiment for training runs")
     mlflow_tracking_uri: str | None = _f(None, "MLflow tracking URI (default: sqlite under .conductor/)")
+
+    def reward(self) -> RewardConfig:
+        """The reward this recipe trains with (its preset, cost weight and cost scale)."""
+        return reward_config(self.reward_preset, cost_weight=self.cost_weight, cost_scale=self.cost_scale)
 
     def __post_init__(self) -> None:
         # the same rules as the CLI options and pipeline parameters (rl_conductor.validation)

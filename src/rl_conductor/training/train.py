@@ -88,12 +88,6 @@ def _quiet() -> None:
         pass
 
 
-def _reward_config(cfg: TrainConfig) -> Any:
-    from rl_conductor.reward import reward_config
-
-    return reward_config(cfg.reward_preset, cost_weight=cfg.cost_weight, cost_scale=cfg.cost_scale)
-
-
 def _corpus(tasks: list[Any], sft: list[dict[str, Any]]) -> list[str]:
     texts = [t.question for t in tasks]
     texts += [r["prompt"][0]["content"] + "\n" + r["completion"][0]["content"] for r in sft]
@@ -134,7 +128,7 @@ def conductor_meta(cfg: TrainConfig, pool_names: list[str], dataset: str | None 
         "base_model": cfg.model,
         "pool": cfg.pool,
         "dataset": dataset or cfg.dataset,
-        "reward": _reward_config(cfg).to_dict(),
+        "reward": cfg.reward().to_dict(),
         "pool_workers": pool_names,
         "max_question_chars": cfg.max_question_chars,
         "question_cut": cfg.question_cut,
@@ -206,7 +200,7 @@ def train(
         if cfg.evidence == "rank":
             from rl_conductor.policies.evidence import Ranker
 
-            rank = Ranker(evidence_model, _reward_config(cfg))
+            rank = Ranker(evidence_model, cfg.reward())
         sft = warm_sft_records(
             sft_specs,
             pool,
@@ -255,7 +249,7 @@ def train(
             pool,
             base_limits,
             targets,
-            _reward_config(cfg),
+            cfg.reward(),
             max_steps=cfg.max_steps_per_workflow,
             max_question_chars=cfg.max_question_chars,
             question_cut=cfg.question_cut,
@@ -337,7 +331,7 @@ def train(
         reward = ConductorReward(
             pool,
             {t.id: t for t in tasks},
-            _reward_config(cfg),
+            cfg.reward(),
             base_limits,
             review_rule=rule,
             review_text=text_rule,
@@ -495,7 +489,7 @@ def _warm_start(
             tasks,
             seed=cfg.seed,
             shrink=cfg.evidence == "rank",
-            select=_reward_config(cfg) if cfg.evidence == "rank" and cfg.evidence_select != "none" else None,
+            select=cfg.reward() if cfg.evidence == "rank" and cfg.evidence_select != "none" else None,
             rule=cfg.evidence_select if cfg.evidence_select != "none" else "best",
         )
         if cfg.evidence != "none"
@@ -514,14 +508,14 @@ def _warm_start(
             pair_k=cfg.warm_pair_k,
             max_steps=cfg.max_steps_per_workflow,
         )
-        rule = fit_rule(rounds, _reward_config(cfg))
+        rule = fit_rule(rounds, cfg.reward())
         choice = None
         if cfg.review_evidence == "text":  # the review reads the answers' texts (training/review_text.py)
             from rl_conductor.limits import RequestLimits
             from rl_conductor.training.review_text import fit_text_rule, review_rows
 
             limits = RequestLimits(max_steps=cfg.max_steps_per_workflow)
-            text = fit_text_rule(rounds, review_rows(items, pool, rounds, limits), _reward_config(cfg))
+            text = fit_text_rule(rounds, review_rows(items, pool, rounds, limits), cfg.reward())
             log.info("review text rule per first plan: %s", text.summary)
             choice = text.choice
             if text_rule is not None:
@@ -529,7 +523,7 @@ def _warm_start(
         table = adaptive_table(table, rounds, rule, choice)
     targets = ExpectedRewards.fit(
         table,
-        _reward_config(cfg),
+        cfg.reward(),
         shrink=cfg.warm_shrink,
         se_rule=cfg.warm_se_rule,
         group_by=cfg.warm_group_by,
