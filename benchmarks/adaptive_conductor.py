@@ -34,7 +34,7 @@ import numpy as np
 
 from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies.base import make_policy
+from rl_conductor.policies.catalog import make_policy
 from rl_conductor.reward import reward_config
 from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.workers.pool import load_pool

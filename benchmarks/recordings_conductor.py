@@ -47,7 +47,7 @@ from rich.table import Table
 from rl_conductor.evaluation.frontier import Point, hull_accuracy
 from rl_conductor.evaluation.runner import EvalResult, evaluate
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies.base import make_policy
+from rl_conductor.policies.catalog import make_policy
 from rl_conductor.policies.evidence import estimated_rewards, fit_evidence
 from rl_conductor.policies.knn import KnnRouter, cached_embeddings
 from rl_conductor.policies.routers import reward_matrix, single_outcomes

@@ -42,7 +42,8 @@ from rich.table import Table
 
 from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies.base import Plan, Policy, make_policy
+from rl_conductor.policies.base import Plan, Policy
+from rl_conductor.policies.catalog import make_policy
 from rl_conductor.reward import RewardConfig
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks

@@ -49,7 +49,7 @@ def project(trace_dict: dict[str, Any]) -> dict[str, Any]:
 
 def run_cases() -> list[str]:
     """One JSON line per (pool, policy, limits, task): the projected trace."""
-    from rl_conductor.policies.base import make_policy
+    from rl_conductor.policies.catalog import make_policy
     from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.workers.pool import load_pool
 

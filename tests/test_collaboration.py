@@ -330,7 +330,7 @@ def test_wrapped_simulated_workers_of_a_pool_share_one_registry() -> None:
     share one author registry (before, the join looked for an unwrapped worker and raised
     StopIteration)."""
     from rl_conductor.workers.base import WorkerWrapper, innermost
-    from rl_conductor.workers.pool import register_kind
+    from rl_conductor.workers.kinds import register_kind
     from rl_conductor.workers.simulated.worker import build_simulated
 
     register_kind("wrapped-simulated-test")(
@@ -486,7 +486,7 @@ def test_collaboration_gate_on_paper_mix() -> None:
 def test_moa_and_self_consistency_are_untouched() -> None:
     """MoA's aggregator (an ``aggregate`` step) and self-consistency (independent solves) give
     exactly the outcomes of the model without collaboration, so they keep their paper rows."""
-    from rl_conductor.policies.base import make_policy
+    from rl_conductor.policies.catalog import make_policy
 
     tasks = REASONING[:100] + MATH[:100]
 

@@ -18,7 +18,7 @@ import pytest
 from _tiny import Micro
 from rl_conductor.limits import RequestLimits
 from rl_conductor.lm.generate import generate, ids_prefix_ok
-from rl_conductor.policies import make_policy
+from rl_conductor.policies.catalog import make_policy
 from rl_conductor.policies.conductor import (
     FALLBACK_INSTRUCTION,
     ConductorPolicy,
@@ -620,7 +620,7 @@ def test_a_slow_answer_is_what_a_plan_must_fit() -> None:
     from dataclasses import replace as dc_replace
 
     from rl_conductor.policies.conductor import plan_seconds
-    from rl_conductor.workers.pool import info_from_spec
+    from rl_conductor.workers.kinds import info_from_spec
     from rl_conductor.workers.simulated import LENGTH_SIGMA
 
     info = dc_replace(fake_info("w"), ttft_s=0.5, tokens_per_s=100.0)

@@ -22,7 +22,8 @@ from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.trace import Trace
 from rl_conductor.validation import InvalidValue
 from rl_conductor.workers.fake import FakeWorker, fake_info
-from rl_conductor.workers.pool import Pool, info_from_spec, load_pool
+from rl_conductor.workers.kinds import info_from_spec
+from rl_conductor.workers.pool import Pool, load_pool
 from rl_conductor.workflow import Step, Workflow
 
 POOL = load_pool("paper-sim")

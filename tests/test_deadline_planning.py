@@ -26,8 +26,8 @@ from rl_conductor.evaluation.report import (
 from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.executor import execute
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.baselines import SingleWorker
+from rl_conductor.policies.catalog import make_policy
 from rl_conductor.prompting import conductor_prompt, template
 from rl_conductor.reward import (
     REWARD_PRESETS,

@@ -233,7 +233,7 @@ def test_evidence_rule_policy_sends_each_question_to_the_lines_first_worker(
 
     import rl_conductor.policies.knn_embed as knn_embed
     from rl_conductor.errors import ModelNotFound
-    from rl_conductor.policies.base import make_policy
+    from rl_conductor.policies.catalog import make_policy
 
     pool = fake_pool(3)
     names = pool.names()

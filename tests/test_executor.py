@@ -26,7 +26,8 @@ from rl_conductor.trace import STEP_STATUSES, Trace
 from rl_conductor.validation import InvalidValue
 from rl_conductor.workers.base import CallContext, Completion, Hosting, Message
 from rl_conductor.workers.fake import FakeWorker, fake_info
-from rl_conductor.workers.pool import Pool, PoolView, info_from_spec
+from rl_conductor.workers.kinds import info_from_spec
+from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, worker_message
 
 TASK = Task(id="t/1", question="What is 6 * 7?", answer="42", domain="math", source="test", grader="math")

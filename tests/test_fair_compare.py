@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from rl_conductor.cli import app
 from rl_conductor.evaluation.suite import eval_reward, run_eval, trained_reward
-from rl_conductor.policies.base import make_policy
+from rl_conductor.policies.catalog import make_policy
 from rl_conductor.policies.knn import KnnRouter
 from rl_conductor.reward import RewardConfig, reward_config, reward_of
 from rl_conductor.tasks.datasets import load_tasks

@@ -54,3 +54,45 @@ def _is_submodule(module: str, name: str) -> bool:
     except ModuleNotFoundError:
         return False
     return True
+
+
+def _runtime_imports(module: str) -> set[str]:
+    """The modules ``module`` imports outside ``if TYPE_CHECKING:`` blocks, function level too."""
+    import inspect
+
+    tree = ast.parse(inspect.getsource(importlib.import_module(module)))
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for n in ast.walk(block)
+    }
+    out = set()
+    for n in ast.walk(tree):
+        if id(n) in typing_only:
+            continue
+        if isinstance(n, ast.ImportFrom) and n.module:
+            out.add(n.module)
+        elif isinstance(n, ast.Import):
+            out |= {a.name for a in n.names}
+    return out
+
+
+def test_a_module_loaded_by_name_never_imports_its_loader() -> None:
+    """Dataset modules, worker kinds and policy kinds are imported by the catalog above them
+    (``tasks.datasets``; ``workers.pool`` by name; ``policies.catalog`` by name): none of them
+    imports that catalog back, which would be a circle the layer contract cannot see."""
+    from rl_conductor.policies import catalog
+    from rl_conductor.workers.pool import BUILTIN_KIND_MODULES
+
+    datasets = ["rl_conductor.tasks." + m for m in ("builtin", "routellm", "gsm8k_six")]
+    kinds = [*sorted(set(BUILTIN_KIND_MODULES.values())), "rl_conductor.workers.simulated.worker"]
+    policies = sorted({v.partition(":")[0] for v in catalog.POLICY_KINDS.values()})
+    loaded = {
+        "rl_conductor.tasks.datasets": datasets,
+        "rl_conductor.workers.pool": kinds,
+        "rl_conductor.policies.catalog": policies,
+    }
+    for loader, modules in loaded.items():
+        for module in modules:
+            assert loader not in _runtime_imports(module), f"{module} imports {loader}, which loads it"

@@ -19,7 +19,7 @@ import pytest
 
 from _pools import fake_pool
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies import make_policy
+from rl_conductor.policies.catalog import make_policy
 from rl_conductor.policies.knn import SOLVE, KnnRouter
 from rl_conductor.policies.knn_embed import EMBED_DIM, embed
 from rl_conductor.policies.routers import DomainRouter, SingleOutcomes, measure_singles, reward_matrix

@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 
 from rl_conductor.executor import execute
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies.base import make_policy
+from rl_conductor.policies.catalog import make_policy
 from rl_conductor.policies.fixed import FixedPlan
 from rl_conductor.serving.request import ConductorRequest
 from rl_conductor.serving.service import ConductorService, load_policy

@@ -14,7 +14,6 @@ import pytest
 from rl_conductor.evaluation.report import markdown_table, pareto_front
 from rl_conductor.evaluation.runner import evaluate
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies import make_policy
 from rl_conductor.policies.baselines import (
     AGGREGATE,
     SOLVE,
@@ -24,6 +23,7 @@ from rl_conductor.policies.baselines import (
     SelfConsistency,
     SingleWorker,
 )
+from rl_conductor.policies.catalog import make_policy
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.base import CallContext, Hosting, Message, estimate_tokens
 from rl_conductor.workers.fake import FakeWorker, fake_info

@@ -20,7 +20,7 @@ import yaml
 from rl_conductor.cli import app
 from rl_conductor.evaluation.suite import run_eval
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies.base import make_policy
+from rl_conductor.policies.catalog import make_policy
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks, split_of
 from rl_conductor.tasks.graders import grade

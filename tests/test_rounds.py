@@ -22,8 +22,8 @@ from one_round_cases import golden_lines, run_cases
 from rl_conductor.errors import UserError
 from rl_conductor.executor import Continuation, RoundRequest, execute
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies.base import make_policy
 from rl_conductor.policies.cascade import Cascade, cascade_outcomes, fit_cascade, measure_samples
+from rl_conductor.policies.catalog import make_policy
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks

@@ -21,7 +21,7 @@ from rl_conductor import validation
 from rl_conductor.errors import InvalidArgument
 from rl_conductor.evaluation.runner import EvalResult, evaluate
 from rl_conductor.limits import SENSITIVITIES, RequestLimits, Sensitivity
-from rl_conductor.policies.base import make_policy
+from rl_conductor.policies.catalog import make_policy
 from rl_conductor.policies.conductor import model_source, read_conductor_meta
 from rl_conductor.reward import RewardConfig, reward_config, trained_reward
 from rl_conductor.tasks.base import Task

@@ -22,18 +22,15 @@ allows.
 from __future__ import annotations
 
 import asyncio
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from rl_conductor.errors import InvalidSpec, UnknownName, UserError
 from rl_conductor.executor import Continuation, ReviewHook, RoundRequest, execute
 from rl_conductor.limits import RequestLimits
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Trace
-from rl_conductor.workers.pool import Pool, PoolView
+from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Workflow
 
 
@@ -168,41 +165,3 @@ class GivenPlan(Policy):
         """The trace of ``workflow`` run as this policy's episode: what the table builders and
         measurements that execute workflows of their own (not a policy's plans) call."""
         return (await self.run(task, view, limits, plan=Plan(workflow=workflow))).trace
-
-
-_REGISTRY = {
-    "single": "rl_conductor.policies.baselines:SingleWorker",
-    "random": "rl_conductor.policies.baselines:RandomWorkflow",
-    "moa": "rl_conductor.policies.baselines:MixtureOfAgents",
-    "self-consistency": "rl_conductor.policies.baselines:SelfConsistency",
-    "oracle": "rl_conductor.policies.baselines:Oracle",
-    "knn": "rl_conductor.policies.knn:KnnRouter",
-    "conductor": "rl_conductor.policies.conductor:ConductorPolicy",
-    "evidence-rule": "rl_conductor.policies.evidence_rule:EvidenceRule",
-    "domain-router": "rl_conductor.policies.routers:DomainRouter",
-    "cascade": "rl_conductor.policies.cascade:Cascade",
-    "fixed": "rl_conductor.policies.fixed:FixedPlan",
-}
-
-
-def policy_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def make_policy(spec: str, pool: Pool, **kwargs: Any) -> Policy:
-    """Build a policy from a spec like ``single:gpt-5``, ``moa``, ``moa:a,b>c``,
-    ``self-consistency:gpt-5``, ``random``, ``oracle``, ``knn``, ``domain-router``,
-    ``fixed:0,1``, ``conductor:PATH`` or ``evidence-rule:PATH``: the one parser of policy specs,
-    used by ``conductor eval``/``compare``, ``conductor serve --policy`` and the pipeline alike."""
-    kind, _, arg = spec.partition(":")
-    if kind not in _REGISTRY:
-        raise UnknownName(f"unknown policy {spec!r}; known kinds: {', '.join(policy_names())}")
-    module, _, cls_name = _REGISTRY[kind].partition(":")
-    cls = getattr(importlib.import_module(module), cls_name)
-    try:
-        return cls.from_spec(arg, pool, **kwargs)
-    except UserError:
-        raise
-    except ValueError as exc:
-        # from_spec parses what the user wrote after the colon; its ValueErrors are about that
-        raise InvalidSpec(f"policy {spec!r}: {exc}") from exc

@@ -32,7 +32,7 @@ class FixedPlan(Policy):
 
     @classmethod
     def from_spec(cls, arg: str, pool: Pool, **_: Any) -> FixedPlan:
-        """``fixed:0,1`` as :func:`~rl_conductor.policies.base.make_policy` parses it."""
+        """``fixed:0,1`` as :func:`~rl_conductor.policies.catalog.make_policy` parses it."""
         return cls.from_text(arg)
 
     @classmethod

@@ -677,14 +677,14 @@ class _Tracer:
 def load_policy(model: str | None, policy: str | None, pool: Pool) -> Policy:
     """The policy to serve: a trained Conductor (MLflow URI, ``s3://`` or folder) or a policy spec.
 
-    ``policy`` takes any spec of :func:`rl_conductor.policies.base.make_policy` (``single:NAME``,
+    ``policy`` takes any spec of :func:`rl_conductor.policies.catalog.make_policy` (``single:NAME``,
     ``moa``, ``fixed:0,1``, ...), the parser ``conductor eval`` uses too."""
     if (model is None) == (policy is None):
         raise ValueError(
             "serve either a trained Conductor (--model URI|DIR) or a policy spec (--policy SPEC)"
         )
     if policy is not None:
-        from rl_conductor.policies.base import make_policy
+        from rl_conductor.policies.catalog import make_policy
 
         return make_policy(policy, pool)
     from rl_conductor.policies.conductor import ConductorPolicy

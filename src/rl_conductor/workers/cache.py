@@ -224,7 +224,7 @@ def shared_state(options: dict[str, Any]) -> SharedState:
 
 def store_for(cfg: Any, options: dict[str, Any], *, option: str = "cache") -> CacheStore:
     """The pool's shared store for ``cfg`` (one per distinct setting)."""
-    from rl_conductor.workers.pool import PoolConfigError
+    from rl_conductor.workers.kinds import PoolConfigError
 
     stores = shared_state(options).stores
     key = json.dumps(cfg, sort_keys=True, default=str)
@@ -249,7 +249,7 @@ def _where(cfg: Any) -> str:
 def private_store_for(cfg: Any, shared: Any, options: dict[str, Any]) -> CacheStore | None:
     """The pool's store for private calls (pool option ``cache_private``), None when off; a
     setting naming the shared ``cache`` store (or a place inside it) is refused."""
-    from rl_conductor.workers.pool import PoolConfigError
+    from rl_conductor.workers.kinds import PoolConfigError
 
     if not cfg:
         return None

@@ -24,7 +24,7 @@ from rl_conductor.workers.base import (
     WorkerInfo,
     estimate_tokens,
 )
-from rl_conductor.workers.pool import register_kind
+from rl_conductor.workers.kinds import register_kind
 
 Responder = Callable[[Sequence[Message], CallContext | None], str]
 
@@ -106,7 +106,7 @@ def fake_info(
 
 @register_kind("fake")
 def _build_fake(spec: dict[str, object], options: dict[str, object]) -> FakeWorker:
-    from rl_conductor.workers.pool import info_from_spec
+    from rl_conductor.workers.kinds import info_from_spec
 
     return FakeWorker(
         info=info_from_spec(spec),

@@ -13,7 +13,9 @@ A pool file lists workers with their kind, model, prices, hosting and descriptio
         hosting: external        # self = inside the cluster, external = third-party API
         description: strongest coder, strong at math
 
-Builders for each ``kind`` register themselves with :func:`register_kind`; the built-in pools live
+Builders for each ``kind`` register themselves with :func:`register_kind`
+(:mod:`rl_conductor.workers.kinds`; this module imports a built-in kind's module the first time a
+pool names it); the built-in pools live
 in ``rl_conductor/configs/pools`` and are found by name (``load_pool("paper-sim")``).
 
 The Conductor sees a :class:`PoolView`: an ordered subset of the pool whose ordinal ids
@@ -23,7 +25,7 @@ The Conductor sees a :class:`PoolView`: an ordered subset of the pool whose ordi
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -31,68 +33,22 @@ from typing import Any
 
 import yaml
 
-from rl_conductor.errors import ConfigError, UnknownWorker, yaml_problem
+from rl_conductor.errors import UnknownWorker, yaml_problem
 from rl_conductor.workers.base import Worker, WorkerInfo
+from rl_conductor.workers.kinds import (
+    PoolConfigError,
+    builder_of,
+    registered_kinds,
+)
 
-WorkerBuilder = Callable[[dict[str, Any], dict[str, Any]], Worker]
-_BUILDERS: dict[str, WorkerBuilder] = {}
-_BUILTIN_MODULES = {
+#: The module that registers each built-in kind, imported the first time a pool names it.
+BUILTIN_KIND_MODULES = {
     "simulated": "rl_conductor.workers.simulated",
     "replay": "rl_conductor.workers.replay",
     "fake": "rl_conductor.workers.fake",
     "openai": "rl_conductor.workers.live.openai_chat",
     "anthropic": "rl_conductor.workers.live.anthropic_messages",
     "gemini": "rl_conductor.workers.live.gemini",
-}
-
-
-class PoolConfigError(ConfigError):
-    """A pool name that does not exist or a malformed pool file; the message names the field."""
-
-
-def register_kind(kind: str) -> Callable[[WorkerBuilder], WorkerBuilder]:
-    """Decorator: register ``builder(worker_spec, pool_options) -> Worker`` for a worker kind."""
-
-    def deco(fn: WorkerBuilder) -> WorkerBuilder:
-        _BUILDERS[kind] = fn
-        return fn
-
-    return deco
-
-
-def info_from_spec(spec: dict[str, Any]) -> WorkerInfo:
-    """Build the static :class:`WorkerInfo` from a worker entry of a pool file."""
-    try:
-        hosting = spec.get("hosting", "external")
-        if hosting not in ("self", "external"):
-            raise PoolConfigError(f"worker {spec.get('name')!r}: hosting must be 'self' or 'external'")
-        return WorkerInfo(
-            name=str(spec["name"]),
-            price_in=float(spec.get("price_in", 0.0)),
-            price_out=float(spec.get("price_out", 0.0)),
-            hosting=hosting,
-            description=str(spec.get("description", "")),
-            kind=str(spec.get("kind", "")),
-            max_output_tokens=int(spec.get("max_output_tokens", 4096)),
-            typical_output_tokens=int(spec.get("typical_output_tokens", 512)),
-            extra={k: v for k, v in spec.items() if k not in _INFO_KEYS},
-            # a pool file may state a worker's latency model (live workers: measured by hand)
-            **{k: float(spec[k]) for k in _LATENCY_KEYS if spec.get(k) is not None},
-        )
-    except KeyError as exc:
-        raise PoolConfigError(f"worker entry is missing {exc.args[0]!r}: {spec}") from None
-
-
-_LATENCY_KEYS = ("ttft_s", "tokens_per_s", "prefill_tokens_per_s", "output_tokens_spread")
-_INFO_KEYS = {
-    "name",
-    "price_in",
-    "price_out",
-    "hosting",
-    "description",
-    "kind",
-    "max_output_tokens",
-    "typical_output_tokens",
 }
 
 
@@ -210,16 +166,17 @@ def build_pool(cfg: dict[str, Any], **overrides: Any) -> Pool:
         if not isinstance(spec, dict) or "name" not in spec or "kind" not in spec:
             raise PoolConfigError(f"each worker needs `name` and `kind`: {spec!r}")
         kind = spec["kind"]
-        if kind not in _BUILDERS and kind in _BUILTIN_MODULES:
-            importlib.import_module(_BUILTIN_MODULES[kind])
-        if kind not in _BUILDERS:
+        if builder_of(kind) is None and kind in BUILTIN_KIND_MODULES:
+            importlib.import_module(BUILTIN_KIND_MODULES[kind])
+        build = builder_of(kind)
+        if build is None:
             raise PoolConfigError(
-                f"worker {spec['name']!r}: unknown kind {kind!r}; known: {sorted(_BUILDERS)}"
+                f"worker {spec['name']!r}: unknown kind {kind!r}; known: {registered_kinds()}"
             )
         if spec["name"] in names:
             raise PoolConfigError(f"duplicate worker name {spec['name']!r}")
         names.add(spec["name"])
-        workers.append(_BUILDERS[kind](dict(spec), options))
+        workers.append(build(dict(spec), options))
     pool = Pool(name=str(cfg.get("name", "pool")), workers=workers, options=options)
     for worker in workers:  # state a kind shares among its workers of one pool, not the process
         join = getattr(worker, "join_pool", None)

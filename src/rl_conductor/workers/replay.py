@@ -78,7 +78,7 @@ from rl_conductor.workers.base import (
     estimate_tokens,
     offline_completion,
 )
-from rl_conductor.workers.pool import PoolConfigError, info_from_spec, register_kind
+from rl_conductor.workers.kinds import PoolConfigError, info_from_spec, register_kind
 
 #: Appended to a recorded-correct GSM8K text whose final answer the project's grader misses.
 CORRECT_LINE = "\n\n#### {gold}"

@@ -42,6 +42,7 @@ import httpx2
 
 from rl_conductor.limits import MIN_OUTPUT_TOKENS
 from rl_conductor.workers.base import Message, WorkerError
+from rl_conductor.workers.kinds import PoolConfigError, register_kind
 from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, usage_count, wrap_cache
 from rl_conductor.workers.live.resilience import (
     MalformedResponseError,
@@ -49,7 +50,6 @@ from rl_conductor.workers.live.resilience import (
     classify_sdk_error,
 )
 from rl_conductor.workers.live.secrets import redact
-from rl_conductor.workers.pool import PoolConfigError, register_kind
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 #: the smallest ``budget_tokens`` the Messages API accepts

@@ -59,6 +59,7 @@ from rl_conductor.workers.base import (
     note_unanswered_bill,
     reserve_retry,
 )
+from rl_conductor.workers.kinds import PoolConfigError, info_from_spec
 from rl_conductor.workers.live.resilience import (
     CircuitBreaker,
     PermanentWorkerError,
@@ -69,7 +70,6 @@ from rl_conductor.workers.live.resilience import (
 )
 from rl_conductor.workers.live.secrets import redact
 from rl_conductor.workers.live.spend import SpendGuard, SpendLimitError, worst_case_cost
-from rl_conductor.workers.pool import PoolConfigError, info_from_spec
 
 log = logging.getLogger(__name__)
 

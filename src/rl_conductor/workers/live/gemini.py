@@ -40,6 +40,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from rl_conductor.workers.base import Message, WorkerError
+from rl_conductor.workers.kinds import register_kind
 from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, usage_count, wrap_cache
 from rl_conductor.workers.live.resilience import (
     MalformedResponseError,
@@ -47,7 +48,6 @@ from rl_conductor.workers.live.resilience import (
     classify_status,
 )
 from rl_conductor.workers.live.secrets import redact
-from rl_conductor.workers.pool import register_kind
 
 DEFAULT_API_VERSION = "v1beta"
 

@@ -44,6 +44,7 @@ import httpx2
 import openai
 
 from rl_conductor.workers.base import Message, WorkerError
+from rl_conductor.workers.kinds import PoolConfigError, register_kind
 from rl_conductor.workers.live.base import LiveWorker, WireResult, common_settings, usage_count, wrap_cache
 from rl_conductor.workers.live.resilience import (
     MalformedResponseError,
@@ -51,7 +52,6 @@ from rl_conductor.workers.live.resilience import (
     classify_sdk_error,
 )
 from rl_conductor.workers.live.secrets import redact
-from rl_conductor.workers.pool import PoolConfigError, register_kind
 
 #: placeholder key for servers that need none (the SDK insists on some value)
 NO_KEY = "EMPTY"

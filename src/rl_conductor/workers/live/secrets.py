@@ -19,7 +19,7 @@ import os
 import threading
 from typing import Any
 
-from rl_conductor.workers.pool import PoolConfigError
+from rl_conductor.workers.kinds import PoolConfigError
 
 REDACTED = "***"
 _MIN_SECRET_LEN = 8

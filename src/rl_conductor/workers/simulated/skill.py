@@ -21,7 +21,7 @@ from importlib import resources
 from typing import Any
 
 from rl_conductor.tasks.base import Task
-from rl_conductor.workers.pool import PoolConfigError
+from rl_conductor.workers.kinds import PoolConfigError
 from rl_conductor.workers.simulated.answers import (
     NO_ANSWER,
     WRONG_SET_SIZE,

@@ -10,7 +10,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl_conductor.tasks.base import DOMAINS, Task
 from rl_conductor.workers.base import (
@@ -24,7 +24,7 @@ from rl_conductor.workers.base import (
     innermost,
     offline_completion,
 )
-from rl_conductor.workers.pool import Pool, PoolConfigError, info_from_spec, register_kind
+from rl_conductor.workers.kinds import PoolConfigError, info_from_spec, register_kind
 from rl_conductor.workers.simulated.answers import (
     NO_ANSWER,
     NOT_RENDERED,
@@ -54,6 +54,9 @@ from rl_conductor.workers.simulated.skill import (
     paper_targets,
     shared_model,
 )
+
+if TYPE_CHECKING:  # a kind never imports the pool module that loads it (workers/kinds.py)
+    from rl_conductor.workers.pool import Pool
 
 EVIDENCE_CORRECT = 0.8
 EVIDENCE_WRONG = 0.9
