@@ -18,8 +18,8 @@ context; the cut is marked. With a ``ranking`` (``evidence: rank``,
 estimate: 3, 1, 5`` (the workers the request may use, ordered by their estimated reward for this
 question) and ``Best by estimate: 3``. The best id comes last, right before the plan the model
 writes, so following it is copying the token a fixed number of tokens back whatever the pool's
-size (measured: a ~2M-parameter model trained on targets made from per-worker percentages alone
-did not learn to compare them). The plan may name a shown worker by its place in that line
+size (a tiny model trained on targets made from per-worker percentages alone did not learn to
+compare them: benchmarks/README.md, measured design choices). The plan may name a shown worker by its place in that line
 (``model_id = [@1]``, :mod:`rl_conductor.workflow`): the Conductor parses with
 :func:`shown_ranking`, the ids the line showed.
 """

@@ -177,10 +177,14 @@ class Trace:
 
     @property
     def worker_fallbacks(self) -> int:
-        """Steps where a worker failed and another was called in its place. Each such step
-        records who was asked (``requested_worker``), who answered (``worker``), every attempt
-        with its error, and ``fallback to NAME`` in its note."""
-        return sum(1 for s in self.steps if len({a.worker for a in s.attempts}) > 1)
+        """Steps where a worker failed and the executor turned to another in its place (called,
+        or skipped then by the deadline or budget). Each such step records who was asked
+        (``requested_worker``), who answered (``worker``), every attempt with its error, and
+        ``fallback to NAME`` in its note. What evaluation's fallback rate and a response's
+        ``worker_fallback`` both read."""
+        return sum(
+            1 for s in self.steps if len({a.worker for a in s.attempts}) > 1 or "fallback to" in s.note
+        )
 
     @property
     def latency_s(self) -> float:

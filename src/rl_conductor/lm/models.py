@@ -34,10 +34,8 @@ SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # ~0.75M parameters with a 2048-token vocabulary (the tied embedding is a third of them). Two
 # layers, because on CPU a GRPO step is dominated by per-token decoding overhead and by the
 # prefill of every completion's prompt, which grow with depth, not by the parameter count; a
-# bigger vocabulary also slows per-token sampling. Measured on this project's 2-core machine
-# (one torch thread, TRL GRPO, 16 completions of <=100 tokens, ~250-token prompts): ~3.5 CPU-s
-# a step (~1.8 with 64-token prompts); 4 layers (`num_hidden_layers=4, intermediate_size=384`,
-# 1.05M parameters) cost ~1.6x that.
+# bigger vocabulary also slows per-token sampling (the step times: benchmarks/README.md,
+# measured design choices).
 TINY_DEFAULTS: dict[str, Any] = {
     "hidden_size": 128,
     "intermediate_size": 512,

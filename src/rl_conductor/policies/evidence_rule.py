@@ -58,7 +58,7 @@ class EvidenceRule(Policy):
         return cls(arg)
 
     async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: RequestLimits) -> list[Episode]:
-        """Embed every question in one batch first (one at a time is ~20x slower on a CPU)."""
+        """Embed every question in one batch first (one at a time is far slower on a CPU)."""
         todo = list(dict.fromkeys(t.question for t in tasks if t.question not in self._embedded))
         if todo:
             self._embedded.update(zip(todo, self._embed(todo), strict=True))

@@ -627,8 +627,16 @@ def build_parser(extensions: Sequence[ServerExtension] = ()) -> argparse.Argumen
         help="serve a policy spec instead of a model: fixed:0,1 | single:NAME | moa ...",
     )
     parser.add_argument("--pool", required=True, help="pool name or pool YAML path")
-    parser.add_argument("--step_timeout_s", type=float, default=120.0, help="per worker call timeout")
-    parser.add_argument("--max_batch", type=int, default=32, help="most questions planned in one generation")
+    # the pyfunc's defaults too (ServiceConfig): one model answers alike however it is loaded
+    parser.add_argument(
+        "--step_timeout_s", type=float, default=ServiceConfig.step_timeout_s, help="per worker call timeout"
+    )
+    parser.add_argument(
+        "--max_batch",
+        type=int,
+        default=ServiceConfig.max_batch,
+        help="most questions planned in one generation",
+    )
     parser.add_argument(
         "--max_rounds",
         type=int,

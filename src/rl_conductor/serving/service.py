@@ -46,7 +46,7 @@ from rl_conductor import validation
 from rl_conductor.executor import CHARGES, MIN_OUTPUT_TOKENS, Charge, reserve_input_tokens
 from rl_conductor.limits import MAX_ROUNDS, MAX_SECONDS, RequestLimits
 from rl_conductor.policies.base import Episode, Plan, Policy
-from rl_conductor.reward import deadline_shortened, deadline_stopped
+from rl_conductor.reward import budget_stopped, deadline_shortened, deadline_stopped
 from rl_conductor.serving import metrics as m
 from rl_conductor.serving.guard import HTTP_REQUEST_ID
 from rl_conductor.serving.request import (
@@ -446,11 +446,8 @@ class ConductorService:
 
 
 def _extras(trace: Trace) -> dict[str, Any]:
-    budget_stop = any(s.status == "skipped_budget" for s in trace.steps)
-    # a step answered (or tried) by more than one worker: a failing worker was replaced
-    worker_fallback = any(
-        len({a.worker for a in s.attempts}) > 1 or "fallback to" in s.note for s in trace.steps
-    )
+    budget_stop = budget_stopped(trace)
+    worker_fallback = trace.worker_fallbacks > 0  # a failing worker was replaced
     failed = [s for s in trace.steps if s.status == "failed"]
     message = ""
     deadline_cut = deadline_shortened(trace)

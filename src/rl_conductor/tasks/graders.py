@@ -866,7 +866,7 @@ def compiles(program: str) -> bool:
 
     Why: answers cut short (a budget or deadline capping the output) or prose without code are
     each distinct texts, so the grade cache rarely helps, and each would cost a sandboxed
-    subprocess (~20 ms, more under load) to learn what the parser says in microseconds.
+    subprocess (milliseconds, more under load) to learn what the parser says in microseconds.
     Measured on the candidate table with deadline columns, these were most sandbox runs."""
     _silence_compile_warnings()
     try:

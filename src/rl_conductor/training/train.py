@@ -652,7 +652,7 @@ def _sft(
     if peft_config is not None:
         model = model.merge_and_unload()
     # trainers switch the KV cache off for training; generation without it recomputes the
-    # whole prompt for every new token (3-10x slower), so saved models always have it on
+    # whole prompt for every new token (several times slower), so saved models always have it on
     model.config.use_cache = True
     model.generation_config.use_cache = True
     with main_process_writes() as writer:

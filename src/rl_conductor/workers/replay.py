@@ -39,8 +39,9 @@ What it deliberately simplifies, and why:
 * **Tokens are estimated** where not recorded, with :func:`rl_conductor.workers.base.estimate_tokens` (about 4
   characters per token), for both models, so their costs stay on one scale. No tokenizer of
   GPT-4 (cl100k) works offline: tiktoken's wheel ships no encoding file. Mixtral's does (the
-  ``mistral-common`` wheel) and counts 1.75x more tokens on these texts (131.7 vs 75.3 per
-  GSM8K answer: it splits digits), so Mixtral's token counts here are low by that factor.
+  ``mistral-common`` wheel) and counts more tokens on these texts (it splits digits), so
+  Mixtral's token counts here are low (the factor: benchmarks/README.md, measured design
+  choices).
   Output tokens: of the returned GSM8K text; for MMLU, where the synthesised text is a stand-in,
   a fixed ``mmlu_output_tokens`` (16 by default: a letter and a short justification). Input
   tokens: of the messages.
