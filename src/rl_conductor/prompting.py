@@ -19,8 +19,9 @@ estimate: 3, 1, 5`` (the workers the request may use, ordered by their estimated
 question) and ``Best by estimate: 3``. The best id comes last, right before the plan the model
 writes, so following it is copying the token a fixed number of tokens back whatever the pool's
 size (a tiny model trained on targets made from per-worker percentages alone did not learn to
-compare them: benchmarks/README.md, measured design choices). The plan may name a shown worker by its place in that line
-(``model_id = [@1]``, :mod:`rl_conductor.workflow`): the Conductor parses with
+compare them: benchmarks/README.md, measured design choices). The plan may name a shown worker
+by its place in that line (``model_id = [@1]``, :mod:`rl_conductor.workflow`): the Conductor
+parses with
 :func:`shown_ranking`, the ids the line showed.
 """
 
