@@ -20,7 +20,7 @@ import numpy as np
 
 from rl_conductor.errors import InvalidSpec, model_not_found
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies.base import Episode, Plan, Policy
+from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.chains import single
 from rl_conductor.policies.evidence import EvidenceModel, Ranker
 from rl_conductor.reward import trained_reward
@@ -57,12 +57,12 @@ class EvidenceRule(Policy):
             raise InvalidSpec("evidence-rule needs a Conductor folder trained with evidence: rank")
         return cls(arg)
 
-    async def run_many(self, tasks: Sequence[Task], view: PoolView, limits: RequestLimits) -> list[Episode]:
+    async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: RequestLimits) -> list[Plan]:
         """Embed every question in one batch first (one at a time is far slower on a CPU)."""
         todo = list(dict.fromkeys(t.question for t in tasks if t.question not in self._embedded))
         if todo:
             self._embedded.update(zip(todo, self._embed(todo), strict=True))
-        return await super().run_many(tasks, view, limits)
+        return await super().plan_many(tasks, view, limits)
 
     async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         if task.question not in self._embedded:
