@@ -235,3 +235,24 @@ def test_embed_gives_unit_vectors_that_rank_paraphrases_closest() -> None:
     # Batching by length keeps the input order.
     np.testing.assert_allclose(embed(texts[2:3])[0], vectors[2], atol=1e-5)
     assert embed([]).shape == (0, EMBED_DIM)
+
+
+def test_a_warm_start_example_longer_than_the_window_is_refused_with_what_to_shorten(tiny_dir: Path) -> None:
+    """A pool of many workers with long descriptions makes prompts the SFT window would cut from
+    the end — the target plan first — so training refuses them and says what to shorten."""
+    from transformers import AutoTokenizer
+
+    from rl_conductor.errors import ConfigError
+    from rl_conductor.training.train import SFT_MAX_TOKENS, check_sft_lengths
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_dir))
+    short = {"prompt": [{"role": "user", "content": "0: gpt-5\n1: gemma\nQuestion: 2+2?"}]}
+    short["completion"] = [{"role": "assistant", "content": "model_id = [1]"}]
+    assert 0 < check_sft_lengths([short], tok) < SFT_MAX_TOKENS
+    lines = "\n".join(f"{i}: a worker whose pool file describes it at great length, " * 8 for i in range(40))
+    long = {"prompt": [{"role": "user", "content": lines}], "completion": short["completion"]}
+    with pytest.raises(
+        ConfigError, match=r"1 of 2 warm-start examples are longer than the 1024-token"
+    ) as err:
+        check_sft_lengths([short, long], tok)
+    assert "descriptions in the pool file" in str(err.value)

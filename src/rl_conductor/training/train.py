@@ -608,16 +608,49 @@ def _save_policy(trainer: Any, path: Path, *, merge_lora: bool) -> None:
         trainer.processing_class.save_pretrained(str(path))
 
 
+#: Tokens of an SFT example (prompt and target) the warm start trains on; a longer one would be cut.
+SFT_MAX_TOKENS = 1024
+
+
+def check_sft_lengths(records: list[dict[str, Any]], tokenizer: Any, max_tokens: int = SFT_MAX_TOKENS) -> int:
+    """The longest SFT example in tokens (prompt and target, as the chat template renders them);
+    a ``ConfigError`` when one is longer than ``max_tokens``. Why: the trainer cuts an example
+    to the window from its end, so the target plan — what the example teaches — is what goes:
+    many workers with long descriptions in a pool file would train on nothing, silently."""
+    from rl_conductor.errors import ConfigError
+
+    lengths = [
+        len(
+            tokenizer(tokenizer.apply_chat_template(r["prompt"] + r["completion"], tokenize=False))[
+                "input_ids"
+            ]
+        )
+        for r in records
+    ]
+    over = [n for n in lengths if n > max_tokens]
+    if over:
+        raise ConfigError(
+            f"{len(over)} of {len(records)} warm-start examples are longer than the {max_tokens}-token "
+            f"window (the longest: {max(over)} tokens), so their target plans would be cut off: "
+            "shorten the workers' descriptions in the pool file, lower max_question_chars, or use "
+            "fewer workers"
+        )
+    return max(lengths, default=0)
+
+
 def _sft(
     cfg: TrainConfig, model_src: Path | str, records: list[dict[str, Any]], sft_dir: Path, *, progress: bool
 ) -> None:
     from datasets import Dataset
+    from transformers import AutoTokenizer
     from trl import SFTConfig
 
     from rl_conductor.lm.generate import torch_threads
     from rl_conductor.training.callbacks import MlflowMetrics, RichProgress
     from rl_conductor.training.sft_loss import CompletionLossSFTTrainer
 
+    longest = check_sft_lengths(records, AutoTokenizer.from_pretrained(str(model_src)))
+    log.info("warm start: %d examples, the longest %d tokens", len(records), longest)
     args = SFTConfig(
         output_dir=str(sft_dir.parent / "sft_work"),
         num_train_epochs=cfg.sft_epochs,
@@ -632,7 +665,7 @@ def _sft(
         use_cpu=not (cfg.bf16 or cfg.use_vllm or _has_gpu()),
         seed=cfg.seed,
         completion_only_loss=True,
-        max_length=1024,
+        max_length=SFT_MAX_TOKENS,
         disable_tqdm=True,
         gradient_checkpointing=cfg.gradient_checkpointing,
         dataloader_num_workers=0,
