@@ -710,3 +710,17 @@ async def test_a_run_that_completes_has_no_stopped_reason() -> None:
     assert trace.stopped_reason == "" and trace.final_answer == "answer from w"
     empty = await execute(Workflow(steps=()), TASK, _view(w))
     assert empty.stopped_reason == "" and empty.final_answer == "" and w.calls[2:] == []
+
+
+def test_a_worker_fallback_is_the_executors_own_note_not_a_workers_error_text() -> None:
+    """``Trace.worker_fallbacks`` counts a step the executor turned to another worker for (called
+    or not), never one whose worker merely said "fallback to" in its error."""
+    from rl_conductor.trace import StepRecord, Trace
+
+    def step(note: str) -> StepRecord:
+        return StepRecord(index=0, worker="gpt-5", instruction="", visible=[], status="failed", note=note)
+
+    fell_back = Trace("t", steps=[step("gpt-5: HTTP 503; fallback to claude-sonnet-4")])
+    assert fell_back.worker_fallbacks == 1
+    said_it = Trace("t", steps=[step("gpt-5: HTTP 400: set fallback to true in your request")])
+    assert said_it.worker_fallbacks == 0

@@ -243,16 +243,17 @@ def test_a_warm_start_example_longer_than_the_window_is_refused_with_what_to_sho
     from transformers import AutoTokenizer
 
     from rl_conductor.errors import ConfigError
-    from rl_conductor.training.train import SFT_MAX_TOKENS, check_sft_lengths
+    from rl_conductor.training.train import check_sft_lengths
 
     tok = AutoTokenizer.from_pretrained(str(tiny_dir))
     short = {"prompt": [{"role": "user", "content": "0: gpt-5\n1: gemma\nQuestion: 2+2?"}]}
     short["completion"] = [{"role": "assistant", "content": "model_id = [1]"}]
-    assert 0 < check_sft_lengths([short], tok) < SFT_MAX_TOKENS
+    assert 0 < check_sft_lengths([short], tok, 1024) < 1024
     lines = "\n".join(f"{i}: a worker whose pool file describes it at great length, " * 8 for i in range(40))
     long = {"prompt": [{"role": "user", "content": lines}], "completion": short["completion"]}
     with pytest.raises(
         ConfigError, match=r"1 of 2 warm-start examples are longer than the 1024-token"
     ) as err:
-        check_sft_lengths([short, long], tok)
+        check_sft_lengths([short, long], tok, 1024)
     assert "descriptions in the pool file" in str(err.value)
+    assert check_sft_lengths([short, long], tok, 20_000) > 1024  # a bigger window takes it

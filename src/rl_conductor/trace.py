@@ -182,9 +182,7 @@ class Trace:
         (``requested_worker``), who answered (``worker``), every attempt with its error, and
         ``fallback to NAME`` in its note. What evaluation's fallback rate and a response's
         ``worker_fallback`` both read."""
-        return sum(
-            1 for s in self.steps if len({a.worker for a in s.attempts}) > 1 or "fallback to" in s.note
-        )
+        return sum(1 for s in self.steps if len({a.worker for a in s.attempts}) > 1 or _fell_back(s.note))
 
     @property
     def latency_s(self) -> float:
@@ -201,3 +199,9 @@ class Trace:
             latency_s=self.latency_s,
         )
         return d
+
+
+def _fell_back(note: str) -> bool:
+    """Whether a step's note has the executor's own ``fallback to NAME`` part (a worker's error
+    text, also in the note, starts with the worker's name and cannot pass for one)."""
+    return any(part.startswith("fallback to ") for part in note.split("; "))

@@ -5,7 +5,7 @@
     {"policy", "pool", "n", "accuracy", "mean_tokens", "mean_cost_usd", "mean_calls",
      "mean_steps", "p50_latency_s", "p95_latency_s", "parse_rate", "fallback_rate" (the plan: the
      Conductor's text did not parse), "worker_fallback_rate" (share of questions where a worker failed
-     and another of its hosting class was called instead: ``Trace.worker_fallbacks``),
+     and the executor turned to another of its hosting class: ``Trace.worker_fallbacks``),
      "deadline_cut_rate" (share of questions where the deadline skipped a step, capped an answer
      or cut the plan to its answering step before it ran), "failed_call_rate" (share of worker
      calls that failed: error, timeout or empty answer), "call_errors" (the most frequent failure

@@ -144,6 +144,11 @@ class TrainConfig:
     sft_epochs: float = _f(1.0, "epochs over the SFT examples")
     sft_learning_rate: float = _f(2e-3, "SFT learning rate")
     sft_batch_size: int = _f(32, "SFT batch size")
+    sft_max_length: int = _f(
+        1024,
+        "tokens of one warm-start example (prompt and target plan); training refuses a longer one, "
+        "which the trainer would cut from its end, the plan first",
+    )
     sft_decision_weight: float = _f(
         1.0,
         "multiplies the SFT loss of the completion tokens that carry the decision: the model_id list "
@@ -252,6 +257,7 @@ class TrainConfig:
         # the same rules as the CLI options and pipeline parameters (rl_conductor.validation)
         validation.integer_at_least("grpo_steps", self.grpo_steps, 1)
         validation.integer_at_least("sft_examples", self.sft_examples, 1)
+        validation.integer_at_least("sft_max_length", self.sft_max_length, 64)
         validation.integer_at_least("seed", self.seed, 0)
         if self.cost_weight is not None:
             validation.non_negative_finite("cost_weight", self.cost_weight)

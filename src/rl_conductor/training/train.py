@@ -608,15 +608,12 @@ def _save_policy(trainer: Any, path: Path, *, merge_lora: bool) -> None:
         trainer.processing_class.save_pretrained(str(path))
 
 
-#: Tokens of an SFT example (prompt and target) the warm start trains on; a longer one would be cut.
-SFT_MAX_TOKENS = 1024
-
-
-def check_sft_lengths(records: list[dict[str, Any]], tokenizer: Any, max_tokens: int = SFT_MAX_TOKENS) -> int:
+def check_sft_lengths(records: list[dict[str, Any]], tokenizer: Any, max_tokens: int) -> int:
     """The longest SFT example in tokens (prompt and target, as the chat template renders them);
-    a ``ConfigError`` when one is longer than ``max_tokens``. Why: the trainer cuts an example
-    to the window from its end, so the target plan — what the example teaches — is what goes:
-    many workers with long descriptions in a pool file would train on nothing, silently."""
+    a ``ConfigError`` when one is longer than ``max_tokens`` (``TrainConfig.sft_max_length``).
+    Why: the trainer cuts an example to the window from its end, so the target plan — what the
+    example teaches — is what goes: many workers with long descriptions in a pool file would
+    train on nothing, silently."""
     from rl_conductor.errors import ConfigError
 
     lengths = [
@@ -632,8 +629,8 @@ def check_sft_lengths(records: list[dict[str, Any]], tokenizer: Any, max_tokens:
         raise ConfigError(
             f"{len(over)} of {len(records)} warm-start examples are longer than the {max_tokens}-token "
             f"window (the longest: {max(over)} tokens), so their target plans would be cut off: "
-            "shorten the workers' descriptions in the pool file, lower max_question_chars, or use "
-            "fewer workers"
+            "shorten the workers' descriptions in the pool file, lower max_question_chars, use "
+            "fewer workers, or raise sft_max_length (within the model's context)"
         )
     return max(lengths, default=0)
 
@@ -649,7 +646,7 @@ def _sft(
     from rl_conductor.training.callbacks import MlflowMetrics, RichProgress
     from rl_conductor.training.sft_loss import CompletionLossSFTTrainer
 
-    longest = check_sft_lengths(records, AutoTokenizer.from_pretrained(str(model_src)))
+    longest = check_sft_lengths(records, AutoTokenizer.from_pretrained(str(model_src)), cfg.sft_max_length)
     log.info("warm start: %d examples, the longest %d tokens", len(records), longest)
     args = SFTConfig(
         output_dir=str(sft_dir.parent / "sft_work"),
@@ -665,7 +662,7 @@ def _sft(
         use_cpu=not (cfg.bf16 or cfg.use_vllm or _has_gpu()),
         seed=cfg.seed,
         completion_only_loss=True,
-        max_length=SFT_MAX_TOKENS,
+        max_length=cfg.sft_max_length,
         disable_tqdm=True,
         gradient_checkpointing=cfg.gradient_checkpointing,
         dataloader_num_workers=0,

@@ -13,10 +13,10 @@ A pool file lists workers with their kind, model, prices, hosting and descriptio
         hosting: external        # self = inside the cluster, external = third-party API
         description: strongest coder, strong at math
 
-Builders for each ``kind`` register themselves with :func:`register_kind`
-(:mod:`rl_conductor.workers.kinds`; this module imports a built-in kind's module the first time a
-pool names it); the built-in pools live
-in ``rl_conductor/configs/pools`` and are found by name (``load_pool("paper-sim")``).
+Builders for each ``kind`` register themselves with
+:func:`rl_conductor.workers.kinds.register_kind` (re-exported here); this module imports a
+built-in kind's module the first time a pool names it. The built-in pools live in
+``rl_conductor/configs/pools`` and are found by name (``load_pool("paper-sim")``).
 
 The Conductor sees a :class:`PoolView`: an ordered subset of the pool whose ordinal ids
 (``Model 0 … Model k-1``) are what workflows refer to. Randomised pools are views over random subsets.
@@ -40,6 +40,11 @@ from rl_conductor.workers.kinds import (
     builder_of,
     registered_kinds,
 )
+
+# re-exported: where a plug-in kind written before workers.kinds existed imports them from
+from rl_conductor.workers.kinds import WorkerBuilder as WorkerBuilder
+from rl_conductor.workers.kinds import info_from_spec as info_from_spec
+from rl_conductor.workers.kinds import register_kind as register_kind
 
 #: The module that registers each built-in kind, imported the first time a pool names it.
 BUILTIN_KIND_MODULES = {
