@@ -196,9 +196,6 @@ def collect(
     return data
 
 
-__all__ = ["Example", "TrafficData", "collect", "observed_of", "task_of"]
-
-
 def made_a_call(steps: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a recorded request called any worker, failed calls included: as
     ``reward.trace_reward`` reads ``trace.attempts`` (a step the deadline skipped may still have
@@ -207,3 +204,6 @@ def made_a_call(steps: Sequence[Mapping[str, Any]]) -> bool:
     if any("attempts" in s for s in steps):
         return any(int(s.get("attempts") or 0) > 0 for s in steps)
     return any(str(s.get("status", "")) in ("ok", "failed") for s in steps)
+
+
+__all__ = ["Example", "TrafficData", "collect", "made_a_call", "observed_of", "task_of"]
