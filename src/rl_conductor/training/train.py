@@ -616,14 +616,8 @@ def check_sft_lengths(records: list[dict[str, Any]], tokenizer: Any, max_tokens:
     train on nothing, silently."""
     from rl_conductor.errors import ConfigError
 
-    lengths = [
-        len(
-            tokenizer(tokenizer.apply_chat_template(r["prompt"] + r["completion"], tokenize=False))[
-                "input_ids"
-            ]
-        )
-        for r in records
-    ]
+    texts = [tokenizer.apply_chat_template(r["prompt"] + r["completion"], tokenize=False) for r in records]
+    lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]] if texts else []
     over = [n for n in lengths if n > max_tokens]
     if over:
         raise ConfigError(
