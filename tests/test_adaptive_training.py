@@ -300,3 +300,50 @@ def test_a_given_plan_runs_as_an_episode_reviewed_by_its_hook_only_when_rounds_a
     assert [s.worker for s in two.trace.steps] == ["b", "a", "dear"]
     with pytest.raises(TypeError, match="plan it is given"):
         asyncio.run(policy.plan(task, pool.view(), RequestLimits()))
+
+
+def _one_group_rounds(keep_right: list[bool], dear_right: list[bool]) -> Any:
+    """A rounds table of one (domain, pair, disagree) group: keep or escalate to ``dear``."""
+    import numpy as np
+
+    from rl_conductor.training.adaptive import RoundsTable
+
+    n = len(keep_right)
+    correct = np.array([[[k, d]] for k, d in zip(keep_right, dear_right, strict=True)], dtype=bool)
+    return RoundsTable(
+        task_ids=[f"q{i}" for i in range(n)],
+        domains=["math"] * n,
+        firsts=["solve:b|solve:a"],
+        conts=["keep", "+dear"],
+        signal=[[DISAGREE]] * n,
+        correct=correct,
+        cost=np.tile(np.array([[[0.002, 0.003]]]), (n, 1, 1)),
+        stopped=np.zeros((n, 1, 2), dtype=bool),
+        calls=np.tile(np.array([[[2, 3]]], dtype=np.int32), (n, 1, 1)),
+        done=np.ones((n, 1, 2), dtype=bool),
+    )
+
+
+def test_the_review_rule_escalates_on_noise_only_without_a_standard_error_rule() -> None:
+    from rl_conductor.reward import reward_config
+    from rl_conductor.training.adaptive import fit_rule
+
+    key = ("math", "solve:b|solve:a", DISAGREE)
+    reward = reward_config(cost_weight=0.0)
+    # escalating wins one question more of twenty, in a group where the two answer apart: noise
+    noisy = _one_group_rounds([True, False] * 10, [False, True] * 10)
+    noisy.correct[0, 0, 1] = True  # 11 right after escalating, 10 when keeping
+    assert fit_rule(noisy, reward) == {key: "+dear"}
+    assert fit_rule(noisy, reward, se_rule=0.5) == {key: "keep"}
+    # escalating wins 15 questions of twenty: far beyond two standard errors
+    clear = _one_group_rounds([False] * 15 + [True] * 5, [True] * 20)
+    assert fit_rule(clear, reward, se_rule=2.0) == {key: "+dear"}
+    # a worse escalation is never chosen, with or without the rule
+    worse = _one_group_rounds([True] * 20, [False] * 20)
+    assert fit_rule(worse, reward) == fit_rule(worse, reward, se_rule=1.0) == {key: "keep"}
+
+
+def test_the_review_standard_error_rule_is_a_recipe_setting() -> None:
+    assert TrainConfig(pool="unused").warm_review_se_rule == 0.0  # the rule as before
+    with pytest.raises(ValueError, match="warm_review_se_rule"):
+        TrainConfig(pool="unused", warm_review_se_rule=-1.0)

@@ -18,7 +18,8 @@ first plans are valued *with* their best continuation (issue 22, item 2):
 3. The rule: per (domain, first plan, review signal) — the signal is :mod:`rl_conductor.rounds`'s
    agreement line (agree / disagree / one answer), what the review prompt shows — the
    continuation with the best mean reward on the training questions (what ``policies/cascade.py``
-   fits for its one pair, here for every first plan). A first plan's value on a question is its
+   fits for its one pair, here for every first plan); with ``warm_review_se_rule`` > 0 an
+   escalation must beat keep by that many paired standard errors. A first plan's value on a question is its
    reward under that rule; :func:`adaptive_table` writes those values into the candidate table's
    unlimited column (and adds the pairs), so :class:`~rl_conductor.training.warmstart.ExpectedRewards`
    picks first plans as before (neighbourhoods, the standard-error rule, per-question evidence).
@@ -315,9 +316,15 @@ def cached_rounds_table(
 Rule = dict[tuple[str, str, str], str]
 
 
-def fit_rule(rounds: RoundsTable, config: RewardConfig) -> Rule:
+def fit_rule(rounds: RoundsTable, config: RewardConfig, se_rule: float = 0.0) -> Rule:
     """Per (domain, first plan, signal): the continuation with the best mean reward over the
-    questions in that group (ties: keep first, then the table's order)."""
+    questions in that group (ties: keep first, then the table's order).
+
+    ``se_rule`` (``TrainConfig.warm_review_se_rule``): the best continuation replaces keep only
+    where its mean gain over keep exceeds ``se_rule`` paired standard errors of that gain. Why:
+    the rule is fitted in-sample, one argmax per group; a group where escalating pays a fraction
+    of a standard error more than keeping is noise that costs a call on every later question like
+    it (0 = the best mean, as before)."""
     r = rounds.rewards(config)
     groups: dict[tuple[str, str, str], list[tuple[int, int]]] = defaultdict(list)
     for i, d in enumerate(rounds.domains):
@@ -325,6 +332,7 @@ def fit_rule(rounds: RoundsTable, config: RewardConfig) -> Rule:
             if rounds.signal[i][f]:
                 groups[(d, name, rounds.signal[i][f])].append((i, f))
     rule: Rule = {}
+    keep = rounds.conts.index(KEEP)
     for key, cells in groups.items():
         if "|" not in key[1]:
             continue  # a single keeps (module docstring)
@@ -333,7 +341,12 @@ def fit_rule(rounds: RoundsTable, config: RewardConfig) -> Rule:
         vals = r[rows, f, :]
         ok = ~np.isnan(vals).any(axis=0)
         means = np.where(ok, np.nan_to_num(vals).mean(axis=0), -np.inf)
-        rule[key] = rounds.conts[int(np.argmax(means))]
+        best = int(np.argmax(means))
+        if se_rule > 0 and best != keep and ok[keep] and len(rows) > 1:
+            gain = vals[:, best] - vals[:, keep]
+            if gain.mean() <= se_rule * gain.std(ddof=1) / np.sqrt(len(gain)):
+                best = keep
+        rule[key] = rounds.conts[best]
     return rule
 
 

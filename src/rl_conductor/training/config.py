@@ -201,6 +201,12 @@ class TrainConfig:
         "one-standard-error rule of the targets: a plan within this many paired standard errors of "
         "the best counts as tied and the tie goes to fewer steps (0 = always the best mean)",
     )
+    warm_review_se_rule: float = _f(
+        0.0,
+        "the same rule for the review targets (max_rounds > 1): a continuation replaces keep only "
+        "where its mean reward gain over keep on the training questions of its group exceeds this "
+        "many paired standard errors (0 = always the best mean)",
+    )
     warm_cache_dir: str | None = _f(
         None, "where the candidate table is cached (default: .conductor/cache/candidates)"
     )
@@ -291,6 +297,7 @@ class TrainConfig:
         if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
             raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
         validation.non_negative_finite("warm_se_rule", self.warm_se_rule)
+        validation.non_negative_finite("warm_review_se_rule", self.warm_review_se_rule)
         validation.integer_at_least("observed_copies", self.observed_copies, 1)
         validation.integer_at_least("torch_threads", self.torch_threads, 1)
         validation.integer_at_least("train_torch_threads", self.train_torch_threads, 0)

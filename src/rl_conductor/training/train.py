@@ -508,7 +508,7 @@ def _warm_start(
             pair_k=cfg.warm_pair_k,
             max_steps=cfg.max_steps_per_workflow,
         )
-        rule = fit_rule(rounds, cfg.reward())
+        rule = fit_rule(rounds, cfg.reward(), cfg.warm_review_se_rule)
         choice = None
         if cfg.review_evidence == "text":  # the review reads the answers' texts (training/review_text.py)
             from rl_conductor.limits import RequestLimits
