@@ -341,6 +341,27 @@ def test_the_review_rule_escalates_on_noise_only_without_a_standard_error_rule()
     # a worse escalation is never chosen, with or without the rule
     worse = _one_group_rounds([True] * 20, [False] * 20)
     assert fit_rule(worse, reward) == fit_rule(worse, reward, se_rule=1.0) == {key: "keep"}
+    # one question is no evidence: the rule keeps
+    lone = _one_group_rounds([False], [True])
+    assert fit_rule(lone, reward) == {key: "+dear"}
+    assert fit_rule(lone, reward, se_rule=2.0) == {key: "keep"}
+    # keep not run on some questions: the gain is read where both were run (here noise: keep)
+    holes = _one_group_rounds([True, False] * 10, [False, True] * 10)
+    holes.correct[0, 0, 1] = True
+    holes.done[1, 0, 0] = False
+    assert fit_rule(holes, reward, se_rule=0.5) == {key: "keep"}
+    # keep listed after the escalation: the same decisions, and a tie keeps
+    swapped = _one_group_rounds([True, False] * 10, [False, True] * 10)
+    swapped.conts = ["+dear", "keep"]
+    for a in (swapped.correct, swapped.cost, swapped.calls):
+        a[...] = a[..., ::-1].copy()
+    swapped.cost[...] = 0.002  # same cost, same accuracy: a tie
+    swapped.calls[...] = 2
+    assert fit_rule(swapped, reward) == {key: "keep"}
+    # nothing measured on every question: no rule for the group (the table's default is keep)
+    unmeasured = _one_group_rounds([True, False], [False, True])
+    unmeasured.done[0, 0, :] = False
+    assert fit_rule(unmeasured, reward) == {}
 
 
 def test_the_review_standard_error_rule_is_a_recipe_setting() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -727,3 +728,20 @@ def dc(info: Any, **kw: Any) -> Any:
     from dataclasses import replace as dc_replace
 
     return dc_replace(info, **kw)
+
+
+def test_two_conductors_of_one_folder_name_are_told_apart(micro: Micro, tmp_path: Path) -> None:
+    """``conductor:runs/a/final`` and ``conductor:runs/b/final`` are both named ``conductor:final``:
+    side by side in ``eval`` / ``compare`` (their table, JSON and plot) they are named by their
+    spec, and a policy of its own name keeps it."""
+    import shutil
+
+    from rl_conductor.evaluation.suite import run_eval
+
+    specs = []
+    for run in ("a", "b"):
+        shutil.copytree(micro.final_dir, tmp_path / run / "final")
+        specs.append(f"conductor:{tmp_path / run / 'final'}")
+    rows = run_eval([*specs, "single:gpt-5"], pool="paper-sim", dataset=None, split="test", limit=2, seed=0,
+                    progress=False)  # fmt: skip
+    assert [r["policy"] for r in rows] == [*specs, "single:gpt-5"]

@@ -12,6 +12,7 @@ caller's options, else the reward the first ``conductor:DIR`` was trained with, 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,14 +191,22 @@ def run_sweep(
     if not tasks:  # a table of dashes with exit 0 would read as "evaluated"
         raise no_questions(ds, split)
     rc = eval_reward(policies, reward_preset, cost_weight)
-    out = []
-    for pt, _spec, res in sweep(
+    out: list[dict[str, Any]] = []
+    keys: list[tuple[str, tuple[tuple[str, str], ...]]] = []
+    for pt, spec, res in sweep(
         policies, grid, p, tasks, fit_on=ds, reward_config=rc, seed=seed, fit_limit=fit_limit,
         concurrency=concurrency, progress=progress,
     ):  # fmt: skip
         summary = res.summary()
         summary.update(dataset=ds, split=split, **pt.label)
         out.append(summary)
+        keys.append((spec, tuple(sorted(pt.label.items()))))
+    # two policies of one name (conductor:final of two runs) would be two rows no one can tell
+    # apart in the table, the JSON and the plot: those are named by their spec instead
+    seen = Counter((s["policy"], point) for s, (_, point) in zip(out, keys, strict=True))
+    for summary, (spec, point) in zip(out, keys, strict=True):
+        if seen[(summary["policy"], point)] > 1:
+            summary["policy"] = spec
     return out
 
 

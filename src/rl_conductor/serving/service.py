@@ -506,28 +506,19 @@ def _withheld(step: dict[str, Any]) -> dict[str, Any]:
         {**a, "error": f"[private: {len(a['error'])} chars]"} if a.get("error") else a
         for a in step.get("attempts", [])
     ]
-    out = {**step, "attempts": attempts, "note": f"[private: {len(step.get('note') or '')} chars]"}
-    if "substeps" in step:
-        out["substeps"] = [_withheld(s) for s in step["substeps"]]
-    return out
+    return {**step, "attempts": attempts, "note": f"[private: {len(step.get('note') or '')} chars]"}
 
 
 def _failure(doc: dict[str, Any], *, text: bool = True) -> str:
     """Why a request got no answer, for its 502/504 body: the statuses and the workers' errors
     (with ``text=False``, each error's type instead of its message)."""
     errors: list[str] = []
-
-    def walk(steps: list[dict[str, Any]]) -> None:
-        for s in steps:
-            for a in s["attempts"]:
-                if a.get("error") and text:
-                    errors.append(f"{a['worker']}: {a['error']}")
-                elif a.get("error"):
-                    kind = _ERROR_TYPE.match(a["error"])
-                    errors.append(f"{a['worker']}: {kind.group(1) if kind else a.get('status', 'error')}")
-            walk(s.get("substeps", []))
-
-    walk(doc["steps"])
+    for a in (a for s in doc["steps"] for a in s["attempts"] if a.get("error")):
+        if text:
+            errors.append(f"{a['worker']}: {a['error']}")
+        else:
+            kind = _ERROR_TYPE.match(a["error"])
+            errors.append(f"{a['worker']}: {kind.group(1) if kind else a.get('status', 'error')}")
     if doc["deadline_cut"] and not errors:
         return "the deadline (max_latency_s) left no worker time to answer; no answer"
     if not errors:

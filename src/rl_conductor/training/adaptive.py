@@ -324,7 +324,8 @@ def fit_rule(rounds: RoundsTable, config: RewardConfig, se_rule: float = 0.0) ->
     where its mean gain over keep exceeds ``se_rule`` paired standard errors of that gain. Why:
     the rule is fitted in-sample, one argmax per group; a group where escalating pays a fraction
     of a standard error more than keeping is noise that costs a call on every later question like
-    it (0 = the best mean, as before)."""
+    it (0 = the best mean, as before). With the rule, a group of fewer than two questions run
+    with both keeps; a gain that is the same on every question (no spread) escalates."""
     r = rounds.rewards(config)
     groups: dict[tuple[str, str, str], list[tuple[int, int]]] = defaultdict(list)
     for i, d in enumerate(rounds.domains):
@@ -332,7 +333,7 @@ def fit_rule(rounds: RoundsTable, config: RewardConfig, se_rule: float = 0.0) ->
             if rounds.signal[i][f]:
                 groups[(d, name, rounds.signal[i][f])].append((i, f))
     rule: Rule = {}
-    keep = rounds.conts.index(KEEP)
+    keep = rounds.conts.index(KEEP) if KEEP in rounds.conts else None
     for key, cells in groups.items():
         if "|" not in key[1]:
             continue  # a single keeps (module docstring)
@@ -340,11 +341,17 @@ def fit_rule(rounds: RoundsTable, config: RewardConfig, se_rule: float = 0.0) ->
         f = cells[0][1]
         vals = r[rows, f, :]
         ok = ~np.isnan(vals).any(axis=0)
+        if not ok.any():
+            continue  # no continuation measured on every question of the group: keep (the default)
         means = np.where(ok, np.nan_to_num(vals).mean(axis=0), -np.inf)
         best = int(np.argmax(means))
-        if se_rule > 0 and best != keep and ok[keep] and len(rows) > 1:
-            gain = vals[:, best] - vals[:, keep]
-            if gain.mean() <= se_rule * gain.std(ddof=1) / np.sqrt(len(gain)):
+        if keep is not None and ok[keep] and means[keep] >= means[best]:
+            best = keep  # a tie keeps
+        if se_rule > 0 and keep is not None and best != keep:
+            # the gain over the questions where both were run; fewer than two: no evidence, keep
+            both = ~np.isnan(vals[:, keep])
+            gain = vals[both, best] - vals[both, keep]
+            if len(gain) < 2 or gain.mean() <= se_rule * gain.std(ddof=1) / np.sqrt(len(gain)):
                 best = keep
         rule[key] = rounds.conts[best]
     return rule
