@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -151,6 +152,17 @@ def test_code_correct_and_wrong_solutions() -> None:
     assert grade(HUMANEVAL, "```python\ndef inc(x):\n    return x + 1\n```")
     assert grade(HUMANEVAL, "    return x + 1\n")  # body-only completion, appended to the prompt
     assert not grade(HUMANEVAL, "    return x\n")
+
+
+def test_code_tests_as_one_string_of_asserts_run_as_asserts() -> None:
+    """A recordings file may give ``tests`` as one string of asserts (not a HumanEval ``check``
+    program): run as asserts, a right solution passes (before: it ran as a check program, and a
+    right answer graded wrong)."""
+    block = replace(
+        MBPP, metadata={**MBPP.metadata, "tests": "assert add(1, 2) == 3\nassert add(0, 0) == 0\n"}
+    )
+    assert grade(block, "def add(a, b):\n    return a + b\n")
+    assert not grade(block, "def add(a, b):\n    return a - b\n")
 
 
 def test_code_prefers_the_block_that_defines_the_entry_point() -> None:

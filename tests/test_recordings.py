@@ -498,3 +498,127 @@ def test_progress_lines_when_output_is_not_a_terminal(
     run_eval(["single:a"], pool=str(pool), dataset=None, split="all", limit=None, seed=0, concurrency=8)
     err = capsys.readouterr().err
     assert "eval single:a: 40/40 (100 %)," in err  # a plain line, not a bar drawn for nobody
+
+
+def _choice_item(i: int, gold: Any, **responses: Any) -> dict[str, Any]:
+    return {"id": f"q/{i}", "question": f"Which colour is {i}?", "answer": gold, "grader": "choice",
+            "domain": "knowledge", "split": "test", "metadata": {"choices": ["red", "green", "blue", "pink"]},
+            "responses": responses}  # fmt: skip
+
+
+def test_a_choice_gold_is_an_option_letter_or_fails_at_load(tmp_path: Path) -> None:
+    """Golds written as "(C)", "c", "C." or the option's text are the letter C; a label-only
+    "right" then grades right. A gold that names no option ("E" of four, "2") would grade every
+    answer wrong: a one-line error naming the line instead."""
+    golds = ["C", "c", "(C)", "C.", "blue"]
+    rows = [_choice_item(i, g, a={"correct": True}, b={"text": "The answer is C.", "correct": True})
+            for i, g in enumerate(golds)]  # fmt: skip
+    pool = _byo_pool(tmp_path, rows)
+    assert {t.answer for t in load_tasks(load_pool(str(pool)).options["default_dataset"], "test")} == {"C"}
+    runs = run_eval(["single:a", "single:b"], pool=str(pool), dataset=None, split="test", limit=None, seed=0,
+                    progress=False)  # fmt: skip
+    assert [s["accuracy"] for s in runs] == [1.0, 1.0]
+    assert all(s["failed_call_rate"] == 0.0 for s in runs)
+    for bad in ("E", "2", "blue-ish"):
+        path = _write(tmp_path / "bad.jsonl", [rows[0], _choice_item(9, bad, a={"correct": True})])
+        with pytest.raises(RecordingsError) as info:
+            load_recordings(path)
+        assert f"{path}:2" in str(info.value) and "option letter (A-D for its 4 choices)" in str(info.value)
+
+
+def test_code_with_tests_but_no_solution_replays_label_only_answers_as_recorded(tmp_path: Path) -> None:
+    """Tests but no reference solution: no text passing them can be made for a label-only
+    "right", so the item's labels are its grades (before: every such call failed and another
+    worker answered in its place)."""
+    tests = ["assert f() == 1"]
+    wrong_f = "def f():\n    return 2\n"
+    rows = [{"id": f"c/{i}", "question": f"Write f returning 1 ({i}).", "grader": "code", "domain": "code",
+             "split": "test", "metadata": {"tests": tests},
+             "responses": {"a": {"correct": True}, "b": {"text": wrong_f, "correct": False}}}
+            for i in range(3)]  # fmt: skip
+    pool = _byo_pool(tmp_path, rows)
+    tasks = load_tasks(load_pool(str(pool)).options["default_dataset"], "test")
+    assert {t.grader for t in tasks} == {"recorded"}
+    runs = run_eval(["single:a", "single:b"], pool=str(pool), dataset=None, split="test", limit=None, seed=0,
+                    progress=False)  # fmt: skip
+    assert [s["accuracy"] for s in runs] == [1.0, 0.0]
+    assert all(s["failed_call_rate"] == 0.0 for s in runs)
+    # with a reference solution the tests grade, as before
+    rows[0]["answer"] = "def f():\n    return 1\n"
+    path = _write(tmp_path / "solved.jsonl", rows)
+    assert load_recordings(path).tasks[0].grader == "code"
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_text("\ufeff" + json.dumps(_item(1, a={"text": "#### 2"})) + "\n", encoding="utf-8")
+    assert [t.id for t in load_recordings(path).tasks] == ["x/1"]
+
+
+def test_routers_and_training_refuse_a_file_without_training_items(tmp_path: Path) -> None:
+    """Every item `split: test`: a router fitted on nothing would send every question to the
+    first worker (0 %, exit 0), and training raised a traceback; both are one-line errors."""
+    from typer.testing import CliRunner
+
+    rows = [{**_item(i, a={"text": f"#### {i + 1}", "correct": True}, b={"correct": False}), "split": "test"}
+            for i in range(4)]  # fmt: skip
+    pool = _byo_pool(tmp_path, rows)
+    for router in ("knn", "domain-router"):
+        res = CliRunner().invoke(app, ["eval", "--pool", str(pool), "--policy", router])
+        assert res.exit_code == 2, res.output
+        assert "fitted on the training split" in res.output and "Traceback" not in res.output
+    args = ["train", "--preset", "recordings", "--pool", str(pool), "--out", str(tmp_path / "run"),
+            "--sft-examples", "4", "--grpo-steps", "1"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    assert "has no training tasks" in res.output and "Traceback" not in res.output
+
+
+def test_eval_warns_when_a_policy_row_is_partly_another_workers(tmp_path: Path) -> None:
+    """A worker whose calls fail (no recording of half the items): its ``single:`` row is answered
+    partly by a replacement worker. The table says so under it (a warning), exit 0."""
+    from typer.testing import CliRunner
+
+    half = {"b": {"text": "#### 0"}}
+    rows = [
+        _item(i, a={"text": f"#### {i + 1}", "correct": True}, **(half if i % 2 else {})) for i in range(6)
+    ]
+    for r in rows:
+        r["split"] = "test"
+    pool = _byo_pool(tmp_path, rows)
+    res = CliRunner().invoke(
+        app, ["eval", "--pool", str(pool), "--policy", "single:b", "--policy", "single:a"]
+    )
+    assert res.exit_code == 0, res.output
+    assert re.search(
+        r"warning: policy 'single:b': 33\.3 % of its worker calls failed; e\.g\. b: .*no recording",
+        res.output,
+    )
+    assert "warning: policy 'single:b': on 50.0 % of questions a replacement worker answered" in res.output
+    assert "warning: policy 'single:a'" not in res.output
+
+
+def test_measurement_warnings_name_what_the_row_hides() -> None:
+    from rl_conductor.evaluation.runner import measurement_warnings
+
+    clean = {"policy": "knn", "failed_call_rate": 0.0, "worker_fallback_rate": 0.0, "parse_rate": 1.0}
+    assert measurement_warnings(clean) == []
+    unparsed = {"policy": "conductor:final", "parse_rate": 0.0, "fallback_rate": 1.0, "failed_call_rate": 0.0}
+    assert measurement_warnings(unparsed) == [
+        "policy 'conductor:final': 100.0 % of its plans did not parse; the fallback plan answered 100.0 % "
+        "of questions"
+    ]
+
+
+def test_evidence_fitted_for_other_workers_is_refused_by_name() -> None:
+    """An evidence-rule or Conductor asked to rank a pool none of whose workers it has estimates
+    for would send every question to the pool's first worker; some unknown ones rank last."""
+    from types import SimpleNamespace
+
+    from rl_conductor.errors import InvalidArgument
+    from rl_conductor.policies.evidence import check_known_workers
+
+    model: Any = SimpleNamespace(names=["gpt-4o", "mixtral"])
+    check_known_workers(model, ["gpt-4o", "new-worker"], "evidence-rule:final")  # a warning only
+    with pytest.raises(InvalidArgument, match=r"evidence-rule:final: its evidence was fitted for workers"):
+        check_known_workers(model, ["claude", "gemini"], "evidence-rule:final")

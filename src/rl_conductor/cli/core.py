@@ -205,10 +205,15 @@ def pool_calibrate(
 
 def fail_if_nothing_answered(summaries: list[dict[str, Any]]) -> None:
     """Exit 1 naming each policy whose every worker call failed (its 0 % measures a broken pool
-    or recordings file, not the policy)."""
-    from rl_conductor.evaluation.runner import every_call_failed
+    or recordings file, not the policy); warn of partial failures, replaced workers and plans
+    that did not parse (:func:`~rl_conductor.evaluation.runner.measurement_warnings`)."""
+    from rl_conductor.evaluation.runner import every_call_failed, measurement_warnings
 
     reasons = [r for r in map(every_call_failed, summaries) if r]
+    for line in dict.fromkeys(
+        w for s in summaries if not every_call_failed(s) for w in measurement_warnings(s)
+    ):
+        typer.echo(f"warning: {line}", err=True)
     for reason in reasons:
         typer.echo(f"error: {reason}", err=True)
     if reasons:

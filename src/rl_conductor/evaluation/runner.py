@@ -263,6 +263,34 @@ def every_call_failed(summary: dict[str, Any]) -> str | None:
     return f"policy {summary.get('policy')!r}: every worker call failed on all {n} questions; e.g. {top}"
 
 
+def measurement_warnings(summary: dict[str, Any]) -> list[str]:
+    """What makes a policy's row measure less than it says, short of every call failing: worker
+    calls that failed (a replacement worker or no answer stood in), steps answered by a
+    replacement worker (``single:X`` then reports partly another worker's answers), and plans
+    that did not parse (the fallback plan answered). The CLI prints each as a warning under the
+    table: a recordings file or pool with such holes must not read as a clean result."""
+    name, out = summary.get("policy"), []
+    errors = summary.get("call_errors") or {}
+    top = f"; e.g. {next(iter(errors))}" if errors else ""
+    failed = summary.get("failed_call_rate") or 0.0
+    if 0 < failed < 1:
+        out.append(f"policy {name!r}: {100 * failed:.1f} % of its worker calls failed{top}")
+    replaced = summary.get("worker_fallback_rate") or 0.0
+    if replaced > 0:
+        out.append(
+            f"policy {name!r}: on {100 * replaced:.1f} % of questions a replacement worker answered a step "
+            "whose own worker failed (its row is partly another worker's answers; see the workers table)"
+        )
+    parsed = summary.get("parse_rate")
+    if parsed is not None and parsed < 1 and str(name).startswith("conductor"):
+        fell = summary.get("fallback_rate") or 0.0
+        out.append(
+            f"policy {name!r}: {100 * (1 - parsed):.1f} % of its plans did not parse"
+            + (f"; the fallback plan answered {100 * fell:.1f} % of questions" if fell else "")
+        )
+    return out
+
+
 def evaluate(
     policy: Policy, view: PoolView, tasks: Sequence[Task], limits: RequestLimits | None = None, **kw: Any
 ) -> EvalResult:

@@ -49,7 +49,7 @@ from rl_conductor.limits import RequestLimits
 from rl_conductor.lm.generate import apply_chat, generate, load_lm
 from rl_conductor.lm.models import looks_like_hf_id
 from rl_conductor.policies.base import Plan, Policy
-from rl_conductor.policies.evidence import EvidenceModel, Ranker
+from rl_conductor.policies.evidence import EvidenceModel, Ranker, check_known_workers
 from rl_conductor.prompting import (
     DEFAULT_MAX_QUESTION_CHARS,
     RoundSummary,
@@ -330,7 +330,10 @@ class ConductorPolicy(Policy):
     def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> ConductorPolicy:
         if not arg:
             raise InvalidSpec("conductor needs a model folder or URI: conductor:DIR")
-        return cls(arg, seed=int(kw.get("seed", 0)))
+        policy = cls(arg, seed=int(kw.get("seed", 0)))
+        if policy.evidence is not None:
+            check_known_workers(policy.evidence, pool.names(), policy.name)
+        return policy
 
     # -- generation -------------------------------------------------------------------------
     def _chat(self, prompt: str) -> str:

@@ -44,6 +44,7 @@ by these two functions, so the target is the line's first id.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from rl_conductor.errors import InvalidArgument
 from rl_conductor.limits import RequestLimits
 from rl_conductor.prompting import over_budget, percent
 from rl_conductor.reward import RewardConfig, reward_of
@@ -61,12 +63,15 @@ from rl_conductor.workers.pool import PoolView
 __all__ = [
     "EvidenceModel",
     "Ranker",
+    "check_known_workers",
     "estimated_rewards",
     "evidence_for",
     "fit_evidence",
     "percent",
     "ranking",
 ]
+
+log = logging.getLogger(__name__)
 
 FILE = "evidence.npz"
 META = "evidence.json"
@@ -543,6 +548,20 @@ def ranking(
     ] or list(range(len(infos)))
     score = {i: float(rewards[col[infos[i].name]]) if infos[i].name in col else -np.inf for i in usable}
     return sorted(usable, key=lambda i: (-score[i], i))
+
+
+def check_known_workers(model: EvidenceModel, names: Sequence[str], what: str) -> None:
+    """Refuse a pool none of whose workers the evidence was fitted for (every estimate would be
+    unknown and the ranking the pool's order: the first worker for every question), and log the
+    workers it does not know (ranked last). ``what``: the policy, for the message."""
+    unknown = [n for n in names if n not in model.names]
+    if names and len(unknown) == len(names):
+        raise InvalidArgument(
+            f"{what}: its evidence was fitted for workers {model.names}, and this pool has none of "
+            f"them ({list(names)}); evaluate it on the pool it was trained on, or train it on this one"
+        )
+    if unknown:
+        log.warning("%s: no evidence for workers %s: they are ranked last", what, unknown)
 
 
 def evidence_for(

@@ -22,7 +22,7 @@ from rl_conductor.errors import InvalidSpec, model_not_found
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.chains import single
-from rl_conductor.policies.evidence import EvidenceModel, Ranker
+from rl_conductor.policies.evidence import EvidenceModel, Ranker, check_known_workers
 from rl_conductor.reward import trained_reward
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.pool import Pool, PoolView
@@ -55,7 +55,9 @@ class EvidenceRule(Policy):
     def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> EvidenceRule:
         if not arg:
             raise InvalidSpec("evidence-rule needs a Conductor folder trained with evidence: rank")
-        return cls(arg)
+        rule = cls(arg)
+        check_known_workers(rule.evidence, pool.names(), rule.name)
+        return rule
 
     async def plan_many(self, tasks: Sequence[Task], view: PoolView, limits: RequestLimits) -> list[Plan]:
         """Embed every question in one batch first (one at a time is far slower on a CPU)."""

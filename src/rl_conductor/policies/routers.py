@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Self
 import numpy as np
 from numpy.typing import NDArray
 
+from rl_conductor.errors import InvalidArgument
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import GivenPlan, Plan, Policy
 from rl_conductor.policies.baselines import SOLVE
@@ -291,7 +292,13 @@ def training_tasks(pool: Pool, kw: Mapping[str, Any], limit: int | None) -> list
     from rl_conductor.tasks.datasets import load_tasks
 
     dataset = str(kw.get("dataset") or pool.default_dataset())
-    return load_tasks(dataset, split="train", limit=limit, seed=int(kw.get("seed", 0)))
+    tasks = load_tasks(dataset, split="train", limit=limit, seed=int(kw.get("seed", 0)))
+    if not tasks:  # fitted on nothing, a router sends every question to the pool's first worker
+        raise InvalidArgument(
+            f"a router is fitted on the training split, and dataset {dataset!r} has none; give some "
+            "items `split: train` (or no `split`: the id's hash picks one)"
+        )
+    return tasks
 
 
 class DomainRouter(Policy):

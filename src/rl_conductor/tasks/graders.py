@@ -787,11 +787,14 @@ _FUTURE = re.compile(r"^from\s+__future__\s+import\s")
 
 
 def test_spec(task: Task) -> TestSpec:
-    """The task's tests as a :class:`TestSpec`: MBPP assert lists or HumanEval ``check`` code."""
+    """The task's tests as a :class:`TestSpec`: MBPP assert lists (or one string of asserts) or
+    HumanEval ``check`` code (a string that defines ``check``)."""
     meta = task.metadata
     tests = meta.get("tests")
     entry = str(meta.get("entry_point") or "")
     imports = tuple(str(i) for i in meta.get("test_imports") or [])
+    if isinstance(tests, str) and not re.search(r"^\s*def\s+check\s*\(", tests, flags=re.MULTILINE):
+        return TestSpec("asserts", (tests,), entry, imports)  # a block of asserts, not a check program
     if isinstance(tests, str):
         return TestSpec("check", tests, entry, imports, str(meta.get("prompt") or ""))
     if isinstance(tests, list | tuple) and tests:

@@ -48,6 +48,7 @@ import gzip
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,10 +102,10 @@ class Recordings:
 
 def _open_lines(path: Path) -> Iterator[str]:
     if path.suffix == ".gz":
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
+        with gzip.open(path, "rt", encoding="utf-8-sig") as fh:  # -sig: a byte-order mark is read past
             yield from fh
     else:
-        with path.open(encoding="utf-8") as fh:
+        with path.open(encoding="utf-8-sig") as fh:
             yield from fh
 
 
@@ -156,6 +157,28 @@ def _why_not_gradable(grader: str, answer: Any, metadata: dict[str, Any]) -> str
         tests = metadata.get("tests")
         return None if tests else "a code item without `metadata.tests`"
     return None if answer is not None and str(answer).strip() else "an item without a gold `answer`"
+
+
+def choice_gold(answer: Any, metadata: dict[str, Any], where: str) -> str:
+    """A multiple-choice item's gold as the option letter the grader compares with: ``C``, ``c``,
+    ``(C)``, ``C.``, ``C)`` or the text of one of ``metadata.choices``. Anything else would grade
+    every answer wrong, a label-only "right" included: a one-line error naming the item instead."""
+    from rl_conductor.tasks.graders import LETTERS
+
+    choices = metadata.get("choices")
+    texts = [str(c).strip() for c in choices] if isinstance(choices, list | tuple) else []
+    letters = LETTERS[: len(texts)] if 0 < len(texts) <= len(LETTERS) else LETTERS
+    gold = str(answer).strip()
+    m = re.fullmatch(r"\(?([A-Za-z])\)?[.:)]?", gold)
+    if m and m.group(1).upper() in letters:
+        return m.group(1).upper()
+    if gold in texts:
+        return letters[texts.index(gold)]
+    raise RecordingsError(
+        f"{where}: grader 'choice' needs `answer` to be an option letter ({letters[0]}-{letters[-1]}"
+        f"{' for its ' + str(len(texts)) + ' choices' if texts else ''}) or one of `metadata.choices`, "
+        f"got {answer!r}"
+    )
 
 
 def _what_to_add(grader: str) -> str:
@@ -219,7 +242,14 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
             raise RecordingsError(f"{where}: split must be one of {', '.join(DATA_SPLITS)}, got {split!r}")
         metadata = {**metadata, "split": split}
     answer = row.get("answer")
+    if grader == "choice" and answer is not None and str(answer).strip():
+        answer = choice_gold(answer, metadata, where)
     gradable = _why_not_gradable(grader, answer, metadata)
+    if gradable is None and grader == "code" and not str(answer or "").strip():
+        # tests but no reference solution: a label-only "right" has no text that passes them
+        right_without_text = sorted(m for m, r in parsed.items() if r.text is None and r.correct)
+        if right_without_text:
+            gradable = "a code item without a reference solution (`answer`) and with label-only right answers"
     if gradable is not None:  # no gold to grade against: the recorded labels are the grades
         unlabelled = sorted(m for m, r in parsed.items() if r.correct is None)
         if unlabelled:

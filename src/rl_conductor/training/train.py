@@ -30,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rl_conductor.errors import ConfigError
 from rl_conductor.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -171,8 +172,11 @@ def train(
     pool = load_pool(cfg.pool, seed=cfg.seed)
     dataset = cfg.dataset or pool.default_dataset()
     tasks = load_tasks(dataset, split="train", limit=cfg.train_limit, seed=cfg.seed)
-    if not tasks:
-        raise ValueError(f"dataset {dataset!r} has no training tasks")
+    if not tasks:  # a one-line usage error: the file decides the split, not the code
+        raise ConfigError(
+            f"dataset {dataset!r} has no training tasks; give some items `split: train` (or no "
+            "`split`: the id's hash picks one)"
+        )
     base_limits = RequestLimits(max_steps=cfg.max_steps_per_workflow)
     spec_kw = dict(
         rng=rng,
@@ -614,7 +618,6 @@ def check_sft_lengths(records: list[dict[str, Any]], tokenizer: Any, max_tokens:
     Why: the trainer cuts an example to the window from its end, so the target plan — what the
     example teaches — is what goes: many workers with long descriptions in a pool file would
     train on nothing, silently."""
-    from rl_conductor.errors import ConfigError
 
     texts = [tokenizer.apply_chat_template(r["prompt"] + r["completion"], tokenize=False) for r in records]
     lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]] if texts else []
