@@ -234,6 +234,7 @@ def test_evidence_rule_policy_sends_each_question_to_the_lines_first_worker(
     import rl_conductor.policies.knn_embed as knn_embed
     from rl_conductor.errors import ModelNotFound
     from rl_conductor.policies.catalog import make_policy
+    from rl_conductor.reward import reward_config
 
     pool = fake_pool(3)
     names = pool.names()
@@ -264,6 +265,11 @@ def test_evidence_rule_policy_sends_each_question_to_the_lines_first_worker(
     for task, ep in zip(tasks[20:26], episodes, strict=True):
         alone = asyncio.run(rule.plan(task, pool.view(), RequestLimits()))
         assert ep.plan.workflow == alone.workflow and ep.plan.evidence_best == alone.evidence_best
+    # an evaluation's reward ranks it, as the routers are fitted at it: at a cost weight of 0 the
+    # dear worker's estimate is no longer held against it
+    free = reward_config("cost-aware", cost_weight=0.0)
+    at_zero = make_policy(f"evidence-rule:{tmp_path}", pool, reward_config=free)
+    assert at_zero.ranker.config == free and rule.ranker.config == COST_AWARE
     (tmp_path / "conductor.json").write_text(json.dumps({**meta, "evidence": "probe"}))
     with pytest.raises(ModelNotFound, match="evidence: rank"):
         make_policy(f"evidence-rule:{tmp_path}", pool)

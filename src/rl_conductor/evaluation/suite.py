@@ -75,11 +75,11 @@ def dataset_for(pool: Pool, dataset: str | None) -> str:
 
 
 def trained_meta(policies: list[str]) -> dict[str, Any]:
-    """The ``conductor.json`` of the first ``conductor:DIR`` policy (empty when none, or when the
-    folder has none): what it was trained on and with which reward."""
+    """The ``conductor.json`` of the first ``conductor:DIR`` or ``evidence-rule:DIR`` policy (empty
+    when none, or when the folder has none): what it was trained on and with which reward."""
     for spec in policies:
         kind, _, arg = spec.partition(":")
-        if kind != "conductor" or not arg:
+        if kind not in ("conductor", "evidence-rule") or not arg:
             continue
         src = model_source(arg)
         return read_conductor_meta(src) if isinstance(src, Path) else {}

@@ -6,8 +6,9 @@ policies.evidence.Ranker`) and trained to write its first worker. This policy se
 to that worker alone: the bar the LM is trained to reach, and a baseline in ``conductor compare``
 beside ``knn`` and ``domain-router``. If the Conductor scores below it, the LM is not following its
 evidence (evaluation reports the share of plans that do: ``evidence_agreement``). It reads only the
-folder's ``conductor.json`` (the reward the model was trained with) and its evidence files; no
-weights are loaded.
+folder's ``conductor.json`` (the reward the model was trained with, which ranks the workers unless
+an evaluation gives its own, as it fits the routers at it) and its evidence files; no weights are
+loaded.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.chains import single
 from rl_conductor.policies.evidence import EvidenceModel, Ranker, check_known_workers
-from rl_conductor.reward import trained_reward
+from rl_conductor.reward import RewardConfig, trained_reward
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.pool import Pool, PoolView
 
@@ -31,7 +32,7 @@ from rl_conductor.workers.pool import Pool, PoolView
 class EvidenceRule(Policy):
     """Each question to the first worker of its ranking line (see module docstring)."""
 
-    def __init__(self, model_dir: str | Path) -> None:
+    def __init__(self, model_dir: str | Path, reward: RewardConfig | None = None) -> None:
         from rl_conductor.policies.conductor import model_source, read_conductor_meta
         from rl_conductor.policies.knn_embed import embed
 
@@ -46,7 +47,9 @@ class EvidenceRule(Policy):
                 str(model_dir), f"{source} was not trained with evidence: rank (conductor.json evidence)"
             )
         self.evidence = EvidenceModel.load(source)
-        self.ranker = Ranker(self.evidence, trained_reward(meta))
+        #: ranked by estimated reward at ``reward`` (an evaluation's, as the routers are fitted
+        #: at it), else at the reward the folder was trained with
+        self.ranker = Ranker(self.evidence, reward or trained_reward(meta))
         self._embed = embed
         self._embedded: dict[str, Any] = {}
         self.name = f"evidence-rule:{source.name}"
@@ -55,7 +58,7 @@ class EvidenceRule(Policy):
     def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> EvidenceRule:
         if not arg:
             raise InvalidSpec("evidence-rule needs a Conductor folder trained with evidence: rank")
-        rule = cls(arg)
+        rule = cls(arg, reward=kw.get("reward_config"))
         check_known_workers(rule.evidence, pool.names(), rule.name)
         return rule
 
