@@ -341,3 +341,23 @@ def test_json_into_a_path_that_cannot_be_written_is_one_line_before_any_work(
             [*command, "--json", str(target)], code=2, names=f"--json {target}: cannot write there"
         )
         assert "Traceback" not in stderr
+
+
+def test_train_warns_when_the_trained_model_writes_no_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose last GRPO step parsed almost no plan ends with a warning (its 0.000 reward curve
+    alone read as a finished training)."""
+    from types import SimpleNamespace
+
+    import rl_conductor.training.train as training
+
+    for parsed, warned in ((0.0, True), (0.98, False)):
+        result = SimpleNamespace(
+            reward_curve=[{"reward": 0.0, "conductor/parsed": parsed}], seconds={"total": 1.0}, global_step=1,
+            final_dir=tmp_path / "final",
+        )  # fmt: skip
+        monkeypatch.setattr(training, "train", lambda cfg, out, resume=False, r=result: r)
+        res = CliRunner().invoke(app, ["train", "--out", str(tmp_path), "--grpo-steps", "1"])
+        assert res.exit_code == 0, res.output
+        assert ("warning: only 0 % of the last GRPO step's plans parsed" in res.output) is warned, res.output

@@ -76,6 +76,13 @@ def train_cmd(
             f"reward: first log {curve[0].get('reward', float('nan')):.3f}, "
             f"last {curve[-1].get('reward', float('nan')):.3f}"
         )
+        parsed = [c["conductor/parsed"] for c in curve if "conductor/parsed" in c]
+        if parsed and parsed[-1] < 0.5:  # a model that writes no plan must not read as trained
+            typer.echo(
+                f"warning: only {100 * parsed[-1]:.0f} % of the last GRPO step's plans parsed; the "
+                "warm start did not teach the plan format (more --sft-examples, or check the SFT loss)",
+                err=True,
+            )
     console.print(json.dumps(res.seconds))
 
 
