@@ -209,10 +209,10 @@ def fail_if_nothing_answered(summaries: list[dict[str, Any]]) -> None:
     that did not parse (:func:`~rl_conductor.evaluation.runner.measurement_warnings`)."""
     from rl_conductor.evaluation.runner import every_call_failed, measurement_warnings
 
-    reasons = [r for r in map(every_call_failed, summaries) if r]
-    for line in dict.fromkeys(
-        w for s in summaries if not every_call_failed(s) for w in measurement_warnings(s)
-    ):
+    failed = [every_call_failed(s) for s in summaries]
+    reasons = [r for r in failed if r]
+    warnings = (w for s, r in zip(summaries, failed, strict=True) if not r for w in measurement_warnings(s))
+    for line in dict.fromkeys(warnings):
         typer.echo(f"warning: {line}", err=True)
     for reason in reasons:
         typer.echo(f"error: {reason}", err=True)

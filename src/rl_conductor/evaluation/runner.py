@@ -282,7 +282,7 @@ def measurement_warnings(summary: dict[str, Any]) -> list[str]:
             "whose own worker failed (its row is partly another worker's answers; see the workers table)"
         )
     parsed = summary.get("parse_rate")
-    if parsed is not None and parsed < 1 and str(name).startswith("conductor"):
+    if parsed is not None and parsed < 1:  # only an LM's plans can fail to parse
         fell = summary.get("fallback_rate") or 0.0
         out.append(
             f"policy {name!r}: {100 * (1 - parsed):.1f} % of its plans did not parse"

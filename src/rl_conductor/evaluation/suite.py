@@ -27,7 +27,6 @@ from rl_conductor.policies.conductor import model_source, read_conductor_meta
 from rl_conductor.reward import RewardConfig, reward_config, trained_reward
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
-from rl_conductor.validation import DATA_SPLITS
 from rl_conductor.workers.pool import Pool, load_pool
 
 __all__ = [
@@ -251,14 +250,11 @@ def sweep(
 
 def no_questions(dataset: str, split: str) -> InvalidArgument:
     """The error of an evaluation whose split has no question, with every split's count."""
-    from collections import Counter
+    from rl_conductor.tasks.datasets import split_counts
 
-    from rl_conductor.tasks.datasets import split_of_task
-
-    counts = Counter(split_of_task(t) for t in load_tasks(dataset, split="all"))
-    have = ", ".join(f"{s} {counts.get(s, 0)}" for s in DATA_SPLITS)
     return InvalidArgument(
-        f"split {split!r} of dataset {dataset!r} has no questions ({have}); choose another --split"
+        f"split {split!r} of dataset {dataset!r} has no questions ({split_counts(dataset)}); "
+        "choose another --split"
     )
 
 

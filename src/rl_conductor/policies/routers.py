@@ -289,14 +289,15 @@ def fit_limit(arg: str, kw: Mapping[str, Any], kind: str) -> int | None:
 def training_tasks(pool: Pool, kw: Mapping[str, Any], limit: int | None) -> list[Task]:
     """The training tasks of the dataset named in ``kw`` (or the pool's): all of them, or a
     seeded sample of ``limit``."""
-    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.tasks.datasets import load_tasks, split_counts
 
     dataset = str(kw.get("dataset") or pool.default_dataset())
     tasks = load_tasks(dataset, split="train", limit=limit, seed=int(kw.get("seed", 0)))
     if not tasks:  # fitted on nothing, a router sends every question to the pool's first worker
         raise InvalidArgument(
-            f"a router is fitted on the training split, and dataset {dataset!r} has none; give some "
-            "items `split: train` (or no `split`: the id's hash picks one)"
+            f"a router is fitted on the training split, and dataset {dataset!r} has none "
+            f"({split_counts(dataset)}); give some items `split: train` (or no `split`: the id's "
+            "hash picks one)"
         )
     return tasks
 

@@ -531,9 +531,14 @@ def choice_texts(task: Task) -> list[str]:
     return [str(c) for c in choices] if isinstance(choices, list | tuple) else []
 
 
+def option_letters(n_choices: int) -> str:
+    """The letters of ``n_choices`` options (every letter when the count is unknown or too many):
+    what the grader reads an answer as, and what a recordings file's gold must be."""
+    return LETTERS[:n_choices] if 0 < n_choices <= len(LETTERS) else LETTERS
+
+
 def _letters_for(task: Task) -> str:
-    n = len(choice_texts(task))
-    return LETTERS[:n] if 0 < n <= len(LETTERS) else LETTERS
+    return option_letters(len(choice_texts(task)))
 
 
 def _another_option(after: str, cls: str, letter: str, *, remarks: bool = True) -> bool:

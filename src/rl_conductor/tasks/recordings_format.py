@@ -151,11 +151,17 @@ def parse_response(raw: Any, where: str) -> RecordedResponse:
     )
 
 
-def _why_not_gradable(grader: str, answer: Any, metadata: dict[str, Any]) -> str | None:
-    """Why the item's own grader cannot grade it (None when it can)."""
+def _why_not_gradable(
+    grader: str, answer: Any, metadata: dict[str, Any], responses: dict[str, RecordedResponse]
+) -> str | None:
+    """Why the item's own grader cannot grade it (None when it can). A code item with tests but
+    no reference solution cannot replay a label-only "right": no text that passes them can be made."""
     if grader == "code":
-        tests = metadata.get("tests")
-        return None if tests else "a code item without `metadata.tests`"
+        if not metadata.get("tests"):
+            return "a code item without `metadata.tests`"
+        if not str(answer or "").strip() and any(r.text is None and r.correct for r in responses.values()):
+            return "a code item without a reference solution (`answer`) and with label-only right answers"
+        return None
     return None if answer is not None and str(answer).strip() else "an item without a gold `answer`"
 
 
@@ -163,11 +169,11 @@ def choice_gold(answer: Any, metadata: dict[str, Any], where: str) -> str:
     """A multiple-choice item's gold as the option letter the grader compares with: ``C``, ``c``,
     ``(C)``, ``C.``, ``C)`` or the text of one of ``metadata.choices``. Anything else would grade
     every answer wrong, a label-only "right" included: a one-line error naming the item instead."""
-    from rl_conductor.tasks.graders import LETTERS
+    from rl_conductor.tasks.graders import option_letters
 
     choices = metadata.get("choices")
     texts = [str(c).strip() for c in choices] if isinstance(choices, list | tuple) else []
-    letters = LETTERS[: len(texts)] if 0 < len(texts) <= len(LETTERS) else LETTERS
+    letters = option_letters(len(texts))
     gold = str(answer).strip()
     m = re.fullmatch(r"\(?([A-Za-z])\)?[.:)]?", gold)
     if m and m.group(1).upper() in letters:
@@ -244,12 +250,7 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
     answer = row.get("answer")
     if grader == "choice" and answer is not None and str(answer).strip():
         answer = choice_gold(answer, metadata, where)
-    gradable = _why_not_gradable(grader, answer, metadata)
-    if gradable is None and grader == "code" and not str(answer or "").strip():
-        # tests but no reference solution: a label-only "right" has no text that passes them
-        right_without_text = sorted(m for m, r in parsed.items() if r.text is None and r.correct)
-        if right_without_text:
-            gradable = "a code item without a reference solution (`answer`) and with label-only right answers"
+    gradable = _why_not_gradable(grader, answer, metadata, parsed)
     if gradable is not None:  # no gold to grade against: the recorded labels are the grades
         unlabelled = sorted(m for m, r in parsed.items() if r.correct is None)
         if unlabelled:

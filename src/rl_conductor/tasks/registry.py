@@ -126,6 +126,13 @@ def _select(all_tasks: list[Task], split: str, limit: int | None, seed: int) -> 
     return tasks
 
 
+def split_counts(name: str) -> str:
+    """``train N, validation N, test N`` of dataset ``name``: what the errors about an empty split
+    show (an evaluation's, a router's fit, training), so the user sees where the items went."""
+    counts = Counter(split_of_task(t) for t in load_tasks(name, split="all"))
+    return ", ".join(f"{s} {counts.get(s, 0)}" for s in DATA_SPLITS)
+
+
 def domain_counts(tasks: Iterable[Task]) -> dict[str, int]:
     """Number of tasks per domain, known domains first in ``DOMAINS`` order."""
     counts = Counter(t.domain for t in tasks)

@@ -155,7 +155,7 @@ def train(
 
     from rl_conductor.limits import RequestLimits
     from rl_conductor.lm.generate import torch_threads
-    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.tasks.datasets import load_tasks, split_counts
     from rl_conductor.tracking import mlflow_utils
     from rl_conductor.training.data import grpo_records, make_specs, sft_records, warm_sft_records
     from rl_conductor.training.grpo_reward import ConductorReward
@@ -174,8 +174,8 @@ def train(
     tasks = load_tasks(dataset, split="train", limit=cfg.train_limit, seed=cfg.seed)
     if not tasks:  # a one-line usage error: the file decides the split, not the code
         raise ConfigError(
-            f"dataset {dataset!r} has no training tasks; give some items `split: train` (or no "
-            "`split`: the id's hash picks one)"
+            f"dataset {dataset!r} has no training tasks ({split_counts(dataset)}); give some items "
+            "`split: train` (or no `split`: the id's hash picks one)"
         )
     base_limits = RequestLimits(max_steps=cfg.max_steps_per_workflow)
     spec_kw = dict(
