@@ -622,3 +622,41 @@ def test_evidence_fitted_for_other_workers_is_refused_by_name() -> None:
     check_known_workers(model, ["gpt-4o", "new-worker"], "evidence-rule:final")  # a warning only
     with pytest.raises(InvalidArgument, match=r"evidence-rule:final: its evidence was fitted for workers"):
         check_known_workers(model, ["claude", "gemini"], "evidence-rule:final")
+
+
+def test_texts_without_gold_agree_by_their_stated_answers(tmp_path: Path) -> None:
+    """A file with texts and labels but no gold (RouterBench-style logs) replays as recorded, and
+    two texts that state one answer agree, as on a gradable item: a cascade keeps them and asks the
+    strong worker only where they differ. Before, every pair of recorded texts "disagreed" (their
+    digests were their answers), so every review escalated and a cascade cost as much as both."""
+    from rl_conductor.tasks.graders import agreement, extract_answer
+
+    words = {"math": ("So she pays $8 in all.\nThe answer is 8.", "12 / 3 * 2 = 8\n#### 8", "#### 9"),
+             "choice": ("The answer is (C).", "Answer: C", "Answer: B"),
+             None: ("The answer is Paris.", "Final answer: paris", "The answer is Lyon.")}  # fmt: skip
+    rows = []
+    for i in range(12):
+        grader = [*words][i % 3]
+        same_a, same_b, other = words[grader]
+        agree = i % 2 == 0
+        rows.append({"id": f"t/{i}", "question": f"Question {i}?", "domain": "mixed", "split": "test",
+                     **({"grader": grader} if grader else {}),
+                     **({"metadata": {"choices": ["w", "x", "y", "z"]}} if grader == "choice" else {}),
+                     "responses": {"a": {"text": same_a, "correct": agree},
+                                   "b": {"text": same_b if agree else other, "correct": agree},
+                                   "c": {"correct": True}}})  # fmt: skip
+    pool = _byo_pool(tmp_path, rows, models="abc")
+    tasks = load_tasks(load_pool(str(pool)).options["default_dataset"], "test")
+    assert {t.grader for t in tasks} == {"recorded"}
+    by_id = {r["id"]: r for r in rows}
+    for t in tasks:
+        a, b = (by_id[t.id]["responses"][m]["text"] for m in "ab")
+        assert agreement(t, [a, b]) is (int(t.id.split("/")[1]) % 2 == 0), (t.id, a, b)
+    worker = load_pool(str(pool)).get("c")
+    call = worker.complete([], max_tokens=64, temperature=0, context=CallContext(tasks[0]))
+    stand_in = asyncio.run(call).text
+    assert extract_answer(tasks[0], stand_in) is not None and agreement(tasks[0], [stand_in, "8"]) is False
+    [run] = run_eval(["cascade:a,b>c"], pool=str(pool), dataset=None, split="test", limit=None, seed=0,
+                     progress=False, max_rounds=2)  # fmt: skip
+    assert run["multi_round_rate"] == pytest.approx(0.5)  # escalated exactly where the answers differ
+    assert run["accuracy"] == pytest.approx(1.0)  # agreeing pairs were right here; c answered the rest

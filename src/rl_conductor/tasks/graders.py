@@ -900,6 +900,11 @@ def compiles(program: str) -> bool:
 # --------------------------------------------------------------------------- recorded labels
 
 
+#: How a stand-in starts: the text a replay worker answers with where only a label was recorded
+#: and no gold exists (:func:`rl_conductor.tasks.recordings_format.stand_in`).
+STAND_IN_PREFIX = "[recorded answer "
+
+
 def text_key(text: str) -> str:
     """The key of a recorded text in ``metadata["recorded_labels"]`` (a SHA-256 prefix)."""
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
@@ -920,9 +925,21 @@ class RecordedGrader:
         return bool((task.metadata.get("recorded_labels") or {}).get(text_key(text), False))
 
     def extract(self, task: Task, text: str) -> str | None:
-        if not isinstance(text, str) or text_key(text) not in (task.metadata.get("recorded_labels") or {}):
+        """The answer key of the grader the file named for the item (``metadata.recorded_grader``:
+        a math item's final number, a choice item's letter, a qa item's final answer), so two
+        workers' texts that state one answer agree, as they do on a gradable item: without it a
+        file with texts but no gold could not be reviewed or voted on (every pair of answers
+        "disagreed"). A stand-in (a label without text) keeps its opaque digest: it agrees with
+        nothing but itself and says nothing of its label. A text no model recorded extracts as
+        it would on a gradable item (it still grades wrong)."""
+        if not isinstance(text, str):
             return None
-        return text_key(text)
+        if text.startswith(STAND_IN_PREFIX):
+            return text_key(text) if text_key(text) in (task.metadata.get("recorded_labels") or {}) else None
+        own = GRADERS.get(str(task.metadata.get("recorded_grader", "qa")))
+        if own is None or own.name == self.name:
+            return text_key(text)
+        return own.extract(task, text)
 
 
 # --------------------------------------------------------------------------- registry

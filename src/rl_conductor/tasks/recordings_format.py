@@ -195,8 +195,10 @@ def stand_in(task_id: str, model: str) -> str:
     """The text a replay worker answers with where only a label was recorded and no gold exists:
     an opaque line that says nothing about the label (a Conductor reading answers must not learn
     it from the text); :data:`RECORDED_GRADER` grades it as recorded."""
+    from rl_conductor.tasks.graders import STAND_IN_PREFIX
+
     digest = hashlib.sha256(f"{task_id}|{model}".encode()).hexdigest()[:12]
-    return f"[recorded answer {digest}]"
+    return f"{STAND_IN_PREFIX}{digest}]"
 
 
 def _labels(task_id: str, parsed: dict[str, RecordedResponse], where: str) -> dict[str, bool]:
