@@ -368,3 +368,22 @@ def test_the_review_standard_error_rule_is_a_recipe_setting() -> None:
     assert TrainConfig(pool="unused").warm_review_se_rule == 0.0  # the rule as before
     with pytest.raises(ValueError, match="warm_review_se_rule"):
         TrainConfig(pool="unused", warm_review_se_rule=-1.0)
+
+
+def test_the_fallback_worker_is_the_best_single_at_the_training_reward(tmp_path: Path) -> None:
+    """``ExpectedRewards.best_single`` (conductor.json's ``fallback_worker``): the worker whose
+    solve alone has the best mean training reward, which moves with the cost weight."""
+    from rl_conductor.reward import RewardConfig
+    from rl_conductor.training.train import _warm_start, conductor_meta
+    from rl_conductor.training.warmstart import ExpectedRewards
+
+    pool, tasks = _pool(), _tasks()
+    table = build_table(tasks, pool, top_k=2, cheap_k=1, max_steps=2)
+    # the dear worker is right everywhere, a and b on the easy half only
+    assert ExpectedRewards.fit(table, RewardConfig(cost_weight=0.0)).best_single() == "dear"
+    assert ExpectedRewards.fit(table, RewardConfig(cost_weight=5.0)).best_single() in ("a", "b")
+    targets, _, _, _ = _warm_start(_cfg(tmp_path), tasks, pool)
+    best = targets.best_single()
+    assert best is not None
+    assert conductor_meta(_cfg(tmp_path), pool.names(), None, best)["fallback_worker"] == best
+    assert "fallback_worker" not in conductor_meta(_cfg(tmp_path), pool.names())

@@ -745,3 +745,26 @@ def test_two_conductors_of_one_folder_name_are_told_apart(micro: Micro, tmp_path
     rows = run_eval([*specs, "single:gpt-5"], pool="paper-sim", dataset=None, split="test", limit=2, seed=0,
                     progress=False)  # fmt: skip
     assert [r["policy"] for r in rows] == [*specs, "single:gpt-5"]
+
+
+async def test_a_trained_fallback_worker_answers_an_unparseable_plan_where_the_request_permits_it(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """conductor.json's ``fallback_worker`` (the best single worker on the training questions)
+    replaces the priciest worker as the fallback, within the request's limits only: on gsm8k-six
+    the priciest is a ~$1 verifier that no warm-start target chose."""
+    monkeypatch.setattr(policy, "_generate", Script(lambda prompt, call: GARBAGE))
+    monkeypatch.setitem(policy.meta, "fallback_worker", "w0")
+    pool = _pool(("self", "external", "self", "external"))
+    ep = await policy.run(_task(), pool.view(), RequestLimits())
+    assert ep.plan.fallback and [s.worker for s in ep.trace.steps] == ["w0"]
+    assert fallback_workflow(pool.view(), RequestLimits(), "w0").workers() == [0]
+    # not permitted (external under a private request; not on the allow-list): the rule as before
+    monkeypatch.setitem(policy.meta, "fallback_worker", "w1")
+    ep = await policy.run(_task(), pool.view(), RequestLimits(sensitivity="private"))
+    assert [s.worker for s in ep.trace.steps] == ["w2"]
+    only_w3 = RequestLimits(allowed_workers=frozenset({"w3"}))
+    assert fallback_workflow(pool.view(), only_w3, "w1").workers() == [3]
+    assert fallback_workflow(pool.view(), RequestLimits(), "gone").workers() == [
+        3
+    ]  # not in this pool: priciest

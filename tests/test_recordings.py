@@ -660,3 +660,50 @@ def test_texts_without_gold_agree_by_their_stated_answers(tmp_path: Path) -> Non
                      progress=False, max_rounds=2)  # fmt: skip
     assert run["multi_round_rate"] == pytest.approx(0.5)  # escalated exactly where the answers differ
     assert run["accuracy"] == pytest.approx(1.0)  # agreeing pairs were right here; c answered the rest
+
+
+def test_no_gold_tables_grade_each_text_by_its_own_label_and_an_edited_file_is_rebuilt(
+    tmp_path: Path,
+) -> None:
+    """Outside attack on the agreement rule: (1) the candidate table memoised grades per answer
+    key, so once two texts stating one answer could share a key, one text's label graded the
+    other (37 such items in gsm8k-six without gold); (2) the default ``qa`` key read a shared
+    last line ("Hope this helps!") as one answer; (3) a recorded math item lost symbolic
+    equivalence; (4) the tables' cache key ignored the file's labels and graders, so an edited
+    file was read from a stale table; (5) a real text that began like a stand-in was one."""
+    from rl_conductor.tasks import registry
+    from rl_conductor.tasks.graders import agreement, extract_answer
+    from rl_conductor.training.candidates import cached_table
+
+    def rows(b_right: bool) -> list[dict[str, Any]]:
+        return [{"id": f"p/{i}", "question": f"Pens {i}?", "grader": "math", "domain": "m", "split": "train",
+                 "responses": {"a": {"text": "12/3*2 = 8\n#### 8", "correct": True},
+                               "b": {"text": "12 pens = $8.00\n#### $8.00", "correct": b_right}}}
+                for i in range(4)]  # fmt: skip
+
+    pool = _byo_pool(tmp_path, rows(False))
+    tasks = load_tasks(load_pool(str(pool)).options["default_dataset"], "train")
+    for names in ("ab", "ba"):  # either order: each text keeps its own label
+        p = tmp_path / f"{names}.yaml"
+        p.write_text(yaml.safe_dump({**yaml.safe_load(pool.read_text()),
+                                     "workers": [{"name": m, "kind": "replay"} for m in names]}))  # fmt: skip
+        table = cached_table(tasks, load_pool(str(p)), tmp_path / f"cache-{names}", top_k=2, cheap_k=1)
+        by = {c.name: j for j, c in enumerate(table.candidates)}
+        assert table.correct[:, by["solve:a"], 0].all() and not table.correct[:, by["solve:b"], 0].any()
+    # (4) the same file with b's label fixed: the cache is not reused
+    _write(tmp_path / "byo.jsonl", rows(True))
+    registry._load_all.cache_clear()  # a new process reads the edited file; this one cached it
+    tasks = load_tasks(load_pool(str(pool)).options["default_dataset"], "train")
+    table = cached_table(
+        tasks, load_pool(str(tmp_path / "ab.yaml")), tmp_path / "cache-ab", top_k=2, cheap_k=1
+    )
+    assert table.correct[:, [c.name for c in table.candidates].index("solve:b"), 0].all()
+    # (2) qa: only a stated answer is a key; (3) math keys agree symbolically; (5) stand-in look-alikes
+    qa = Task("q", "?", "", "qa", "t", "recorded", {"recorded_grader": "qa"})
+    assert (
+        agreement(qa, ["It is Canberra.\n\nHope this helps!", "It is Sydney.\n\nHope this helps!"]) is False
+    )
+    assert agreement(qa, ["The answer is Canberra.\nHope this helps!", "Answer: canberra"]) is True
+    math = Task("m", "?", "", "math", "t", "recorded", {"recorded_grader": "math"})
+    assert agreement(math, ["\\boxed{2\\sqrt{2}}", "\\boxed{\\sqrt{8}}"]) is True
+    assert extract_answer(math, "[recorded answer abc] #### 5") == extract_answer(math, "#### 5")

@@ -250,3 +250,16 @@ def test_a_chain_of_the_pair_workers_gets_no_estimate_and_keeps(tmp_path: Path) 
             assert "Best by estimate" not in r["prompt"][-1]["content"]
             done = parse(r["completion"][0]["content"], pool_size=3, allow_empty=True, first_index=2)
             assert done.workers() == []
+
+
+def test_the_recordings_text_preset_is_the_text_recipe_on_the_pools_own_data() -> None:
+    """What docs/recordings.md tells a user with response texts to train: gsm8k-six-text's recipe,
+    with the pool's own dataset (no dataset pinned) and every training question."""
+    from rl_conductor.training.config import load_preset
+
+    mine, text = load_preset("recordings-text"), load_preset("gsm8k-six-text")
+    assert mine.dataset is None and mine.warm_items_per_domain >= 5000 and mine.max_rounds == 2
+    differ = {"dataset", "warm_items_per_domain"}
+    assert {k: v for k, v in mine.to_dict().items() if k not in differ} == {
+        k: v for k, v in text.to_dict().items() if k not in differ
+    }

@@ -152,6 +152,8 @@ class _GradeCache:
     def grade(self, task: Task, text: str) -> bool:
         from rl_conductor.tasks.graders import grade
 
+        if task.grader == "recorded":  # a label lookup in the task's metadata, which Task's
+            return grade(task, text)  # equality ignores: a reloaded, edited file must not hit
         key = (task, hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
         with self._lock:
             if key in self._grades:

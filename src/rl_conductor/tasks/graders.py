@@ -926,20 +926,53 @@ class RecordedGrader:
 
     def extract(self, task: Task, text: str) -> str | None:
         """The answer key of the grader the file named for the item (``metadata.recorded_grader``:
-        a math item's final number, a choice item's letter, a qa item's final answer), so two
-        workers' texts that state one answer agree, as they do on a gradable item: without it a
-        file with texts but no gold could not be reviewed or voted on (every pair of answers
-        "disagreed"). A stand-in (a label without text) keeps its opaque digest: it agrees with
-        nothing but itself and says nothing of its label. A text no model recorded extracts as
-        it would on a gradable item (it still grades wrong)."""
+        a math item's final number, a choice item's letter, a code item's code), so two workers'
+        texts that state one answer agree, as they do on a gradable item: without it a file with
+        texts but no gold could not be reviewed or voted on (every pair of answers "disagreed").
+        A ``qa`` item (the default when the file names no grader) agrees only on an answer the
+        text *states* (``\\boxed{…}``, "the answer is …", "Answer: …", "#### …"): chat texts
+        often end on a shared sign-off ("Hope this helps!") that a last-line rule would read as
+        one answer. Where nothing is stated, or for a stand-in (a label without text, whose
+        opaque digest says nothing of its label), the key is the text's digest: it agrees only
+        with the same text. A text no model recorded extracts as on a gradable item (it still
+        grades wrong). Grades never depend on the key: they are the labels."""
         if not isinstance(text, str):
             return None
-        if text.startswith(STAND_IN_PREFIX):
+        if _STAND_IN.fullmatch(text):
             return text_key(text) if text_key(text) in (task.metadata.get("recorded_labels") or {}) else None
-        own = GRADERS.get(str(task.metadata.get("recorded_grader", "qa")))
-        if own is None or own.name == self.name:
+        own = answer_grader(task)
+        if own.name == self.name:
             return text_key(text)
+        if own.name == "qa":
+            stated = _stated_answer(_tail(text))
+            key = normalize_text(stated) if stated else ""
+            return key or text_key(text)
         return own.extract(task, text)
+
+
+_STAND_IN = re.compile(re.escape(STAND_IN_PREFIX) + r"[0-9a-f]{12}\]")
+_HASHES = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
+
+
+def _stated_answer(text: str) -> str | None:
+    """An answer the text states outright (boxed, "the answer is", "Answer:", "####"), or None."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return re.sub(r"\\text\{([^{}]*)\}", r"\1", boxed)
+    found = [(m.start(), m.group(1)) for pattern in (_ANSWER_IS, _HASHES) for m in pattern.finditer(text)]
+    if not found:
+        return None
+    said = max(found)[1].split("\n", 1)[0].strip().strip("*").strip()  # the last one stated
+    return said or None
+
+
+def answer_grader(task: Task) -> Grader:
+    """The grader whose answer keys ``task``'s answers are compared by: its own, or for an item
+    graded as recorded the grader its file named (``metadata.recorded_grader``)."""
+    grader = _grader_for(task)
+    if grader.name != "recorded":
+        return grader
+    return GRADERS.get(str(task.metadata.get("recorded_grader", "qa")), grader)
 
 
 # --------------------------------------------------------------------------- registry
@@ -996,7 +1029,7 @@ def keys_agree(task: Task, ka: str | None, kb: str | None) -> bool:
         return False
     if ka == kb:
         return True
-    return _grader_for(task).name == "math" and _math_keys_agree(ka, kb)
+    return answer_grader(task).name == "math" and _math_keys_agree(ka, kb)
 
 
 def agreement(task: Task, answers: Sequence[str]) -> bool | None:

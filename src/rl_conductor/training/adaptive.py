@@ -61,6 +61,7 @@ from rl_conductor.training.candidates import (
     Candidate,
     CandidateTable,
     cache_or_build,
+    items_digest,
     load_arrays,
     save_arrays,
     single,
@@ -297,6 +298,7 @@ def cached_rounds_table(
                 "pair_k": pair_k,
                 "max_steps": max_steps,
                 "table": table.meta,
+                "items": items_digest(tasks),
             },
             sort_keys=True,
         ).encode()

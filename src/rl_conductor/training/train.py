@@ -101,7 +101,12 @@ def _last_checkpoint(d: Path) -> Path | None:
 
 
 def save_final(
-    model_src: Path, final_dir: Path, cfg: TrainConfig, pool_names: list[str], dataset: str | None = None
+    model_src: Path,
+    final_dir: Path,
+    cfg: TrainConfig,
+    pool_names: list[str],
+    dataset: str | None = None,
+    fallback_worker: str | None = None,
 ) -> Path:
     """Copy the model folder and write what serving needs next to it (conductor.json, prompts)."""
     if final_dir.exists():
@@ -117,13 +122,19 @@ def save_final(
     prompts.mkdir(exist_ok=True)
     for name in ("conductor.txt", "conductor_review.txt", "worker.txt"):
         (prompts / name).write_text(resources.files("rl_conductor.prompts").joinpath(name).read_text())
-    (final_dir / "conductor.json").write_text(json.dumps(conductor_meta(cfg, pool_names, dataset), indent=2))
+    meta = conductor_meta(cfg, pool_names, dataset, fallback_worker)
+    (final_dir / "conductor.json").write_text(json.dumps(meta, indent=2))
     return final_dir
 
 
-def conductor_meta(cfg: TrainConfig, pool_names: list[str], dataset: str | None = None) -> dict[str, Any]:
+def conductor_meta(
+    cfg: TrainConfig, pool_names: list[str], dataset: str | None = None, fallback_worker: str | None = None
+) -> dict[str, Any]:
     """What serving and evaluation read next to the weights (``conductor.json``): also the pool,
-    the dataset and the reward it was trained with, which ``plan`` and ``eval`` default to."""
+    the dataset and the reward it was trained with, which ``plan`` and ``eval`` default to, and
+    the worker an unparseable plan falls back to (the best single worker on the warm start's
+    training questions at that reward, :meth:`ExpectedRewards.best_single`; absent without a
+    warm-start table)."""
     return {
         "format": "rl-conductor/1",
         "base_model": cfg.model,
@@ -141,6 +152,7 @@ def conductor_meta(cfg: TrainConfig, pool_names: list[str], dataset: str | None 
         "train_config": cfg.to_dict(),
         # only when on: the conductor.json of every other model is as before
         **({"review_evidence": cfg.review_evidence} if cfg.review_evidence != "none" else {}),
+        **({"fallback_worker": fallback_worker} if fallback_worker else {}),
     }
 
 
@@ -195,12 +207,14 @@ def train(
     rule: dict[tuple[str, str, str], str] | None = None
     rank: Any = None
     text_rule: Any = None  # review_evidence: text (training/review_text.py)
+    fallback: str | None = None  # conductor.json's fallback_worker
     if cfg.sft_targets == "expected-best":
         texts: list[Any] = []
         targets, evidence_model, evidence, rule = _warm_start(
             cfg, tasks, pool, progress=progress, text_rule=texts
         )
         text_rule = texts[0] if texts else None
+        fallback = targets.best_single()
         if cfg.evidence == "rank":
             from rl_conductor.policies.evidence import Ranker
 
@@ -322,7 +336,7 @@ def train(
             # the SFT-only model is a Conductor too (the "before GRPO" baseline of evaluations)
             with main_process_writes() as writer:
                 if writer:
-                    meta = json.dumps(conductor_meta(cfg, pool.names(), dataset), indent=2)
+                    meta = json.dumps(conductor_meta(cfg, pool.names(), dataset, fallback), indent=2)
                     (sft_dir / "conductor.json").write_text(meta)
                     if evidence_model is not None:
                         evidence_model.save(sft_dir)
@@ -360,7 +374,7 @@ def train(
         ]
         with main_process_writes() as writer:
             if writer:
-                save_final(out / "grpo" / "last", result.final_dir, cfg, pool.names(), dataset)
+                save_final(out / "grpo" / "last", result.final_dir, cfg, pool.names(), dataset, fallback)
                 if evidence_model is not None:
                     evidence_model.save(result.final_dir)
                 if text_rule is not None:

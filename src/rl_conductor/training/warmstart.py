@@ -163,6 +163,26 @@ class ExpectedRewards:
             _group_evidence=_group_means(table, item_evidence or {}),
         )
 
+    def best_single(self) -> str | None:
+        """The worker whose fresh solve alone has the best mean training reward with no budget
+        (over every question it was run on), or None without item rewards or single candidates:
+        the trained Conductor's fallback where a plan does not parse (``conductor.json``'s
+        ``fallback_worker``), where the untrained rule, the highest-priced worker, may be one no
+        target ever used (a $1 verifier on ``gsm8k-six``)."""
+        if self.item_rewards is None or self.scored is None:
+            return None
+        col = next((k for k, b in enumerate(self.budgets) if b is None), 0)
+        best: tuple[float, str] | None = None
+        for j, c in enumerate(self.candidates):
+            if len(c.steps) != 1 or c.steps[0][1] != "solve":  # one worker solving alone
+                continue
+            rows = self.scored[:, col] & ~np.isnan(self.item_rewards[:, j, col])
+            if rows.any():
+                mean = float(self.item_rewards[rows, j, col].mean())
+                if best is None or mean > best[0]:
+                    best = (mean, str(c.steps[0][0]))
+        return None if best is None else best[1]
+
     def _simplest_near_best(self, key: str, col: int, options: list[tuple[Any, ...]]) -> int:
         """The one-standard-error rule over ``options`` (tuples as in :meth:`best`, ``j`` last):
         the fewest-step candidate whose mean reward is within ``se_rule`` paired standard errors
