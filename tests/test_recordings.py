@@ -704,6 +704,9 @@ def test_no_gold_tables_grade_each_text_by_its_own_label_and_an_edited_file_is_r
         agreement(qa, ["It is Canberra.\n\nHope this helps!", "It is Sydney.\n\nHope this helps!"]) is False
     )
     assert agreement(qa, ["The answer is Canberra.\nHope this helps!", "Answer: canberra"]) is True
+    worked = ["So she makes 9 * $2 = $18 every day.", "9*2=<<9*2=18>>18\nA: 18", "#### 18.0"]
+    assert agreement(qa, worked) is True  # unmarked worked solutions: the last line's number, by value
+    assert agreement(qa, ["So she makes $18 every day.", "She makes $1,800 in all."]) is False
     math = Task("m", "?", "", "math", "t", "recorded", {"recorded_grader": "math"})
     assert agreement(math, ["\\boxed{2\\sqrt{2}}", "\\boxed{\\sqrt{8}}"]) is True
     assert extract_answer(math, "[recorded answer abc] #### 5") == extract_answer(math, "#### 5")

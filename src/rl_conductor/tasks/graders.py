@@ -49,6 +49,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import signal
@@ -944,14 +945,34 @@ class RecordedGrader:
         if own.name == self.name:
             return text_key(text)
         if own.name == "qa":
-            stated = _stated_answer(_tail(text))
-            key = normalize_text(stated) if stated else ""
-            return key or text_key(text)
+            return _recorded_qa_key(_tail(text)) or text_key(text)
         return own.extract(task, text)
 
 
 _STAND_IN = re.compile(re.escape(STAND_IN_PREFIX) + r"[0-9a-f]{12}\]")
 _HASHES = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
+
+
+def _recorded_qa_key(text: str) -> str | None:
+    """A qa item's answer key without gold: the answer the text states (:func:`_stated_answer`, or
+    a last line "A: …"), else the last number of its last line (a worked solution ending "… = $18
+    every day."); a number is compared by value ("$25,000." = "25000"), anything else as
+    normalised text. None when the text states nothing and its last line has no number
+    ("Hope this helps!"): such texts agree only with the same text."""
+    final = _final_line(text)
+    stated = _stated_answer(text)
+    if stated is None and final is not None:
+        qa_style = _QA_STYLE_ANSWER.match(final)
+        numbers = _NUMBER.findall(final)
+        stated = qa_style.group(1) if qa_style else (numbers[-1] if numbers else None)
+    if stated is None:
+        return None
+    bare = stated.strip().strip("*$€£").strip().rstrip(".%").replace(",", "")
+    try:
+        value = float(bare)
+    except ValueError:
+        return normalize_text(stated) or None
+    return f"={value:.12g}" if math.isfinite(value) else None
 
 
 def _stated_answer(text: str) -> str | None:
