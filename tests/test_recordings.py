@@ -710,3 +710,24 @@ def test_no_gold_tables_grade_each_text_by_its_own_label_and_an_edited_file_is_r
     math = Task("m", "?", "", "math", "t", "recorded", {"recorded_grader": "math"})
     assert agreement(math, ["\\boxed{2\\sqrt{2}}", "\\boxed{\\sqrt{8}}"]) is True
     assert extract_answer(math, "[recorded answer abc] #### 5") == extract_answer(math, "#### 5")
+
+
+def test_train_says_when_a_one_round_recipe_ignores_recorded_texts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rl_conductor.cli.train import _hint_texts
+    from rl_conductor.training.config import load_preset
+
+    written = [_item(i, a={"text": f"#### {i + 1}"}, b={"text": "#### 0"}) for i in range(4)]
+    texts = _byo_pool(tmp_path, written)
+    _hint_texts(load_preset("recordings", pool=str(texts)))
+    assert "note: 100 % of these recordings keep their response text; --preset recordings-text" in (
+        capsys.readouterr().err.replace("\n", " ")
+    )
+    _hint_texts(load_preset("recordings-text", pool=str(texts)))  # already two rounds: nothing to say
+    (tmp_path / "labels").mkdir()
+    only = [_item(i, a={"correct": True}, b={"correct": False}) for i in range(4)]
+    labels = _byo_pool(tmp_path / "labels", only)
+    _hint_texts(load_preset("recordings", pool=str(labels)))
+    _hint_texts(load_preset("tiny"))  # not a recordings pool
+    assert capsys.readouterr().err == ""

@@ -66,6 +66,7 @@ def train_cmd(
     )
     from rl_conductor.training.train import train  # torch and TRL: only once the config is valid
 
+    _hint_texts(cfg)
     res = train(cfg, out, resume=resume)
     curve = res.reward_curve
     console.print(
@@ -84,6 +85,23 @@ def train_cmd(
                 err=True,
             )
     console.print(json.dumps(res.seconds))
+
+
+def _hint_texts(cfg: Any) -> None:
+    """A one-round recipe on recordings that keep their texts: say that a two-round one reads them."""
+    if cfg.max_rounds > 1:
+        return
+    from rl_conductor.tasks.recordings_format import text_share
+    from rl_conductor.workers.pool import load_pool
+
+    share = text_share(cfg.dataset or load_pool(cfg.pool).default_dataset())
+    if share is not None and share >= 0.5:
+        typer.echo(
+            f"note: {100 * share:.0f} % of these recordings keep their response text; --preset "
+            "recordings-text trains a Conductor that reads the first answers before it escalates "
+            "(two rounds: docs/recordings.md, 'Recordings that keep response texts')",
+            err=True,
+        )
 
 
 @app.command("plan")

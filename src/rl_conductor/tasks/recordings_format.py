@@ -328,6 +328,16 @@ def load_recordings(path: str | Path) -> Recordings:
     return _load(str(p), p.stat().st_mtime_ns)
 
 
+def text_share(dataset: str) -> float | None:
+    """The share of a recordings dataset's responses that keep their text (None for any other
+    dataset): what decides whether a Conductor can read answers there (``train``'s hint)."""
+    if not dataset.startswith(PREFIX):
+        return None
+    rec = load_recordings(dataset[len(PREFIX) :])
+    kept = [r.text is not None for by_model in rec.responses.values() for r in by_model.values()]
+    return sum(kept) / len(kept) if kept else None
+
+
 def dataset_name(path: str | Path) -> str:
     """The dataset name under which a recordings file's items load: ``recordings:<abs path>``,
     or ``recordings:package:<file>`` for a shipped file (the same name on every machine)."""
