@@ -731,3 +731,28 @@ def test_train_says_when_a_one_round_recipe_ignores_recorded_texts(
     _hint_texts(load_preset("recordings", pool=str(labels)))
     _hint_texts(load_preset("tiny"))  # not a recordings pool
     assert capsys.readouterr().err == ""
+
+
+def test_the_tables_caches_are_rebuilt_when_the_grading_code_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rounds table cached before an answer-key change kept its old agreements (measured: a
+    retrained Conductor escalated on every question); the keys now carry ``code_version``."""
+    from rl_conductor.training import adaptive, candidates
+
+    rows = [{**_item(i, a={"text": f"#### {i + 1}"}, b={"text": "#### 0"}), "split": "train"}
+            for i in range(4)]  # fmt: skip
+    pool = load_pool(str(_byo_pool(tmp_path, rows)))
+    tasks = load_tasks(pool.options["default_dataset"], "train")
+    cache = tmp_path / "cache"
+
+    def build() -> set[str]:
+        table = candidates.cached_table(tasks, pool, cache, top_k=2, cheap_k=1)
+        adaptive.cached_rounds_table(tasks, pool, table, cache, top_k=2, pair_k=2)
+        return {p.name for p in cache.iterdir()}
+
+    first = build()
+    assert build() == first and len(first) == 2
+    monkeypatch.setattr(candidates, "code_version", lambda: "other-graders")
+    monkeypatch.setattr(adaptive, "code_version", lambda: "other-graders")
+    assert len(build() - first) == 2  # both tables rebuilt under new keys

@@ -91,6 +91,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import numpy as np
 
 from rl_conductor.executor import DEADLINE_MARGIN, reserve_input_tokens
+from rl_conductor.fingerprint import code_version
 from rl_conductor.limits import DEFAULT_MAX_STEPS, MIN_OUTPUT_TOKENS, RequestLimits
 from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.chains import ROLE_TEXT, Candidate, single
@@ -726,6 +727,7 @@ def cached_table(
             "roles": ROLE_TEXT,
             "probe": pool_probe(pool, tasks),
             "items": items_digest(tasks),
+            "code": code_version(),  # graders, executor, workers: what turns a plan into a grade
         },
         sort_keys=True,
     )
