@@ -707,6 +707,27 @@ def test_no_gold_tables_grade_each_text_by_its_own_label_and_an_edited_file_is_r
     worked = ["So she makes 9 * $2 = $18 every day.", "9*2=<<9*2=18>>18\nA: 18", "#### 18.0"]
     assert agreement(qa, worked) is True  # unmarked worked solutions: the last line's number, by value
     assert agreement(qa, ["So she makes $18 every day.", "She makes $1,800 in all."]) is False
+    # a second attack's false agreements: sign-offs, headings, citations, lost signs, options
+    for one, other in [
+        ("Paris.\nI hope this answer is helpful!", "Lyon.\nI hope this answer is helpful!"),
+        ("#### Final Answer\nIt is **Paris**.", "#### Final Answer\nIt is **Lyon**."),
+        ("It is 8.\n[1] en.wikipedia.org", "It is 9.\n[1] en.wikipedia.org"),
+        ("The answer is -1/2", "The answer is 1/2"),
+        ("Answer: (C) 42", "Answer: (D) 42"),
+        ("The answer is 12,5", "The answer is 125"),
+        ("It opens at 9:30 am.", "It opens at 10:30 am."),
+    ]:
+        assert agreement(qa, [one, other]) is False, (one, other)
+    # and its false disagreements: one value, written differently
+    for one, other in [
+        ("The answer is 18 dollars.", "#### 18"),
+        ("**The answer is 18**.", "\\boxed{\\$18}"),
+        ("The answer is 42, since 6 x 7 = 42.", "A: 42"),
+        ("The answer is \u22125", "Answer: -5"),
+        ("Answer: (C) 42", "The answer is C."),
+        ("So it takes Carlos 12 years.", "#### 12"),
+    ]:
+        assert agreement(qa, [one, other]) is True, (one, other)
     math = Task("m", "?", "", "math", "t", "recorded", {"recorded_grader": "math"})
     assert agreement(math, ["\\boxed{2\\sqrt{2}}", "\\boxed{\\sqrt{8}}"]) is True
     assert extract_answer(math, "[recorded answer abc] #### 5") == extract_answer(math, "#### 5")
@@ -731,6 +752,10 @@ def test_train_says_when_a_one_round_recipe_ignores_recorded_texts(
     _hint_texts(load_preset("recordings", pool=str(labels)))
     _hint_texts(load_preset("tiny"))  # not a recordings pool
     assert capsys.readouterr().err == ""
+    _hint_texts(load_preset("recordings", pool="gsm8k-six"))  # the shipped pool's file, by its alias
+    assert "note: 100 % of these recordings keep their response text" in capsys.readouterr().err
+    _hint_texts(load_preset("recordings-text", pool=str(labels)))  # the reverse mismatch
+    assert "note: only 0 % of these recordings keep their response text" in capsys.readouterr().err
 
 
 def test_the_tables_caches_are_rebuilt_when_the_grading_code_changes(
@@ -756,3 +781,17 @@ def test_the_tables_caches_are_rebuilt_when_the_grading_code_changes(
     monkeypatch.setattr(candidates, "code_version", lambda: "other-graders")
     monkeypatch.setattr(adaptive, "code_version", lambda: "other-graders")
     assert len(build() - first) == 2  # both tables rebuilt under new keys
+
+
+def test_the_routers_key_changes_when_the_recordings_file_is_edited(tmp_path: Path) -> None:
+    """The routers' and cascade fits' caches (``pool_key``) keyed on the file's path only: an edited
+    file (a label flipped on every training item) was read from the stale fit."""
+    from rl_conductor.policies.routers import pool_key
+
+    rows = [_item(i, a={"text": f"#### {i + 1}", "correct": True}) for i in range(3)]
+    pool = _byo_pool(tmp_path, rows, models="a")
+    before = pool_key(load_pool(str(pool)))
+    assert pool_key(load_pool(str(pool))) == before
+    rows[0]["responses"]["a"]["correct"] = False
+    _write(tmp_path / "byo.jsonl", rows)
+    assert pool_key(load_pool(str(pool))) != before

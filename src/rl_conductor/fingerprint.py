@@ -26,7 +26,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OUTCOME_SOURCES", "code_version", "evaluation_id", "fingerprint", "pool_fingerprint"]
+__all__ = [
+    "OUTCOME_SOURCES",
+    "code_version",
+    "evaluation_id",
+    "fingerprint",
+    "pool_fingerprint",
+    "recordings_fingerprint",
+]
 
 #: Package-relative files and folders whose contents decide what a plan scores.
 OUTCOME_SOURCES = (
@@ -68,6 +75,31 @@ def code_version() -> str:
             ):
                 parts += [f.relative_to(root).as_posix(), f.read_bytes()]
     return f"{__version__}+{fingerprint(parts, 10)}"
+
+
+def recordings_fingerprint(options: dict[str, Any]) -> str:
+    """A digest of the recordings file a replay pool's ``options`` name ("" for other pools): the
+    caches of what a pool's workers answer (routers, cascade fits, training tables) key on it, so
+    an edited file (a text changed, a label fixed) is measured again, not read from a stale cache."""
+    path = options.get("recordings")
+    if not path:
+        return ""
+    from rl_conductor.tasks.recordings_format import resolve_path
+
+    p = resolve_path(str(path))
+    if not p.is_file():
+        return f"missing:{p}"
+    stat = p.stat()
+    return _file_digest(str(p), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_digest(path: str, mtime_ns: int, size: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
 
 
 def pool_fingerprint(pool: str, seed: int = 0) -> str:

@@ -88,18 +88,32 @@ def train_cmd(
 
 
 def _hint_texts(cfg: Any) -> None:
-    """A one-round recipe on recordings that keep their texts: say that a two-round one reads them."""
-    if cfg.max_rounds > 1:
-        return
-    from rl_conductor.tasks.recordings_format import text_share
+    """Say when the recipe and the recordings do not match: a one-round recipe on recordings that
+    keep their texts (a two-round one reads them), or a review that reads texts on labels only."""
+    from rl_conductor.tasks.recordings_format import PREFIX, text_share
     from rl_conductor.workers.pool import load_pool
 
-    share = text_share(cfg.dataset or load_pool(cfg.pool).default_dataset())
-    if share is not None and share >= 0.5:
+    pool = load_pool(cfg.pool)
+    dataset = cfg.dataset or pool.default_dataset()
+    if dataset.startswith(PREFIX):
+        path: str | None = dataset[len(PREFIX) :]
+    else:  # a registered alias of the pool's own file (gsm8k-six)
+        path = pool.options.get("recordings") if dataset == pool.default_dataset() else None
+    share = text_share(path) if path else None
+    if share is None:
+        return
+    if cfg.max_rounds == 1 and share >= 0.5:
         typer.echo(
             f"note: {100 * share:.0f} % of these recordings keep their response text; --preset "
             "recordings-text trains a Conductor that reads the first answers before it escalates "
             "(two rounds: docs/recordings.md, 'Recordings that keep response texts')",
+            err=True,
+        )
+    elif cfg.max_rounds > 1 and cfg.review_evidence == "text" and share < 0.5:
+        typer.echo(
+            f"note: only {100 * share:.0f} % of these recordings keep their response text; a review "
+            "that reads answers has little to read (a label-only answer is an opaque stand-in): "
+            "--preset recordings routes each question in one round",
             err=True,
         )
 

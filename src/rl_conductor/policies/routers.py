@@ -204,8 +204,8 @@ def _forked(pool: Pool, tasks: Sequence[Task], workers: int) -> SingleOutcomes:
 def pool_key(pool: Pool) -> str:
     """What a measurement on ``pool`` depends on: its name, options, worker facts (a simulated
     worker's accuracy targets too: a pool file that degrades a worker in place keeps its name
-    and prices) and the code."""
-    from rl_conductor.fingerprint import code_version, fingerprint
+    and prices), the code and a replay pool's recordings file contents."""
+    from rl_conductor.fingerprint import code_version, fingerprint, recordings_fingerprint
 
     facts = [asdict(w.info) | {"targets": getattr(w, "targets", None)} for w in pool.workers]
     return fingerprint(
@@ -214,6 +214,7 @@ def pool_key(pool: Pool) -> str:
             json.dumps(pool.options, sort_keys=True, default=str),
             json.dumps(facts, default=str),
             code_version(),
+            recordings_fingerprint(pool.options),  # the file's contents, not only its path
         ]
     )
 

@@ -930,12 +930,12 @@ class RecordedGrader:
         a math item's final number, a choice item's letter, a code item's code), so two workers'
         texts that state one answer agree, as they do on a gradable item: without it a file with
         texts but no gold could not be reviewed or voted on (every pair of answers "disagreed").
-        A ``qa`` item (the default when the file names no grader) agrees only on an answer the
-        text *states* (``\\boxed{…}``, "the answer is …", "Answer: …", "#### …"): chat texts
-        often end on a shared sign-off ("Hope this helps!") that a last-line rule would read as
-        one answer. Where nothing is stated, or for a stand-in (a label without text, whose
-        opaque digest says nothing of its label), the key is the text's digest: it agrees only
-        with the same text. A text no model recorded extracts as on a gradable item (it still
+        A ``qa`` item (the default when the file names no grader) agrees on an answer the text
+        *states* (``\\boxed{…}``, "the answer is …", "Answer: …", "#### …", "A: …"), else on
+        its last line's last number (:func:`_recorded_qa_key`): chat texts often end on a shared
+        sign-off ("Hope this helps!") that a last-line rule would read as one answer, so such a
+        text has no answer. A stand-in (a label without text) keys on its opaque digest, which
+        says nothing of its label. A text no model recorded extracts as on a gradable item (it still
         grades wrong). Grades never depend on the key: they are the labels."""
         if not isinstance(text, str):
             return None
@@ -945,45 +945,88 @@ class RecordedGrader:
         if own.name == self.name:
             return text_key(text)
         if own.name == "qa":
-            return _recorded_qa_key(_tail(text)) or text_key(text)
+            return _recorded_qa_key(_tail(text))
         return own.extract(task, text)
 
 
-_STAND_IN = re.compile(re.escape(STAND_IN_PREFIX) + r"[0-9a-f]{12}\]")
-_HASHES = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
-
-
 def _recorded_qa_key(text: str) -> str | None:
-    """A qa item's answer key without gold: the answer the text states (:func:`_stated_answer`, or
-    a last line "A: …"), else the last number of its last line (a worked solution ending "… = $18
-    every day."); a number is compared by value ("$25,000." = "25000"), anything else as
-    normalised text. None when the text states nothing and its last line has no number
-    ("Hope this helps!"): such texts agree only with the same text."""
-    final = _final_line(text)
+    """A qa item's answer key without gold: the answer the text states (:func:`_stated_answer`),
+    else the value after the last ``=`` of its last line (a worked solution ending "… = $18 every
+    day.") or the one number of a closing sentence ("So it takes 12 years."), as
+    :func:`_answer_value` writes it. None when the text states nothing and its last line has no
+    such value ("Hope this helps!", a "[1]" citation, a "(Source …, 2021)", a date or a time with
+    several numbers, a question back): no answer found, which agrees with nothing. Deliberately
+    strict: a false agreement keeps a wrong answer where a review would have escalated, a missed
+    one only escalates."""
     stated = _stated_answer(text)
-    if stated is None and final is not None:
-        qa_style = _QA_STYLE_ANSWER.match(final)
-        numbers = _NUMBER.findall(final)
-        stated = qa_style.group(1) if qa_style else (numbers[-1] if numbers else None)
-    if stated is None:
+    if stated is not None:
+        return _answer_value(stated)
+    final = _final_line(text)
+    if final is None:
         return None
-    bare = stated.strip().strip("*$€£").strip().rstrip(".%").replace(",", "")
-    try:
-        value = float(bare)
-    except ValueError:
-        return normalize_text(stated) or None
-    return f"={value:.12g}" if math.isfinite(value) else None
+    if "=" in final:
+        stated = final.rsplit("=", 1)[1]
+    else:  # a closing sentence with one number in it, not a citation, a source or a question
+        numbers = _NUMBER.findall(final)
+        if len(numbers) != 1 or final.startswith(("[", "(")) or final.rstrip().endswith("?"):
+            return None
+        stated = final[final.index(numbers[0]) :]
+    value = _answer_value(stated)
+    return value if value is not None and not value.startswith(("text:", "option:")) else None
+
+
+_STATED = re.compile(
+    r"(?:\bfinal\s+answer|\bthe\s+(?:correct\s+|final\s+|right\s+)?answer)\s*(?:is|:|：|=)\s*[:：]?\s*(.+)",
+    re.IGNORECASE,
+)
+#: "Answer: X" opening a line (markdown emphasis allowed), not "my answer is based on …"
+_ANSWER_LINE = re.compile(r"^[\s*_#>-]*answer[\s*_]*[:：][\s*_]*(.+)$", re.IGNORECASE | re.MULTILINE)
+#: GSM8K's "#### 18" (a value, not a markdown heading such as "#### Final Answer")
+_HASHES = re.compile(r"^\s*####[ \t]*([^\n]*\d[^\n]*?|\S+)\s*$", re.MULTILINE)
+_STAND_IN = re.compile(re.escape(STAND_IN_PREFIX) + r"[0-9a-f]{12}\]")
+_OPTION = re.compile(r"^\(?([A-J])\)(?:\s|$)|^\(?([A-J])[.)]?$")
+_LEADING_NUMBER = re.compile(
+    r"^[$€£]?\s*(-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?|-?\.\d+)\s*%?(?=$|\s|[.,;:!)](?:\s|$))"
+)
+
+
+def _answer_value(stated: str) -> str | None:
+    """A stated answer as a key: ``option:C`` for an option letter ("(C) 42", "C."), the number it
+    opens with by value ("$18", "18 dollars", "25% more likely", "1,000.00" -> ``18``, ``25``,
+    ``1000``; not "1/2", "2^3" or "12,5", which stay text), else ``text:`` and its words in lower
+    case, punctuation inside kept ("-1/2" is not "1/2")."""
+    s = stated.replace("\u2212", "-").replace("\\$", "$").replace("\\%", "%")
+    s = re.sub(r"\\text\{([^{}]*)\}", r"\1", s)
+    s = s.strip(" \t*_`'\".,;:!")
+    if not s:
+        return None
+    option = _OPTION.match(s)
+    if option:
+        return f"option:{option.group(1) or option.group(2)}"
+    number = _LEADING_NUMBER.match(s)
+    if number:
+        value = float(number.group(1).replace(",", ""))
+        if math.isfinite(value):
+            key = repr(value)
+            return key[:-2] if key.endswith(".0") else key
+    return "text:" + " ".join(s.lower().split())
 
 
 def _stated_answer(text: str) -> str | None:
-    """An answer the text states outright (boxed, "the answer is", "Answer:", "####"), or None."""
+    """The answer the text states last (boxed, "the answer is", a line "Answer: …", "#### 18", a
+    last line "A: …"), or None."""
     boxed = last_boxed(text)
     if boxed is not None:
-        return re.sub(r"\\text\{([^{}]*)\}", r"\1", boxed)
-    found = [(m.start(), m.group(1)) for pattern in (_ANSWER_IS, _HASHES) for m in pattern.finditer(text)]
+        return boxed
+    patterns = (_STATED, _ANSWER_LINE, _HASHES)
+    found = [(m.start(), m.group(1)) for pattern in patterns for m in pattern.finditer(text)]
+    final = _final_line(text)
+    qa_style = _QA_STYLE_ANSWER.match(final) if final is not None else None
+    if qa_style:
+        found.append((len(text), qa_style.group(1)))
     if not found:
         return None
-    said = max(found)[1].split("\n", 1)[0].strip().strip("*").strip()  # the last one stated
+    said = max(found)[1].split("\n", 1)[0].strip()
     return said or None
 
 

@@ -328,12 +328,10 @@ def load_recordings(path: str | Path) -> Recordings:
     return _load(str(p), p.stat().st_mtime_ns)
 
 
-def text_share(dataset: str) -> float | None:
-    """The share of a recordings dataset's responses that keep their text (None for any other
-    dataset): what decides whether a Conductor can read answers there (``train``'s hint)."""
-    if not dataset.startswith(PREFIX):
-        return None
-    rec = load_recordings(dataset[len(PREFIX) :])
+def text_share(path: str | Path) -> float | None:
+    """The share of a recordings file's responses that keep their text: what decides whether a
+    Conductor can read answers there (``train``'s note)."""
+    rec = load_recordings(path)
     kept = [r.text is not None for by_model in rec.responses.values() for r in by_model.values()]
     return sum(kept) / len(kept) if kept else None
 

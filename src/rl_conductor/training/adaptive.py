@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from rl_conductor.executor import Continuation, RoundRequest
-from rl_conductor.fingerprint import code_version
+from rl_conductor.fingerprint import code_version, recordings_fingerprint
 from rl_conductor.limits import DEFAULT_MAX_STEPS, RequestLimits
 from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.baselines import SOLVE
@@ -301,6 +301,7 @@ def cached_rounds_table(
                 "table": table.meta,
                 "items": items_digest(tasks),
                 "code": code_version(),  # the graders' answer keys decide agreement
+                "recordings": recordings_fingerprint(pool.options),  # an edited file's texts
             },
             sort_keys=True,
         ).encode()

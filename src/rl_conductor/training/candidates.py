@@ -91,7 +91,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import numpy as np
 
 from rl_conductor.executor import DEADLINE_MARGIN, reserve_input_tokens
-from rl_conductor.fingerprint import code_version
+from rl_conductor.fingerprint import code_version, recordings_fingerprint
 from rl_conductor.limits import DEFAULT_MAX_STEPS, MIN_OUTPUT_TOKENS, RequestLimits
 from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.chains import ROLE_TEXT, Candidate, single
@@ -420,9 +420,10 @@ def _outcomes(
 
 
 def items_digest(tasks: Sequence[Task]) -> str:
-    """A digest of what grades ``tasks``' answers (grader, gold, metadata: a recordings file's
-    labels and the grader it named live there): part of the tables' cache keys, so an edited
-    recordings file (a label fixed, a ``grader`` added) is re-run, not read from a stale table."""
+    """A digest of what grades ``tasks``' answers (grader, gold, metadata: a no-gold item's labels
+    and the grader its file named live there): part of the tables' cache keys with the recordings
+    file's own digest (:func:`~rl_conductor.fingerprint.recordings_fingerprint`, which covers the
+    responses' texts and labels), so an edited dataset is re-run, not read from a stale table."""
     h = hashlib.sha256()
     for t in tasks:
         h.update(json.dumps([t.id, t.grader, t.answer, t.metadata], sort_keys=True, default=str).encode())
@@ -728,6 +729,7 @@ def cached_table(
             "probe": pool_probe(pool, tasks),
             "items": items_digest(tasks),
             "code": code_version(),  # graders, executor, workers: what turns a plan into a grade
+            "recordings": recordings_fingerprint(pool.options),  # an edited file's texts and labels
         },
         sort_keys=True,
     )
