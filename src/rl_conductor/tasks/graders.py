@@ -932,11 +932,12 @@ class RecordedGrader:
         texts but no gold could not be reviewed or voted on (every pair of answers "disagreed").
         A ``qa`` item (the default when the file names no grader) agrees on an answer the text
         *states* (``\\boxed{…}``, "the answer is …", "Answer: …", "#### …", "A: …"), else on
-        its last line's last number (:func:`_recorded_qa_key`): chat texts often end on a shared
-        sign-off ("Hope this helps!") that a last-line rule would read as one answer, so such a
-        text has no answer. A stand-in (a label without text) keys on its opaque digest, which
-        says nothing of its label. A text no model recorded extracts as on a gradable item (it still
-        grades wrong). Grades never depend on the key: they are the labels."""
+        the value its last line computes or names (:func:`_recorded_qa_key`): chat texts often
+        end on a shared sign-off ("Hope this helps!") or a citation that a last-line rule would
+        read as one answer, so such a text has no answer. A stand-in (a label without text) keys
+        on its opaque digest, which says nothing of its label. A text no model recorded extracts
+        as on a gradable item (it still grades wrong). Grades never depend on the key: they are
+        the labels."""
         if not isinstance(text, str):
             return None
         if _STAND_IN.fullmatch(text):
