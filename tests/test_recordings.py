@@ -671,7 +671,6 @@ def test_no_gold_tables_grade_each_text_by_its_own_label_and_an_edited_file_is_r
     last line ("Hope this helps!") as one answer; (3) a recorded math item lost symbolic
     equivalence; (4) the tables' cache key ignored the file's labels and graders, so an edited
     file was read from a stale table; (5) a real text that began like a stand-in was one."""
-    from rl_conductor.tasks import registry
     from rl_conductor.tasks.graders import agreement, extract_answer
     from rl_conductor.training.candidates import cached_table
 
@@ -692,7 +691,6 @@ def test_no_gold_tables_grade_each_text_by_its_own_label_and_an_edited_file_is_r
         assert table.correct[:, by["solve:a"], 0].all() and not table.correct[:, by["solve:b"], 0].any()
     # (4) the same file with b's label fixed: the cache is not reused
     _write(tmp_path / "byo.jsonl", rows(True))
-    registry._load_all.cache_clear()  # a new process reads the edited file; this one cached it
     tasks = load_tasks(load_pool(str(pool)).options["default_dataset"], "train")
     table = cached_table(
         tasks, load_pool(str(tmp_path / "ab.yaml")), tmp_path / "cache-ab", top_k=2, cheap_k=1
@@ -756,6 +754,10 @@ def test_train_says_when_a_one_round_recipe_ignores_recorded_texts(
     assert "note: 100 % of these recordings keep their response text" in capsys.readouterr().err
     _hint_texts(load_preset("recordings-text", pool=str(labels)))  # the reverse mismatch
     assert "note: only 0 % of these recordings keep their response text" in capsys.readouterr().err
+    (tmp_path / "tests-only").mkdir()  # no training item: train's own error says so, no note first
+    tested = _byo_pool(tmp_path / "tests-only", [{**row, "split": "test"} for row in written])
+    _hint_texts(load_preset("recordings", pool=str(tested)))
+    assert capsys.readouterr().err == ""
 
 
 def test_the_tables_caches_are_rebuilt_when_the_grading_code_changes(

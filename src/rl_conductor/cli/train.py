@@ -102,6 +102,10 @@ def _hint_texts(cfg: Any) -> None:
     share = text_share(path) if path else None
     if share is None:
         return
+    from rl_conductor.tasks.datasets import load_tasks
+
+    if not load_tasks(dataset, split="train"):  # train refuses it with its own one-line error
+        return
     if cfg.max_rounds == 1 and share >= 0.5:
         typer.echo(
             f"note: {100 * share:.0f} % of these recordings keep their response text; --preset "
