@@ -225,7 +225,10 @@ def main() -> None:
         print("|---|---:|---:|---:|---:|---:|")
         for name, fam in families.items():
             vals = list(fam.values())
-            gap = family_gap((yc, cc), vals, weights)
+            try:
+                gap = family_gap((yc, cc), vals, weights)
+            except ValueError as exc:  # one line, not a traceback (e.g. a Conductor that never escalates)
+                raise SystemExit(f"{split}: family {name!r}: {exc} (${cc.mean():.6f} a question)") from None
             rewards = [reward_of(rc, correct=v[0], cost=v[1]) for v in vals]
             br = best_reward(rwc, rewards, weights)
             br["best_policy"] = list(fam)[br.pop("best_index")]
