@@ -259,15 +259,14 @@ def select_items(tasks: Sequence[Task], per_domain: int) -> list[Task]:
 
 
 class _Grader:
-    """Grades final answers once per (task, normalised answer key)."""
+    """Grades final answers once per (task, what the grade depends on: ``answers.answer_key``)."""
 
     def __init__(self) -> None:
         self.memo: dict[tuple[str, str], bool] = {}
 
     def __call__(self, task: Task, trace: Trace) -> bool:
         from rl_conductor.reward import grade_trace
-        from rl_conductor.tasks.graders import extract_answer
-        from rl_conductor.workers.simulated.answers import grade_simulated
+        from rl_conductor.workers.simulated.answers import answer_key, grade_simulated
 
         text = trace.final_answer
         if not text:
@@ -277,10 +276,10 @@ class _Grader:
             # a simulated worker's text: the grade the simulation cached for its value (prepared
             # before the build, see prepare_grades), so a forked child never grades it itself
             return simulated
-        # a recorded item's grade is its text's label, not its answer's: two texts stating one
-        # answer may carry different labels (gsm8k-six without gold: 37 items), so no memo there
-        key = None if task.grader == "recorded" else extract_answer(task, text)
-        if key is None:
+        # what the grade depends on: the extracted answer, or the whole text where the grader reads
+        # it (qa; recorded, whose two texts stating one answer may carry different labels)
+        key = answer_key(task, text)
+        if key == "none":
             return grade_trace(task, trace)
         k = (task.id, key)
         if k not in self.memo:
