@@ -204,6 +204,7 @@ def main() -> None:
 
     results: dict[str, dict[str, dict[str, float]]] = {}
     versus: dict[str, dict[str, Any]] = {}
+    shrunk_versus: dict[str, dict[str, Any]] = {}
     for split in ("validation", "test"):
         s = data[split]
         i = np.arange(len(s["tasks"]))
@@ -224,6 +225,16 @@ def main() -> None:
         versus[split] = {
             "reward_minus": {v: paired(per["evidence-select"], per[v], draws) for v in VERSUS},
             "accuracy_minus_knn_frontier": frontier_gap(s, chosen["evidence-select"], frontier, draws[:300]),
+        }
+        # the recordings preset's own rule (evidence: rank, the shrunk probe), which its trained
+        # Conductor follows: against the two routers fitted at this reward and the shipped kNN
+        # router's frontier (k = all, refitted at every weight of FRONTIER_WEIGHTS, with the singles)
+        shipped = [knn_rule(tr, s, reward_matrix_at(tr, cw, rc), None) for cw in FRONTIER_WEIGHTS]
+        shrunk_versus[split] = {
+            "reward_minus": {
+                v: paired(per["evidence-shrunk"], per[v], draws) for v in ("knn-all", "domain-router")
+            },
+            "accuracy_minus_shipped_knn_frontier": frontier_gap(s, chosen["evidence-shrunk"], shipped, draws),
         }
     table = Table(title=f"{args.pool}: routing rules at cost weight {args.cost_weight}")
     for col in ("rule", "val acc %", "val reward", "test acc %", "test $/q", "test reward"):
@@ -249,6 +260,16 @@ def main() -> None:
             + f"; accuracy - kNN frontier {v['accuracy_minus_knn_frontier']['mean']:+.2f} points "
             f"{[round(x, 2) for x in v['accuracy_minus_knn_frontier']['ci95']]}"
         )
+    for split, v in shrunk_versus.items():
+        Console().print(
+            f"{split}: evidence-shrunk (the recordings preset's rule) minus "
+            + ", ".join(
+                f"{k} {d['mean']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
+                for k, d in v["reward_minus"].items()
+            )
+            + f"; accuracy - shipped kNN frontier {v['accuracy_minus_shipped_knn_frontier']['mean']:+.2f}"
+            f" points {[round(x, 2) for x in v['accuracy_minus_shipped_knn_frontier']['ci95']]}"
+        )
     if args.json:
         write_json(
             args.json,
@@ -271,6 +292,7 @@ def main() -> None:
                 },
                 "results": results,
                 "evidence_select_versus": versus,
+                "evidence_shrunk_versus": shrunk_versus,
             },
         )
 

@@ -259,7 +259,33 @@ def test_the_recordings_text_preset_is_the_text_recipe_on_the_pools_own_data() -
 
     mine, text = load_preset("recordings-text"), load_preset("gsm8k-six-text")
     assert mine.dataset is None and mine.warm_items_per_domain >= 5000 and mine.max_rounds == 2
-    differ = {"dataset", "warm_items_per_domain"}
+    differ = {"dataset", "warm_items_per_domain", "sft_examples_per_domain"}  # one domain there: no effect
     assert {k: v for k, v in mine.to_dict().items() if k not in differ} == {
         k: v for k, v in text.to_dict().items() if k not in differ
     }
+
+
+def test_sft_examples_per_domain_raises_the_first_round_count_with_the_domains() -> None:
+    """A per-domain target over many workers is learnt per domain: the text preset asks for 200
+    first plans per domain, so a three-domain file gets 600 and one domain (gsm8k-six) keeps 200."""
+    from rl_conductor.tasks.base import Task
+    from rl_conductor.training.config import TrainConfig, load_preset
+    from rl_conductor.training.train import sft_count
+    from rl_conductor.validation import InvalidValue
+
+    cfg = load_preset("recordings-text")
+    assert cfg.sft_examples == 200 and cfg.sft_examples_per_domain == 200
+
+    def tasks(*domains: str) -> list[Task]:
+        return [
+            Task(id=f"{d}/{i}", question="q", answer="1", domain=d, source=d, grader="qa")
+            for d in domains
+            for i in range(3)
+        ]
+
+    assert sft_count(cfg, tasks("math")) == 200
+    assert sft_count(cfg, tasks("math", "knowledge", "reasoning")) == 600
+    tiny = load_preset("tiny")  # per domain off: the fixed count
+    assert sft_count(tiny, tasks("a", "b", "c", "d")) == tiny.sft_examples
+    with pytest.raises(InvalidValue, match="sft_examples_per_domain"):
+        TrainConfig(sft_examples_per_domain=-1)

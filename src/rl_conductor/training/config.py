@@ -141,6 +141,13 @@ class TrainConfig:
     )
     # SFT warm start
     sft_examples: int = _f(3000, "synthesised valid workflows for the warm start")
+    sft_examples_per_domain: int = _f(
+        0,
+        "at least this many first-round warm-start examples per domain of the training split "
+        "(sft_examples is raised to it times the number of domains; 0: off). Why: a per-domain "
+        "target over many workers is a constant the tiny model must tie to the question's domain, "
+        "and a fixed count spread over more domains teaches each one less",
+    )
     sft_epochs: float = _f(1.0, "epochs over the SFT examples")
     sft_learning_rate: float = _f(2e-3, "SFT learning rate")
     sft_batch_size: int = _f(32, "SFT batch size")
@@ -263,6 +270,7 @@ class TrainConfig:
         # the same rules as the CLI options and pipeline parameters (rl_conductor.validation)
         validation.integer_at_least("grpo_steps", self.grpo_steps, 1)
         validation.integer_at_least("sft_examples", self.sft_examples, 1)
+        validation.integer_at_least("sft_examples_per_domain", self.sft_examples_per_domain, 0)
         validation.integer_at_least("sft_max_length", self.sft_max_length, 64)
         validation.integer_at_least("seed", self.seed, 0)
         if self.cost_weight is not None:

@@ -24,7 +24,7 @@ import random
 import resource
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -200,7 +200,7 @@ def train(
         deadline_range_s=cfg.deadline_range_s,
         balance_domains=cfg.balance_domains,
     )
-    sft_specs = make_specs(tasks, pool, cfg.sft_examples, **spec_kw)
+    sft_specs = make_specs(tasks, pool, sft_count(cfg, tasks), **spec_kw)
     t0, c0 = time.perf_counter(), _cpu_s()
     evidence_model: Any = None
     evidence: dict[str, dict[str, float]] | None = None
@@ -454,6 +454,12 @@ def fail_if_no_candidate_answered(table: Any, items: list[Any], pool: Any) -> No
         f"no worker answered any of the {len(table.task_ids)} training questions of the warm start "
         f"(every candidate workflow failed); e.g. {first}"
     )
+
+
+def sft_count(cfg: TrainConfig, tasks: Sequence[Any]) -> int:
+    """First-round warm-start examples: ``sft_examples``, raised to ``sft_examples_per_domain``
+    times the training split's number of domains."""
+    return max(cfg.sft_examples, cfg.sft_examples_per_domain * len({t.domain for t in tasks}))
 
 
 def _warm_start(
