@@ -289,3 +289,28 @@ def test_sft_examples_per_domain_raises_the_first_round_count_with_the_domains()
     assert sft_count(tiny, tasks("a", "b", "c", "d")) == tiny.sft_examples
     with pytest.raises(InvalidValue, match="sft_examples_per_domain"):
         TrainConfig(sft_examples_per_domain=-1)
+
+
+def test_a_shared_opening_makes_training_cut_questions_from_both_ends() -> None:
+    """Recordings of few-shot prompts open every question with the same text: cut from the head,
+    every prompt would be the same and the Conductor would learn one plan for all of them."""
+    from rl_conductor.tasks.base import Task
+    from rl_conductor.training.config import load_preset
+    from rl_conductor.training.train import cut_for_shared_openings
+
+    shots = "Answer the question. Here are examples. " * 20  # 800 characters every item shares
+
+    def tasks(opening: str) -> list[Task]:
+        return [
+            Task(id=f"d/{i}", question=f"{opening}What is {i} + {i}?", answer=str(2 * i), domain="math",
+                 source="d", grader="math")
+            for i in range(40)
+        ]  # fmt: skip
+
+    cfg = load_preset("recordings-text")
+    assert cfg.question_cut == "head"
+    assert cut_for_shared_openings(cfg, tasks(shots)).question_cut == "ends"
+    assert cut_for_shared_openings(cfg, tasks("")) is cfg  # distinct questions: as configured
+    ends = load_preset("recordings")  # already both ends
+    assert cut_for_shared_openings(ends, tasks(shots)) is ends
+    assert cut_for_shared_openings(cfg, []) is cfg

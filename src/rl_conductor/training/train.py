@@ -189,6 +189,7 @@ def train(
             f"dataset {dataset!r} has no training tasks ({split_counts(dataset)}); give some items "
             "`split: train` (or no `split`: the id's hash picks one)"
         )
+    cfg = cut_for_shared_openings(cfg, tasks)
     base_limits = RequestLimits(max_steps=cfg.max_steps_per_workflow)
     spec_kw = dict(
         rng=rng,
@@ -456,6 +457,37 @@ def fail_if_no_candidate_answered(table: Any, items: list[Any], pool: Any) -> No
     )
 
 
+#: below this share of distinct cut questions, a ``head`` cut shows the Conductor a shared opening
+SHARED_OPENING_SHARE = 0.5
+
+
+def cut_for_shared_openings(cfg: TrainConfig, tasks: Sequence[Any]) -> TrainConfig:
+    """``cfg`` with ``question_cut: ends`` when its ``head`` cut would show most training
+    questions as the same text. Why: recordings of few-shot prompts often open every question
+    with the same hundreds of characters; cut from the head, every prompt is then identical and
+    the Conductor learns one plan for everything (an outside attack measured it: one worker on
+    100 % of questions). Cutting from both ends keeps the question's own end. The choice is
+    saved in ``conductor.json`` (``question_cut``), so serving cuts the same way."""
+    if cfg.question_cut != "head" or not tasks:
+        return cfg
+    from dataclasses import replace
+
+    from rl_conductor.prompting import cut
+
+    distinct = len({cut(t.question, cfg.max_question_chars, "head") for t in tasks})
+    if distinct >= SHARED_OPENING_SHARE * len(tasks):
+        return cfg
+    log.warning(
+        "only %d of %d training questions differ in their first %d characters (a shared opening, "
+        "e.g. few-shot examples): the Conductor's prompt cuts questions from both ends instead "
+        "(question_cut: ends)",
+        distinct,
+        len(tasks),
+        cfg.max_question_chars,
+    )
+    return replace(cfg, question_cut="ends")
+
+
 def sft_count(cfg: TrainConfig, tasks: Sequence[Any]) -> int:
     """First-round warm-start examples: ``sft_examples``, raised to ``sft_examples_per_domain``
     times the training split's number of domains."""
@@ -647,7 +679,8 @@ def check_sft_lengths(records: list[dict[str, Any]], tokenizer: Any, max_tokens:
             f"{len(over)} of {len(records)} warm-start examples are longer than the {max_tokens}-token "
             f"window (the longest: {max(over)} tokens), so their target plans would be cut off: "
             "shorten the workers' descriptions in the pool file, lower max_question_chars, use "
-            "fewer workers, or raise sft_max_length (within the model's context)"
+            "fewer workers, or raise sft_max_length (within the model's context; both are keys of a "
+            "training preset: copy the preset's YAML, edit it and pass its path to --preset)"
         )
     return max(lengths, default=0)
 
