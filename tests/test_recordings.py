@@ -574,6 +574,32 @@ def test_routers_and_training_refuse_a_file_without_training_items(tmp_path: Pat
     assert "has no training tasks" in res.output and "Traceback" not in res.output
 
 
+def test_routers_never_credit_a_worker_with_a_replacements_answers(tmp_path: Path) -> None:
+    """A model recorded on none of the training items (only on test): its training calls are
+    answered by a replacement worker. Before, the routers' measurement counted those answers as
+    the missing model's, so at the cheap model's price it looked as good as the replacement and
+    the domain-router and kNN sent most test questions to it (an outside attack: 60 % and 75 %).
+    A replaced answer is not the worker's: it never counts as its success."""
+    from rl_conductor.policies.routers import measure_singles
+
+    rows = []
+    for i in range(8):  # train: b has no recording; a is right. test: both recorded, b wrong
+        resp = {"a": {"text": f"#### {i + 1}", "correct": True}}
+        if i >= 4:
+            resp["b"] = {"text": "#### 0", "correct": False}
+        rows.append({**_item(i, **resp), "split": "train" if i < 4 else "test"})
+    pool = load_pool(str(_byo_pool(tmp_path, rows)))
+    tasks = load_tasks(pool.default_dataset(), split="train")
+    out = asyncio.run(measure_singles(pool, tasks, progress=False))
+    assert out.names == ["a", "b"]
+    assert out.correct[:, 0].all() and not out.correct[:, 1].any()  # b was answered by a: not b's
+    from rl_conductor.training.candidates import build_table
+
+    table = build_table(tasks, pool, top_k=1, cheap_k=1)  # the Conductor's warm-start targets too
+    singles = {c.name: j for j, c in enumerate(table.candidates) if len(c.steps) == 1}
+    assert table.correct[:, singles["solve:a"], 0].all() and not table.correct[:, singles["solve:b"], 0].any()
+
+
 def test_eval_warns_when_a_policy_row_is_partly_another_workers(tmp_path: Path) -> None:
     """A worker whose calls fail (no recording of half the items): its ``single:`` row is answered
     partly by a replacement worker. The table says so under it (a warning), exit 0."""

@@ -129,7 +129,11 @@ async def measure_singles(
             for i, t in enumerate(chunk):
                 for j in range(w):
                     tr = traces[i * w + j]
-                    correct[start + i, j] = grade_trace(t, tr)
+                    # a worker that did not answer (no recording of this item, or every call
+                    # failed) was replaced by another of its class: that answer is not this
+                    # worker's, so it never counts as this worker's success (a router fitted on it
+                    # would credit a model with another's accuracy at its own price)
+                    correct[start + i, j] = grade_trace(t, tr) and tr.worker_fallbacks == 0
                     cost[start + i, j] = tr.cost_usd
             bar.advance(pid, len(chunk))
     return SingleOutcomes(

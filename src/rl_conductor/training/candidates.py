@@ -364,7 +364,9 @@ def _outcome(
     from rl_conductor.reward import budget_stopped, deadline_stopped
 
     return _Outcome(
-        correct=grader(task, trace),
+        # a plan a replacement worker had to answer for (a worker with no recording of the item)
+        # is not credited: its named worker's success would be another's (routers.measure_singles)
+        correct=grader(task, trace) and trace.worker_fallbacks == 0,
         cost=trace.cost_usd,
         stopped=budget_stopped(trace),
         cut=deadline_stopped(trace),
