@@ -250,26 +250,22 @@ def main() -> None:
             f"{t['reward']:.4f}",
         )
     Console().print(table)
-    for split, v in versus.items():
-        Console().print(
-            f"{split}: evidence-select ({selected['evidence-select'].estimator}) minus "
-            + ", ".join(
-                f"{k} {d['mean']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
-                for k, d in v["reward_minus"].items()
+    rules = (
+        (f"evidence-select ({selected['evidence-select'].estimator})", versus, "knn_frontier"),
+        ("evidence-shrunk (the recordings preset's rule)", shrunk_versus, "shipped_knn_frontier"),
+    )
+    for label, by_split, frontier_key in rules:
+        for split, v in by_split.items():
+            gap = v[f"accuracy_minus_{frontier_key}"]
+            Console().print(
+                f"{split}: {label} minus "
+                + ", ".join(
+                    f"{k} {d['mean']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
+                    for k, d in v["reward_minus"].items()
+                )
+                + f"; accuracy - {frontier_key.replace('_', ' ')} {gap['mean']:+.2f} points "
+                f"{[round(x, 2) for x in gap['ci95']]}"
             )
-            + f"; accuracy - kNN frontier {v['accuracy_minus_knn_frontier']['mean']:+.2f} points "
-            f"{[round(x, 2) for x in v['accuracy_minus_knn_frontier']['ci95']]}"
-        )
-    for split, v in shrunk_versus.items():
-        Console().print(
-            f"{split}: evidence-shrunk (the recordings preset's rule) minus "
-            + ", ".join(
-                f"{k} {d['mean']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
-                for k, d in v["reward_minus"].items()
-            )
-            + f"; accuracy - shipped kNN frontier {v['accuracy_minus_shipped_knn_frontier']['mean']:+.2f}"
-            f" points {[round(x, 2) for x in v['accuracy_minus_shipped_knn_frontier']['ci95']]}"
-        )
     if args.json:
         write_json(
             args.json,
