@@ -229,7 +229,7 @@ def main() -> None:
         # the recordings preset's own rule (evidence: rank, the shrunk probe), which its trained
         # Conductor follows: against the two routers fitted at this reward and the shipped kNN
         # router's frontier (k = all, refitted at every weight of FRONTIER_WEIGHTS, with the singles)
-        shipped = [knn_rule(tr, s, reward_matrix_at(tr, cw, rc), None) for cw in FRONTIER_WEIGHTS]
+        shipped = frontier[::2]  # the k = None half of the frontier above (k alternates None, 100)
         shrunk_versus[split] = {
             "reward_minus": {
                 v: paired(per["evidence-shrunk"], per[v], draws) for v in ("knn-all", "domain-router")

@@ -18,34 +18,41 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from rl_conductor.tasks.recordings_format import resolve_path
+from rl_conductor.tasks.recordings_format import resolve_path, write_recordings
 from rl_conductor.workers.pool import load_pool_config
+
+
+def read_rows(src: Path) -> Iterator[dict[str, Any]]:
+    """The raw items of a recordings file (JSON Lines, gzipped for ``.gz``), as written, so a
+    copy changes only what its script means to change (``load_recordings`` parses them)."""
+    import gzip
+
+    opener = gzip.open if src.suffix == ".gz" else open
+    with opener(src, "rt", encoding="utf-8-sig") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
 
 
 def strip(pool: str, out: Path, *, drop_grader: bool) -> tuple[Path, Path]:
     """Write the gold-free copy of ``pool``'s recordings and a pool YAML over it; returns both."""
-    import gzip
-
     cfg = load_pool_config(pool)
-    src = resolve_path(str(cfg["recordings"]))
-    opener = gzip.open if src.suffix == ".gz" else open
-    out.parent.mkdir(parents=True, exist_ok=True)
     data = out.with_name(out.name + ".jsonl")
-    n = 0
-    with opener(src, "rt", encoding="utf-8-sig") as f, data.open("w", encoding="utf-8") as w:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json.loads(line)
+
+    def stripped() -> Iterator[dict[str, Any]]:
+        for row in read_rows(resolve_path(str(cfg["recordings"]))):
             row.pop("answer", None)
             if drop_grader:
                 row.pop("grader", None)
-            w.write(json.dumps(row) + "\n")
-            n += 1
+            yield row
+
+    n = write_recordings(data, stripped())
     spec = {k: v for k, v in cfg.items() if k not in ("default_dataset", "name", "recordings")}
     spec = {"name": out.name, "recordings": str(data.resolve()), **spec}
     yml = out.with_name(out.name + ".yaml")

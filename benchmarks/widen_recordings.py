@@ -24,14 +24,16 @@ Usage (the eleven-worker file of docs/recordings.md, from the seed-7 simulated t
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import random
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
+from strip_gold import read_rows  # benchmarks/strip_gold.py (scripts run from this folder)
+
+from rl_conductor.tasks.recordings_format import resolve_path, write_recordings
+from rl_conductor.workers.pool import load_pool_config
 
 _SPEC = re.compile(r"^([^=]+)=([^/]+)/([^@]+)@([0-9.]+):([0-9.]+):([0-9.]+)$")
 
@@ -54,13 +56,8 @@ def main() -> None:
     )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    pool: dict[str, Any] = yaml.safe_load(args.pool.read_text(encoding="utf-8"))
-    src = Path(pool["recordings"])
-    if not src.is_absolute():
-        src = args.pool.parent / src
-    opener = gzip.open if src.suffix == ".gz" else open
-    with opener(src, "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    pool: dict[str, Any] = load_pool_config(str(args.pool))
+    rows = list(read_rows(resolve_path(str(pool["recordings"]))))
     known = {w["name"] for w in pool["workers"]}
     for name, a, b, *_ in args.add:
         if name in known or a not in known or b not in known:
@@ -81,12 +78,10 @@ def main() -> None:
              "description": f"mix of {a} and {b}"}
         )  # fmt: skip
     out = args.out.with_suffix(".jsonl.gz")
+    pool = {k: v for k, v in pool.items() if k != "default_dataset"}
     pool["name"] = args.out.name
     pool["recordings"] = str(out.resolve())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(out, "wt", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
+    write_recordings(out, rows)
     args.out.with_suffix(".yaml").write_text(yaml.safe_dump(pool, sort_keys=False), encoding="utf-8")
     n = len(pool["workers"])
     print(f"wrote {out} and {args.out.with_suffix('.yaml')} ({n} workers, {len(rows)} items)")

@@ -598,6 +598,11 @@ def test_routers_never_credit_a_worker_with_a_replacements_answers(tmp_path: Pat
     table = build_table(tasks, pool, top_k=1, cheap_k=1)  # the Conductor's warm-start targets too
     singles = {c.name: j for j, c in enumerate(table.candidates) if len(c.steps) == 1}
     assert table.correct[:, singles["solve:a"], 0].all() and not table.correct[:, singles["solve:b"], 0].any()
+    from rl_conductor.training.adaptive import KEEP, build_rounds_table
+
+    rounds = build_rounds_table(tasks, pool, table, top_k=1, pair_k=2)  # and the review's targets
+    b_alone = rounds.firsts.index("solve:b")
+    assert not rounds.correct[:, b_alone, rounds.conts.index(KEEP)].any()
 
 
 def test_eval_warns_when_a_policy_row_is_partly_another_workers(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.progress import progress as progress_display
 from rl_conductor.reward import RewardConfig, grade_trace, reward_config, reward_from_options, reward_of
 from rl_conductor.tasks.base import Task
+from rl_conductor.trace import Trace
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
@@ -103,6 +104,18 @@ class SingleOutcomes(MeasuredOutcomes):
     META = ("names", "task_ids", "domains")
 
 
+def own_answer(trace: Trace) -> bool:
+    """Whether the workers a plan named answered it themselves: what a fit may credit them with.
+
+    A worker that did not answer (no recording of the item, or every call failed) is replaced by
+    another of its class, and the plan's answer is then that worker's. A fit that graded it as
+    the named worker's (the routers' single outcomes, the warm start's candidate and rounds
+    tables) would credit a model with another's accuracy at its own price: a model recorded only
+    on test looked as good as its stand-in, and both routers sent it most test questions.
+    Evaluation still grades what came back (and warns about the replacement share)."""
+    return trace.worker_fallbacks == 0
+
+
 async def measure_singles(
     pool: Pool, tasks: Sequence[Task], limits: RequestLimits | None = None, *, progress: bool = True
 ) -> SingleOutcomes:
@@ -129,11 +142,7 @@ async def measure_singles(
             for i, t in enumerate(chunk):
                 for j in range(w):
                     tr = traces[i * w + j]
-                    # a worker that did not answer (no recording of this item, or every call
-                    # failed) was replaced by another of its class: that answer is not this
-                    # worker's, so it never counts as this worker's success (a router fitted on it
-                    # would credit a model with another's accuracy at its own price)
-                    correct[start + i, j] = grade_trace(t, tr) and tr.worker_fallbacks == 0
+                    correct[start + i, j] = grade_trace(t, tr) and own_answer(tr)
                     cost[start + i, j] = tr.cost_usd
             bar.advance(pid, len(chunk))
     return SingleOutcomes(

@@ -53,6 +53,7 @@ from rl_conductor.fingerprint import code_version, recordings_fingerprint
 from rl_conductor.limits import DEFAULT_MAX_STEPS, RequestLimits
 from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.baselines import SOLVE
+from rl_conductor.policies.routers import own_answer
 from rl_conductor.prompting import review_prompt
 from rl_conductor.reward import RewardConfig, budget_stopped, grade_trace, reward_of
 from rl_conductor.rounds import summarize
@@ -191,7 +192,7 @@ async def _execute_cell(
     task: Task, view: PoolView, first: Workflow, cont: Workflow, limits: RequestLimits
 ) -> tuple[str, bool, float, bool, int]:
     trace, seen = await run_continued(task, view, first, cont, limits)
-    correct = grade_trace(task, trace)
+    correct = grade_trace(task, trace) and own_answer(trace)
     line = seen[1] if seen is not None else ""
     return (line, correct, trace.cost_usd, budget_stopped(trace), len(trace.attempts))
 

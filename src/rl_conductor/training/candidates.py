@@ -95,6 +95,7 @@ from rl_conductor.fingerprint import code_version, recordings_fingerprint
 from rl_conductor.limits import DEFAULT_MAX_STEPS, MIN_OUTPUT_TOKENS, RequestLimits
 from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.chains import ROLE_TEXT, Candidate, single
+from rl_conductor.policies.routers import own_answer
 from rl_conductor.tasks import forked
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Trace
@@ -364,9 +365,7 @@ def _outcome(
     from rl_conductor.reward import budget_stopped, deadline_stopped
 
     return _Outcome(
-        # a plan a replacement worker had to answer for (a worker with no recording of the item)
-        # is not credited: its named worker's success would be another's (routers.measure_singles)
-        correct=grader(task, trace) and trace.worker_fallbacks == 0,
+        correct=grader(task, trace) and own_answer(trace),
         cost=trace.cost_usd,
         stopped=budget_stopped(trace),
         cut=deadline_stopped(trace),
