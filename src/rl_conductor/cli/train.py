@@ -26,7 +26,15 @@ def preset_names() -> list[str]:
 @app.command("train")
 def train_cmd(
     out: Annotated[Path, typer.Option(help="output folder (final model in OUT/final)")],
-    preset: Annotated[str, typer.Option(help=" | ".join([*preset_names(), "a YAML path"]))] = "tiny",
+    preset: Annotated[
+        str,
+        typer.Option(
+            help=" | ".join([*preset_names(), "a YAML path"])
+            + ". Several, comma-separated (or auto: the recordings presets for --pool's recordings): "
+            "each is trained into OUT/candidates/NAME and the best on the validation split is "
+            "copied to OUT/final (OUT/choice.json has the figures)"
+        ),
+    ] = "tiny",
     pool: Annotated[
         str | None,
         typer.Option(help="worker pool (overrides the preset's; the dataset is then that pool's default)"),
@@ -50,20 +58,25 @@ def train_cmd(
     ] = False,
 ) -> None:
     """Train a Conductor: bootstrap the model, SFT warm start, GRPO against the pool."""
+    from rl_conductor.pipeline.choose import candidate_presets
     from rl_conductor.training.config import load_preset
 
-    cfg = load_preset(
-        preset,
-        pool=pool,
-        dataset=dataset,
-        model=model,
-        grpo_steps=grpo_steps,
-        sft_examples=sft_examples,
-        reward_preset=reward_preset,
-        cost_weight=cost_weight,
-        time_limit_s=time_limit_s,
-        seed=seed,
-    )
+    overrides: dict[str, Any] = {
+        "pool": pool,
+        "dataset": dataset,
+        "model": model,
+        "grpo_steps": grpo_steps,
+        "sft_examples": sft_examples,
+        "reward_preset": reward_preset,
+        "cost_weight": cost_weight,
+        "time_limit_s": time_limit_s,
+        "seed": seed,
+    }
+    names = candidate_presets(preset, pool, dataset)
+    if len(names) > 1:
+        _train_and_choose({n: load_preset(n, **overrides) for n in names}, out, resume=resume)
+        return
+    cfg = load_preset(names[0], **overrides)
     from rl_conductor.training.train import train  # torch and TRL: only once the config is valid
 
     _hint_texts(cfg)
@@ -87,18 +100,52 @@ def train_cmd(
     console.print(json.dumps(res.seconds))
 
 
+def _train_and_choose(cfgs: dict[str, Any], out: Path, *, resume: bool) -> None:
+    """``train --preset a,b``: train each, keep the best on validation, print the figures."""
+    from rich.table import Table
+
+    from rl_conductor.pipeline.choose import CHOICE_FILE, check_candidates, train_and_choose
+
+    check_candidates(cfgs)  # before the first minute of training
+    choice = train_and_choose(cfgs, out, resume=resume)
+    w = choice.reward["cost_weight"]
+    table = Table(title=f"validation split (n={choice.n}), reward at cost weight {w:g}")
+    for col in ("policy", "acc %", "$/question", "reward", "chosen - this (SE)"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, s in choice.candidates.items():
+        d, se = choice.margins.get(name, (0.0, 0.0))
+        table.add_row(
+            f"preset {name}" + (" (chosen)" if name == choice.chosen else ""),
+            f"{100 * s['accuracy']:.2f}",
+            f"{s['mean_cost_usd']:.6f}",
+            f"{s['mean_reward']:.4f}",
+            "" if name == choice.chosen else f"{d:+.4f} ({se:.4f})",
+        )
+    for name, s in choice.routers.items():
+        table.add_row(
+            name, f"{100 * s['accuracy']:.2f}", f"{s['mean_cost_usd']:.6f}", f"{s['mean_reward']:.4f}", ""
+        )
+    console.print(table)
+    console.print(f"chose {choice.chosen} -> {choice.final_dir} (figures in {out / CHOICE_FILE})")
+    for router in choice.better_routers():
+        typer.echo(
+            f"warning: on the validation split {router} ({choice.routers[router]['mean_reward']:.4f}) "
+            f"scores above the chosen Conductor ({choice.candidates[choice.chosen]['mean_reward']:.4f}) "
+            "at this reward; serve the router, or compare them on your own traffic before promoting",
+            err=True,
+        )
+
+
 def _hint_texts(cfg: Any) -> None:
     """Say when the recipe and the recordings do not match: a one-round recipe on recordings that
     keep their texts (a two-round one reads them), or a review that reads texts on labels only."""
-    from rl_conductor.tasks.recordings_format import PREFIX, text_share
+    from rl_conductor.pipeline.choose import recordings_path
+    from rl_conductor.tasks.recordings_format import text_share
     from rl_conductor.workers.pool import load_pool
 
     pool = load_pool(cfg.pool)
     dataset = cfg.dataset or pool.default_dataset()
-    if dataset.startswith(PREFIX):
-        path: str | None = dataset[len(PREFIX) :]
-    else:  # a registered alias of the pool's own file (gsm8k-six)
-        path = pool.options.get("recordings") if dataset == pool.default_dataset() else None
+    path = recordings_path(pool, dataset)
     share = text_share(path) if path else None
     if share is None:
         return

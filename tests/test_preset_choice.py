@@ -1,0 +1,144 @@
+"""``conductor train --preset a,b`` / ``--preset auto``: candidates trained on one pool, dataset
+and reward, the best on the validation split kept, the test split never read
+(rl_conductor/pipeline/choose.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from rl_conductor.cli import app
+from rl_conductor.errors import ConfigError
+from rl_conductor.pipeline import choose
+from rl_conductor.tasks import datasets
+from rl_conductor.tasks.datasets import load_tasks
+from rl_conductor.training.config import MICRO_SETTINGS, TrainConfig, load_preset
+
+
+def _pool(tmp_path: Path, *, texts: bool = True, splits: bool = False, n: int = 90) -> Path:
+    """A recordings pool of three made-up workers over ``n`` GSM8K items (``texts``: answers keep
+    their text; ``splits``: every item says train or test, none validation)."""
+    rows = []
+    for i, t in enumerate(load_tasks("gsm8k", limit=n, seed=3)):
+        right = {"strong": i % 10 < 8, "medium": i % 10 < 5, "weak": i % 10 < 2}
+        rows.append({
+            "id": t.id, "question": t.question, "answer": t.answer, "grader": "math", "domain": t.domain,
+            **({"split": "train" if i % 3 else "test"} if splits else {}),
+            "responses": {
+                m: ({"text": f"#### {t.answer if ok else '-1'}"} if texts else {"correct": ok})
+                | {"cost_usd": c}
+                for (m, ok), c in zip(right.items(), (0.004, 0.001, 0.0002), strict=True)
+            },
+        })  # fmt: skip
+    rec = tmp_path / "rec.jsonl"
+    rec.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(yaml.safe_dump({"name": "three", "recordings": str(rec), "workers": [
+        {"name": m, "kind": "replay", "price_in": 1.0, "price_out": 1.0} for m in ("strong", "medium", "weak")
+    ]}))  # fmt: skip
+    return pool
+
+
+def test_auto_names_the_recordings_presets_by_what_the_file_keeps(tmp_path: Path) -> None:
+    texts = _pool(tmp_path)
+    labels_dir = tmp_path / "labels"
+    labels_dir.mkdir()
+    labels = _pool(labels_dir, texts=False)
+    assert choose.candidate_presets("auto", str(texts), None) == ["recordings", "recordings-text"]
+    assert choose.candidate_presets("auto", str(labels), None) == ["recordings"]  # nothing to read
+    assert choose.candidate_presets("tiny", None, None) == ["tiny"]
+    assert choose.candidate_presets(" tiny , tiny-rounds", None, None) == ["tiny", "tiny-rounds"]
+    for spec, pool, match in [
+        ("auto", None, "needs --pool"),
+        ("auto", "paper-sim", "replays no recordings file"),
+        ("auto,tiny", str(texts), "stands alone"),
+        ("tiny,,smol", None, "empty name"),
+        ("tiny,tiny", None, "listed twice"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            choose.candidate_presets(spec, pool, None)
+
+
+def test_candidates_that_cannot_be_compared_are_refused_before_training(tmp_path: Path) -> None:
+    pool = str(_pool(tmp_path))
+    # the two recordings presets train for different rewards unless --cost-weight says one
+    with pytest.raises(ConfigError, match=r"different rewards.*--cost-weight"):
+        choose.check_candidates({n: load_preset(n, pool=pool) for n in ("recordings", "recordings-text")})
+    same = {n: load_preset(n, pool=pool, cost_weight=0.13) for n in ("recordings", "recordings-text")}
+    assert choose.check_candidates(same)[0] == pool
+    with pytest.raises(ConfigError, match="different pools"):
+        choose.check_candidates({"tiny": load_preset("tiny"), "recordings": load_preset("recordings")})
+    # a file that says every item's split and names no validation item: no fair place to choose
+    (tmp_path / "s").mkdir()
+    split_pool = str(_pool(tmp_path / "s", splits=True))
+    with pytest.raises(ConfigError, match=r'no validation items.*"split": "validation"'):
+        choose.check_candidates({n: load_preset(n, pool=split_pool, seed=1) for n in ("tiny", "smol")})
+
+
+def test_train_auto_without_a_pool_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "o"), "--preset", "auto"])
+    assert res.exit_code == 2, res.output
+    assert "needs --pool" in res.output and "Traceback" not in res.output
+    pool = str(_pool(tmp_path))
+    res = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "o"), "--preset", "auto", "--pool", pool])
+    assert res.exit_code == 2 and "different rewards" in res.output, res.output
+    assert not (tmp_path / "o" / "candidates").exists()  # refused before any training
+
+
+def _micro(tmp_path: Path, pool: Path, **extra: Any) -> TrainConfig:
+    return TrainConfig(**{
+        **MICRO_SETTINGS, "pool": str(pool), "train_limit": None, "sft_examples": 48, "sft_epochs": 1.0,
+        "grpo_steps": 1, "cost_weight": 0.1, "mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        **extra,
+    })  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_best_candidate_on_validation_is_kept_and_the_test_split_is_never_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path))
+    pool = _pool(tmp_path, n=120)
+    read: list[str] = []
+    real = datasets.load_tasks
+
+    def spy(name: str, split: str | None = None, *args: Any, **kw: Any) -> Any:
+        read.append(str(split))
+        return real(name, split, *args, **kw)
+
+    import rl_conductor.evaluation.suite as suite
+    import rl_conductor.tasks as tasks_package
+
+    for module in (datasets, suite, tasks_package):  # every name it is imported under
+        monkeypatch.setattr(module, "load_tasks", spy)
+    cfgs = {
+        "expected": _micro(tmp_path, pool, sft_targets="expected-best"),
+        "random": _micro(tmp_path, pool, sft_targets="random", seed=1),
+    }
+    out = tmp_path / "out"
+    found = choose.train_and_choose(cfgs, out, progress=False)
+    assert "test" not in read and "validation" in read  # chosen on validation, test untouched
+    rewards = {n: s["mean_reward"] for n, s in found.candidates.items()}
+    assert found.chosen == max(rewards, key=lambda n: (rewards[n], n == "expected"))
+    assert found.n == len(real(load_tasks_name(pool), "validation")) > 0
+    saved = json.loads((out / choose.CHOICE_FILE).read_text())
+    assert saved["chosen"] == found.chosen and set(saved["candidates"]) == {"expected", "random"}
+    assert set(saved["routers"]) == {"knn", "domain-router"} and saved["reward"]["cost_weight"] == 0.1
+    other = next(n for n in rewards if n != found.chosen)
+    assert saved["margins"][other]["difference"] == pytest.approx(rewards[found.chosen] - rewards[other])
+    # the final folder is the chosen candidate's, and says so
+    meta = json.loads((out / "final" / "conductor.json").read_text())
+    assert meta["preset_choice"]["chosen"] == found.chosen
+    chosen_weights = (out / "candidates" / found.chosen / "final" / "model.safetensors").read_bytes()
+    assert (out / "final" / "model.safetensors").read_bytes() == chosen_weights
+
+
+def load_tasks_name(pool: Path) -> str:
+    from rl_conductor.workers.pool import load_pool
+
+    return load_pool(str(pool)).default_dataset()
