@@ -62,6 +62,7 @@ def test_format_errors_name_the_file_and_line(tmp_path: Path) -> None:
         "output_tokens must be an integer": _item(1, a={"text": "2", "output_tokens": -1}),
         "every response needs `correct`": {**_item(1, a={"text": "2"}), "answer": None},
         "at least one": _item(1),
+        "`metadata.choices` must be a list of option texts": {**good, "metadata": {"choices": "A) 4 B) 5"}},
     }
     for message, row in cases.items():
         path = tmp_path / f"{abs(hash(message))}.jsonl"
