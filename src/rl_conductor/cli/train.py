@@ -157,7 +157,8 @@ def _hint_texts(cfg: Any) -> None:
         typer.echo(
             f"note: {100 * share:.0f} % of these recordings keep their response text; --preset "
             "recordings-text trains a Conductor that reads the first answers before it escalates "
-            "(two rounds: docs/recordings.md, 'Recordings that keep response texts')",
+            "(two rounds: docs/recordings.md, 'Recordings that keep response texts'); --preset auto "
+            "trains both recipes and keeps the better on the validation split",
             err=True,
         )
     elif cfg.max_rounds > 1 and cfg.review_evidence == "text" and share < 0.5:
