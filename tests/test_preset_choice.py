@@ -117,7 +117,7 @@ def test_the_best_candidate_on_validation_is_kept_and_the_test_split_is_never_re
     for module in (datasets, suite, tasks_package):  # every name it is imported under
         monkeypatch.setattr(module, "load_tasks", spy)
     cfgs = {
-        "expected": _micro(tmp_path, pool, sft_targets="expected-best"),
+        "expected": _micro(tmp_path, pool, sft_targets="expected-best", max_rounds=2, review_evidence="text"),
         "random": _micro(tmp_path, pool, sft_targets="random", seed=1),
     }
     out = tmp_path / "out"
@@ -131,6 +131,26 @@ def test_the_best_candidate_on_validation_is_kept_and_the_test_split_is_never_re
     assert set(saved["routers"]) == {"knn", "domain-router"} and saved["reward"]["cost_weight"] == 0.1
     other = next(n for n in rewards if n != found.chosen)
     assert saved["margins"][other]["difference"] == pytest.approx(rewards[found.chosen] - rewards[other])
+    # `eval` of both candidates side by side reports what the choice saw: each with its own rounds
+    from rl_conductor.evaluation.suite import run_eval
+
+    specs = [f"conductor:{out / 'candidates' / n / 'final'}" for n in ("expected", "random")]
+    again = run_eval(specs, pool=str(pool), dataset=None, split="validation", limit=None, seed=0,
+                     progress=False, cost_weight=0.1, max_rounds=None)  # fmt: skip
+    for name, summary in zip(("expected", "random"), again, strict=True):
+        assert summary["mean_reward"] == pytest.approx(rewards[name]), name
+    assert found.candidates["expected"]["max_rounds"] == 2
+    seen: list[int] = []
+    real_evaluate = suite.evaluate
+
+    def spy_evaluate(policy: Any, view: Any, tasks: Any, limits: Any, **kw: Any) -> Any:
+        seen.append(limits.max_rounds)
+        return real_evaluate(policy, view, tasks[:2], limits, **kw)
+
+    monkeypatch.setattr(suite, "evaluate", spy_evaluate)
+    run_eval([*specs, "knn"], pool=str(pool), dataset=None, split="validation", limit=None, seed=0,
+             progress=False, cost_weight=0.1, max_rounds=None)  # fmt: skip
+    assert seen == [2, 1, 1]  # not the first Conductor's rounds for every policy
     # the final folder is the chosen candidate's, and says so
     meta = json.loads((out / "final" / "conductor.json").read_text())
     assert meta["preset_choice"]["chosen"] == found.chosen

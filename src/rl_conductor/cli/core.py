@@ -64,7 +64,7 @@ MaxRoundsOpt = Annotated[
     max_rounds_option(
         "rounds a policy may use: after each but the last, one that reviews (the Conductor, "
         "cascade) reads the answers so far and keeps them or adds steps; 1 = plan once (default: "
-        "the Conductor's conductor.json, else 1)"
+        "each Conductor the rounds of its conductor.json, every other policy 1)"
     ),
 ]
 MaxCallsOpt = Annotated[
@@ -266,7 +266,7 @@ def eval_cmd(
     fitted at it. With a ``conductor:DIR`` policy, ``--pool`` and ``--dataset`` default to what it
     was trained on (its ``conductor.json``). Exits 1 when every worker call of a policy failed."""
     from rl_conductor.evaluation.report import behaviour_table, domain_table, print_table
-    from rl_conductor.evaluation.suite import run_eval, trained_defaults, trained_rounds
+    from rl_conductor.evaluation.suite import run_eval, trained_defaults
 
     pool, dataset = trained_defaults(policy, pool, dataset)
     summaries = run_eval(
@@ -284,7 +284,7 @@ def eval_cmd(
         reward_preset=reward_preset,
         cost_weight=cost_weight,
         fit_limit=fit_limit,
-        max_rounds=max_rounds or trained_rounds(policy),
+        max_rounds=max_rounds,  # None: each policy its own (a Conductor's conductor.json)
         max_calls=max_calls,
     )
     print_table(summaries, title=f"{pool} / {summaries[0]['dataset']} / {split}")
@@ -354,7 +354,7 @@ def compare_cmd(
         parse_deadlines,
         print_table,
     )
-    from rl_conductor.evaluation.suite import GridPoint, baseline_specs, run_sweep, trained_rounds
+    from rl_conductor.evaluation.suite import GridPoint, baseline_specs, run_sweep
 
     try:
         amounts = parse_budgets(budgets) if budgets else [None]
@@ -385,7 +385,7 @@ def compare_cmd(
         reward_preset=reward_preset,
         cost_weight=cost_weight,
         fit_limit=fit_limit,
-        max_rounds=max_rounds or trained_rounds(list(extra or [])),
+        max_rounds=max_rounds,  # None: each policy its own (a Conductor's conductor.json)
     )
     for at, point in enumerate(points):
         runs = summaries[at * len(specs) : (at + 1) * len(specs)]

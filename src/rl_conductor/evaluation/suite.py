@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,11 @@ def trained_meta(policies: list[str]) -> dict[str, Any]:
         src = model_source(arg)
         return read_conductor_meta(src) if isinstance(src, Path) else {}
     return {}
+
+
+def own_rounds(spec: str) -> int:
+    """The rounds policy ``spec`` was trained for: a ``conductor:DIR``'s ``max_rounds``, else 1."""
+    return trained_rounds([spec])
 
 
 def trained_rounds(policies: list[str]) -> int:
@@ -158,11 +163,13 @@ def run_sweep(
     reward_preset: str | None = None,
     cost_weight: float | None = None,
     fit_limit: int | None = None,
-    max_rounds: int = 1,
+    max_rounds: int | None = 1,
     max_calls: int | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate policies on one task set under each of ``points``; their summaries, point by point
-    in the order of ``policies``, each tagged with its point's ``label``.
+    in the order of ``policies``, each tagged with its point's ``label``. ``max_rounds`` None:
+    each policy the rounds it was trained for (:func:`own_rounds`), so a two-round Conductor
+    evaluated beside a one-round one keeps its review.
 
     The pool, the tasks and every policy are built once for the whole sweep (a Conductor's weights
     are read once, the routers fitted once), and every spec and every point's limits are checked
@@ -171,9 +178,10 @@ def run_sweep(
     ``domain-router`` are fitted at that reward on every training question (``fit_limit``: a
     seeded sample of that many)."""
     grid = [
-        (pt, eval_limits(pt.max_cost_usd, sensitivity, allowed, pt.max_latency_s, max_rounds, max_calls))
+        (pt, eval_limits(pt.max_cost_usd, sensitivity, allowed, pt.max_latency_s, max_rounds or 1, max_calls))
         for pt in points
     ]
+    rounds = {spec: own_rounds(spec) for spec in policies} if max_rounds is None else None
     p = load_pool(pool, seed=seed)
     for name in sorted(a for a in (allowed or "").split(",") if a):
         p.index(name)  # an unknown name would silently allow nobody: UnknownWorker lists the pool's
@@ -194,7 +202,7 @@ def run_sweep(
     keys: list[tuple[str, tuple[tuple[str, str], ...]]] = []
     for pt, spec, res in sweep(
         policies, grid, p, tasks, fit_on=ds, reward_config=rc, seed=seed, fit_limit=fit_limit,
-        concurrency=concurrency, progress=progress,
+        concurrency=concurrency, progress=progress, rounds=rounds,
     ):  # fmt: skip
         summary = res.summary()
         summary.update(dataset=ds, split=split, **pt.label)
@@ -221,11 +229,13 @@ def sweep(
     fit_limit: int | None = None,
     concurrency: int = 32,
     progress: bool = True,
+    rounds: Mapping[str, int] | None = None,
 ) -> list[tuple[GridPoint, str, EvalResult]]:
     """The one sweep: each policy of ``policies`` built once (``knn`` / ``domain-router`` /
     ``cascade`` fitted at ``reward_config`` on the training split of dataset ``fit_on``), then run
     on ``tasks`` under each grid point's limits (a point's ``only``: the specs it runs), scored
     with ``reward_config``; (point, spec, result) in grid order, then ``policies``' order.
+    ``rounds``: spec -> the rounds that policy may use, in place of the point's.
     :func:`run_sweep` (``conductor eval`` / ``compare``, the pipeline's evaluation) and the retrain
     loop's champion comparison (``loop.retrain.evaluate_with_floor``) both call it."""
     view = pool.view()
@@ -240,8 +250,9 @@ def sweep(
         for spec in policies:
             if pt.only is not None and spec not in pt.only:
                 continue
+            own = lim if rounds is None else replace(lim, max_rounds=rounds[spec])
             res = evaluate(
-                built[spec], view, list(tasks), lim, concurrency=concurrency, progress=progress,
+                built[spec], view, list(tasks), own, concurrency=concurrency, progress=progress,
                 reward_config=reward_config,
             )  # fmt: skip
             out.append((pt, spec, res))
