@@ -53,12 +53,21 @@ def test_auto_names_the_recordings_presets_by_what_the_file_keeps(tmp_path: Path
     assert choose.candidate_presets("auto", str(labels), None) == ["recordings"]  # nothing to read
     assert choose.candidate_presets("tiny", None, None) == ["tiny"]
     assert choose.candidate_presets(" tiny , tiny-rounds", None, None) == ["tiny", "tiny-rounds"]
+    (tmp_path / "p.yaml").write_text("model: tiny\n")
+    with pytest.raises(ConfigError, match="dataset 'gsm8k' is not a recordings file"):
+        choose.candidate_presets("auto", str(texts), "gsm8k")
+    # candidate folders are plain names under OUT/candidates, whatever the spec's path
+    assert choose.folder_names(["tiny", "/x/a.yaml", "../b/a.yaml", "../../c d.yml", "..yaml"]) == {
+        "tiny": "tiny", "/x/a.yaml": "a", "../b/a.yaml": "a-2", "../../c d.yml": "c_d", "..yaml": "preset",
+    }  # fmt: skip
     for spec, pool, match in [
         ("auto", None, "needs --pool"),
         ("auto", "paper-sim", "replays no recordings file"),
         ("auto,tiny", str(texts), "stands alone"),
         ("tiny,,smol", None, "empty name"),
         ("tiny,tiny", None, "listed twice"),
+        (f"{tmp_path}/p.yaml,{tmp_path}/./p.yaml", None, "listed twice"),  # one file, two spellings
+        ("auto", str(texts).replace("pool.yaml", "none.yaml"), "no pool file at"),
     ]:
         with pytest.raises(ConfigError, match=match):
             choose.candidate_presets(spec, pool, None)
@@ -73,6 +82,16 @@ def test_candidates_that_cannot_be_compared_are_refused_before_training(tmp_path
     assert choose.check_candidates(same)[0] == pool
     with pytest.raises(ConfigError, match="different pools"):
         choose.check_candidates({"tiny": load_preset("tiny"), "recordings": load_preset("recordings")})
+    # the same pool file spelled two ways is one pool
+    other = str(Path(pool).parent / "." / Path(pool).name)
+    tiny = load_preset("tiny", pool=pool)
+    assert choose.check_candidates({"a": tiny, "b": load_preset("smol", pool=other)})
+    # a reward preset that differs is named, not two identical weights
+    with pytest.raises(ConfigError, match="paper at cost weight"):
+        choose.check_candidates({"a": tiny, "b": load_preset("tiny", pool=pool, reward_preset="paper")})
+    # an unknown model is found before the first candidate trains
+    with pytest.raises(ConfigError, match="preset b: unknown model spec"):
+        choose.check_candidates({"a": tiny, "b": load_preset("tiny", pool=pool, model="no such model")})
     # a file that says every item's split and names no validation item: no fair place to choose
     (tmp_path / "s").mkdir()
     split_pool = str(_pool(tmp_path / "s", splits=True))
@@ -88,6 +107,14 @@ def test_train_auto_without_a_pool_is_one_line_and_exit_2(tmp_path: Path) -> Non
     res = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "o"), "--preset", "auto", "--pool", pool])
     assert res.exit_code == 2 and "different rewards" in res.output, res.output
     assert not (tmp_path / "o" / "candidates").exists()  # refused before any training
+    # a file where the output folder or its final/ goes: one line before training, not a traceback after
+    (tmp_path / "o").mkdir(exist_ok=True)
+    (tmp_path / "o" / "final").write_text("not a folder")
+    res = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "o"), "--preset", "tiny,tiny-rounds",
+                                   "--pool", pool, "--cost-weight", "0.1"])  # fmt: skip
+    assert res.exit_code == 2 and "is a file, where a folder goes" in res.output, res.output
+    res = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "o" / "final"), "--preset", "tiny"])
+    assert res.exit_code == 2 and "--out" in res.output and "Traceback" not in res.output, res.output
 
 
 def _micro(tmp_path: Path, pool: Path, **extra: Any) -> TrainConfig:
@@ -121,7 +148,10 @@ def test_the_best_candidate_on_validation_is_kept_and_the_test_split_is_never_re
         "random": _micro(tmp_path, pool, sft_targets="random", seed=1),
     }
     out = tmp_path / "out"
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "stale").write_text("from another run")
     found = choose.train_and_choose(cfgs, out, progress=False)
+    assert not (out / "final" / "stale").exists()  # final/ is the chosen candidate's alone
     assert "test" not in read and "validation" in read  # chosen on validation, test untouched
     rewards = {n: s["mean_reward"] for n, s in found.candidates.items()}
     assert found.chosen == max(rewards, key=lambda n: (rewards[n], n == "expected"))

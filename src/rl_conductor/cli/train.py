@@ -10,7 +10,7 @@ import typer
 
 from rl_conductor.cli.app import app
 from rl_conductor.cli.core import console, max_rounds_option
-from rl_conductor.cli.options import count, non_negative, positive
+from rl_conductor.cli.options import count, non_negative, positive, writable
 
 
 def preset_names() -> list[str]:
@@ -30,9 +30,10 @@ def train_cmd(
         str,
         typer.Option(
             help=" | ".join([*preset_names(), "a YAML path"])
-            + ". Several, comma-separated (or auto: the recordings presets for --pool's recordings): "
-            "each is trained into OUT/candidates/NAME and the best on the validation split is "
-            "copied to OUT/final (OUT/choice.json has the figures)"
+            + ". Several, comma-separated, or auto (the recordings presets for --pool's recordings; "
+            "give --cost-weight, they default to different ones): each is trained into "
+            "OUT/candidates/NAME on one pool, dataset and reward, and the best on the validation "
+            "split is copied to OUT/final (OUT/choice.json has the figures; docs/recordings.md)"
         ),
     ] = "tiny",
     pool: Annotated[
@@ -58,7 +59,7 @@ def train_cmd(
     ] = False,
 ) -> None:
     """Train a Conductor: bootstrap the model, SFT warm start, GRPO against the pool."""
-    from rl_conductor.pipeline.choose import candidate_presets
+    from rl_conductor.pipeline.choose import AUTO, CHOICE_FILE, candidate_presets
     from rl_conductor.training.config import load_preset
 
     overrides: dict[str, Any] = {
@@ -74,9 +75,20 @@ def train_cmd(
     }
     names = candidate_presets(preset, pool, dataset)
     if len(names) > 1:
-        _train_and_choose({n: load_preset(n, **overrides) for n in names}, out, resume=resume)
+        _train_and_choose(names, overrides, out, resume=resume)
         return
+    if preset.strip() == AUTO:  # said, not silently: there is nothing to choose between
+        typer.echo(
+            f"note: --preset auto: these recordings keep too little text for a review to read; "
+            f"training {names[0]} alone (nothing to choose between)",
+            err=True,
+        )
     cfg = load_preset(names[0], **overrides)
+    writable(out / CHOICE_FILE, "--out")  # a file or an unwritable place: one line, before training
+    stale = out / CHOICE_FILE
+    if stale.is_file():  # it described the final folder this training replaces
+        stale.unlink()
+        typer.echo(f"note: removed {stale}: it described an earlier choice this training replaces", err=True)
     from rl_conductor.training.train import train  # torch and TRL: only once the config is valid
 
     _hint_texts(cfg)
@@ -100,14 +112,30 @@ def train_cmd(
     console.print(json.dumps(res.seconds))
 
 
-def _train_and_choose(cfgs: dict[str, Any], out: Path, *, resume: bool) -> None:
+#: fewer validation questions than this make a choice a coin toss: said on stderr
+FEW_VALIDATION = 30
+
+
+def _train_and_choose(specs: list[str], overrides: dict[str, Any], out: Path, *, resume: bool) -> None:
     """``train --preset a,b``: train each, keep the best on validation, print the figures."""
     from rich.table import Table
 
-    from rl_conductor.pipeline.choose import CHOICE_FILE, check_candidates, train_and_choose
+    from rl_conductor.pipeline.choose import (
+        CHOICE_FILE,
+        check_candidates,
+        check_out,
+        folder_names,
+        train_and_choose,
+    )
+    from rl_conductor.training.config import load_preset
 
+    folders = folder_names(specs)
+    cfgs = {folders[spec]: load_preset(spec, **overrides) for spec in specs}
+    labels = {folders[spec]: spec for spec in specs}
     check_candidates(cfgs)  # before the first minute of training
-    choice = train_and_choose(cfgs, out, resume=resume)
+    check_out(out)
+    writable(out / CHOICE_FILE, "--out")
+    choice = train_and_choose(cfgs, out, resume=resume, labels=labels)
     w = choice.reward["cost_weight"]
     table = Table(title=f"validation split (n={choice.n}), reward at cost weight {w:g}")
     for col in ("policy", "acc %", "$/question", "reward", "chosen - this (SE)"):
@@ -115,18 +143,31 @@ def _train_and_choose(cfgs: dict[str, Any], out: Path, *, resume: bool) -> None:
     for name, s in choice.candidates.items():
         d, se = choice.margins.get(name, (0.0, 0.0))
         table.add_row(
-            f"preset {name}" + (" (chosen)" if name == choice.chosen else ""),
+            f"preset {labels[name]}" + (" (chosen)" if name == choice.chosen else ""),
             f"{100 * s['accuracy']:.2f}",
             f"{s['mean_cost_usd']:.6f}",
             f"{s['mean_reward']:.4f}",
-            "" if name == choice.chosen else f"{d:+.4f} ({se:.4f})",
+            "" if name == choice.chosen else f"{d:+.4f} ({'n/a' if se is None else f'{se:.4f}'})",
         )
     for name, s in choice.routers.items():
         table.add_row(
             name, f"{100 * s['accuracy']:.2f}", f"{s['mean_cost_usd']:.6f}", f"{s['mean_reward']:.4f}", ""
         )
     console.print(table)
-    console.print(f"chose {choice.chosen} -> {choice.final_dir} (figures in {out / CHOICE_FILE})")
+    console.print(f"chose {labels[choice.chosen]} -> {choice.final_dir} (figures in {out / CHOICE_FILE})")
+    if choice.n < FEW_VALIDATION:
+        typer.echo(
+            f"warning: the choice was made on {choice.n} validation questions, too few to tell "
+            "recipes apart; give the file more validation items",
+            err=True,
+        )
+    chosen = choice.candidates[choice.chosen]
+    if chosen.get("parse_rate", 1.0) < 0.5:  # as single-preset train warns of a model that writes no plan
+        typer.echo(
+            f"warning: only {100 * chosen['parse_rate']:.0f} % of the chosen Conductor's validation "
+            "plans parsed; the warm start did not teach the plan format (more --sft-examples)",
+            err=True,
+        )
     for router in choice.better_routers():
         typer.echo(
             f"warning: on the validation split {router} ({choice.routers[router]['mean_reward']:.4f}) "

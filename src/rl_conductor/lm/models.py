@@ -155,6 +155,23 @@ def _is_model_folder(path: Path) -> bool:
     return (path / "config.json").is_file()
 
 
+def check_spec(spec: str) -> None:
+    """Raise what :func:`resolve_model` would for ``spec`` without building, unpacking or
+    downloading anything: an unknown spec or a local folder without a model, found before
+    minutes of other work (``train --preset a,b`` checks every candidate's first)."""
+    if spec in ("tiny", "smol") or spec.startswith("s3://"):
+        return
+    local = Path(spec).expanduser()
+    if local.exists():
+        if not _is_model_folder(local):
+            raise ModelNotFound(f"{local} holds no config.json: not a model folder")
+        return
+    if not looks_like_hf_id(spec):
+        raise InvalidSpec(
+            f"unknown model spec {spec!r}: use tiny, smol, a folder, s3://… or a Hugging Face id"
+        )
+
+
 def resolve_model(spec: str, out_dir: str | Path, corpus: Iterable[str] | None = None) -> Path | str:
     """Turn a model spec into something `from_pretrained` accepts.
 

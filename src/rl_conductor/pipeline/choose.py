@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,7 +42,16 @@ from typing import Any
 
 from rl_conductor.errors import ConfigError
 
-__all__ = ["AUTO", "CHOICE_FILE", "Choice", "candidate_presets", "check_candidates", "train_and_choose"]
+__all__ = [
+    "AUTO",
+    "CHOICE_FILE",
+    "Choice",
+    "candidate_presets",
+    "check_candidates",
+    "check_out",
+    "folder_names",
+    "train_and_choose",
+]
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +84,10 @@ def candidate_presets(spec: str, pool: str | None, dataset: str | None) -> list[
     only on a recordings pool). A single name comes back alone."""
     names = [n.strip() for n in spec.split(",")]
     if any(not n for n in names):
-        raise ConfigError(f"--preset {spec!r}: an empty name in the list")
-    if len(set(names)) != len(names):
+        raise ConfigError(
+            f"--preset {spec!r}: an empty name in the list (a YAML path cannot contain a comma)"
+        )
+    if len({_identity(n) for n in names}) != len(names):
         raise ConfigError(f"--preset {spec!r}: a preset is listed twice")
     if AUTO not in names:
         return names
@@ -89,12 +101,52 @@ def candidate_presets(spec: str, pool: str | None, dataset: str | None) -> list[
     p = load_pool(pool)
     path = recordings_path(p, dataset or p.default_dataset())
     if path is None:
+        what = f"dataset {dataset!r} is not a" if dataset else f"pool {pool!r} replays no"
         raise ConfigError(
-            f"--preset auto chooses among the recordings presets, and pool {pool!r} replays no "
-            "recordings file; name the presets to compare, e.g. --preset tiny,tiny-rounds"
+            f"--preset auto chooses among the recordings presets, and {what} recordings file; "
+            "name the presets to compare, e.g. --preset tiny,tiny-rounds"
         )
     share = text_share(path) or 0.0
     return list(AUTO_PRESETS) if share >= TEXT_SHARE else [AUTO_PRESETS[0]]
+
+
+def _identity(spec: str) -> str:
+    """What a preset spec names: a YAML file's resolved path, else the preset's name."""
+    p = Path(spec).expanduser()
+    return str(p.resolve()) if p.suffix in (".yaml", ".yml") and p.exists() else spec
+
+
+def folder_names(specs: Sequence[str]) -> dict[str, str]:
+    """spec -> the folder ``OUT/candidates/<name>`` it trains into: a shipped preset's name, a
+    YAML file's stem (``../mine/a.yaml`` -> ``a``), never a path; made unique with ``-2``, ..."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        stem = Path(spec).stem if Path(spec).suffix in (".yaml", ".yml") else spec
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", stem).lstrip(".") or "preset"
+        base, k = name, 2
+        while name in out.values():
+            name, k = f"{base}-{k}", k + 1
+        out[spec] = name
+    return out
+
+
+def check_out(out: str | Path) -> None:
+    """Refuse, before training, an output folder a choice could not finish in: a file where the
+    folder, ``final/`` or ``choice.json`` would go."""
+    root = Path(out)
+    for path, what in ((root, "a folder"), (root / "final", "a folder"), (root / "candidates", "a folder")):
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"--out {root}: {path} is a file, where {what} goes")
+    if (root / CHOICE_FILE).is_dir():
+        raise ConfigError(f"--out {root}: {root / CHOICE_FILE} is a folder, where the choice's figures go")
+
+
+def _same_pool(cfgs: dict[str, Any]) -> bool:
+    def key(pool: str) -> str:
+        p = Path(pool).expanduser()
+        return str(p.resolve()) if p.is_file() else pool
+
+    return len({key(c.pool) for c in cfgs.values()}) == 1
 
 
 def check_candidates(cfgs: dict[str, Any]) -> tuple[str, str]:
@@ -106,8 +158,10 @@ def check_candidates(cfgs: dict[str, Any]) -> tuple[str, str]:
     def describe(key: str, values: dict[str, Any]) -> str:
         return ", ".join(f"{name}: {value}" for name, value in values.items())
 
+    from rl_conductor.lm.models import check_spec
+
     pools = {n: c.pool for n, c in cfgs.items()}
-    if len(set(pools.values())) > 1:
+    if not _same_pool(cfgs):
         raise ConfigError(f"the presets train on different pools ({describe('pool', pools)}); give --pool")
     first = next(iter(cfgs.values()))
     pool = load_pool(first.pool)
@@ -118,11 +172,18 @@ def check_candidates(cfgs: dict[str, Any]) -> tuple[str, str]:
         )
     rewards = {n: c.reward() for n, c in cfgs.items()}
     if len(set(rewards.values())) > 1:
-        shown = {n: f"{r.cost_weight:g} per ${r.cost_scale:g}" for n, r in rewards.items()}
+        shown = {n: f"{c.reward_preset} at cost weight {c.reward().cost_weight:g}" for n, c in cfgs.items()}
+        if len(set(shown.values())) == 1:  # they differ in a term the presets set in their YAML
+            shown = {n: repr(r) for n, r in rewards.items()}
         raise ConfigError(
-            f"the presets train for different rewards (cost weight {describe('reward', shown)}); give "
+            f"the presets train for different rewards ({describe('reward', shown)}); give "
             "--cost-weight (and --reward-preset) so that every candidate is trained and chosen at one"
         )
+    for name, c in cfgs.items():
+        try:
+            check_spec(c.model)
+        except (ConfigError, ValueError, OSError) as exc:
+            raise ConfigError(f"preset {name}: {exc}") from None
     dataset = next(iter(datasets.values()))
     if not load_tasks(dataset, split=SPLIT):
         raise ConfigError(
@@ -143,8 +204,9 @@ class Choice:
     reward: dict[str, Any]
     candidates: dict[str, dict[str, Any]] = field(default_factory=dict)
     routers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: paired difference in mean reward, chosen minus each other candidate: (difference, its SE)
-    margins: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: paired difference in mean reward, chosen minus each other candidate: (difference, its SE;
+    #: None on fewer than two questions)
+    margins: dict[str, tuple[float, float | None]] = field(default_factory=dict)
 
     def better_routers(self) -> list[str]:
         """Routers whose validation reward is above the chosen Conductor's."""
@@ -169,14 +231,14 @@ def _figures(summary: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {**{k: summary[k] for k in keys if k in summary}, **extra}
 
 
-def _paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+def _paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float | None]:
     """Mean and standard error of the per-question difference a - b."""
     d = [x - y for x, y in zip(a, b, strict=True)]
-    if not d:
-        return 0.0, math.nan
-    mean = sum(d) / len(d)
-    var = sum((x - mean) ** 2 for x in d) / (len(d) - 1) if len(d) > 1 else math.nan
-    return mean, math.sqrt(var / len(d)) if len(d) > 1 else math.nan
+    mean = sum(d) / len(d) if d else 0.0
+    if len(d) < 2:  # no spread to measure: JSON null, not NaN
+        return mean, None
+    var = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
+    return mean, math.sqrt(var / len(d))
 
 
 def train_and_choose(
@@ -186,8 +248,10 @@ def train_and_choose(
     resume: bool = False,
     fit_limit: int | None = None,
     progress: bool = True,
+    labels: dict[str, str] | None = None,
 ) -> Choice:
-    """Train every candidate config (preset name -> TrainConfig) into ``OUT/candidates/<name>``,
+    """Train every candidate config (folder name -> TrainConfig; ``labels``: folder name -> the
+    preset spec it came from, for the record) into ``OUT/candidates/<name>``,
     score each and the routers on the validation split at their one reward, and copy the best to
     ``OUT/final`` (see the module docstring). Raises ConfigError before training when the
     candidates cannot be compared."""
@@ -199,8 +263,17 @@ def train_and_choose(
 
     if not cfgs:
         raise ConfigError("no preset to train")
+    bad = [n for n in cfgs if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", n)]
+    if bad:  # a name is a folder under OUT/candidates: never a path (folder_names makes them)
+        raise ConfigError(f"candidate names must be plain folder names, not {bad}")
     pool_name, dataset = check_candidates(cfgs)
+    check_out(out)
     root = Path(out)
+    for stale in (root / CHOICE_FILE, root / "final"):  # they would describe another run
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        elif stale.exists():
+            stale.unlink()
     finals: dict[str, Path] = {}
     for name, cfg in cfgs.items():
         log.info("candidate %s: training into %s", name, root / "candidates" / name)
@@ -227,7 +300,8 @@ def train_and_choose(
         failed = every_call_failed(summary)
         if failed:
             raise ConfigError(f"candidate {name}: {failed}")
-        scored[name] = _figures(summary, preset=name, max_rounds=rounds, final_dir=str(final))
+        label = (labels or {}).get(name, name)
+        scored[name] = _figures(summary, preset=label, max_rounds=rounds, final_dir=str(final))
         per_question[name] = [r.reward for r in sorted(res.records, key=lambda r: r.task_id)]
     routers = {spec: _figures(res.summary()) for spec, res in zip(ROUTERS, run(ROUTERS, 1), strict=True)}
     best = max(scored, key=lambda n: (scored[n]["mean_reward"], -list(scored).index(n)))
