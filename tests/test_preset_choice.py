@@ -158,7 +158,8 @@ def test_the_best_candidate_on_validation_is_kept_and_the_test_split_is_never_re
     assert found.n == len(real(load_tasks_name(pool), "validation")) > 0
     saved = json.loads((out / choose.CHOICE_FILE).read_text())
     assert saved["chosen"] == found.chosen and set(saved["candidates"]) == {"expected", "random"}
-    assert set(saved["routers"]) == {"knn", "domain-router"} and saved["reward"]["cost_weight"] == 0.1
+    assert set(saved["baselines"]) == {"knn", "domain-router", "cascade:all"}
+    assert saved["reward"]["cost_weight"] == 0.1
     other = next(n for n in rewards if n != found.chosen)
     assert saved["margins"][other]["difference"] == pytest.approx(rewards[found.chosen] - rewards[other])
     # `eval` of both candidates side by side reports what the choice saw: each with its own rounds

@@ -149,7 +149,7 @@ def _train_and_choose(specs: list[str], overrides: dict[str, Any], out: Path, *,
             f"{s['mean_reward']:.4f}",
             "" if name == choice.chosen else f"{d:+.4f} ({'n/a' if se is None else f'{se:.4f}'})",
         )
-    for name, s in choice.routers.items():
+    for name, s in choice.baselines.items():
         table.add_row(
             name, f"{100 * s['accuracy']:.2f}", f"{s['mean_cost_usd']:.6f}", f"{s['mean_reward']:.4f}", ""
         )
@@ -168,11 +168,11 @@ def _train_and_choose(specs: list[str], overrides: dict[str, Any], out: Path, *,
             "plans parsed; the warm start did not teach the plan format (more --sft-examples)",
             err=True,
         )
-    for router in choice.better_routers():
+    for router in choice.better_baselines():
         typer.echo(
-            f"warning: on the validation split {router} ({choice.routers[router]['mean_reward']:.4f}) "
+            f"warning: on the validation split {router} ({choice.baselines[router]['mean_reward']:.4f}) "
             f"scores above the chosen Conductor ({choice.candidates[choice.chosen]['mean_reward']:.4f}) "
-            "at this reward; serve the router, or compare them on your own traffic before promoting",
+            "at this reward; serve it, or compare them on your own traffic before promoting",
             err=True,
         )
 
