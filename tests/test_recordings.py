@@ -829,3 +829,43 @@ def test_the_routers_key_changes_when_the_recordings_file_is_edited(tmp_path: Pa
     rows[0]["responses"]["a"]["correct"] = False
     _write(tmp_path / "byo.jsonl", rows)
     assert pool_key(load_pool(str(pool))) != before
+
+
+def test_rounds_table_adds_the_pairs_of_the_best_fitted_cascades(tmp_path: Path, monkeypatch: Any) -> None:
+    """``warm_cascade_pairs``: the two most accurate cheap workers here copy each other (their
+    agreement says nothing), so the pairs of the ``pair_k`` most accurate miss what pays under a
+    review; the fitted cascade's pair, of workers whose wrong answers differ, is added."""
+    monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path))
+    rows = []
+    for i in range(60):
+        right = {"big": i % 20 != 0, "copy": i % 4 != 0, "x": i % 3 != 0, "y": i % 3 != 1}
+        wrong = {"big": "-9", "copy": "-1", "x": "-2", "y": "-3"}
+        text = {w: f"#### {i + 1 if ok else wrong[w]}" for w, ok in right.items()}
+        cost = {"big": 0.01, "copy": 0.0005, "x": 0.0003, "y": 0.0003}
+        replies = {w: {"text": text[w], "cost_usd": cost[w]} for w in ("big", "x", "y")}
+        replies |= {c: {"text": text["copy"], "cost_usd": cost["copy"]} for c in ("copy-a", "copy-b")}
+        rows.append({**_item(i), "split": "train", "responses": replies})
+    rec = _write(tmp_path / "casc.jsonl", rows)
+    pool_file = tmp_path / "casc.yaml"
+    pool_file.write_text(yaml.safe_dump({"name": "casc", "recordings": str(rec), "workers": [
+        {"name": m, "kind": "replay", "price_in": 100.0, "price_out": 100.0}  # worst cases above the costs
+        for m in ("big", "copy-a", "copy-b", "x", "y")]}))  # fmt: skip
+    pool = load_pool(str(pool_file))
+    tasks = load_tasks(pool.default_dataset(), split="train")
+    from rl_conductor.policies.cascade import fit_cascade, sample_outcomes
+    from rl_conductor.reward import RewardConfig
+    from rl_conductor.training.adaptive import build_rounds_table, pair
+    from rl_conductor.training.candidates import build_table
+
+    config = RewardConfig(cost_weight=0.1)
+    table = build_table(tasks, pool, top_k=1, cheap_k=1)
+    best = next(f for f in fit_cascade(sample_outcomes(pool, tasks), tasks, config) if len(set(f.first)) == 2)
+    assert "copy-a" not in best.first or "copy-b" not in best.first  # not the copies' pair
+    wanted = {pair(*best.first).name, pair(*reversed(best.first)).name}
+    plain = build_rounds_table(tasks, pool, table, top_k=1, pair_k=2)
+    assert [f for f in plain.firsts if "|" in f] == ["solve:copy-b|solve:copy-a"]  # accuracy alone
+    nominated = build_rounds_table(tasks, pool, table, top_k=1, pair_k=2, cascade_pairs=1, config=config)
+    assert wanted & set(nominated.firsts)
+    assert f"+{best.escalate}" in nominated.conts
+    with pytest.raises(ValueError, match="reward"):
+        build_rounds_table(tasks, pool, table, top_k=1, pair_k=2, cascade_pairs=1)

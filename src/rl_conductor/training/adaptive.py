@@ -178,6 +178,47 @@ def domain_sets(table: CandidateTable, top_k: int, pair_k: int) -> dict[str, tup
     return out
 
 
+def cascade_sets(
+    tasks: Sequence[Task], pool: Pool, table: CandidateTable, config: RewardConfig, n: int
+) -> dict[str, tuple[list[tuple[str, str]], list[str]]]:
+    """Domain -> (the first pairs of the ``n`` best fixed cascades fitted on the domain's table
+    questions at ``config``, each ordered less accurate first as :func:`domain_firsts` orders; their
+    escalation workers).
+
+    Why: the pairs of :func:`domain_sets` are the most accurate cheap workers, but what makes a
+    pair pay under a review is that its *disagreements* are informative, which accuracy alone does
+    not say. On an eleven-worker simulated file the fixed cascade ``cascade:all`` (a pair of two
+    cheap workers, neither among the four most accurate, escalating on disagreement) beat every
+    Conductor on both splits, because its pair was never a first-plan candidate. The cascade fit
+    (:func:`rl_conductor.policies.cascade.fit_cascade`: every pair and escalation worker on every
+    question's measured answers) nominates the pairs that pay; the rounds table then runs them
+    with every continuation and review like the others."""
+    from rl_conductor.policies.cascade import fit_cascade, sample_outcomes
+
+    singles = {c.steps[0][0]: j for j, c in enumerate(table.candidates) if len(c.steps) == 1}
+    by_id = {t.id: t for t in tasks}
+    out: dict[str, tuple[list[tuple[str, str]], list[str]]] = {}
+    for d in sorted(set(table.domains)):
+        rows = [i for i, x in enumerate(table.domains) if x == d]
+        acc = {w: float(table.correct[rows, j, 0].mean()) for w, j in singles.items()}
+        mine = [by_id[table.task_ids[i]] for i in rows]
+        pairs: list[tuple[str, str]] = []
+        ups: list[str] = []
+        for fit in fit_cascade(sample_outcomes(pool, mine), mine, config):
+            a, b = fit.first
+            if a == b:  # a replay worker asked twice answers the same: no pair
+                continue
+            ordered = tuple(sorted((a, b), key=lambda w: (acc.get(w, 0.0), w)))
+            if ordered not in pairs:
+                if len(pairs) == n:
+                    break
+                pairs.append(ordered)  # type: ignore[arg-type]
+                if fit.escalate is not None and fit.escalate not in ups:
+                    ups.append(fit.escalate)
+        out[d] = (pairs, ups)
+    return out
+
+
 def domain_firsts(top: Sequence[str], cheap: Sequence[str], names: Sequence[str]) -> list[Candidate]:
     """Every single of ``names`` and every pair of two different ``cheap`` workers (ranked best
     first: the less accurate solves first, the better one gives the answer kept)."""
@@ -217,14 +258,26 @@ def build_rounds_table(
     top_k: int = 3,
     pair_k: int = 4,
     max_steps: int = DEFAULT_MAX_STEPS,
+    cascade_pairs: int = 0,
+    config: RewardConfig | None = None,
 ) -> RoundsTable:
-    """Execute every (question of ``table``, first plan, continuation) (module docstring)."""
+    """Execute every (question of ``table``, first plan, continuation) (module docstring); with
+    ``cascade_pairs``, also the first pairs (and escalation workers) of that many best fixed
+    cascades per domain at ``config`` (:func:`cascade_sets`)."""
     view = pool.view()
     names = view.names()
     by_id = {t.id: t for t in tasks}
     items = [by_id[i] for i in table.task_ids]
     sets = domain_sets(table, top_k, pair_k)
     per_domain = {d: domain_firsts(top, cheap, names) for d, (top, cheap) in sets.items()}
+    if cascade_pairs > 0:
+        if config is None:
+            raise ValueError("cascade_pairs needs the reward the cascades are fitted at")
+        for d, (extra, ups) in cascade_sets(items, pool, table, config, cascade_pairs).items():
+            known = {c.name for c in per_domain[d]}
+            per_domain[d] += [c for c in (pair(a, b) for a, b in extra) if c.name not in known]
+            top, cheap = sets[d]
+            sets[d] = ([*top, *(w for w in ups if w not in top)], cheap)
     firsts = list(dict.fromkeys(c.name for cs in per_domain.values() for c in cs))
     conts = [KEEP, *dict.fromkeys(f"+{w}" for top, _ in sets.values() for w in top)]
     shape = (len(items), len(firsts), len(conts))
@@ -269,7 +322,13 @@ def build_rounds_table(
         firsts=firsts,
         conts=conts,
         signal=signal,
-        meta={"top_k": top_k, "pair_k": pair_k, "version": ADAPTIVE_VERSION, "pool": pool.name},
+        meta={
+            "top_k": top_k,
+            "pair_k": pair_k,
+            "version": ADAPTIVE_VERSION,
+            "pool": pool.name,
+            **({"cascade_pairs": cascade_pairs} if cascade_pairs else {}),
+        },
         **arrays,
     )
 
@@ -283,11 +342,26 @@ def cached_rounds_table(
     top_k: int = 3,
     pair_k: int = 4,
     max_steps: int = DEFAULT_MAX_STEPS,
+    cascade_pairs: int = 0,
+    config: RewardConfig | None = None,
 ) -> RoundsTable:
     """:func:`build_rounds_table`, read from / written to ``cache_dir`` (the key covers the
-    candidate table's questions and single-worker outcomes, the pool and the sizes)."""
+    candidate table's questions and single-worker outcomes, the pool and the sizes; with
+    ``cascade_pairs`` also the reward the cascades are fitted at)."""
+
+    def build() -> RoundsTable:
+        return build_rounds_table(
+            tasks, pool, table, top_k=top_k, pair_k=pair_k, max_steps=max_steps,
+            cascade_pairs=cascade_pairs, config=config,
+        )  # fmt: skip
+
     if cache_dir is None:
-        return build_rounds_table(tasks, pool, table, top_k=top_k, pair_k=pair_k, max_steps=max_steps)
+        return build()
+    nominated = (
+        {"cascade_pairs": cascade_pairs, "reward": None if config is None else repr(config)}
+        if cascade_pairs
+        else {}  # the key of a table without them is as before: existing caches stay valid
+    )
     h = hashlib.sha256()
     h.update(
         json.dumps(
@@ -303,6 +377,7 @@ def cached_rounds_table(
                 "items": items_digest(tasks),
                 "code": code_version(),  # the graders' answer keys decide agreement
                 "recordings": recordings_fingerprint(pool.options),  # an edited file's texts
+                **nominated,
             },
             sort_keys=True,
         ).encode()
@@ -313,7 +388,7 @@ def cached_rounds_table(
     return cache_or_build(
         path,
         RoundsTable.load,
-        lambda: build_rounds_table(tasks, pool, table, top_k=top_k, pair_k=pair_k, max_steps=max_steps),
+        build,
         what="rounds table",
         logger=log,
     )

@@ -191,6 +191,12 @@ class TrainConfig:
         "with max_rounds > 1: the most accurate workers cheaper than the best whose pairs (two fresh "
         "solves in parallel) are first-plan candidates valued with their best review (training/adaptive.py)",
     )
+    warm_cascade_pairs: int = _f(
+        0,
+        "with max_rounds > 1: per domain, also the first pairs of this many best fixed cascades fitted "
+        "on the domain's training questions at the training reward, whatever their workers' accuracy "
+        "alone (training/adaptive.py cascade_sets); 0: only the warm_pair_k most accurate",
+    )
     warm_shrink: float = _f(
         20.0, "a (domain, source) group's mean leans on its domain's mean with this many items' weight"
     )
@@ -302,6 +308,8 @@ class TrainConfig:
             raise ConfigError(f"sft_targets must be 'expected-best' or 'random', not {self.sft_targets!r}")
         if not 1 <= self.max_rounds <= MAX_ROUNDS or self.warm_pair_k < 0:  # limits.MAX_ROUNDS
             raise ConfigError(f"max_rounds must be >= 1 and <= {MAX_ROUNDS}, and warm_pair_k >= 0")
+        if self.warm_cascade_pairs < 0:
+            raise ConfigError(f"warm_cascade_pairs must be >= 0, not {self.warm_cascade_pairs}")
         if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
             raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
         validation.non_negative_finite("warm_se_rule", self.warm_se_rule)

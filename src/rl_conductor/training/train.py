@@ -563,6 +563,8 @@ def _warm_start(
             top_k=cfg.warm_top_k,
             pair_k=cfg.warm_pair_k,
             max_steps=cfg.max_steps_per_workflow,
+            cascade_pairs=cfg.warm_cascade_pairs,
+            config=cfg.reward(),
         )
         rule = fit_rule(rounds, cfg.reward(), cfg.warm_review_se_rule)
         choice = None
