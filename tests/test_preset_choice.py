@@ -107,6 +107,10 @@ def test_train_auto_without_a_pool_is_one_line_and_exit_2(tmp_path: Path) -> Non
     res = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "o"), "--preset", "auto", "--pool", pool])
     assert res.exit_code == 2 and "different rewards" in res.output, res.output
     assert not (tmp_path / "o" / "candidates").exists()  # refused before any training
+    missing = f"recordings:{tmp_path / 'missing.jsonl'}"
+    res = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "o"), "--preset", "auto", "--pool", pool,
+                                   "--dataset", missing, "--cost-weight", "0.1"])  # fmt: skip
+    assert res.exit_code == 2 and "cannot read the recordings" in res.output, res.output
     # a file where the output folder or its final/ goes: one line before training, not a traceback after
     (tmp_path / "o").mkdir(exist_ok=True)
     (tmp_path / "o" / "final").write_text("not a folder")

@@ -869,3 +869,8 @@ def test_rounds_table_adds_the_pairs_of_the_best_fitted_cascades(tmp_path: Path,
     assert f"+{best.escalate}" in nominated.conts
     with pytest.raises(ValueError, match="reward"):
         build_rounds_table(tasks, pool, table, top_k=1, pair_k=2, cascade_pairs=1)
+    from rl_conductor.training.config import ConfigError, TrainConfig
+
+    for bad in (1.5, -1, True):
+        with pytest.raises(ConfigError, match="warm_cascade_pairs"):
+            TrainConfig(warm_cascade_pairs=bad)  # type: ignore[arg-type]

@@ -159,7 +159,10 @@ def check_spec(spec: str) -> None:
     """Raise what :func:`resolve_model` would for ``spec`` without building, unpacking or
     downloading anything: an unknown spec or a local folder without a model, found before
     minutes of other work (``train --preset a,b`` checks every candidate's first)."""
-    if spec in ("tiny", "smol") or spec.startswith("s3://"):
+    if spec == "smol":
+        smol_gguf_path()  # the packaged weights must be installed (a find_spec, no import)
+        return
+    if spec == "tiny" or spec.startswith("s3://"):
         return
     local = Path(spec).expanduser()
     if local.exists():

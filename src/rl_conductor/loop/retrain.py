@@ -343,7 +343,7 @@ def evaluate_with_floor(
     are fitted at that reward on the ``train`` split of ``train_path``'s tasks, else of the pool's
     dataset; ``fit_limit``: a seeded sample of that many. What :func:`compare` and the champion
     check (:mod:`rl_conductor.loop.monitor`) both measure."""
-    from rl_conductor.evaluation.suite import GridPoint, eval_limits, eval_reward, sweep
+    from rl_conductor.evaluation.suite import GridPoint, eval_limits, eval_reward, own_rounds, sweep
     from rl_conductor.lm.generate import torch_threads, trained_threads
     from rl_conductor.policies.conductor import read_conductor_meta
     from rl_conductor.workers.pool import load_pool
@@ -359,6 +359,7 @@ def evaluate_with_floor(
         ran = sweep(
             [*specs, *floor], [(GridPoint(), limits)], p, tasks, fit_on=fit_on, reward_config=rc,
             seed=seed, fit_limit=fit_limit, progress=False,
+            rounds={s: own_rounds(s) for s in [*specs, *floor]},  # a two-round champion keeps its review
         )  # fmt: skip
     return {spec: res for _pt, spec, res in ran}, floor
 

@@ -108,7 +108,10 @@ def candidate_presets(spec: str, pool: str | None, dataset: str | None) -> list[
             f"--preset auto chooses among the recordings presets, and {what} recordings file; "
             "name the presets to compare, e.g. --preset tiny,tiny-rounds"
         )
-    share = text_share(path) or 0.0
+    try:
+        share = text_share(path) or 0.0
+    except (OSError, ValueError) as exc:  # a missing or malformed file: one line, not a traceback
+        raise ConfigError(f"--preset auto: cannot read the recordings {path!r}: {exc}") from None
     return list(AUTO_PRESETS) if share >= TEXT_SHARE else [AUTO_PRESETS[0]]
 
 
@@ -187,7 +190,11 @@ def check_candidates(cfgs: dict[str, Any]) -> tuple[str, str]:
         except (ConfigError, ValueError, OSError) as exc:
             raise ConfigError(f"preset {name}: {exc}") from None
     dataset = next(iter(datasets.values()))
-    if not load_tasks(dataset, split=SPLIT):
+    try:
+        found = load_tasks(dataset, split=SPLIT)
+    except (OSError, ValueError) as exc:  # a missing or malformed file: one line, not a traceback
+        raise ConfigError(f"dataset {dataset!r}: {exc}") from None
+    if not found:
         raise ConfigError(
             f"dataset {dataset!r} has no validation items ({split_counts(dataset)}); a choice among "
             'presets is made on them: give some items "split": "validation" (or drop the split field)'
@@ -270,12 +277,9 @@ def train_and_choose(
         raise ConfigError(f"candidate names must be plain folder names, not {bad}")
     pool_name, dataset = check_candidates(cfgs)
     check_out(out)
-    root = Path(out)
-    for stale in (root / CHOICE_FILE, root / "final"):  # they would describe another run
-        if stale.is_dir():
-            shutil.rmtree(stale)
-        elif stale.exists():
-            stale.unlink()
+    root = Path(out).resolve()  # choice.json's paths read from any working directory
+    if (root / CHOICE_FILE).is_file():  # it would describe another run's final/, replaced below
+        (root / CHOICE_FILE).unlink()
     finals: dict[str, Path] = {}
     for name, cfg in cfgs.items():
         log.info("candidate %s: training into %s", name, root / "candidates" / name)

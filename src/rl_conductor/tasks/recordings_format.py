@@ -245,7 +245,9 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
     if not isinstance(metadata, dict):
         raise RecordingsError(f"{where}: metadata must be an object")
     choices = metadata.get("choices")
-    named = isinstance(choices, list) and all(isinstance(c, str | int | float) for c in choices)
+    named = isinstance(choices, list) and all(
+        isinstance(c, str | int | float) and not isinstance(c, bool) for c in choices
+    )
     if choices is not None and not named:  # a string would silently be no choices: nothing to grade by
         shown = repr(choices)[:80]
         raise RecordingsError(f"{where}: `metadata.choices` must be a list of option texts, got {shown}")

@@ -90,6 +90,8 @@ __all__ = [
 #: Bump when the rounds table's meaning changes (part of its cache key). 2: recorded texts without
 #: a gold answer agree by their stated answers (``graders.RecordedGrader.extract``), not never.
 ADAPTIVE_VERSION = 2
+#: bumped when :func:`cascade_sets` nominates other pairs (in the cache key of tables that use it)
+CASCADE_SETS_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,9 @@ def cascade_sets(
     for d in sorted(set(table.domains)):
         rows = [i for i, x in enumerate(table.domains) if x == d]
         acc = {w: float(table.correct[rows, j, 0].mean()) for w, j in singles.items()}
+        cost = {w: float(table.cost[rows, j, 0].mean()) for w, j in singles.items()}
+        # domain_sets' ranking (accuracy, then cost, then name): the lower-ranked solves first
+        rank = {w: k for k, w in enumerate(sorted(acc, key=lambda w: (-acc[w], cost[w], w)))}
         mine = [by_id[table.task_ids[i]] for i in rows]
         pairs: list[tuple[str, str]] = []
         ups: list[str] = []
@@ -208,7 +213,7 @@ def cascade_sets(
             a, b = fit.first
             if a == b:  # a replay worker asked twice answers the same: no pair
                 continue
-            ordered = tuple(sorted((a, b), key=lambda w: (acc.get(w, 0.0), w)))
+            ordered = tuple(sorted((a, b), key=lambda w: -rank.get(w, len(rank))))
             if ordered not in pairs:
                 if len(pairs) == n:
                     break
@@ -275,7 +280,9 @@ def build_rounds_table(
             raise ValueError("cascade_pairs needs the reward the cascades are fitted at")
         for d, (extra, ups) in cascade_sets(items, pool, table, config, cascade_pairs).items():
             known = {c.name for c in per_domain[d]}
-            per_domain[d] += [c for c in (pair(a, b) for a, b in extra) if c.name not in known]
+            per_domain[d] += [
+                pair(a, b) for a, b in extra if pair(a, b).name not in known and pair(b, a).name not in known
+            ]
             top, cheap = sets[d]
             sets[d] = ([*top, *(w for w in ups if w not in top)], cheap)
     firsts = list(dict.fromkeys(c.name for cs in per_domain.values() for c in cs))
@@ -358,7 +365,11 @@ def cached_rounds_table(
     if cache_dir is None:
         return build()
     nominated = (
-        {"cascade_pairs": cascade_pairs, "reward": None if config is None else repr(config)}
+        {
+            "cascade_pairs": cascade_pairs,
+            "cascade_sets": CASCADE_SETS_VERSION,  # what cascade_sets nominates (code_version omits it)
+            "reward": None if config is None else repr(config),
+        }
         if cascade_pairs
         else {}  # the key of a table without them is as before: existing caches stay valid
     )

@@ -308,8 +308,12 @@ class TrainConfig:
             raise ConfigError(f"sft_targets must be 'expected-best' or 'random', not {self.sft_targets!r}")
         if not 1 <= self.max_rounds <= MAX_ROUNDS or self.warm_pair_k < 0:  # limits.MAX_ROUNDS
             raise ConfigError(f"max_rounds must be >= 1 and <= {MAX_ROUNDS}, and warm_pair_k >= 0")
-        if self.warm_cascade_pairs < 0:
-            raise ConfigError(f"warm_cascade_pairs must be >= 0, not {self.warm_cascade_pairs}")
+        if (
+            isinstance(self.warm_cascade_pairs, bool)
+            or not isinstance(self.warm_cascade_pairs, int)
+            or (self.warm_cascade_pairs < 0)
+        ):
+            raise ConfigError(f"warm_cascade_pairs must be an integer >= 0, not {self.warm_cascade_pairs!r}")
         if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
             raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
         validation.non_negative_finite("warm_se_rule", self.warm_se_rule)
