@@ -91,7 +91,7 @@ __all__ = [
 #: a gold answer agree by their stated answers (``graders.RecordedGrader.extract``), not never.
 ADAPTIVE_VERSION = 2
 #: bumped when :func:`cascade_sets` nominates other pairs (in the cache key of tables that use it)
-CASCADE_SETS_VERSION = 2
+CASCADE_SETS_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def domain_sets(table: CandidateTable, top_k: int, pair_k: int) -> dict[str, tup
 def cascade_sets(
     tasks: Sequence[Task], pool: Pool, table: CandidateTable, config: RewardConfig, n: int
 ) -> dict[str, tuple[list[tuple[str, str]], list[str]]]:
-    """Domain -> (the first pairs of the ``n`` best fixed cascades fitted on the domain's table
+    """Domain -> (the first pairs of the ``n`` best escalating fixed cascades fitted on the domain's table
     questions at ``config``, each ordered less accurate first as :func:`domain_firsts` orders; their
     escalation workers).
 
@@ -211,7 +211,9 @@ def cascade_sets(
         ups: list[str] = []
         for fit in fit_cascade(sample_outcomes(pool, mine), mine, config):
             a, b = fit.first
-            if a == b:  # a replay worker asked twice answers the same: no pair
+            # a replay worker asked twice answers the same: no pair; a cascade that never escalates
+            # is two answers and a keep, whose disagreements pay nothing: not what is nominated
+            if a == b or fit.escalate is None:
                 continue
             ordered = tuple(sorted((a, b), key=lambda w: -rank.get(w, len(rank))))
             if ordered not in pairs:
@@ -275,18 +277,27 @@ def build_rounds_table(
     items = [by_id[i] for i in table.task_ids]
     sets = domain_sets(table, top_k, pair_k)
     per_domain = {d: domain_firsts(top, cheap, names) for d, (top, cheap) in sets.items()}
+    # domain -> nominated pair's name -> its cascades' escalation workers (continuations run after
+    # that pair only: after the others they would be cells no rule reads)
+    nominated: dict[str, dict[str, set[str]]] = {}
     if cascade_pairs > 0:
         if config is None:
             raise ValueError("cascade_pairs needs the reward the cascades are fitted at")
         for d, (extra, ups) in cascade_sets(items, pool, table, config, cascade_pairs).items():
             known = {c.name for c in per_domain[d]}
-            per_domain[d] += [
-                pair(a, b) for a, b in extra if pair(a, b).name not in known and pair(b, a).name not in known
-            ]
-            top, cheap = sets[d]
-            sets[d] = ([*top, *(w for w in ups if w not in top)], cheap)
+            for a, b in extra:
+                name = next((n for n in (pair(a, b).name, pair(b, a).name) if n in known), None)
+                if name is None:
+                    per_domain[d].append(pair(a, b))
+                    name = pair(a, b).name
+                    known.add(name)
+                nominated.setdefault(d, {})[name] = set(ups)
     firsts = list(dict.fromkeys(c.name for cs in per_domain.values() for c in cs))
-    conts = [KEEP, *dict.fromkeys(f"+{w}" for top, _ in sets.values() for w in top)]
+    ups_all = sorted({w for by_pair in nominated.values() for ws in by_pair.values() for w in ws})
+    conts = [
+        KEEP,
+        *dict.fromkeys([*(f"+{w}" for top, _ in sets.values() for w in top), *(f"+{w}" for w in ups_all)]),
+    ]
     shape = (len(items), len(firsts), len(conts))
     arrays = {
         "correct": np.zeros(shape, dtype=bool),
@@ -302,8 +313,9 @@ def build_rounds_table(
         top = set(sets[t.domain][0])
         for c in per_domain[t.domain]:
             f = firsts.index(c.name)
+            allowed = top | nominated.get(t.domain, {}).get(c.name, set())
             for k, label in enumerate(conts):
-                if label != KEEP and label[1:] not in top:
+                if label != KEEP and label[1:] not in allowed:
                     continue
                 jobs.append((t, c.workflow(names), continuation_workflow(label, names)))
                 where.append((i, f, k))
