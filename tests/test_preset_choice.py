@@ -175,6 +175,7 @@ def test_the_best_candidate_on_validation_is_kept_and_the_test_split_is_never_re
     for name, summary in zip(("expected", "random"), again, strict=True):
         assert summary["mean_reward"] == pytest.approx(rewards[name]), name
     assert found.candidates["expected"]["max_rounds"] == 2
+    assert all(c["failed_call_rate"] == 0.0 for c in found.candidates.values())  # what the CLI warns on
     seen: list[int] = []
     real_evaluate = suite.evaluate
 

@@ -161,6 +161,15 @@ def _train_and_choose(specs: list[str], overrides: dict[str, Any], out: Path, *,
             "recipes apart; give the file more validation items",
             err=True,
         )
+    for name, fig in choice.candidates.items():  # a choice among broken measurements is no choice
+        failed = fig.get("failed_call_rate") or 0.0
+        if failed > 0:
+            typer.echo(
+                f"warning: {100 * failed:.1f} % of {labels[name]}'s worker calls failed on the "
+                "validation split (a replacement worker or no answer stood in): check the pool's "
+                "recordings cover the dataset (conductor eval prints the errors)",
+                err=True,
+            )
     chosen = choice.candidates[choice.chosen]
     if chosen.get("parse_rate", 1.0) < 0.5:  # as single-preset train warns of a model that writes no plan
         typer.echo(

@@ -236,7 +236,10 @@ class Choice:
 
 
 def _figures(summary: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    keys = ("n", "accuracy", "mean_cost_usd", "mean_reward", "parse_rate", "fallback_rate", "mean_calls")
+    keys = (
+        "n", "accuracy", "mean_cost_usd", "mean_reward", "parse_rate", "fallback_rate", "mean_calls",
+        "failed_call_rate",
+    )  # fmt: skip
     return {**{k: summary[k] for k in keys if k in summary}, **extra}
 
 
