@@ -61,14 +61,7 @@ def main() -> None:
     )  # fmt: skip
     names = [*choice["candidates"], *BASELINES]
     rows: dict[str, dict[str, Any]] = {}
-    validation = {**choice["candidates"], **choice.get("baselines", {})}
-    missing = [b for b in BASELINES if b not in validation]  # a choice.json written before they were
-    if missing:
-        found = run_eval(
-            missing, pool=meta["pool"], dataset=meta.get("dataset"), split="validation", limit=None,
-            seed=0, reward_preset=choice["reward"]["reward_preset"], cost_weight=weight, max_rounds=None,
-        )  # fmt: skip
-        validation.update(zip(missing, found, strict=True))
+    validation = {**choice["candidates"], **choice["baselines"]}
     for name, summary in zip(names, test, strict=True):
         rows[name] = {"validation": _row(validation.get(name, {})), "test": _row(summary)}
     best_test = max(choice["candidates"], key=lambda n: rows[n]["test"]["mean_reward"])

@@ -353,7 +353,7 @@ def evaluate_with_floor(
     specs = [f"conductor:{d}" for d in conductor_dirs]
     rc = eval_reward(specs[:1], None, None)  # the first Conductor's reward
     meta = read_conductor_meta(conductor_dirs[0])
-    limits = eval_limits(None, "public", None, None, int(meta.get("max_rounds", 1)))
+    limits = eval_limits(None, "public", None, None)  # rounds: each policy its own (below)
     floor = [*(f"single:{n}" for n in p.names()), *ROUTERS]
     with torch_threads(trained_threads(meta)):  # as the pipeline's evaluation step
         ran = sweep(
