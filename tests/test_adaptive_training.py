@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -387,3 +388,33 @@ def test_the_fallback_worker_is_the_best_single_at_the_training_reward(tmp_path:
     assert best is not None
     assert conductor_meta(_cfg(tmp_path), pool.names(), None, best)["fallback_worker"] == best
     assert "fallback_worker" not in conductor_meta(_cfg(tmp_path), pool.names())
+
+
+def test_neighbourhoods_per_question_split_a_group_by_what_its_questions_ask(tmp_path: Path) -> None:
+    """``warm_neighbours``: one (domain, source) group mixes sums the cheap workers get right
+    with remainders only the dear worker gets right. The group's mean gives every question one
+    target; each question's nearest training questions (MiniLM, leave-one-out) give the sums a
+    cheap worker and the remainders the dear one."""
+    from rl_conductor.training.train import _warm_start
+
+    def text(kind: str, i: str) -> str:
+        if kind == "easy":
+            return f"What is {i} + {i}?"
+        return f"Find the remainder when {i} raised to the power 17 is divided by 13, modulo 13."
+
+    tasks = [replace(t, question=text(*t.id.split("/"))) for t in _tasks(range(1, 9))]
+    pool = _pool()
+    names = [w.info.name for w in pool.workers]
+
+    def targets_of(**kw: Any) -> dict[str, set[str]]:
+        targets, *_ = _warm_start(_cfg(tmp_path, **kw), tasks, pool)
+        return {t.id: set(targets.best(t, names, None).workers) for t in tasks}
+
+    group = targets_of()
+    assert len({frozenset(w) for w in group.values()}) == 1  # one target for the whole group
+    own = targets_of(warm_neighbours=4, warm_shrink=0.0)
+    assert all("dear" not in own[t.id] for t in tasks if t.id.startswith("easy"))
+    assert all(own[t.id] == {"dear"} for t in tasks if t.id.startswith("hard"))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="warm_neighbours"):
+            TrainConfig(warm_neighbours=bad)  # type: ignore[arg-type]

@@ -593,3 +593,44 @@ def test_table_workers_default_to_every_core_and_read_the_environment(
         table_workers()
     with pytest.raises(ValueError, match=">= 1"):
         table_workers(0)
+
+
+def _two_clusters(n: int, split: int) -> np.ndarray:
+    """Embeddings: items below ``split`` on one axis, the rest on another."""
+    e = np.zeros((n, 2), dtype=np.float32)
+    e[:split, 0] = 1.0
+    e[split:, 1] = 1.0
+    return e
+
+
+def test_neighbourhoods_per_question_give_each_cluster_its_own_target() -> None:
+    # the group's mean prefers strong (test above); the easy half alone prefers cheap
+    table = _table(EASY_HARD, PRICES)
+    emb = _two_clusters(10, 5)
+    workers = ["cheap", "strong"]
+    per_q = ExpectedRewards.fit(table, COST_AWARE, shrink=0.0, neighbours=4, embeddings=emb)
+    assert [per_q.best(_task(i), workers, None).name for i in range(10)] == ["solve:cheap"] * 5 + [
+        "solve:strong"
+    ] * 5
+    # shrunk hard towards the group, every question takes the group's target again
+    shrunk = ExpectedRewards.fit(table, COST_AWARE, shrink=1e6, neighbours=4, embeddings=emb)
+    assert {shrunk.best(_task(i), workers, None).name for i in range(10)} == {"solve:strong"}
+    # off (the default) or a question the table lacks: the group's mean
+    assert ExpectedRewards.fit(table, COST_AWARE, neighbours=0, embeddings=emb).item_means == {}
+    assert per_q.best(_task(99), workers, None).name == "solve:strong"
+    # budget columns are per question too, and the value is the neighbourhood's mean
+    cand, value = per_q.value(_task(0), workers, None)
+    r = reward_array(table, COST_AWARE)
+    assert cand.name == "solve:cheap"
+    assert value == pytest.approx(float(r[1:5, 0, 0].mean()))
+
+
+def test_neighbourhoods_leave_the_question_itself_out() -> None:
+    # two questions the embedding cannot tell apart: each one's target is the *other's* best,
+    # never its own outcome (which the Conductor cannot see)
+    table = _table({"solve:cheap": [True, False], "solve:strong": [True, True]}, PRICES)
+    er = ExpectedRewards.fit(table, COST_AWARE, shrink=0.0, neighbours=1, embeddings=np.ones((2, 3)))
+    assert er.best(_task(0), ["cheap", "strong"], None).name == "solve:strong"
+    assert er.best(_task(1), ["cheap", "strong"], None).name == "solve:cheap"
+    with pytest.raises(ValueError, match="3 embeddings for 2 table items"):
+        ExpectedRewards.fit(table, COST_AWARE, neighbours=1, embeddings=np.ones((3, 3)))

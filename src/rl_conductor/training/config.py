@@ -200,6 +200,13 @@ class TrainConfig:
     warm_shrink: float = _f(
         20.0, "a (domain, source) group's mean leans on its domain's mean with this many items' weight"
     )
+    warm_neighbours: int = _f(
+        0,
+        "per-question warm-start targets: each training question's plans valued by the mean over "
+        "its this many nearest training questions of its domain (the kNN router's MiniLM "
+        "embeddings, leave-one-out), shrunk towards its group's mean with warm_shrink items' "
+        "weight (training/warmstart.py neighbour_means); 0: its group's mean",
+    )
     warm_group_by: str = _f(
         "source",
         "neighbourhood of the warm-start targets: source = (domain, source); subject = also the "
@@ -317,6 +324,7 @@ class TrainConfig:
         if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
             raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
         validation.non_negative_finite("warm_se_rule", self.warm_se_rule)
+        validation.integer_at_least("warm_neighbours", self.warm_neighbours, 0)
         validation.non_negative_finite("warm_review_se_rule", self.warm_review_se_rule)
         validation.integer_at_least("observed_copies", self.observed_copies, 1)
         validation.integer_at_least("torch_threads", self.torch_threads, 1)

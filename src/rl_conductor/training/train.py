@@ -579,6 +579,12 @@ def _warm_start(
             if text_rule is not None:
                 text_rule.append(text)
         table = adaptive_table(table, rounds, rule, choice)
+    embeddings = None
+    if cfg.warm_neighbours > 0:  # per-question neighbourhoods (training/warmstart.py neighbour_means)
+        from rl_conductor.policies.knn import cached_embeddings
+
+        question = {t.id: t.question for t in items}
+        embeddings = cached_embeddings([question[i] for i in table.task_ids])
     targets = ExpectedRewards.fit(
         table,
         cfg.reward(),
@@ -586,6 +592,8 @@ def _warm_start(
         se_rule=cfg.warm_se_rule,
         group_by=cfg.warm_group_by,
         item_evidence=evidence,
+        neighbours=cfg.warm_neighbours,
+        embeddings=embeddings,
     )
     return targets, model, evidence, rule
 

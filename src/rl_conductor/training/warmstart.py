@@ -67,6 +67,52 @@ def reward_array(table: CandidateTable, config: RewardConfig) -> np.ndarray:
     return np.where(table.done, r, np.nan)
 
 
+def neighbour_means(
+    table: CandidateTable,
+    rewards: np.ndarray,
+    by_group: dict[str, np.ndarray],
+    embeddings: np.ndarray,
+    k: int,
+    shrink: float,
+) -> dict[str, np.ndarray]:
+    """Each table item's expected rewards from its ``k`` nearest *other* items of its domain.
+
+    Why: a group mean gives every question of a (domain, source) group one target, though the
+    group mixes questions that different plans serve best (on a simulated eleven-worker file,
+    commonsense questions and logic puzzles inside "reasoning"; 5-fold on its training split, the
+    first plan chosen from 50 neighbours earned 0.830 against the group mean's 0.820). The
+    neighbours are by cosine similarity of ``embeddings`` (the kNN router's MiniLM index),
+    leave-one-out so that a question's own outcome never sets its own target (a Conductor cannot
+    see it). The neighbourhood's sum is shrunk towards the group's mean with ``shrink`` items'
+    weight; only the budget columns are replaced (deadline columns are scored on a subset), and a
+    candidate the group lacks (NaN) stays lacking. Returns task id -> [candidates, conditions]."""
+    if embeddings.shape[0] != len(table.task_ids):
+        raise ValueError(f"{embeddings.shape[0]} embeddings for {len(table.task_ids)} table items")
+    e = np.asarray(embeddings, dtype=np.float32)
+    e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
+    nb = len(table.budgets)
+    rows_of: dict[str, list[int]] = defaultdict(list)
+    for i, d in enumerate(table.domains):
+        rows_of[d].append(i)
+    out: dict[str, np.ndarray] = {}
+    for rows_list in rows_of.values():
+        rows = np.array(rows_list)
+        kk = min(int(k), len(rows) - 1)
+        if kk < 1:
+            continue
+        sim = e[rows] @ e[rows].T
+        np.fill_diagonal(sim, -np.inf)
+        near = np.argpartition(-sim, kk - 1, axis=1)[:, :kk]
+        rb = rewards[rows][:, :, :nb]
+        for a, i in enumerate(rows):
+            x = rb[near[a]]  # [k, candidates, budgets]
+            g = by_group[table.groups[i]].copy()
+            est = (np.nansum(x, axis=0) + shrink * g[:, :nb]) / ((~np.isnan(x)).sum(axis=0) + shrink)
+            g[:, :nb] = np.where(np.isnan(g[:, :nb]), np.nan, est)
+            out[table.task_ids[i]] = g
+    return out
+
+
 def _group_means(
     table: CandidateTable, item_evidence: dict[str, dict[str, float]]
 ) -> dict[str, dict[str, float]]:
@@ -105,6 +151,12 @@ class ExpectedRewards:
     item_evidence: dict[str, dict[str, float]] = field(default_factory=dict)
     evidence_weight: float = 0.0
     _group_evidence: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
+    #: per-question neighbourhoods (``TrainConfig.warm_neighbours``): task id -> its own
+    #: [candidates, conditions] table, the group's with the budget columns replaced by the mean
+    #: over the question's nearest training questions of its domain, shrunk towards the group's
+    #: mean (:func:`neighbour_means`); where a task has one, :meth:`value` reads it in place of
+    #: its group's
+    item_means: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @classmethod
     def fit(
@@ -116,7 +168,12 @@ class ExpectedRewards:
         se_rule: float = 0.0,
         group_by: str = "source",
         item_evidence: dict[str, dict[str, float]] | None = None,
+        neighbours: int = 0,
+        embeddings: np.ndarray | None = None,
     ) -> ExpectedRewards:
+        """The expected rewards of ``table``'s candidates per neighbourhood (module docstring);
+        with ``neighbours`` > 0 and ``embeddings`` (one row per table item) also each item's own
+        neighbourhood (:func:`neighbour_means`)."""
         r = reward_array(table, config)
         cost = np.where(table.done, table.cost, np.nan)
         dom_rows: dict[str, list[int]] = defaultdict(list)
@@ -161,6 +218,11 @@ class ExpectedRewards:
             item_evidence=dict(item_evidence or {}),
             evidence_weight=float(config.correct_weight) if item_evidence else 0.0,
             _group_evidence=_group_means(table, item_evidence or {}),
+            item_means=(
+                neighbour_means(table, r, by_group, embeddings, neighbours, shrink)
+                if neighbours > 0 and embeddings is not None
+                else {}
+            ),
         )
 
     def best_single(self) -> str | None:
@@ -255,10 +317,13 @@ class ExpectedRewards:
         if deadline is not None and self.deadlines:
             afford = b if budget is not None else None
             b = self.deadline_index(deadline)
-        for key in (group_of(task, self.group_by), task.domain):
+        group = group_of(task, self.group_by)
+        for key in (group, task.domain):
             table = self.by_group.get(key)
             if table is None:
                 continue
+            if key == group and task.id in self.item_means:  # the question's own neighbourhood
+                table = self.item_means[task.id]
             costs = self.cost_by_group[key]
             shift = self._evidence_shift(task, key)
             options = [
