@@ -60,6 +60,11 @@ def test_auto_names_the_recordings_presets_by_what_the_file_keeps(tmp_path: Path
     assert choose.folder_names(["tiny", "/x/a.yaml", "../b/a.yaml", "../../c d.yml", "..yaml"]) == {
         "tiny": "tiny", "/x/a.yaml": "a", "../b/a.yaml": "a-2", "../../c d.yml": "c_d", "..yaml": "preset",
     }  # fmt: skip
+    # one folder on a case-insensitive disk: kept apart everywhere
+    assert choose.folder_names(["/x/Mine.yaml", "/y/mine.yaml"]) == {
+        "/x/Mine.yaml": "Mine",
+        "/y/mine.yaml": "mine-2",
+    }
     for spec, pool, match in [
         ("auto", None, "needs --pool"),
         ("auto", "paper-sim", "replays no recordings file"),

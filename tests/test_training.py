@@ -538,6 +538,17 @@ def test_resume_continues_the_step_count_without_redoing_sft(micro: Micro, tmp_p
     # the curve holds the first run's 3 logged steps, then steps 4 and 5 only
     assert [h["step"] for h in saved["reward_curve"]] == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert _changed(out / "grpo" / "last", micro.out / "grpo" / "last")
+    # another recipe in the same folder is refused before anything trains (H22: it finished
+    # the old model and recorded the new recipe); only run control (steps, time, logs) may change
+    before = sorted(p.name for p in (out / "grpo").glob("checkpoint-*"))
+    other = CliRunner().invoke(
+        app, ["train", "--preset", str(preset), "--out", str(out), "--cost-weight", "0.3", "--resume"]
+    )
+    assert other.exit_code == 2, other.output
+    assert "another recipe (cost_weight" in other.output and "0.3 now" in other.output
+    assert "Traceback" not in other.output
+    assert sorted(p.name for p in (out / "grpo").glob("checkpoint-*")) == before
+    assert json.loads((out / "recipe.json").read_text())["cost_weight"] == micro.config.cost_weight
 
 
 def _changed(a: Path, b: Path) -> bool:

@@ -123,13 +123,14 @@ def _identity(spec: str) -> str:
 
 def folder_names(specs: Sequence[str]) -> dict[str, str]:
     """spec -> the folder ``OUT/candidates/<name>`` it trains into: a shipped preset's name, a
-    YAML file's stem (``../mine/a.yaml`` -> ``a``), never a path; made unique with ``-2``, ..."""
+    YAML file's stem (``../mine/a.yaml`` -> ``a``), never a path; made unique with ``-2``, ...
+    ignoring case (``A.yaml`` and ``a.yaml`` are one folder on a case-insensitive disk)."""
     out: dict[str, str] = {}
     for spec in specs:
         stem = Path(spec).stem if Path(spec).suffix in (".yaml", ".yml") else spec
         name = re.sub(r"[^A-Za-z0-9._-]", "_", stem).lstrip(".") or "preset"
         base, k = name, 2
-        while name in out.values():
+        while name.lower() in {v.lower() for v in out.values()}:
             name, k = f"{base}-{k}", k + 1
         out[spec] = name
     return out
@@ -281,6 +282,11 @@ def train_and_choose(
     pool_name, dataset = check_candidates(cfgs)
     check_out(out)
     root = Path(out).resolve()  # choice.json's paths read from any working directory
+    if resume:  # every candidate folder holds its own recipe, or none yet: before any training
+        from rl_conductor.training.resume import check_resume
+
+        for name, cfg in cfgs.items():
+            check_resume(cfg, root / "candidates" / name, dataset)
     if (root / CHOICE_FILE).is_file():  # it would describe another run's final/, replaced below
         (root / CHOICE_FILE).unlink()
     finals: dict[str, Path] = {}

@@ -189,6 +189,10 @@ def train(
             f"dataset {dataset!r} has no training tasks ({split_counts(dataset)}); give some items "
             "`split: train` (or no `split`: the id's hash picks one)"
         )
+    from rl_conductor.training.resume import prepare_out
+
+    with main_process_writes() as writer:  # resume only a folder of this recipe (training/resume.py)
+        prepare_out(cfg, out, dataset, resume=resume, writer=writer)
     cfg = cut_for_shared_openings(cfg, tasks)
     base_limits = RequestLimits(max_steps=cfg.max_steps_per_workflow)
     spec_kw = dict(

@@ -1,0 +1,113 @@
+"""``train --resume`` continues only a folder of the same recipe (rl_conductor/training/resume.py):
+another recipe is refused naming the fields, run control may change, a pool file counts by its
+resolved path, and ``train --preset a,b --resume`` checks every candidate before training."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rl_conductor.errors import ConfigError
+from rl_conductor.pipeline import choose
+from rl_conductor.training import train as train_module
+from rl_conductor.training.config import TrainConfig
+from rl_conductor.training.resume import RECIPE_FILE, check_resume, recipe_matches, write_recipe
+
+
+def test_a_folder_of_another_recipe_is_refused_naming_what_differs(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cfg = TrainConfig(pool="paper-sim", cost_weight=0.1)
+    write_recipe(cfg, out, "paper-sim")
+    check_resume(cfg, out, "paper-sim")  # the same recipe resumes
+    assert recipe_matches(cfg, out, "paper-sim")
+    # run control may change between a run and its resume
+    check_resume(
+        TrainConfig(pool="paper-sim", cost_weight=0.1, grpo_steps=900, time_limit_s=5.0), out, "paper-sim"
+    )
+    with pytest.raises(ConfigError, match=r"another recipe \(cost_weight: 0\.1 then, 0\.3 now\)"):
+        check_resume(TrainConfig(pool="paper-sim", cost_weight=0.3), out, "paper-sim")
+    with pytest.raises(ConfigError, match=r"dataset: 'paper-sim' then, 'other' now"):
+        check_resume(cfg, out, "other")
+    many = TrainConfig(pool="gsm8k-six", cost_weight=0.3, seed=4, max_rounds=2, tiny_layers=2, sft_examples=9)
+    with pytest.raises(ConfigError, match=r"and 2 more\); drop --resume"):
+        check_resume(many, out, "paper-sim")
+    assert not recipe_matches(many, out, "paper-sim")
+
+
+def test_a_pool_file_is_one_pool_however_it_is_spelled(tmp_path: Path, monkeypatch: Any) -> None:
+    (tmp_path / "pool.yaml").write_text("name: p\n")
+    monkeypatch.chdir(tmp_path)
+    write_recipe(TrainConfig(pool="pool.yaml"), tmp_path / "run", "d")
+    check_resume(TrainConfig(pool=str(tmp_path / "." / "pool.yaml")), tmp_path / "run", "d")
+    assert json.loads((tmp_path / "run" / RECIPE_FILE).read_text())["pool"] == str(tmp_path / "pool.yaml")
+
+
+def test_an_old_folder_resumes_with_a_warning_and_a_broken_record_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "old"
+    (out / "sft").mkdir(parents=True)
+    (out / "sft" / "config.json").write_text("{}")
+    with caplog.at_level(logging.WARNING):
+        check_resume(TrainConfig(), out, "paper-sim")
+    assert "resuming unchecked" in caplog.text
+    (out / RECIPE_FILE).write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot read"):
+        check_resume(TrainConfig(), out, "paper-sim")
+    (out / RECIPE_FILE).write_text("[1]")
+    with pytest.raises(ConfigError, match="is not a recipe"):
+        check_resume(TrainConfig(), out, "paper-sim")
+    assert not recipe_matches(TrainConfig(), out, "paper-sim")
+
+
+def test_every_candidate_is_checked_before_the_first_trains(tmp_path: Path, monkeypatch: Any) -> None:
+    from test_preset_choice import _pool  # a recordings file with validation items
+
+    pool = str(_pool(tmp_path))
+    cfgs = {
+        "a": TrainConfig(pool=pool, cost_weight=0.1),
+        "b": TrainConfig(pool=pool, cost_weight=0.1, seed=1),
+    }
+    dataset = choose.check_candidates(cfgs)[1]
+    # the second candidate's folder holds a model of another recipe
+    write_recipe(
+        TrainConfig(pool=pool, cost_weight=0.1, seed=2), tmp_path / "out" / "candidates" / "b", dataset
+    )
+
+    def no_training(*a: Any, **k: Any) -> Any:
+        raise AssertionError("trained before every candidate was checked")
+
+    monkeypatch.setattr(train_module, "train", no_training)
+    with pytest.raises(
+        ConfigError, match=r"candidates[/\\]b was trained with another recipe \(seed: 2 then, 1 now\)"
+    ):
+        choose.train_and_choose(cfgs, tmp_path / "out", resume=True, progress=False)
+
+
+def test_a_fresh_run_rebuilds_a_base_model_another_recipe_built(tmp_path: Path) -> None:
+    from rl_conductor.training.resume import prepare_out
+
+    out, cfg = tmp_path / "run", TrainConfig(tiny_layers=4)
+
+    def base() -> Path:
+        (out / "base").mkdir(parents=True, exist_ok=True)
+        (out / "base" / "config.json").write_text("{}")
+        return out / "base"
+
+    prepare_out(cfg, out, "d", resume=False)
+    base()
+    prepare_out(cfg, out, "d", resume=False)  # the same recipe: the base is reused
+    assert (out / "base").exists()
+    prepare_out(TrainConfig(tiny_layers=2), out, "d", resume=False)  # another: rebuilt
+    assert not (out / "base").exists()
+    assert json.loads((out / RECIPE_FILE).read_text())["tiny_layers"] == 2
+    base()
+    with pytest.raises(ConfigError, match="tiny_layers: 2 then, 4 now"):
+        prepare_out(cfg, out, "d", resume=True)
+    assert (out / "base").exists()  # a refused resume touches nothing
+    prepare_out(cfg, out, "d", resume=False, writer=False)  # a rank that does not write
+    assert json.loads((out / RECIPE_FILE).read_text())["tiny_layers"] == 2
