@@ -203,3 +203,49 @@ def load_tasks_name(pool: Path) -> str:
     from rl_conductor.workers.pool import load_pool
 
     return load_pool(str(pool)).default_dataset()
+
+
+@pytest.mark.slow
+def test_the_pipelines_train_step_chooses_among_a_list_of_presets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kfp ``train_conductor`` step (pipeline/steps.py train_step) takes ``preset: a,b`` as
+    ``conductor train`` does: both train under ``checkpoints/candidates``, the better on the
+    prepared validation split is the model, and the prepared test split is never registered."""
+    from rl_conductor.pipeline import steps
+
+    monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path))
+    pool = _pool(tmp_path, n=120)
+    files = {s: str(tmp_path / f"{s}.jsonl") for s in ("train", "validation", "test")}
+    steps.prepare_data(outputs=files, pool=str(pool), artifact_root=str(tmp_path / "art"))
+    presets = []
+    for name, seed in (("a", 0), ("b", 1)):
+        cfg = _micro(tmp_path, pool, sft_targets="random", seed=seed).to_dict()
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+        presets.append(str(tmp_path / f"{name}.yaml"))
+    registered: list[list[str]] = []
+    real = steps.register_prepared
+
+    def spy(paths: Any) -> str:
+        registered.append([Path(p).stem for p in paths])
+        return real(paths)
+
+    monkeypatch.setattr(steps, "register_prepared", spy)
+    outcome = steps.train_step(
+        train_path=files["train"], validation_path=files["validation"], model_dir=str(tmp_path / "model"),
+        preset=",".join(presets), pool=str(pool), cost_weight=0.1, artifact_root=str(tmp_path / "art"),
+        run_tag="r1",
+    )  # fmt: skip
+    assert registered == [["train", "validation"]]
+    root = tmp_path / "art" / "r1" / "checkpoints"
+    choice = json.loads((root / choose.CHOICE_FILE).read_text())
+    assert set(choice["candidates"]) == {"a", "b"} and choice["split"] == "validation"
+    assert choice["n"] == len(steps.read_tasks(files["validation"]))
+    weights = (root / "candidates" / choice["chosen"] / "final" / "model.safetensors").read_bytes()
+    assert (tmp_path / "model" / "model.safetensors").read_bytes() == weights
+    meta = json.loads((tmp_path / "model" / "conductor.json").read_text())
+    assert meta["preset_choice"]["chosen"] == choice["chosen"]
+    assert outcome.global_step == 1 and outcome.model_dir == str(tmp_path / "model")
+    # one preset trains on the train split alone, as before; a list without validation data is refused
+    with pytest.raises(ConfigError, match="validation split"):
+        steps.train_step(train_path=files["train"], model_dir=str(tmp_path / "m2"), preset=",".join(presets))

@@ -14,6 +14,7 @@ from kfp import dsl
 @cuda_component
 def train_conductor(
     train_data: dsl.Input[dsl.Dataset],
+    validation_data: dsl.Input[dsl.Dataset],
     model: dsl.Output[dsl.Model],
     train_metrics: dsl.Output[dsl.Metrics],
     preset: str = "tiny",
@@ -31,6 +32,10 @@ def train_conductor(
 ) -> NamedTuple("TrainOutputs", [("checkpoints", str), ("global_step", int)]):
     """Train a Conductor from ``preset`` (tiny | smol | gpu | a YAML path) on ``train_data``.
 
+    A list of presets (``recordings,recordings-text``) or ``auto`` trains each and keeps the best
+    on ``validation_data`` at one reward, as ``conductor train --preset`` does; one preset never
+    reads ``validation_data``.
+
     Empty strings, 0 and a negative ``cost_weight`` keep the preset's value;
     ``train_overrides`` is a JSON object of any other TrainConfig fields. ``model`` receives the
     servable folder (weights, tokenizer, ``conductor.json``, prompt templates); the whole
@@ -45,6 +50,7 @@ def train_conductor(
         steps.train_step,
         locals(),
         train_path=train_data.path,
+        validation_path=validation_data.path,
         model_dir=model.path,
         cost_weight=cost_weight if cost_weight >= 0 else None,
         grpo_steps=grpo_steps or None,

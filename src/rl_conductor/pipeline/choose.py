@@ -262,12 +262,15 @@ def train_and_choose(
     fit_limit: int | None = None,
     progress: bool = True,
     labels: dict[str, str] | None = None,
+    trainer: Any = None,
 ) -> Choice:
     """Train every candidate config (folder name -> TrainConfig; ``labels``: folder name -> the
     preset spec it came from, for the record) into ``OUT/candidates/<name>``,
     score each and the routers on the validation split at their one reward, and copy the best to
     ``OUT/final`` (see the module docstring). Raises ConfigError before training when the
-    candidates cannot be compared."""
+    candidates cannot be compared. ``trainer(cfg, out)`` trains one candidate (default
+    :func:`rl_conductor.training.train.train`; the pipeline's step passes one that trains on every
+    GPU of its node)."""
     from rl_conductor.evaluation.runner import every_call_failed
     from rl_conductor.evaluation.suite import GridPoint, eval_limits, sweep
     from rl_conductor.tasks.datasets import load_tasks
@@ -292,7 +295,11 @@ def train_and_choose(
     finals: dict[str, Path] = {}
     for name, cfg in cfgs.items():
         log.info("candidate %s: training into %s", name, root / "candidates" / name)
-        finals[name] = train(cfg, root / "candidates" / name, resume=resume, progress=progress).final_dir
+        folder = root / "candidates" / name
+        if trainer is not None:
+            finals[name] = trainer(cfg, folder).final_dir
+        else:
+            finals[name] = train(cfg, folder, resume=resume, progress=progress).final_dir
     first = next(iter(cfgs.values()))
     reward = first.reward()
     pool = load_pool(pool_name, seed=first.seed)

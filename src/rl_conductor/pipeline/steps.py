@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rl_conductor import storage
+from rl_conductor.errors import ConfigError
 from rl_conductor.tasks.base import Task
 from rl_conductor.validation import DATA_SPLITS  # the splits every prepared dataset has
 
@@ -354,6 +355,7 @@ def train_step(
     run_tag: str = "local",
     progress: bool = False,
     gpus: int = 1,
+    validation_path: str | os.PathLike[str] | None = None,
 ) -> TrainOutcome:
     """Train a Conductor on the prepared train split; the servable folder lands in ``model_dir``.
 
@@ -361,46 +363,76 @@ def train_step(
     included) goes to ``<artifact root>/<run tag>/checkpoints``: trained there directly when the
     root is local, uploaded after training when it is on S3. With ``gpus`` > 1 and that many GPUs
     visible, training runs one process per GPU (``accelerate launch``, training/launch.py).
+
+    ``preset`` may list several (``recordings,recordings-text``) or be ``auto``, as for
+    ``conductor train``: each candidate trains into ``checkpoints/candidates/<name>``, they and
+    the baselines are scored on the prepared ``validation_path`` split at one reward, and the best
+    is the model (``checkpoints/choice.json``; pipeline/choose.py). The test split is not read.
     """
+    from rl_conductor.pipeline.choose import candidate_presets, folder_names, train_and_choose
     from rl_conductor.training.config import load_preset
     from rl_conductor.training.launch import train_on_all_gpus, visible_gpus
     from rl_conductor.training.train import train
 
-    def run_training(cfg: Any, out: str) -> Any:
-        if gpus > 1 and visible_gpus() >= gpus:
-            return train_on_all_gpus(cfg, out, processes=gpus)
-        return train(cfg, out, progress=progress)
+    trained: dict[str, Any] = {}
 
-    dataset = register_prepared([train_path])
+    def run_training(cfg: Any, out: str | Path) -> Any:
+        if gpus > 1 and visible_gpus() >= gpus:
+            res = train_on_all_gpus(cfg, str(out), processes=gpus)
+        else:
+            res = train(cfg, out, progress=progress)
+        trained[str(Path(out).resolve())] = res
+        return res
+
     extra = parse_overrides(overrides)
-    cfg = load_preset(
-        preset,
-        **{
-            **extra,
-            "pool": pool or extra.get("pool"),
-            "dataset": dataset,
-            "reward_preset": reward_preset or extra.get("reward_preset"),
-            "cost_weight": cost_weight if cost_weight is not None else extra.get("cost_weight"),
-            "grpo_steps": grpo_steps or extra.get("grpo_steps"),
-            "sft_examples": sft_examples or extra.get("sft_examples"),
-            "seed": seed,
-            "mlflow_tracking_uri": mlflow_tracking_uri or extra.get("mlflow_tracking_uri"),
-        },
-    )
-    cfg.train_limit = None  # the prepared split is already the sample to train on
+    specs = candidate_presets(preset, pool or extra.get("pool"), None)
+    if len(specs) > 1 and not validation_path:
+        raise ConfigError(f"preset {preset!r} chooses among presets on the validation split: give its data")
+    # one preset trains on the train split alone (its dataset name, and so every cache, as before)
+    dataset = register_prepared([train_path] if len(specs) == 1 else [train_path, str(validation_path)])
+
+    def config(spec: str) -> Any:
+        cfg = load_preset(
+            spec,
+            **{
+                **extra,
+                "pool": pool or extra.get("pool"),
+                "dataset": dataset,
+                "reward_preset": reward_preset or extra.get("reward_preset"),
+                "cost_weight": cost_weight if cost_weight is not None else extra.get("cost_weight"),
+                "grpo_steps": grpo_steps or extra.get("grpo_steps"),
+                "sft_examples": sft_examples or extra.get("sft_examples"),
+                "seed": seed,
+                "mlflow_tracking_uri": mlflow_tracking_uri or extra.get("mlflow_tracking_uri"),
+            },
+        )
+        cfg.train_limit = None  # the prepared split is already the sample to train on
+        return cfg
+
+    folders = folder_names(specs)
+    cfgs = {folders[spec]: config(spec) for spec in specs}
+    cfg = next(iter(cfgs.values()))
     checkpoints = storage.join(run_folder(artifact_root, run_tag), "checkpoints")
     with contextlib.ExitStack() as stack:
         stack.enter_context(mlflow_tracking(mlflow_tracking_uri, artifact_root))
+        work = checkpoints
         if storage.is_s3(checkpoints):
             work = stack.enter_context(tempfile.TemporaryDirectory(prefix="conductor-train-"))
+        if len(specs) == 1:
             result = run_training(cfg, work)
-            storage.upload_dir(work, checkpoints)
+            final_dir = result.final_dir
         else:
-            result = run_training(cfg, checkpoints)
+            labels = {folders[spec]: spec for spec in specs}
+            choice = train_and_choose(cfgs, work, progress=progress, labels=labels, trainer=run_training)
+            cfg = cfgs[choice.chosen]
+            result = trained[str((Path(work) / "candidates" / choice.chosen).resolve())]
+            final_dir = choice.final_dir
+        if storage.is_s3(checkpoints):
+            storage.upload_dir(work, checkpoints)
         out = Path(model_dir)
         if out.exists():
             shutil.rmtree(out)
-        shutil.copytree(result.final_dir, out)
+        shutil.copytree(final_dir, out)
     rewards = [r["reward"] for r in result.reward_curve if "reward" in r]
     return TrainOutcome(
         model_dir=str(out),
