@@ -25,7 +25,13 @@ registry_app = typer.Typer(help="The MLflow model registry: versions and aliases
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(registry_app, name="registry")
 
-PresetOpt = Annotated[str | None, typer.Option(help="training preset: tiny | smol | gpu | a YAML path")]
+PresetOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="training preset: tiny | smol | gpu | a YAML path | a comma-separated list of these, or "
+        "auto on a recordings pool (each trained, the best on the validation split kept)"
+    ),
+]
 PoolOpt = Annotated[str | None, typer.Option(help="worker pool (name or YAML path)")]
 DatasetOpt = Annotated[str | None, typer.Option(help="task set (default: the pool's)")]
 StrOpt = Annotated[str | None, typer.Option()]
