@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from rl_conductor.limits import RequestLimits
+from rl_conductor.prompting import cut
 from rl_conductor.reward import REWARD_PRESETS
 from rl_conductor.tasks.base import Task
 from rl_conductor.training.candidates import build_table
@@ -147,6 +148,21 @@ def test_with_rounds_the_pair_is_the_target_and_reviews_keep_or_escalate(tmp_pat
         assert "Workflow so far:" in prompt and (hard or AGREE in prompt)
         done = parse(rec["completion"][0]["content"], pool_size=3, allow_empty=True, first_index=2)
         assert done.workers() == ([2] if hard else [])
+    # few-shot questions share their opening: the review cuts the question as the first round does
+    shots = "Here are worked examples of sums. " * 10
+    long = [
+        PromptSpec(task=replace(s.task, question=shots + s.task.question), view=s.view, budget=None)
+        for s in specs
+    ]
+    for how in ("head", "ends"):
+        cut_records = review_records(
+            long, pool, RequestLimits(max_steps=2), firsts, rule, max_question_chars=60, question_cut=how
+        )
+        assert cut_records
+        for rec in cut_records:
+            shown = rec["prompt"][0]["content"]
+            assert any(cut(spec.task.question, 60, how) in shown for spec in long)
+            assert ("What is" in shown) == (how == "ends")  # the item's own words
 
 
 def test_review_records_teach_keep_and_escalate_equally_often(tmp_path: Path) -> None:

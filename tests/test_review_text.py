@@ -18,7 +18,7 @@ import pytest
 from _tiny import assert_refused_without
 from rl_conductor.executor import Continuation, RoundRequest, execute
 from rl_conductor.limits import RequestLimits
-from rl_conductor.prompting import review_prompt
+from rl_conductor.prompting import cut, review_prompt
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.training.config import ConfigError, TrainConfig
@@ -212,6 +212,11 @@ def test_a_trained_text_conductor_shows_its_estimate_and_one_round_is_unchanged(
     assert plain_prompt == review_prompt(
         req, summarize(req), max_question_chars=plain_policy.max_question_chars
     )
+    # a model whose conductor.json cuts from both ends reviews with the same cut
+    plain_policy.question_cut = text_policy.question_cut = "ends"
+    for policy in (plain_policy, text_policy):
+        ends = policy.review_text(req, summarize(req))[0]
+        assert cut(req.task.question, policy.max_question_chars, "ends") in ends
     assert_refused_without(final, "review_evidence.json", "review evidence", tmp_path)
 
 

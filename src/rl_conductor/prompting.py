@@ -217,13 +217,16 @@ def review_prompt(
     max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
     signals: Sequence[str] | None = None,
     estimate: str | None = None,
+    question_cut: str = "head",
 ) -> str:
     """The prompt of a review after a round: the workers, what is left of the limits, the
     question, each step so far (its worker id, what it saw, its subtask, its extracted answer or
     what became of it) and whether the answers agree. For a model trained with ``review_evidence:
     text`` also each step's text signals (``signals``, one phrase per step, shown in brackets
     after its answer) and the estimate's lines last (``estimate``,
-    :meth:`rl_conductor.review_evidence.Estimate.line`); without them the prompt is as before."""
+    :meth:`rl_conductor.review_evidence.Estimate.line`); without them the prompt is as before.
+    ``question_cut`` cuts the question as the first round's prompt does (:func:`cut`): a model
+    trained on few-shot prompts that share their opening reads the item's end in both."""
     view, limits = request.view, request.limits
     answers = dict(zip(summary.steps, summary.answers, strict=True))
     lines = []
@@ -239,7 +242,7 @@ def review_prompt(
         max_steps=limits.max_steps,
         workers=worker_lines(view, deadline=limits.max_latency_s, budget=limits.max_cost_usd),
         budget=budget_line(limits),
-        question=cut(request.task.question, max_question_chars),
+        question=cut(request.task.question, max_question_chars, question_cut),
         so_far="\n".join(lines),
         agreement=summary.line(),
     )

@@ -639,7 +639,8 @@ class ConductorPolicy(Policy):
         ``review_evidence: text`` and an estimate that weighs a continuation worker: ``[its id]``;
         else None, and a rank reference does not parse)."""
         if self.review_evidence is None:
-            return review_prompt(request, summary, max_question_chars=self.max_question_chars), None
+            chars, how = self.max_question_chars, self.question_cut
+            return review_prompt(request, summary, max_question_chars=chars, question_cut=how), None
         signals, estimate, worker = self.review_evidence.estimate(request, summary)
         prompt = review_prompt(
             request,
@@ -647,6 +648,7 @@ class ConductorPolicy(Policy):
             max_question_chars=self.max_question_chars,
             signals=[s.text() for s in signals],
             estimate=None if estimate is None else estimate.line(worker),
+            question_cut=self.question_cut,
         )
         return prompt, None if worker is None else [worker]
 

@@ -529,7 +529,13 @@ def _first_name(workflow: Workflow, names: Sequence[str]) -> str | None:
     return None
 
 
-def rule_hook(rule: Rule, *, max_question_chars: int, seen: list[tuple[str, str]] | None = None) -> Any:
+def rule_hook(
+    rule: Rule,
+    *,
+    max_question_chars: int,
+    seen: list[tuple[str, str]] | None = None,
+    question_cut: str = "head",
+) -> Any:
     """A review hook that continues by ``rule`` (keep where the first plan has no rule, or the
     continuation's worker is not shown). With ``seen``, each review's (prompt, continuation
     rendered as the Conductor writes it) is appended."""
@@ -543,7 +549,9 @@ def rule_hook(rule: Rule, *, max_question_chars: int, seen: list[tuple[str, str]
             label = KEEP
         cont = continuation_workflow(label, names)
         if seen is not None:
-            prompt = review_prompt(req, summary, max_question_chars=max_question_chars)
+            prompt = review_prompt(
+                req, summary, max_question_chars=max_question_chars, question_cut=question_cut
+            )
             seen.append((prompt, render(cont)))
         return Continuation(workflow=cont, text=render(cont), agree=summary.agree)
 
@@ -559,6 +567,7 @@ def review_records(
     *,
     max_question_chars: int,
     text: Any = None,
+    question_cut: str = "head",
 ) -> list[dict[str, Any]]:
     """SFT pairs for the review: each spec's target first plan executed (the spec's view and
     limits, two rounds), the review prompt the Conductor then sees, and the continuation the
@@ -579,9 +588,9 @@ def review_records(
         seen: list[tuple[str, str]] = []
         view = spec.pool_view(pool)
         hook = (
-            rule_hook(rule, max_question_chars=max_question_chars, seen=seen)
+            rule_hook(rule, max_question_chars=max_question_chars, seen=seen, question_cut=question_cut)
             if text is None
-            else text.hook(max_question_chars=max_question_chars, seen=seen)
+            else text.hook(max_question_chars=max_question_chars, seen=seen, question_cut=question_cut)
         )
         limits = replace(spec.limits(base), max_rounds=2)
         await GivenPlan(review=hook).run_workflow(wf, spec.task, view, limits)

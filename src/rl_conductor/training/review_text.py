@@ -111,10 +111,16 @@ class TextRule:
     #: agreement rule's decisions, and how often it escalates
     summary: dict[str, dict[str, float]] = field(default_factory=dict)
 
-    def hook(self, *, max_question_chars: int, seen: list[tuple[str, str]] | None = None) -> Any:
+    def hook(
+        self,
+        *,
+        max_question_chars: int,
+        seen: list[tuple[str, str]] | None = None,
+        question_cut: str = "head",
+    ) -> Any:
         """The review hook that continues by this rule (:func:`text_hook`): what callers that
         hold a rule use, so the rounds code need not import this module."""
-        return text_hook(self, max_question_chars=max_question_chars, seen=seen)
+        return text_hook(self, max_question_chars=max_question_chars, seen=seen, question_cut=question_cut)
 
 
 def fit_text_rule(rounds: RoundsTable, rows: Rows, config: RewardConfig, *, seed: int = 0) -> TextRule:
@@ -182,10 +188,12 @@ def text_hook(
     max_question_chars: int,
     seen: list[tuple[str, str]] | None = None,
     out_of_fold: bool = True,
+    question_cut: str = "head",
 ) -> Any:
     """A review hook that continues by ``rule``'s estimate (keep where no estimator covers the
     first plan). With ``seen``, each review's (prompt, continuation as the Conductor writes it)
-    is appended; ``out_of_fold``: training questions show their out-of-fold estimates."""
+    is appended; ``out_of_fold``: training questions show their out-of-fold estimates;
+    ``question_cut``: how the prompt cuts the question (the first round's cut)."""
 
     async def review(req: RoundRequest) -> Continuation:
         summary = summarize(req)
@@ -200,6 +208,7 @@ def text_hook(
                 max_question_chars=max_question_chars,
                 signals=[s.text() for s in sig],
                 estimate=None if est is None else est.line(wid),
+                question_cut=question_cut,
             )
             seen.append((prompt, render(cont)))
         return Continuation(workflow=cont, text=render(cont), agree=summary.agree)

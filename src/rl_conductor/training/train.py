@@ -249,6 +249,7 @@ def train(
                 rule,
                 max_question_chars=cfg.max_question_chars,
                 text=text_rule,
+                question_cut=cfg.question_cut,
             )
             result.sft_records["review"] = len(reviews)
             sft = [r for pair in itertools.zip_longest(sft, reviews) for r in pair if r is not None]
