@@ -431,6 +431,11 @@ def test_neighbourhoods_per_question_split_a_group_by_what_its_questions_ask(tmp
     own = targets_of(warm_neighbours=4, warm_shrink=0.0)
     assert all("dear" not in own[t.id] for t in tasks if t.id.startswith("easy"))
     assert all(own[t.id] == {"dear"} for t in tasks if t.id.startswith("hard"))
-    for bad in (-1, 1.5, True):
+    # auto: decided on the training split and recorded; 15 neighbours of 16 questions are the
+    # whole group, so they cannot beat its mean and the group means stay
+    auto, *_ = _warm_start(_cfg(tmp_path, warm_neighbours="auto"), tasks, pool)
+    assert auto.neighbour_choice["k"] == 0 and auto.neighbour_choice["n"] == len(tasks)
+    assert {frozenset(auto.best(t, names, None).workers) for t in tasks} == {frozenset(group["easy/1"])}
+    for bad in (-1, 1.5, True, "sometimes"):
         with pytest.raises(ValueError, match="warm_neighbours"):
             TrainConfig(warm_neighbours=bad)  # type: ignore[arg-type]

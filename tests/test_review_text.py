@@ -265,7 +265,15 @@ def test_the_recordings_text_preset_is_the_text_recipe_on_the_pools_own_data() -
     mine, text = load_preset("recordings-text"), load_preset("gsm8k-six-text")
     assert mine.dataset is None and mine.warm_items_per_domain >= 5000 and mine.max_rounds == 2
     # one domain there: no effect; cascade pairs: the same figures on gsm8k-six (the preset's comment)
-    differ = {"dataset", "warm_items_per_domain", "sft_examples_per_domain", "warm_cascade_pairs"}
+    # per-question neighbourhoods: auto keeps gsm8k-six's group means (its training split decides)
+    differ = {
+        "dataset",
+        "warm_items_per_domain",
+        "sft_examples_per_domain",
+        "warm_cascade_pairs",
+        "warm_neighbours",
+    }
+    assert mine.warm_neighbours == "auto" and text.warm_neighbours == 0
     assert {k: v for k, v in mine.to_dict().items() if k not in differ} == {
         k: v for k, v in text.to_dict().items() if k not in differ
     }

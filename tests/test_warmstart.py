@@ -634,3 +634,27 @@ def test_neighbourhoods_leave_the_question_itself_out() -> None:
     assert er.best(_task(1), ["cheap", "strong"], None).name == "solve:cheap"
     with pytest.raises(ValueError, match="3 embeddings for 2 table items"):
         ExpectedRewards.fit(table, COST_AWARE, neighbours=1, embeddings=np.ones((3, 3)))
+
+
+def test_auto_neighbourhoods_only_where_they_beat_group_means_out_of_sample() -> None:
+    """``warm_neighbours: auto`` (training/neighbours.py): a group whose two halves want different
+    workers gets neighbourhoods; a group whose questions are all alike keeps its group mean."""
+    from rl_conductor.training.neighbours import choose_neighbours, target_rewards
+
+    n, prices = 40, {"solve:cheap": 0.0001, "solve:strong": 0.02}  # strong is dear enough to matter
+    mixed = _table({"solve:cheap": [True] * 20 + [False] * 20, "solve:strong": [True] * n}, prices)
+    items = [_task(i) for i in range(n)]
+    mixed.task_ids = [t.id for t in items]
+    emb = _two_clusters(n, 20)
+    workers = ["cheap", "strong"]
+    split = choose_neighbours(mixed, items, workers, COST_AWARE, emb, k=10, shrink=1.0)
+    assert split["k"] == 10 and split["gain"] > split["gain_se"] > 0
+    assert split["neighbour_reward"] > split["group_reward"] and split["n"] == n
+    _, chosen = target_rewards(mixed, items, workers, COST_AWARE, k=10, embeddings=emb, shrink=1.0)
+    assert chosen == ["solve:cheap"] * 20 + ["solve:strong"] * 20
+    alike = _table({"solve:cheap": [True, False] * 20, "solve:strong": [True] * n}, prices)
+    alike.task_ids = mixed.task_ids
+    same = choose_neighbours(alike, items, workers, COST_AWARE, emb, k=10, shrink=1.0)
+    assert same["k"] == 0 and same["candidate_k"] == 10
+    with pytest.raises(ValueError, match="row order"):
+        target_rewards(mixed, items[::-1], workers, COST_AWARE, k=0, embeddings=None)

@@ -200,12 +200,14 @@ class TrainConfig:
     warm_shrink: float = _f(
         20.0, "a (domain, source) group's mean leans on its domain's mean with this many items' weight"
     )
-    warm_neighbours: int = _f(
+    warm_neighbours: int | str = _f(
         0,
         "per-question warm-start targets: each training question's plans valued by the mean over "
         "its this many nearest training questions of its domain (the kNN router's MiniLM "
         "embeddings, leave-one-out), shrunk towards its group's mean with warm_shrink items' "
-        "weight (training/warmstart.py neighbour_means); 0: its group's mean",
+        "weight (training/warmstart.py neighbour_means); 0: its group's mean; auto: 50 where they "
+        "beat the group means out of sample on the training split by more than a paired standard "
+        "error, else 0 (training/neighbours.py; the choice is recorded in conductor.json)",
     )
     warm_group_by: str = _f(
         "source",
@@ -324,7 +326,12 @@ class TrainConfig:
         if self.warm_items_per_domain < 1 or self.warm_top_k < 1 or self.warm_cheap_k < 0:
             raise ConfigError("warm_items_per_domain and warm_top_k must be >= 1 and warm_cheap_k >= 0")
         validation.non_negative_finite("warm_se_rule", self.warm_se_rule)
-        validation.integer_at_least("warm_neighbours", self.warm_neighbours, 0)
+        if self.warm_neighbours != "auto" and (
+            isinstance(self.warm_neighbours, bool)
+            or not isinstance(self.warm_neighbours, int)
+            or self.warm_neighbours < 0
+        ):
+            raise validation.InvalidValue("warm_neighbours", self.warm_neighbours, "an integer >= 0, or auto")
         validation.non_negative_finite("warm_review_se_rule", self.warm_review_se_rule)
         validation.integer_at_least("observed_copies", self.observed_copies, 1)
         validation.integer_at_least("torch_threads", self.torch_threads, 1)

@@ -25,7 +25,7 @@ import resource
 import shutil
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,7 @@ def save_final(
     pool_names: list[str],
     dataset: str | None = None,
     fallback_worker: str | None = None,
+    neighbour_choice: dict[str, Any] | None = None,
 ) -> Path:
     """Copy the model folder and write what serving needs next to it (conductor.json, prompts)."""
     if final_dir.exists():
@@ -122,19 +123,24 @@ def save_final(
     prompts.mkdir(exist_ok=True)
     for name in ("conductor.txt", "conductor_review.txt", "worker.txt"):
         (prompts / name).write_text(resources.files("rl_conductor.prompts").joinpath(name).read_text())
-    meta = conductor_meta(cfg, pool_names, dataset, fallback_worker)
+    meta = conductor_meta(cfg, pool_names, dataset, fallback_worker, neighbour_choice)
     (final_dir / "conductor.json").write_text(json.dumps(meta, indent=2))
     return final_dir
 
 
 def conductor_meta(
-    cfg: TrainConfig, pool_names: list[str], dataset: str | None = None, fallback_worker: str | None = None
+    cfg: TrainConfig,
+    pool_names: list[str],
+    dataset: str | None = None,
+    fallback_worker: str | None = None,
+    neighbour_choice: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What serving and evaluation read next to the weights (``conductor.json``): also the pool,
     the dataset and the reward it was trained with, which ``plan`` and ``eval`` default to, and
     the worker an unparseable plan falls back to (the best single worker on the warm start's
     training questions at that reward, :meth:`ExpectedRewards.best_single`; absent without a
-    warm-start table)."""
+    warm-start table), and with ``warm_neighbours: auto`` what the training split decided
+    (``warm_neighbours_choice``, :func:`rl_conductor.training.neighbours.choose_neighbours`)."""
     return {
         "format": "rl-conductor/1",
         "base_model": cfg.model,
@@ -153,6 +159,7 @@ def conductor_meta(
         # only when on: the conductor.json of every other model is as before
         **({"review_evidence": cfg.review_evidence} if cfg.review_evidence != "none" else {}),
         **({"fallback_worker": fallback_worker} if fallback_worker else {}),
+        **({"warm_neighbours_choice": neighbour_choice} if neighbour_choice else {}),
     }
 
 
@@ -213,6 +220,7 @@ def train(
     rank: Any = None
     text_rule: Any = None  # review_evidence: text (training/review_text.py)
     fallback: str | None = None  # conductor.json's fallback_worker
+    neighbour_choice: dict[str, Any] | None = None  # conductor.json's warm_neighbours_choice
     if cfg.sft_targets == "expected-best":
         texts: list[Any] = []
         targets, evidence_model, evidence, rule = _warm_start(
@@ -220,6 +228,9 @@ def train(
         )
         text_rule = texts[0] if texts else None
         fallback = targets.best_single()
+        if targets.neighbour_choice:  # warm_neighbours: auto, decided on the training split
+            cfg = replace(cfg, warm_neighbours=targets.neighbour_choice["k"])
+            neighbour_choice = targets.neighbour_choice
         if cfg.evidence == "rank":
             from rl_conductor.policies.evidence import Ranker
 
@@ -342,7 +353,9 @@ def train(
             # the SFT-only model is a Conductor too (the "before GRPO" baseline of evaluations)
             with main_process_writes() as writer:
                 if writer:
-                    meta = json.dumps(conductor_meta(cfg, pool.names(), dataset, fallback), indent=2)
+                    meta = json.dumps(
+                        conductor_meta(cfg, pool.names(), dataset, fallback, neighbour_choice), indent=2
+                    )
                     (sft_dir / "conductor.json").write_text(meta)
                     if evidence_model is not None:
                         evidence_model.save(sft_dir)
@@ -380,7 +393,15 @@ def train(
         ]
         with main_process_writes() as writer:
             if writer:
-                save_final(out / "grpo" / "last", result.final_dir, cfg, pool.names(), dataset, fallback)
+                save_final(
+                    out / "grpo" / "last",
+                    result.final_dir,
+                    cfg,
+                    pool.names(),
+                    dataset,
+                    fallback,
+                    neighbour_choice,
+                )
                 if evidence_model is not None:
                     evidence_model.save(result.final_dir)
                 if text_rule is not None:
@@ -475,7 +496,6 @@ def cut_for_shared_openings(cfg: TrainConfig, tasks: Sequence[Any]) -> TrainConf
     saved in ``conductor.json`` (``question_cut``), so serving cuts the same way."""
     if cfg.question_cut != "head" or not tasks:
         return cfg
-    from dataclasses import replace
 
     from rl_conductor.prompting import cut
 
@@ -518,7 +538,6 @@ def _warm_start(
     next to the candidate table) and the fitted review rule comes fourth (else None); with
     ``review_evidence: text`` the text rule (``training/review_text.py``) values the pairs instead
     and is appended to ``text_rule``."""
-    from dataclasses import replace
 
     from rl_conductor.tracking.mlflow_utils import conductor_home
     from rl_conductor.training.candidates import cached_table, group_of, select_items
@@ -585,11 +604,22 @@ def _warm_start(
                 text_rule.append(text)
         table = adaptive_table(table, rounds, rule, choice)
     embeddings = None
-    if cfg.warm_neighbours > 0:  # per-question neighbourhoods (training/warmstart.py neighbour_means)
+    k, choice = cfg.warm_neighbours, None
+    if k:  # per-question neighbourhoods (training/warmstart.py neighbour_means)
         from rl_conductor.policies.knn import cached_embeddings
 
-        question = {t.id: t.question for t in items}
-        embeddings = cached_embeddings([question[i] for i in table.task_ids])
+        by_id = {t.id: t for t in items}
+        embeddings = cached_embeddings([by_id[i].question for i in table.task_ids])
+        if k == "auto":  # measured on the training split (training/neighbours.py)
+            from rl_conductor.training.neighbours import choose_neighbours
+
+            choice = choose_neighbours(
+                table, [by_id[i] for i in table.task_ids], pool.names(), cfg.reward(), embeddings,
+                shrink=cfg.warm_shrink, se_rule=cfg.warm_se_rule, group_by=cfg.warm_group_by,
+                item_evidence=evidence, seed=cfg.seed,
+            )  # fmt: skip
+            k = choice["k"]
+            log.info("warm_neighbours auto: %s", choice)
     targets = ExpectedRewards.fit(
         table,
         cfg.reward(),
@@ -597,9 +627,10 @@ def _warm_start(
         se_rule=cfg.warm_se_rule,
         group_by=cfg.warm_group_by,
         item_evidence=evidence,
-        neighbours=cfg.warm_neighbours,
+        neighbours=int(k),
         embeddings=embeddings,
     )
+    targets.neighbour_choice = choice or {}
     return targets, model, evidence, rule
 
 

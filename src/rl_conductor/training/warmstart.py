@@ -157,6 +157,8 @@ class ExpectedRewards:
     #: mean (:func:`neighbour_means`); where a task has one, :meth:`value` reads it in place of
     #: its group's
     item_means: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    #: with ``warm_neighbours: auto``, what the training split decided (training/neighbours.py)
+    neighbour_choice: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def fit(
