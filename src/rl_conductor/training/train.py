@@ -604,7 +604,7 @@ def _warm_start(
                 text_rule.append(text)
         table = adaptive_table(table, rounds, rule, choice)
     embeddings = None
-    k, choice = cfg.warm_neighbours, None
+    k, decided = cfg.warm_neighbours, None
     if k:  # per-question neighbourhoods (training/warmstart.py neighbour_means)
         from rl_conductor.policies.knn import cached_embeddings
 
@@ -613,13 +613,13 @@ def _warm_start(
         if k == "auto":  # measured on the training split (training/neighbours.py)
             from rl_conductor.training.neighbours import choose_neighbours
 
-            choice = choose_neighbours(
+            decided = choose_neighbours(
                 table, [by_id[i] for i in table.task_ids], pool.names(), cfg.reward(), embeddings,
                 shrink=cfg.warm_shrink, se_rule=cfg.warm_se_rule, group_by=cfg.warm_group_by,
                 item_evidence=evidence, seed=cfg.seed,
             )  # fmt: skip
-            k = choice["k"]
-            log.info("warm_neighbours auto: %s", choice)
+            k = decided["k"]
+            log.info("warm_neighbours auto: %s", decided)
     targets = ExpectedRewards.fit(
         table,
         cfg.reward(),
@@ -630,7 +630,7 @@ def _warm_start(
         neighbours=int(k),
         embeddings=embeddings,
     )
-    targets.neighbour_choice = choice or {}
+    targets.neighbour_choice = decided or {}
     return targets, model, evidence, rule
 
 
