@@ -111,3 +111,79 @@ def test_a_fresh_run_rebuilds_a_base_model_another_recipe_built(tmp_path: Path) 
     assert (out / "base").exists()  # a refused resume touches nothing
     prepare_out(cfg, out, "d", resume=False, writer=False)  # a rank that does not write
     assert json.loads((out / RECIPE_FILE).read_text())["tiny_layers"] == 2
+
+
+def test_a_fresh_run_starts_over_so_a_later_resume_cannot_continue_another_run(tmp_path: Path) -> None:
+    """H23: a fresh run of recipe c into a's folder kept a's checkpoints, and ``--resume`` with c
+    then continued a's highest checkpoint under c's name. A fresh run clears what it writes anew."""
+    from rl_conductor.training.resume import prepare_out
+
+    out = tmp_path / "run"
+    a, c = TrainConfig(cost_weight=0.1), TrainConfig(cost_weight=0.3)
+    prepare_out(a, out, "d", resume=False)
+    for name in ("base", "sft", "grpo/checkpoint-2", "final"):
+        (out / name).mkdir(parents=True)
+        (out / name / "config.json").write_text("{}")
+    prepare_out(c, out, "d", resume=False)
+    assert not any((out / n).exists() for n in ("base", "sft", "grpo", "final"))
+    (out / "base").mkdir()
+    (out / "grpo" / "checkpoint-9").mkdir(parents=True)
+    prepare_out(c, out, "d", resume=False)  # the same recipe afresh: only its base is kept
+    assert (out / "base").exists() and not (out / "grpo").exists()
+    prepare_out(c, out, "d", resume=True)  # a resume touches nothing
+    assert (out / "base").exists()
+    # a base that is a link is unlinked, never followed
+    shared = tmp_path / "shared-base"
+    shared.mkdir()
+    (shared / "keep").write_text("x")
+    (out / "base").rmdir()
+    (out / "base").symlink_to(shared)
+    prepare_out(a, out, "d", resume=False)
+    assert not (out / "base").exists() and (shared / "keep").read_text() == "x"
+    # a model inside what a fresh run clears is refused before anything is removed
+    (out / "sft").mkdir()
+    (out / "sft" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="which a fresh run clears"):
+        prepare_out(TrainConfig(model=str(out / "sft")), out, "d", resume=False)
+    assert (out / "sft" / "config.json").exists()
+    # a recipe.json that is a folder: one line, not a traceback
+    (out / RECIPE_FILE).unlink()
+    (out / RECIPE_FILE).mkdir()
+    with pytest.raises(ConfigError, match="cannot read"):
+        prepare_out(a, out, "d", resume=True)
+    with pytest.raises(ConfigError, match="is not a file"):
+        prepare_out(a, out, "d", resume=False)
+
+
+def test_paths_count_where_they_resolve_and_files_by_their_contents(tmp_path: Path, monkeypatch: Any) -> None:
+    """H23: a relative ``recordings:`` dataset from another directory named another file, and a
+    pool file edited in place kept its path; both resumed unchecked."""
+    import yaml
+
+    from rl_conductor.workers.pool import load_pool
+
+    for d in ("w", "w2"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "rec.jsonl").write_text(f"{d}\n")
+    monkeypatch.chdir(tmp_path / "w")
+    cfg = TrainConfig()
+    write_recipe(cfg, tmp_path / "out", "recordings:rec.jsonl")
+    check_resume(cfg, tmp_path / "out", f"recordings:{tmp_path / 'w' / '.' / 'rec.jsonl'}")  # the same file
+    monkeypatch.chdir(tmp_path / "w2")
+    with pytest.raises(ConfigError, match="dataset"):  # the same words, another file
+        check_resume(cfg, tmp_path / "out", "recordings:rec.jsonl")
+    monkeypatch.chdir(tmp_path / "w")
+    (tmp_path / "w" / "rec.jsonl").write_text("edited\n")
+    with pytest.raises(ConfigError, match="the dataset file's contents changed"):
+        check_resume(cfg, tmp_path / "out", "recordings:rec.jsonl")
+    # a pool edited in place: its workers' prices changed
+    pool_file = tmp_path / "pool.yaml"
+    spec = {"name": "p", "workers": [{"name": "a", "kind": "fake", "price_in": 1.0, "price_out": 1.0}]}
+    pool_file.write_text(yaml.safe_dump(spec))
+    on_pool = TrainConfig(pool=str(pool_file))
+    write_recipe(on_pool, tmp_path / "out2", "paper-sim", load_pool(str(pool_file)))
+    check_resume(on_pool, tmp_path / "out2", "paper-sim", load_pool(str(pool_file)))
+    spec["workers"][0]["price_in"] = 50.0
+    pool_file.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ConfigError, match="the pool's workers or recordings changed"):
+        check_resume(on_pool, tmp_path / "out2", "paper-sim", load_pool(str(pool_file)))

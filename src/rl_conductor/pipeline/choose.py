@@ -289,7 +289,7 @@ def train_and_choose(
         from rl_conductor.training.resume import check_resume
 
         for name, cfg in cfgs.items():
-            check_resume(cfg, root / "candidates" / name, dataset)
+            check_resume(cfg, root / "candidates" / name, dataset, load_pool(cfg.pool, seed=cfg.seed))
     if (root / CHOICE_FILE).is_file():  # it would describe another run's final/, replaced below
         (root / CHOICE_FILE).unlink()
     finals: dict[str, Path] = {}

@@ -12,8 +12,10 @@ config and refuses, naming the fields that differ, before anything is trained. T
 :data:`RUN_CONTROL` only steer the run (where it logs, how long it may take, how many GRPO steps
 it runs in all, threads, checkpoint cadence, GPU memory) and may change between the first run and
 its resume. A folder from before this file (no ``recipe.json``) resumes with a warning. A fresh
-(not resumed) run into a folder of another recipe rebuilds the tiny base model it would otherwise
-reuse (a base of other sizes or another tokenizer corpus).
+(not resumed) run starts over: it clears the warm start, the checkpoints and the final folder an
+earlier run left, and rebuilds the tiny base model where another recipe built it (a base of
+other sizes or another tokenizer corpus). Local paths count by where they resolve, and the pool
+by what its workers and recordings are, not only by its file's name.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "RECIPE_FILE",
     "RUN_CONTROL",
     "check_resume",
+    "pool_facts",
     "prepare_out",
     "recipe_matches",
     "recipe_of",
@@ -61,35 +64,84 @@ RUN_CONTROL = frozenset(
 )
 
 
-def recipe_of(cfg: TrainConfig, dataset: str) -> dict[str, Any]:
-    """The fields of ``cfg`` that decide what is learnt, as JSON values, with the pool file's
-    resolved path and the dataset the run trains on."""
+def _path_or(spec: str | None, *, prefix: str = "") -> str | None:
+    """``spec`` with a local file's or folder's path resolved (after ``prefix``), else as given."""
+    if spec is None or not spec.startswith(prefix):
+        return spec
+    p = Path(spec[len(prefix) :]).expanduser()
+    return prefix + str(p.resolve()) if p.exists() else spec
+
+
+def pool_facts(pool: Any) -> str:
+    """A digest of what a loaded pool's workers are (names, prices, hosting, options) and of its
+    recordings file's contents: a pool file edited in place keeps its path."""
+    from dataclasses import asdict
+
+    from rl_conductor.fingerprint import fingerprint, recordings_fingerprint
+
+    facts = [asdict(w.info) | {"targets": getattr(w, "targets", None)} for w in pool.workers]
+    return fingerprint(
+        [
+            json.dumps(pool.options, sort_keys=True, default=str),
+            json.dumps(facts, sort_keys=True, default=str),
+            recordings_fingerprint(pool.options),
+        ]
+    )
+
+
+def recipe_of(cfg: TrainConfig, dataset: str, pool: Any = None) -> dict[str, Any]:
+    """The fields of ``cfg`` that decide what is learnt, as JSON values: local paths (the pool file,
+    a ``recordings:`` dataset, a model folder, observed requests) resolved, the dataset the run
+    trains on, and with ``pool`` (loaded) a digest of its workers and recordings
+    (:func:`pool_facts`) and of a ``recordings:`` dataset's file."""
+    from rl_conductor.fingerprint import recordings_fingerprint
+    from rl_conductor.tasks.recordings_format import PREFIX
+
     recipe = {k: v for k, v in cfg.to_dict().items() if k not in RUN_CONTROL}
-    pool = Path(cfg.pool)
-    recipe["pool"] = str(pool.resolve()) if pool.is_file() else cfg.pool
-    recipe["dataset"] = dataset
+    recipe["pool"] = _path_or(cfg.pool)
+    recipe["model"] = _path_or(cfg.model)
+    recipe["observed_path"] = _path_or(cfg.observed_path)
+    recipe["dataset"] = _path_or(dataset, prefix=PREFIX)
+    if dataset.startswith(PREFIX):
+        recipe["dataset_file"] = recordings_fingerprint({"recordings": dataset[len(PREFIX) :]})
+    if pool is not None:
+        recipe["pool_facts"] = pool_facts(pool)
     loaded: dict[str, Any] = json.loads(json.dumps(recipe))
     return loaded
 
 
-def check_resume(cfg: TrainConfig, out: str | Path, dataset: str) -> None:
-    """Raise ConfigError when ``out`` holds a training of another recipe than ``cfg``'s (see the
-    module docstring); warn when it holds a training without a recorded recipe."""
-    path = Path(out) / RECIPE_FILE
-    if not path.is_file():
-        if (Path(out) / "sft" / "config.json").exists():
-            log.warning("%s has no %s (trained before it was written): resuming unchecked", out, RECIPE_FILE)
-        return
+def _read(path: Path) -> dict[str, Any]:
     try:
         old = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"--resume: cannot read {path} ({e}); train into a new OUT") from e
     if not isinstance(old, dict):
         raise ConfigError(f"--resume: {path} is not a recipe; train into a new OUT")
-    new = recipe_of(cfg, dataset)
+    return old
+
+
+def check_resume(cfg: TrainConfig, out: str | Path, dataset: str, pool: Any = None) -> None:
+    """Raise ConfigError when ``out`` holds a training of another recipe than ``cfg``'s (see the
+    module docstring); warn when it holds a training without a recorded recipe."""
+    path = Path(out) / RECIPE_FILE
+    if not path.exists():
+        if (Path(out) / "sft" / "config.json").exists():
+            log.warning("%s has no %s (trained before it was written): resuming unchecked", out, RECIPE_FILE)
+        return
+    old = _read(path)
+    new = recipe_of(cfg, dataset, pool)
+    if "pool_facts" not in old:  # checked without the loaded pool: compare what both have
+        new.pop("pool_facts", None)
     differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     if differ:
-        shown = "; ".join(f"{k}: {old.get(k)!r} then, {new.get(k)!r} now" for k in differ[:4])
+        what = {
+            "pool_facts": "the pool's workers or recordings",
+            "dataset_file": "the dataset file's contents",
+        }
+        shown = "; ".join(
+            f"{what[k]} changed" if k in what else f"{k}: {old.get(k)!r} then, {new.get(k)!r} now"
+            for k in differ[:4]
+        )
         more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
         raise ConfigError(
             f"--resume: {out} was trained with another recipe ({shown}{more}); "
@@ -97,32 +149,59 @@ def check_resume(cfg: TrainConfig, out: str | Path, dataset: str) -> None:
         )
 
 
-def recipe_matches(cfg: TrainConfig, out: str | Path, dataset: str) -> bool:
+def recipe_matches(cfg: TrainConfig, out: str | Path, dataset: str, pool: Any = None) -> bool:
     """Whether ``out`` records ``cfg``'s recipe (False without a readable ``recipe.json``): a
     fresh (not resumed) run may reuse the tiny base model it built only then."""
     try:
-        return bool(json.loads((Path(out) / RECIPE_FILE).read_text()) == recipe_of(cfg, dataset))
+        return bool(json.loads((Path(out) / RECIPE_FILE).read_text()) == recipe_of(cfg, dataset, pool))
     except (OSError, ValueError):
         return False
 
 
-def write_recipe(cfg: TrainConfig, out: str | Path, dataset: str) -> None:
+def write_recipe(cfg: TrainConfig, out: str | Path, dataset: str, pool: Any = None) -> None:
     """Record ``cfg``'s recipe in ``out`` (what a later ``--resume`` is checked against)."""
-    text = json.dumps(recipe_of(cfg, dataset), indent=2, sort_keys=True) + "\n"
-    write_text(str(Path(out) / RECIPE_FILE), text)
+    path = Path(out) / RECIPE_FILE
+    if path.is_dir() or path.is_symlink():
+        raise ConfigError(f"{path} is not a file; remove it or train into a new OUT")
+    text = json.dumps(recipe_of(cfg, dataset, pool), indent=2, sort_keys=True) + "\n"
+    write_text(str(path), text)
+
+
+#: what a fresh run writes anew (``base/`` too where another recipe built it)
+FRESH = ("sft", "grpo", "final")
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 def prepare_out(
-    cfg: TrainConfig, out: str | Path, dataset: str, *, resume: bool, writer: bool = True
+    cfg: TrainConfig, out: str | Path, dataset: str, *, resume: bool, writer: bool = True, pool: Any = None
 ) -> None:
-    """Before a training into ``out``: on ``resume`` refuse a folder of another recipe; on a fresh
-    run drop a tiny base model (``out/base``) that another recipe built; then (the writing process
-    only, ``writer``) record ``cfg``'s recipe."""
+    """Before a training into ``out``: on ``resume`` refuse a folder of another recipe. A fresh run
+    starts over: it removes the ``sft/``, ``grpo/`` and ``final/`` an earlier run left (else a later
+    ``--resume`` would continue that run's highest checkpoint under this recipe's name), and the
+    tiny base model (``base/``) where another recipe built it; a link is unlinked, never followed.
+    Then (the writing process only, ``writer``) it records ``cfg``'s recipe."""
+    root = Path(out)
     if resume:
-        check_resume(cfg, out, dataset)
+        check_resume(cfg, root, dataset, pool)
+    elif cfg.model not in ("tiny", "smol"):  # a model inside what a fresh run clears
+        src = Path(cfg.model).expanduser()
+        for name in FRESH:
+            inside = (root / name).resolve()
+            if src.exists() and (src.resolve() == inside or inside in src.resolve().parents):
+                raise ConfigError(
+                    f"--model {cfg.model} is inside {root / name}, which a fresh run clears: copy it "
+                    "elsewhere first (or continue that run with --resume)"
+                )
     if not writer:
         return
-    base = Path(out) / "base"
-    if not resume and base.exists() and not recipe_matches(cfg, out, dataset):
-        shutil.rmtree(base)
-    write_recipe(cfg, out, dataset)
+    if not resume:
+        same = recipe_matches(cfg, root, dataset, pool)
+        for name in (*FRESH, *(() if same else ("base",))):
+            _remove(root / name)
+    write_recipe(cfg, root, dataset, pool)

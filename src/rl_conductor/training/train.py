@@ -199,7 +199,7 @@ def train(
     from rl_conductor.training.resume import prepare_out
 
     with main_process_writes() as writer:  # resume only a folder of this recipe (training/resume.py)
-        prepare_out(cfg, out, dataset, resume=resume, writer=writer)
+        prepare_out(cfg, out, dataset, resume=resume, writer=writer, pool=pool)
     cfg = cut_for_shared_openings(cfg, tasks)
     base_limits = RequestLimits(max_steps=cfg.max_steps_per_workflow)
     spec_kw = dict(
