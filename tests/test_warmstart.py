@@ -632,6 +632,16 @@ def test_neighbourhoods_leave_the_question_itself_out() -> None:
     er = ExpectedRewards.fit(table, COST_AWARE, shrink=0.0, neighbours=1, embeddings=np.ones((2, 3)))
     assert er.best(_task(0), ["cheap", "strong"], None).name == "solve:strong"
     assert er.best(_task(1), ["cheap", "strong"], None).name == "solve:cheap"
+    # nor through the shrinkage (H23: the group mean it leaned on held the question's own row)
+    three = {"solve:cheap": [False, True, False], "solve:strong": [True, True, True]}
+    flipped = {**three, "solve:cheap": [True, True, False]}  # only question 0's own outcome differs
+    means = [
+        ExpectedRewards.fit(
+            _table(rows, PRICES), COST_AWARE, shrink=20.0, neighbours=2, embeddings=np.ones((3, 3))
+        ).item_means["t/0"]
+        for rows in (three, flipped)
+    ]
+    np.testing.assert_allclose(means[0], means[1], rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="3 embeddings for 2 table items"):
         ExpectedRewards.fit(table, COST_AWARE, neighbours=1, embeddings=np.ones((3, 3)))
 

@@ -83,8 +83,10 @@ def neighbour_means(
     first plan chosen from 50 neighbours earned 0.830 against the group mean's 0.820). The
     neighbours are by cosine similarity of ``embeddings`` (the kNN router's MiniLM index),
     leave-one-out so that a question's own outcome never sets its own target (a Conductor cannot
-    see it). The neighbourhood's sum is shrunk towards the group's mean with ``shrink`` items'
-    weight; only the budget columns are replaced (deadline columns are scored on a subset), and a
+    see it). The neighbourhood's sum is shrunk with ``shrink`` items' weight towards the group's
+    mean *without the question* (itself shrunk towards its domain's without it, as
+    :meth:`ExpectedRewards.fit` shrinks groups), so no part of the target reads the question's own
+    row; only the budget columns are replaced (deadline columns are scored on a subset), and a
     candidate the group lacks (NaN) stays lacking. Returns task id -> [candidates, conditions]."""
     if embeddings.shape[0] != len(table.task_ids):
         raise ValueError(f"{embeddings.shape[0]} embeddings for {len(table.task_ids)} table items")
@@ -104,10 +106,20 @@ def neighbour_means(
         np.fill_diagonal(sim, -np.inf)
         near = np.argpartition(-sim, kk - 1, axis=1)[:, :kk]
         rb = rewards[rows][:, :, :nb]
+        filled = np.nan_to_num(rb)
+        dom_sum, n_dom = filled.sum(axis=0), len(rows)
+        groups = [table.groups[i] for i in rows]
+        grp_sum = {g: filled[[a for a, x in enumerate(groups) if x == g]].sum(axis=0) for g in set(groups)}
+        grp_n = {g: groups.count(g) for g in set(groups)}
         for a, i in enumerate(rows):
             x = rb[near[a]]  # [k, candidates, budgets]
+            own, n_g = filled[a], grp_n[groups[a]] - 1  # the group and the domain without the question
+            dom = (dom_sum - own) / (n_dom - 1)
+            grp = (grp_sum[groups[a]] - own) / max(n_g, 1)
+            prior = (grp * n_g + shrink * dom) / (n_g + shrink) if n_g + shrink > 0 else dom
             g = by_group[table.groups[i]].copy()
-            est = (np.nansum(x, axis=0) + shrink * g[:, :nb]) / ((~np.isnan(x)).sum(axis=0) + shrink)
+            with np.errstate(invalid="ignore", divide="ignore"):  # shrink 0, no neighbour ran it: NaN
+                est = (np.nansum(x, axis=0) + shrink * prior) / ((~np.isnan(x)).sum(axis=0) + shrink)
             g[:, :nb] = np.where(np.isnan(g[:, :nb]), np.nan, est)
             out[table.task_ids[i]] = g
     return out
