@@ -71,7 +71,9 @@ def conductor_training(
 ) -> PipelineOutputs:
     """Parameters (empty string, 0 or a negative number: the preset's or the default value).
 
-    preset: training preset (tiny | smol | gpu). pool: worker pool for training and evaluation.
+    preset: training preset (tiny | smol | gpu | a YAML path), a comma-separated list of them, or
+    auto on a recordings pool (each trained, the best on the validation split kept).
+    pool: worker pool for training and evaluation.
     dataset: task set (default: the pool's). reward_preset / cost_weight: reward shape.
     grpo_steps / sft_examples / train_limit / eval_limit / train_overrides (JSON): size of the
     run. train_gpus: GPUs of the training step (more than one: a training process per GPU).
@@ -84,7 +86,11 @@ def conductor_training(
     run_tag = dsl.PIPELINE_JOB_NAME_PLACEHOLDER
     parameters = dict(locals())  # the parameters and run_tag, which steps take by name (wiring.same_named)
     data = prepare_data(**wiring.same_named(prepare_data, parameters))
-    train = train_conductor(**wiring.same_named(train_conductor, parameters, data, gpus=train_gpus))
+    train = train_conductor(
+        **wiring.same_named(
+            train_conductor, parameters, data, gpus=train_gpus, source_dataset=data.outputs["dataset"]
+        )
+    )
     train.set_accelerator_type(wiring.GPU_RESOURCE).set_accelerator_limit(train_gpus)
     evaluation = evaluate_conductor(
         **wiring.same_named(

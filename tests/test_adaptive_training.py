@@ -436,6 +436,8 @@ def test_neighbourhoods_per_question_split_a_group_by_what_its_questions_ask(tmp
     auto, *_ = _warm_start(_cfg(tmp_path, warm_neighbours="auto"), tasks, pool)
     assert auto.neighbour_choice["k"] == 0 and auto.neighbour_choice["n"] == len(tasks)
     assert {frozenset(auto.best(t, names, None).workers) for t in tasks} == {frozenset(group["easy/1"])}
+    with pytest.raises(ValueError, match="sft_targets: expected-best"):
+        TrainConfig(warm_neighbours="auto", sft_targets="random")
     for bad in (-1, 1.5, True, "sometimes"):
         with pytest.raises(ValueError, match="warm_neighbours"):
             TrainConfig(warm_neighbours=bad)  # type: ignore[arg-type]

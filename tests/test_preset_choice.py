@@ -246,6 +246,21 @@ def test_the_pipelines_train_step_chooses_among_a_list_of_presets(
     meta = json.loads((tmp_path / "model" / "conductor.json").read_text())
     assert meta["preset_choice"]["chosen"] == choice["chosen"]
     assert outcome.global_step == 1 and outcome.model_dir == str(tmp_path / "model")
+    assert outcome.chosen_preset == presets[["a", "b"].index(choice["chosen"])]
+    assert set(outcome.better_baselines) <= {"knn", "domain-router", "cascade:all"}
     # one preset trains on the train split alone, as before; a list without validation data is refused
     with pytest.raises(ConfigError, match="validation split"):
         steps.train_step(train_path=files["train"], model_dir=str(tmp_path / "m2"), preset=",".join(presets))
+    # auto reads the dataset the pipeline prepared (a label-only file trains one preset), as the CLI does
+    asked: list[Any] = []
+
+    def spy_presets(spec: str, pool_arg: Any, dataset: Any) -> Any:
+        asked.append(dataset)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(choose, "candidate_presets", spy_presets)
+    with pytest.raises(ConfigError, match="stop here"):
+        steps.train_step(
+            train_path=files["train"], model_dir=str(tmp_path / "m3"), preset="auto", dataset="recordings:x"
+        )
+    assert asked == ["recordings:x"]

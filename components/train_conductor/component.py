@@ -19,6 +19,7 @@ def train_conductor(
     train_metrics: dsl.Output[dsl.Metrics],
     preset: str = "tiny",
     pool: str = "",
+    source_dataset: str = "",
     reward_preset: str = "",
     cost_weight: float = -1.0,
     grpo_steps: int = 0,
@@ -33,8 +34,9 @@ def train_conductor(
     """Train a Conductor from ``preset`` (tiny | smol | gpu | a YAML path) on ``train_data``.
 
     A list of presets (``recordings,recordings-text``) or ``auto`` trains each and keeps the best
-    on ``validation_data`` at one reward, as ``conductor train --preset`` does; one preset never
-    reads ``validation_data``.
+    on ``validation_data`` at one reward, as ``conductor train --preset`` does (``source_dataset``,
+    the dataset ``prepare_data`` split, tells ``auto`` whether the recordings keep their texts);
+    one preset never reads ``validation_data``.
 
     Empty strings, 0 and a negative ``cost_weight`` keep the preset's value;
     ``train_overrides`` is a JSON object of any other TrainConfig fields. ``model`` receives the
@@ -51,6 +53,7 @@ def train_conductor(
         locals(),
         train_path=train_data.path,
         validation_path=validation_data.path,
+        dataset=source_dataset,
         model_dir=model.path,
         cost_weight=cost_weight if cost_weight >= 0 else None,
         grpo_steps=grpo_steps or None,
@@ -60,7 +63,8 @@ def train_conductor(
     model.metadata.update(
         {
             "base_model": outcome.base_model,
-            "preset": preset,
+            "preset": outcome.chosen_preset or preset,
+            **({"preset_candidates": preset} if outcome.chosen_preset else {}),
             "checkpoints": outcome.checkpoints_uri,
             "mlflow_run_id": outcome.mlflow_run_id or "",
         }

@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import inspect
 import json
+import logging
 import os
 import re
 import shutil
@@ -48,6 +49,8 @@ from rl_conductor import storage
 from rl_conductor.errors import ConfigError
 from rl_conductor.tasks.base import Task
 from rl_conductor.validation import DATA_SPLITS  # the splits every prepared dataset has
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from rl_conductor.tracking.registry import VersionRow
@@ -327,6 +330,9 @@ class TrainOutcome:
     first_reward: float | None = None
     last_reward: float | None = None
     mlflow_run_id: str | None = None
+    #: with a list of presets: the chosen one, and the baselines that scored above it on validation
+    chosen_preset: str = ""
+    better_baselines: list[str] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
         out = {"global_step": float(self.global_step), "n_train_tasks": float(self.n_train_tasks)}
@@ -356,6 +362,7 @@ def train_step(
     progress: bool = False,
     gpus: int = 1,
     validation_path: str | os.PathLike[str] | None = None,
+    dataset: str = "",
 ) -> TrainOutcome:
     """Train a Conductor on the prepared train split; the servable folder lands in ``model_dir``.
 
@@ -368,6 +375,8 @@ def train_step(
     ``conductor train``: each candidate trains into ``checkpoints/candidates/<name>``, they and
     the baselines are scored on the prepared ``validation_path`` split at one reward, and the best
     is the model (``checkpoints/choice.json``; pipeline/choose.py). The test split is not read.
+    ``dataset`` (the pipeline's, before preparation) is what ``auto`` reads to see whether the
+    recordings keep their texts, as ``conductor train --dataset`` does.
     """
     from rl_conductor.pipeline.choose import candidate_presets, folder_names, train_and_choose
     from rl_conductor.training.config import load_preset
@@ -385,11 +394,11 @@ def train_step(
         return res
 
     extra = parse_overrides(overrides)
-    specs = candidate_presets(preset, pool or extra.get("pool"), None)
+    specs = candidate_presets(preset, pool or extra.get("pool"), dataset or None)
     if len(specs) > 1 and not validation_path:
         raise ConfigError(f"preset {preset!r} chooses among presets on the validation split: give its data")
     # one preset trains on the train split alone (its dataset name, and so every cache, as before)
-    dataset = register_prepared([train_path] if len(specs) == 1 else [train_path, str(validation_path)])
+    prepared = register_prepared([train_path] if len(specs) == 1 else [train_path, str(validation_path)])
 
     def config(spec: str) -> Any:
         cfg = load_preset(
@@ -397,7 +406,7 @@ def train_step(
             **{
                 **extra,
                 "pool": pool or extra.get("pool"),
-                "dataset": dataset,
+                "dataset": prepared,
                 "reward_preset": reward_preset or extra.get("reward_preset"),
                 "cost_weight": cost_weight if cost_weight is not None else extra.get("cost_weight"),
                 "grpo_steps": grpo_steps or extra.get("grpo_steps"),
@@ -412,6 +421,7 @@ def train_step(
     folders = folder_names(specs)
     cfgs = {folders[spec]: config(spec) for spec in specs}
     cfg = next(iter(cfgs.values()))
+    chosen, better = "", []
     checkpoints = storage.join(run_folder(artifact_root, run_tag), "checkpoints")
     with contextlib.ExitStack() as stack:
         stack.enter_context(mlflow_tracking(mlflow_tracking_uri, artifact_root))
@@ -427,7 +437,21 @@ def train_step(
             cfg = cfgs[choice.chosen]
             result = trained[str((Path(work) / "candidates" / choice.chosen).resolve())]
             final_dir = choice.final_dir
+            chosen, better = labels[choice.chosen], choice.better_baselines()
+            mine = choice.candidates[choice.chosen]["mean_reward"]
+            for b in better:  # said, as conductor train says it
+                theirs = choice.baselines[b]["mean_reward"]
+                log.warning(
+                    "on the validation split %s (%.4f) scores above the chosen Conductor %s (%.4f)",
+                    b, theirs, chosen, mine,
+                )  # fmt: skip
         if storage.is_s3(checkpoints):
+            record = Path(work) / "choice.json"
+            if record.is_file():  # its paths name the temporary folder: name the uploaded one
+                local = str(Path(work).resolve())
+                record.write_text(
+                    record.read_text(encoding="utf-8").replace(local, checkpoints), encoding="utf-8"
+                )
             storage.upload_dir(work, checkpoints)
         out = Path(model_dir)
         if out.exists():
@@ -444,6 +468,8 @@ def train_step(
         first_reward=rewards[0] if rewards else None,
         last_reward=rewards[-1] if rewards else None,
         mlflow_run_id=result.mlflow_run_id,
+        chosen_preset=chosen,
+        better_baselines=better,
     )
 
 

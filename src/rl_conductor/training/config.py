@@ -332,6 +332,11 @@ class TrainConfig:
             or self.warm_neighbours < 0
         ):
             raise validation.InvalidValue("warm_neighbours", self.warm_neighbours, "an integer >= 0, or auto")
+        if self.warm_neighbours and self.sft_targets != "expected-best":
+            raise ConfigError(
+                "warm_neighbours values the warm start's candidate table: set sft_targets: expected-best "
+                "(or warm_neighbours: 0)"
+            )
         validation.non_negative_finite("warm_review_se_rule", self.warm_review_se_rule)
         validation.integer_at_least("observed_copies", self.observed_copies, 1)
         validation.integer_at_least("torch_threads", self.torch_threads, 1)
