@@ -272,6 +272,7 @@ def test_the_recordings_text_preset_is_the_text_recipe_on_the_pools_own_data() -
         "sft_examples_per_domain",
         "warm_cascade_pairs",
         "warm_neighbours",
+        "sft_examples_per_domain_neighbours",
     }
     assert mine.warm_neighbours == "auto" and text.warm_neighbours == 0
     assert {k: v for k, v in mine.to_dict().items() if k not in differ} == {
@@ -303,6 +304,14 @@ def test_sft_examples_per_domain_raises_the_first_round_count_with_the_domains()
     assert sft_count(tiny, tasks("a", "b", "c", "d")) == tiny.sft_examples
     with pytest.raises(InvalidValue, match="sft_examples_per_domain"):
         TrainConfig(sft_examples_per_domain=-1)
+    # per-question targets (auto decided for 50 neighbours): 600 per domain; undecided or 0: 200
+    from dataclasses import replace
+
+    assert cfg.warm_neighbours == "auto" and cfg.sft_examples_per_domain_neighbours == 600
+    assert sft_count(replace(cfg, warm_neighbours=50), tasks("math", "knowledge", "reasoning")) == 1800
+    assert sft_count(replace(cfg, warm_neighbours=0), tasks("math", "knowledge", "reasoning")) == 600
+    with pytest.raises(InvalidValue, match="sft_examples_per_domain_neighbours"):
+        TrainConfig(sft_examples_per_domain_neighbours=-1)
 
 
 def test_a_shared_opening_makes_training_cut_questions_from_both_ends() -> None:

@@ -148,6 +148,13 @@ class TrainConfig:
         "target over many workers is a constant the tiny model must tie to the question's domain, "
         "and a fixed count spread over more domains teaches each one less",
     )
+    sft_examples_per_domain_neighbours: int = _f(
+        0,
+        "with per-question warm-start targets in use (warm_neighbours, or auto deciding for them), "
+        "at least this many first-round examples per domain instead (0: as sft_examples_per_domain). "
+        "Why: a group's target is one plan to tie to a kind of question; per-question targets are a "
+        "rule over the question's text, which a tiny model learns from more examples",
+    )
     sft_epochs: float = _f(1.0, "epochs over the SFT examples")
     sft_learning_rate: float = _f(2e-3, "SFT learning rate")
     sft_batch_size: int = _f(32, "SFT batch size")
@@ -286,6 +293,9 @@ class TrainConfig:
         validation.integer_at_least("grpo_steps", self.grpo_steps, 1)
         validation.integer_at_least("sft_examples", self.sft_examples, 1)
         validation.integer_at_least("sft_examples_per_domain", self.sft_examples_per_domain, 0)
+        validation.integer_at_least(
+            "sft_examples_per_domain_neighbours", self.sft_examples_per_domain_neighbours, 0
+        )
         validation.integer_at_least("sft_max_length", self.sft_max_length, 64)
         validation.integer_at_least("seed", self.seed, 0)
         if self.cost_weight is not None:

@@ -212,7 +212,6 @@ def train(
         deadline_range_s=cfg.deadline_range_s,
         balance_domains=cfg.balance_domains,
     )
-    sft_specs = make_specs(tasks, pool, sft_count(cfg, tasks), **spec_kw)
     t0, c0 = time.perf_counter(), _cpu_s()
     evidence_model: Any = None
     evidence: dict[str, dict[str, float]] | None = None
@@ -231,6 +230,8 @@ def train(
         if targets.neighbour_choice:  # warm_neighbours: auto, decided on the training split
             cfg = replace(cfg, warm_neighbours=targets.neighbour_choice["k"])
             neighbour_choice = targets.neighbour_choice
+        # drawn after the warm start (which draws nothing from rng): their count may follow its choice
+        sft_specs = make_specs(tasks, pool, sft_count(cfg, tasks), **spec_kw)
         if cfg.evidence == "rank":
             from rl_conductor.policies.evidence import Ranker
 
@@ -267,6 +268,7 @@ def train(
         result.seconds["candidates"] = time.perf_counter() - t0
         result.cpu_seconds["candidates"] = _cpu_s() - c0
     else:
+        sft_specs = make_specs(tasks, pool, sft_count(cfg, tasks), **spec_kw)
         sft = sft_records(
             sft_specs,
             pool,
@@ -515,8 +517,13 @@ def cut_for_shared_openings(cfg: TrainConfig, tasks: Sequence[Any]) -> TrainConf
 
 def sft_count(cfg: TrainConfig, tasks: Sequence[Any]) -> int:
     """First-round warm-start examples: ``sft_examples``, raised to ``sft_examples_per_domain``
-    times the training split's number of domains."""
-    return max(cfg.sft_examples, cfg.sft_examples_per_domain * len({t.domain for t in tasks}))
+    times the training split's number of domains (``sft_examples_per_domain_neighbours`` where
+    per-question neighbourhoods make the targets: ``warm_neighbours`` a number above 0, as
+    :func:`train` sets it once ``auto`` has decided)."""
+    per_domain = cfg.sft_examples_per_domain
+    if not isinstance(cfg.warm_neighbours, str) and cfg.warm_neighbours > 0:
+        per_domain = max(per_domain, cfg.sft_examples_per_domain_neighbours)
+    return max(cfg.sft_examples, per_domain * len({t.domain for t in tasks}))
 
 
 def _warm_start(
