@@ -390,3 +390,24 @@ def test_submit_sends_the_compiled_pipeline_and_its_arguments() -> None:
         "mlflow_tracking_uri": "http://mlflow.mlops:5000",
         "preset": "gpu",
     }
+
+
+def test_the_registry_records_the_preset_a_list_chose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """H24: a pipeline run with ``preset: auto`` registered its model with ``preset=auto``; the
+    registry records the chosen preset and keeps the list as ``preset_candidates``."""
+    import mlflow
+
+    isolate_home(monkeypatch, tmp_path)
+    mlflow_utils.configure()
+    folder = tmp_path / "model"
+    folder.mkdir()
+    choice = {"chosen": "recordings", "preset": "recordings", "split": "validation"}
+    (folder / "conductor.json").write_text(json.dumps({"base_model": "tiny", "preset_choice": choice}))
+    row = {"policy": "conductor", "n": 3, "accuracy": 0.5, "mean_cost_usd": 0.01}
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"meta": {"test_split_id": "x", "pool": "p"}, "results": [row]}))
+    done = steps.register_step(model_dir=folder, results_path=results, params={"preset": "auto"}, run_tag="t")
+    params = mlflow.get_run(done.run_id).data.params
+    assert params["preset"] == "recordings" and params["preset_candidates"] == "auto"

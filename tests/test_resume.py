@@ -187,3 +187,38 @@ def test_paths_count_where_they_resolve_and_files_by_their_contents(tmp_path: Pa
     pool_file.write_text(yaml.safe_dump(spec))
     with pytest.raises(ConfigError, match="the pool's workers or recordings changed"):
         check_resume(on_pool, tmp_path / "out2", "paper-sim", load_pool(str(pool_file)))
+
+
+def test_a_fresh_run_removes_nothing_before_its_model_is_known_nor_a_users_folders(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """H24: a typo in --model cost the previous model; --model OUT/base was deleted by the run
+    about to use it; a fresh run into a project folder deleted its kustomize ``base/``."""
+    from rl_conductor.training.resume import prepare_out
+
+    out = tmp_path / "run"
+    prepare_out(TrainConfig(), out, "d", resume=False)
+    for name in ("sft", "final", "base"):
+        (out / name).mkdir()
+        (out / name / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="unknown model spec"):
+        prepare_out(TrainConfig(model="./no such model"), out, "d", resume=False)
+    with pytest.raises(ConfigError, match="which a fresh run clears"):
+        prepare_out(TrainConfig(model=str(out / "base")), out, "d", resume=False)
+    assert all((out / n / "config.json").exists() for n in ("sft", "final", "base"))
+    # a folder that holds no training: its folders are the user's
+    project = tmp_path / "project"
+    for name in ("base", "sft", "grpo", "final"):
+        (project / name).mkdir(parents=True)
+        (project / name / "notes.txt").write_text("mine")
+    prepare_out(TrainConfig(), project, "d", resume=False)
+    assert all((project / n / "notes.txt").read_text() == "mine" for n in ("base", "sft", "grpo", "final"))
+    # the recipe records no working directory: a resume from elsewhere matches
+    monkeypatch.chdir(tmp_path)
+    check_resume(TrainConfig(), out, "d")
+    assert json.loads((out / RECIPE_FILE).read_text())["observed_path"] in ("", None)
+    # a recipe written by older code (fewer keys) is compared on what it has
+    old = json.loads((out / RECIPE_FILE).read_text())
+    del old["sft_examples_per_domain_neighbours"]
+    (out / RECIPE_FILE).write_text(json.dumps(old))
+    check_resume(TrainConfig(), out, "d")

@@ -668,3 +668,19 @@ def test_auto_neighbourhoods_only_where_they_beat_group_means_out_of_sample() ->
     assert same["k"] == 0 and same["candidate_k"] == 10
     with pytest.raises(ValueError, match="row order"):
         target_rewards(mixed, items[::-1], workers, COST_AWARE, k=0, embeddings=None)
+
+
+def test_auto_is_not_fooled_by_questions_alone_in_their_domain() -> None:
+    """H24: a question alone in its domain has no neighbours; scored by the full table's group mean
+    (its own row) in the neighbour arm and out of fold in the group arm, forty such questions made
+    auto choose neighbours on a file where they gained nothing."""
+    from rl_conductor.training.neighbours import choose_neighbours
+
+    n, rng = 40, np.random.default_rng(3)
+    rows = {"solve:cheap": list(rng.random(n) < 0.5), "solve:strong": list(rng.random(n) < 0.9)}
+    table = _table(rows, {"solve:cheap": 0.0001, "solve:strong": 0.02})
+    table.domains = [f"d{i}" for i in range(n)]  # every question its own domain
+    table.groups = [f"d{i}/t" for i in range(n)]
+    items = [replace(_task(i), domain=f"d{i}") for i in range(n)]
+    got = choose_neighbours(table, items, ["cheap", "strong"], COST_AWARE, np.eye(n), k=10, shrink=1.0)
+    assert got["k"] == 0 and got["gain"] == 0.0

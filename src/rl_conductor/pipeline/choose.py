@@ -351,6 +351,7 @@ def train_and_choose(
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     meta["preset_choice"] = {
         "chosen": best,
+        "preset": (labels or {}).get(best, best),
         "split": SPLIT,
         "validation_reward": {n: s["mean_reward"] for n, s in scored.items()},
     }

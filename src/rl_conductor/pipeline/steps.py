@@ -698,6 +698,10 @@ def register_step(
         registry.BASELINE_POLICY_KEY: (meta.get("best_baseline") or {}).get(registry.BASELINE_POLICY_KEY, ""),
         **dict(params or {}),
     }
+    choice = info.get("preset_choice")
+    if isinstance(choice, dict) and choice.get("preset"):  # a list of presets: record the chosen one
+        all_params["preset_candidates"] = all_params.get("preset", "")
+        all_params["preset"] = choice["preset"]
     artifacts = {f"eval/{name}": path for name, path in (report_files or {}).items()}
     artifacts["eval/results.json"] = results_path
     with mlflow_tracking(mlflow_tracking_uri, artifact_root):

@@ -66,7 +66,7 @@ RUN_CONTROL = frozenset(
 
 def _path_or(spec: str | None, *, prefix: str = "") -> str | None:
     """``spec`` with a local file's or folder's path resolved (after ``prefix``), else as given."""
-    if spec is None or not spec.startswith(prefix):
+    if not spec or not spec.startswith(prefix):  # "" (no observed file) is no path: not the cwd
         return spec
     p = Path(spec[len(prefix) :]).expanduser()
     return prefix + str(p.resolve()) if p.exists() else spec
@@ -99,7 +99,7 @@ def recipe_of(cfg: TrainConfig, dataset: str, pool: Any = None) -> dict[str, Any
 
     recipe = {k: v for k, v in cfg.to_dict().items() if k not in RUN_CONTROL}
     recipe["pool"] = _path_or(cfg.pool)
-    recipe["model"] = _path_or(cfg.model)
+    recipe["model"] = cfg.model if cfg.model in ("tiny", "smol") else _path_or(cfg.model)
     recipe["observed_path"] = _path_or(cfg.observed_path)
     recipe["dataset"] = _path_or(dataset, prefix=PREFIX)
     if dataset.startswith(PREFIX):
@@ -130,8 +130,8 @@ def check_resume(cfg: TrainConfig, out: str | Path, dataset: str, pool: Any = No
         return
     old = _read(path)
     new = recipe_of(cfg, dataset, pool)
-    if "pool_facts" not in old:  # checked without the loaded pool: compare what both have
-        new.pop("pool_facts", None)
+    for key in set(new) - set(old):  # recorded by older code (or checked without the pool): not compared
+        new.pop(key)
     differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     if differ:
         what = {
@@ -178,29 +178,46 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
+def _trained(root: Path) -> bool:
+    """Whether ``root`` shows a training's traces (a recorded recipe, a warm start, a checkpoint, a
+    final Conductor): only then does a fresh run clear its folders, never a user's ``base/``."""
+    return (
+        (root / RECIPE_FILE).exists()
+        or (root / "sft" / "config.json").exists()
+        or (root / "final" / "conductor.json").exists()
+        or any((root / "grpo").glob("checkpoint-*"))
+    )
+
+
 def prepare_out(
     cfg: TrainConfig, out: str | Path, dataset: str, *, resume: bool, writer: bool = True, pool: Any = None
 ) -> None:
     """Before a training into ``out``: on ``resume`` refuse a folder of another recipe. A fresh run
-    starts over: it removes the ``sft/``, ``grpo/`` and ``final/`` an earlier run left (else a later
-    ``--resume`` would continue that run's highest checkpoint under this recipe's name), and the
-    tiny base model (``base/``) where another recipe built it; a link is unlinked, never followed.
-    Then (the writing process only, ``writer``) it records ``cfg``'s recipe."""
+    starts over: in a folder that holds a training (:func:`_trained`) it removes the ``sft/``,
+    ``grpo/`` and ``final/`` an earlier run left (else a later ``--resume`` would continue that
+    run's highest checkpoint under this recipe's name), and the base model (``base/``) where another
+    recipe built it; a link is unlinked, never followed. Before it removes anything, the model spec
+    is checked and a ``--model`` inside what it would remove is refused. Then (the writing process
+    only, ``writer``) it records ``cfg``'s recipe."""
+    from rl_conductor.lm.models import check_spec
+
     root = Path(out)
     if resume:
         check_resume(cfg, root, dataset, pool)
-    elif cfg.model not in ("tiny", "smol"):  # a model inside what a fresh run clears
+    else:
+        check_spec(cfg.model)  # a typo in --model must not cost the previous model
         src = Path(cfg.model).expanduser()
-        for name in FRESH:
-            inside = (root / name).resolve()
-            if src.exists() and (src.resolve() == inside or inside in src.resolve().parents):
-                raise ConfigError(
-                    f"--model {cfg.model} is inside {root / name}, which a fresh run clears: copy it "
-                    "elsewhere first (or continue that run with --resume)"
-                )
+        if cfg.model not in ("tiny", "smol") and src.exists():
+            for name in (*FRESH, "base"):
+                inside = (root / name).resolve()
+                if src.resolve() == inside or inside in src.resolve().parents:
+                    raise ConfigError(
+                        f"--model {cfg.model} is inside {root / name}, which a fresh run clears: copy it "
+                        "elsewhere first (or continue that run with --resume)"
+                    )
     if not writer:
         return
-    if not resume:
+    if not resume and _trained(root):
         same = recipe_matches(cfg, root, dataset, pool)
         for name in (*FRESH, *(() if same else ("base",))):
             _remove(root / name)
