@@ -98,6 +98,7 @@ def chain(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iter
         train_metrics = _artifact(dsl.Metrics, work / "train_metrics")
         train_out = train_conductor.python_func(
             train_data=data["train"],
+            validation_data=data["validation"],
             model=model,
             train_metrics=train_metrics,
             grpo_steps=QUICK_ARGUMENTS["grpo_steps"],
