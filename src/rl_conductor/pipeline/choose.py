@@ -293,13 +293,10 @@ def train_and_choose(
     if (root / CHOICE_FILE).is_file():  # it would describe another run's final/, replaced below
         (root / CHOICE_FILE).unlink()
     finals: dict[str, Path] = {}
+    run = trainer or (lambda c, f: train(c, f, resume=resume, progress=progress))
     for name, cfg in cfgs.items():
         log.info("candidate %s: training into %s", name, root / "candidates" / name)
-        folder = root / "candidates" / name
-        if trainer is not None:
-            finals[name] = trainer(cfg, folder).final_dir
-        else:
-            finals[name] = train(cfg, folder, resume=resume, progress=progress).final_dir
+        finals[name] = run(cfg, root / "candidates" / name).final_dir
     first = next(iter(cfgs.values()))
     reward = first.reward()
     pool = load_pool(pool_name, seed=first.seed)

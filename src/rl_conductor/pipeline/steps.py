@@ -378,7 +378,7 @@ def train_step(
     ``dataset`` (the pipeline's, before preparation) is what ``auto`` reads to see whether the
     recordings keep their texts, as ``conductor train --dataset`` does.
     """
-    from rl_conductor.pipeline.choose import candidate_presets, folder_names, train_and_choose
+    from rl_conductor.pipeline.choose import CHOICE_FILE, candidate_presets, folder_names, train_and_choose
     from rl_conductor.training.config import load_preset
     from rl_conductor.training.launch import train_on_all_gpus, visible_gpus
     from rl_conductor.training.train import train
@@ -446,7 +446,7 @@ def train_step(
                     b, theirs, chosen, mine,
                 )  # fmt: skip
         if storage.is_s3(checkpoints):
-            record = Path(work) / "choice.json"
+            record = Path(work) / CHOICE_FILE
             if record.is_file():  # its paths name the temporary folder: name the uploaded one
                 local = str(Path(work).resolve())
                 record.write_text(

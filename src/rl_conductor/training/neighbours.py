@@ -69,9 +69,13 @@ def target_rewards(
     pos = {c.name: j for j, c in enumerate(table.candidates)}
     fold = np.arange(len(items)) % FOLDS
     np.random.default_rng(seed).shuffle(fold)
-    groups = {
-        f: ExpectedRewards.fit(subset(table, np.flatnonzero(fold != f)), config, **fit) for f in range(FOLDS)
-    }
+    groups: dict[int, ExpectedRewards] = {}  # fold -> group means fitted on the other folds, as needed
+
+    def group_fit(f: int) -> ExpectedRewards:
+        if f not in groups:
+            groups[f] = ExpectedRewards.fit(subset(table, np.flatnonzero(fold != f)), config, **fit)
+        return groups[f]
+
     near = ExpectedRewards.fit(table, config, neighbours=k, embeddings=embeddings, **fit) if k > 0 else None
     out = np.zeros(len(items))
     chosen: list[str] = []
@@ -79,7 +83,7 @@ def target_rewards(
         # a question without neighbours (alone in its domain) is scored as the group arm scores it:
         # the full table's group mean would hold its own row (H24: forty one-item domains made auto
         # choose neighbours on a file where they gained nothing)
-        rule = near if near is not None and t.id in near.item_means else groups[int(fold[i])]
+        rule = near if near is not None and t.id in near.item_means else group_fit(int(fold[i]))
         c = rule.best(t, names, None)
         out[i] = float(np.nan_to_num(r[i, pos[c.name]]))
         chosen.append(c.name)
