@@ -167,6 +167,15 @@ def rank_line(order: Sequence[int]) -> str:
     return f"{ranked}Best by estimate: {ids[0]}"
 
 
+def plan_line(ids: Sequence[int]) -> str:
+    """``Plan by estimate: 3, 5``: the workers of the plan the question's nearest training
+    questions scored best with, in plan order (``TrainConfig.plan_hint``,
+    :mod:`rl_conductor.policies.plan_hint`); a plan names them ``@1``, ``@2`` … by place."""
+    if not ids:
+        raise ValueError("a plan line needs at least one worker")
+    return f"Plan by estimate: {', '.join(str(int(i)) for i in ids)}"
+
+
 def conductor_prompt(
     task: Task,
     view: PoolView,
@@ -176,10 +185,14 @@ def conductor_prompt(
     evidence: Mapping[str, float] | None = None,
     question_cut: str = "head",
     ranking: Sequence[int] | None = None,
+    plan: Sequence[int] | None = None,
 ) -> str:
     """The user message the Conductor answers with a workflow (``evidence``: see
     :func:`worker_lines`; ``question_cut``: see :data:`QUESTION_CUTS`; ``ranking``: the view's
-    ordinals best first, shown as a last line, :func:`rank_line`)."""
+    ordinals best first, shown as a last line, :func:`rank_line`; ``plan``: the ordinals of the
+    plan the question's neighbours scored best with, shown as a last line, :func:`plan_line`)."""
+    if ranking is not None and plan is not None:
+        raise ValueError("a prompt shows a ranking line or a plan line, not both")
     text = template().format(
         max_steps=limits.max_steps,
         workers=worker_lines(
@@ -191,6 +204,8 @@ def conductor_prompt(
         budget=budget_line(limits),
         question=cut(task.question, max_question_chars, question_cut),
     )
+    if plan is not None:
+        return f"{text.rstrip()}\n{plan_line(plan)}\n"
     return text if ranking is None else f"{text.rstrip()}\n{rank_line(ranking)}\n"
 
 

@@ -56,6 +56,12 @@ class Candidate:
 
     @classmethod
     def parse_name(cls, name: str) -> Candidate:
+        """The candidate named ``name`` (:attr:`name`; ``solve:a|solve:b`` is a parallel pair)."""
+        if "|" in name:
+            parts = [p.partition(":") for p in name.split("|")]
+            if len(parts) != 2 or any(role != "solve" or not w for role, _, w in parts):
+                raise ValueError(f"bad candidate name {name!r}")
+            return pair(parts[0][2], parts[1][2])
         steps = []
         for part in name.split(">"):
             role, _, w = part.partition(":")
@@ -63,6 +69,26 @@ class Candidate:
                 raise ValueError(f"bad candidate name {name!r}")
             steps.append((w, role))
         return cls(tuple(steps))
+
+
+@dataclass(frozen=True)
+class PairCandidate(Candidate):
+    """Two fresh solves in parallel (each sees nothing): ``steps`` = ((a, "solve"), (b, "solve"))."""
+
+    @property
+    def name(self) -> str:
+        return "|".join(f"{role}:{w}" for w, role in self.steps)
+
+    def workflow(self, names: Sequence[str]) -> Workflow:
+        try:
+            ids = [list(names).index(w) for w, _ in self.steps]
+        except ValueError:
+            raise ValueError(f"candidate {self.name} uses a worker outside the view {list(names)}") from None
+        return Workflow(steps=tuple(Step(worker=j, instruction=ROLE_TEXT["solve"], access=()) for j in ids))
+
+
+def pair(a: str, b: str) -> PairCandidate:
+    return PairCandidate(((a, "solve"), (b, "solve")))
 
 
 def single(worker: str) -> Candidate:

@@ -50,6 +50,7 @@ from rl_conductor.lm.generate import apply_chat, generate, load_lm
 from rl_conductor.lm.models import looks_like_hf_id
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.evidence import EvidenceModel, Ranker, check_known_workers
+from rl_conductor.policies.plan_hint import PlanHint
 from rl_conductor.prompting import (
     DEFAULT_MAX_QUESTION_CHARS,
     RoundSummary,
@@ -313,6 +314,15 @@ class ConductorPolicy(Policy):
                     "its file is missing",
                 )
             self.review_evidence = ReviewEvidence.load(self.model_dir)
+        #: with ``plan_hint`` the prompt's last line names the first plan the question's nearest
+        #: training questions scored best with (policies/plan_hint.py), saved with the model
+        self.plan_hint: PlanHint | None = None
+        if self.meta.get("plan_hint"):
+            if not PlanHint.exists(self.model_dir):
+                raise model_not_found(
+                    str(model_dir), "conductor.json asks for a plan hint; its files are missing"
+                )
+            self.plan_hint = PlanHint.load(self.model_dir)
         self._embedded: dict[str, Any] = {}
         self.batch_size = batch_size
         self.seed = seed
@@ -453,6 +463,8 @@ class ConductorPolicy(Policy):
         (the tiny Conductor's figures for each variant: benchmarks/README.md, "Measured design
         choices of the LM Conductor"). Set ``deadline_trim`` off to replan without cutting."""
         evidence = self.task_evidence(tasks)
+        if self.plan_hint is not None and self.plan_hint.needs_embedding:
+            self._embeddings(tasks)  # one batch, before the prompts look them up one by one
         first = [
             replace(lim, max_latency_s=None) if self.deadline_check and lim.max_latency_s is not None else lim
             for lim in limits
@@ -465,7 +477,10 @@ class ConductorPolicy(Policy):
             [self.prompt(t, v, lim, e) for t, v, lim, e in zip(tasks, views, first, evidence, strict=True)],
             views,
             first,
-            rankings=[shown_ranking(o) for o in orders],
+            rankings=[
+                shown_ranking(o) if self.plan_hint is None else self.plan_ids(t, v, lim)
+                for t, v, lim, o in zip(tasks, views, first, orders, strict=True)
+            ],
         )
         if self.ranker is not None:  # what the evidence alone would pick (evaluation: agreement)
             plans = [replace(p, evidence_best=(o or [None])[0]) for p, o in zip(plans, orders, strict=True)]
@@ -494,6 +509,8 @@ class ConductorPolicy(Policy):
                 [limits[i] for i in again],
                 rankings=[
                     shown_ranking(self.evidence_ranking(tasks[i], views[i], limits[i], evidence[i]))
+                    if self.plan_hint is None
+                    else self.plan_ids(tasks[i], views[i], limits[i])
                     for i in again
                 ],
             )
@@ -542,6 +559,11 @@ class ConductorPolicy(Policy):
         Questions are embedded once per policy (kept in memory: serving embeds each new one)."""
         if self.evidence is None:
             return [None] * len(tasks)
+        emb = self._embeddings(tasks)
+        return [self.evidence.as_mapping(r) for r in self.evidence.predict(tasks, emb)]
+
+    def _embeddings(self, tasks: Sequence[Task]) -> np.ndarray:
+        """The questions' MiniLM embeddings (the kNN router's), each embedded once per policy."""
         from rl_conductor.policies.knn_embed import embed
 
         todo = list(dict.fromkeys(t.question for t in tasks if t.question not in self._embedded))
@@ -549,8 +571,18 @@ class ConductorPolicy(Policy):
             if len(self._embedded) > 100_000:
                 self._embedded.clear()
             self._embedded.update(zip(todo, embed(todo), strict=True))
-        emb = np.array([self._embedded[t.question] for t in tasks])
-        return [self.evidence.as_mapping(r) for r in self.evidence.predict(tasks, emb)]
+        return np.array([self._embedded[t.question] for t in tasks])
+
+    def plan_ids(self, task: Task, view: PoolView, limits: RequestLimits) -> list[int] | None:
+        """The ids of the prompt's ``Plan by estimate:`` line (``plan_hint``; None for other
+        models, or where no plan of the lookup uses only the request's workers)."""
+        if self.plan_hint is None:
+            return None
+        emb = self._embeddings([task])[0] if self.plan_hint.needs_embedding else None
+        try:
+            return self.plan_hint(task, view, limits, emb)
+        except ValueError:  # none of the lookup's workers is in this view
+            return None
 
     def prompt(
         self, task: Task, view: PoolView, limits: RequestLimits, evidence: Mapping[str, float] | None = None
@@ -566,6 +598,7 @@ class ConductorPolicy(Policy):
             evidence=evidence,
             question_cut=self.question_cut,
             ranking=self.evidence_ranking(task, view, limits, evidence),
+            plan=self.plan_ids(task, view, limits),
         )
 
     def evidence_ranking(

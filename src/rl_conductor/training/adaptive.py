@@ -53,13 +53,13 @@ from rl_conductor.fingerprint import code_version, recordings_fingerprint
 from rl_conductor.limits import DEFAULT_MAX_STEPS, RequestLimits
 from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.baselines import SOLVE
+from rl_conductor.policies.chains import PairCandidate, pair
 from rl_conductor.policies.routers import own_answer
 from rl_conductor.prompting import review_prompt
 from rl_conductor.reward import RewardConfig, budget_stopped, grade_trace, reward_of
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
 from rl_conductor.training.candidates import (
-    ROLE_TEXT,
     Candidate,
     CandidateTable,
     cache_or_build,
@@ -94,31 +94,8 @@ ADAPTIVE_VERSION = 2
 CASCADE_SETS_VERSION = 4
 
 
-@dataclass(frozen=True)
-class PairCandidate(Candidate):
-    """Two fresh solves in parallel (each sees nothing): ``steps`` = ((a, "solve"), (b, "solve"))."""
-
-    @property
-    def name(self) -> str:
-        return "|".join(f"{role}:{w}" for w, role in self.steps)
-
-    def workflow(self, names: Sequence[str]) -> Workflow:
-        try:
-            ids = [list(names).index(w) for w, _ in self.steps]
-        except ValueError:
-            raise ValueError(f"candidate {self.name} uses a worker outside the view {list(names)}") from None
-        return Workflow(steps=tuple(Step(worker=j, instruction=ROLE_TEXT["solve"], access=()) for j in ids))
-
-
-def pair(a: str, b: str) -> PairCandidate:
-    return PairCandidate(((a, "solve"), (b, "solve")))
-
-
 def first_plan(name: str) -> Candidate:
     """The first plan named ``name`` (a single or a pair)."""
-    if "|" in name:
-        a, b = (p.partition(":")[2] for p in name.split("|"))
-        return pair(a, b)
     return Candidate.parse_name(name)
 
 

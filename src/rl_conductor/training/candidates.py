@@ -95,11 +95,11 @@ from rl_conductor.fingerprint import code_version, recordings_fingerprint
 from rl_conductor.limits import DEFAULT_MAX_STEPS, MIN_OUTPUT_TOKENS, RequestLimits
 from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.chains import ROLE_TEXT, Candidate, single
+from rl_conductor.policies.expected import group_of
 from rl_conductor.policies.routers import own_answer
 from rl_conductor.tasks import forked
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Trace
-from rl_conductor.training.config import GROUP_BY
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Workflow, worker_message
 
@@ -480,26 +480,6 @@ def unchanged_under_deadline(trace: Trace, task: Task, view: PoolView, deadline:
                 return False
             elapsed += a.latency_s
     return True
-
-
-def group_of(task: Task, by: str = "source") -> str:
-    """The neighbourhood a question belongs to: its domain and source; with ``by="subject"``
-    also its subject where the task has one (``metadata["subject"]``, e.g. an MMLU subject);
-    with ``by="domain"`` its domain alone (for sources the Conductor cannot tell apart); with
-    ``by="task"`` its domain and its task type (``metadata["task_name"]``: one source may mix
-    tasks as different as llmrouter's multiple-choice commonsense questions and its logic-grid
-    puzzles, which different workers solve best and which the first words of a question tell
-    apart); a domain's questions without a task type form the group ``domain/*`` (a key of its
-    own: the domain's key stands for all of its questions, see ``ExpectedRewards.fit``)."""
-    if by not in GROUP_BY:
-        raise ValueError(f"group_by must be one of {GROUP_BY}, not {by!r}")
-    if by == "domain":
-        return task.domain
-    if by == "task":
-        name = task.metadata.get("task_name")
-        return f"{task.domain}/{name if isinstance(name, str) and name else '*'}"
-    subject = task.metadata.get("subject") if by == "subject" else None
-    return f"{task.domain}/{task.source}/{subject}" if subject else f"{task.domain}/{task.source}"
 
 
 def build_table(

@@ -14,6 +14,7 @@ import yaml
 from rl_conductor import validation
 from rl_conductor.errors import ConfigError, UnknownName, yaml_problem
 from rl_conductor.limits import DEFAULT_MAX_STEPS, MAX_ROUNDS, MAX_STEPS
+from rl_conductor.policies.expected import GROUP_BY
 from rl_conductor.prompting import QUESTION_CUTS
 from rl_conductor.reward import RewardConfig, reward_config
 
@@ -44,9 +45,6 @@ MICRO_SETTINGS: dict[str, Any] = {
     "torch_threads": 1,
 }
 
-#: How questions are grouped into warm-start neighbourhoods (``TrainConfig.warm_group_by``,
-#: ``training.candidates.group_of``).
-GROUP_BY = ("source", "subject", "domain", "task")
 #: What per-question evidence the Conductor's prompt carries (``TrainConfig.evidence``).
 EVIDENCE = ("none", "probe", "rank")
 #: How ``evidence: rank`` picks its estimator (``TrainConfig.evidence_select``,
@@ -92,6 +90,14 @@ class TrainConfig:
         "with evidence: rank, write the warm-start target as a rank address (model_id = [@1], the "
         "ranking line's first worker; workflow.parse resolves it) instead of that worker's id: "
         "following the evidence is then one constant a tiny model learns, ids still parse",
+    )
+    plan_hint: bool = _f(
+        False,
+        "end the prompt with 'Plan by estimate: 3, 5', the plan the question's nearest training "
+        "questions scored best with (the warm start's own lookup, policies/plan_hint.py; its "
+        "group's plan where warm_neighbours is 0), and write the target by place (model_id = [@1, "
+        "@2]); saved with the model for evaluation and serving. Needs sft_targets: expected-best "
+        "and evidence: none",
     )
     evidence_select: str = _f(
         "none",
@@ -374,6 +380,11 @@ class TrainConfig:
             raise ConfigError(
                 f"review_evidence: {self.review_evidence} is a review's: set max_rounds: 2 and "
                 "sft_targets: expected-best (or review_evidence: none)"
+            )
+        if self.plan_hint and (self.sft_targets != "expected-best" or self.evidence != "none"):
+            raise ConfigError(
+                "plan_hint shows the warm start's own plan for each question: set sft_targets: "
+                "expected-best and evidence: none (or plan_hint: false)"
             )
         if self.evidence not in EVIDENCE:
             raise ConfigError(f"evidence must be one of {', '.join(EVIDENCE)}, not {self.evidence!r}")

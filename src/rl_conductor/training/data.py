@@ -19,9 +19,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rl_conductor.limits import RequestLimits
+from rl_conductor.policies.plan_hint import PlanHint, by_place, plan_ids
 from rl_conductor.prompting import conductor_prompt, shown_ranking
 from rl_conductor.tasks.base import Task
-from rl_conductor.training.candidates import single
+from rl_conductor.training.candidates import Candidate, single
 from rl_conductor.training.deadlines import draw_deadline
 from rl_conductor.training.warmstart import ExpectedRewards
 from rl_conductor.workers.pool import Pool, PoolView
@@ -29,6 +30,8 @@ from rl_conductor.workflow import Step, Workflow, render
 
 #: a question's ranking line from its estimates (:class:`rl_conductor.policies.evidence.Ranker`)
 Rank = Callable[[Task, Mapping[str, float], PoolView, RequestLimits], Sequence[int]]
+#: a question's ``Plan by estimate:`` line and its plan (``plan_hint``, :func:`training_hint`)
+Hint = Callable[[Task, PoolView, RequestLimits], Candidate]
 
 #: Subtask wording by role; the simulated pool ignores wording, live workers do not.
 INSTRUCTIONS: dict[str, tuple[str, ...]] = {
@@ -152,10 +155,12 @@ def spec_prompt(
     evidence: Mapping[str, Mapping[str, float]] | None,
     question_cut: str,
     rank: Rank | None = None,
+    hint: Hint | None = None,
 ) -> str:
     """The Conductor prompt of a spec; ``evidence`` maps task ids to the per-worker estimates the
     prompt shows (out-of-fold for training questions, :mod:`rl_conductor.policies.evidence`);
-    with ``rank`` (``evidence: rank``) the prompt ends with their ranking line."""
+    with ``rank`` (``evidence: rank``) the prompt ends with their ranking line, with ``hint``
+    (``plan_hint``) with its plan line."""
     mine = None if evidence is None else evidence.get(spec.task.id)
     return conductor_prompt(
         spec.task,
@@ -165,6 +170,7 @@ def spec_prompt(
         evidence=mine,
         question_cut=question_cut,
         ranking=None if rank is None or mine is None else rank(spec.task, mine, view, limits),
+        plan=None if hint is None else plan_ids(hint(spec.task, view, limits), view.names()),
     )
 
 
@@ -174,8 +180,13 @@ def spec_ranking(
     base: RequestLimits,
     evidence: Mapping[str, Mapping[str, float]] | None,
     rank: Rank | None,
+    hint: Hint | None = None,
 ) -> list[int] | None:
-    """The ranking :func:`spec_prompt` shows for ``spec`` (None when it shows none)."""
+    """The ranking (or plan) line's ids :func:`spec_prompt` shows for ``spec`` (None when it
+    shows none)."""
+    if hint is not None:
+        view = spec.pool_view(pool)
+        return plan_ids(hint(spec.task, view, spec.limits(base)), view.names())
     mine = None if evidence is None else evidence.get(spec.task.id)
     if rank is None or mine is None:
         return None
@@ -220,13 +231,16 @@ def warm_sft_records(
     question_cut: str = "head",
     rank: Rank | None = None,
     by_rank: bool = False,
+    hint: Hint | None = None,
 ) -> list[dict[str, Any]]:
     """Prompt/completion pairs whose completion is the prompt's expected-best workflow
     (:mod:`rl_conductor.training.warmstart`): only the shown workers, affordable under the
     prompt's budget and planned for its deadline, ids as the prompt shows them. With ``rank``
     (``evidence: rank``) the completion is the first worker of the prompt's ranking line alone
     (the line and the target come from the same :class:`~rl_conductor.policies.evidence.Ranker`);
-    with ``by_rank`` that worker is written as its rank address, ``model_id = [@1]``."""
+    with ``by_rank`` that worker is written as its rank address, ``model_id = [@1]``. With
+    ``hint`` (``plan_hint``) the completion is the plan the prompt's plan line names, its workers
+    written by place (``model_id = [@1, @2]``)."""
     out = []
     for s in specs:
         view = s.pool_view(pool)
@@ -237,11 +251,18 @@ def warm_sft_records(
             wf = single(view.names()[best]).workflow(view.names())
             if by_rank:
                 wf = Workflow(steps=tuple(replace(st, rank=1) for st in wf.steps))
+        elif hint is not None:
+            wf = by_place(
+                hint(s.task, view, lim).workflow(view.names()),
+                plan_ids(hint(s.task, view, lim), view.names()),
+            )
         else:
             wf = targets.target(s.task, view.names(), s.budget, s.deadline)
         out.append(
             {
-                "prompt": chat(spec_prompt(s, view, lim, max_question_chars, evidence, question_cut, rank)),
+                "prompt": chat(
+                    spec_prompt(s, view, lim, max_question_chars, evidence, question_cut, rank, hint)
+                ),
                 "completion": [{"role": "assistant", "content": render(wf)}],
             }
         )
@@ -257,21 +278,59 @@ def grpo_records(
     evidence: Mapping[str, Mapping[str, float]] | None = None,
     question_cut: str = "head",
     rank: Rank | None = None,
+    hint: Hint | None = None,
 ) -> list[dict[str, Any]]:
     """Conversational prompts for GRPOTrainer; extra columns reach the reward function."""
     return [
         {
             "prompt": chat(
                 spec_prompt(
-                    s, s.pool_view(pool), s.limits(base), max_question_chars, evidence, question_cut, rank
+                    s,
+                    s.pool_view(pool),
+                    s.limits(base),
+                    max_question_chars,
+                    evidence,
+                    question_cut,
+                    rank,
+                    hint,
                 )
             ),
             "task_id": s.task.id,
             "view": list(s.view),
-            # the ids the prompt's ranking line showed (what a plan's @k names; [] for none)
-            "ranking": shown_ranking(spec_ranking(s, pool, base, evidence, rank)) or [],
+            # the ids the prompt's ranking (or plan) line showed (what a plan's @k names; [] for none)
+            "ranking": (
+                spec_ranking(s, pool, base, evidence, rank, hint)
+                if hint is not None
+                else shown_ranking(spec_ranking(s, pool, base, evidence, rank))
+            )
+            or [],
             "budget": -1.0 if s.budget is None else float(s.budget),
             "deadline": -1.0 if s.deadline is None else float(s.deadline),
         }
         for s in specs
     ]
+
+
+def training_hint(plan_hint: PlanHint, tasks: Sequence[Task] = ()) -> Hint:
+    """The plan line of a training prompt (``plan_hint``): a table question's leave-one-out target
+    (what the warm start teaches for it); any other question's nearest table questions, with the
+    questions of ``tasks`` the table lacks embedded at once (the kNN router's cached index) and
+    any other (an observed request) on first use."""
+    from rl_conductor.policies.knn import cached_embeddings
+    from rl_conductor.policies.knn_embed import embed
+
+    embedded: dict[str, Any] = {}
+    if plan_hint.needs_embedding:
+        rest = list(dict.fromkeys(t.question for t in tasks if t.id not in plan_hint.targets.item_means))
+        if rest:
+            embedded.update(zip(rest, cached_embeddings(rest), strict=True))
+
+    def hint(task: Task, view: PoolView, limits: RequestLimits) -> Candidate:
+        emb = None
+        if plan_hint.needs_embedding and task.id not in plan_hint.targets.item_means:
+            if task.question not in embedded:
+                embedded[task.question] = embed([task.question])[0]
+            emb = embedded[task.question]
+        return plan_hint.candidate(task, view.names(), limits, emb)
+
+    return hint

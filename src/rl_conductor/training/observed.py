@@ -244,6 +244,7 @@ def trainer_records(
     evidence: Mapping[str, Mapping[str, float]] | None = None,
     evidence_model: Any = None,
     rank: Any = None,
+    hint: Any = None,
 ) -> tuple[list[dict[str, Any]], list[Decision]]:
     """The SFT records of ``path``'s observed examples (:func:`judge`, :func:`sft_records`),
     prompted as :func:`rl_conductor.training.data.spec_prompt` prompts a table target: the
@@ -262,7 +263,7 @@ def trainer_records(
     def prompt(d: Decision) -> str:
         spec = PromptSpec(d.example.task(), d.view, d.example.max_cost_usd, d.example.max_latency_s)
         view = spec.pool_view(pool)
-        return spec_prompt(spec, view, spec.limits(base), max_question_chars, shown, question_cut, rank)
+        return spec_prompt(spec, view, spec.limits(base), max_question_chars, shown, question_cut, rank, hint)
 
     return sft_records(decisions, prompt, copies=copies), decisions
 

@@ -160,6 +160,7 @@ def conductor_meta(
         **({"review_evidence": cfg.review_evidence} if cfg.review_evidence != "none" else {}),
         **({"fallback_worker": fallback_worker} if fallback_worker else {}),
         **({"warm_neighbours_choice": neighbour_choice} if neighbour_choice else {}),
+        **({"plan_hint": True} if cfg.plan_hint else {}),
     }
 
 
@@ -218,14 +219,22 @@ def train(
     rule: dict[tuple[str, str, str], str] | None = None
     rank: Any = None
     text_rule: Any = None  # review_evidence: text (training/review_text.py)
+    plan_hint: Any = None  # plan_hint (policies/plan_hint.py) and its training prompts' lines
+    hint: Any = None
     fallback: str | None = None  # conductor.json's fallback_worker
     neighbour_choice: dict[str, Any] | None = None  # conductor.json's warm_neighbours_choice
     if cfg.sft_targets == "expected-best":
         texts: list[Any] = []
+        hints: list[Any] = []
         targets, evidence_model, evidence, rule = _warm_start(
-            cfg, tasks, pool, progress=progress, text_rule=texts
+            cfg, tasks, pool, progress=progress, text_rule=texts, plan_hint=hints if cfg.plan_hint else None
         )
         text_rule = texts[0] if texts else None
+        if hints:
+            from rl_conductor.training.data import training_hint
+
+            plan_hint = hints[0]
+            hint = training_hint(plan_hint, tasks)
         fallback = targets.best_single()
         if targets.neighbour_choice:  # warm_neighbours: auto, decided on the training split
             cfg = replace(cfg, warm_neighbours=targets.neighbour_choice["k"])
@@ -246,12 +255,18 @@ def train(
             question_cut=cfg.question_cut,
             rank=rank,
             by_rank=cfg.plan_by_rank,
+            hint=hint,
         )
         if rule is not None:  # rounds: the review prompt after each target first plan, and its target
             from rl_conductor.training.adaptive import review_records
 
             firsts = [
-                targets.target(s.task, s.pool_view(pool).names(), s.budget, s.deadline) for s in sft_specs
+                targets.target(s.task, s.pool_view(pool).names(), s.budget, s.deadline)
+                if hint is None
+                else hint(s.task, s.pool_view(pool), s.limits(base_limits)).workflow(
+                    s.pool_view(pool).names()
+                )
+                for s in sft_specs
             ]
             reviews = review_records(
                 sft_specs,
@@ -294,6 +309,7 @@ def train(
             evidence=evidence,
             evidence_model=evidence_model,
             rank=rank,
+            hint=hint,
         )
         result.sft_records.update(counts(decisions))
         result.sft_records["observed_records"] = len(observed)
@@ -313,6 +329,7 @@ def train(
         evidence=evidence,
         question_cut=cfg.question_cut,
         rank=rank,
+        hint=hint,
     )
 
     mlflow_utils.configure(cfg.mlflow_tracking_uri)
@@ -363,6 +380,8 @@ def train(
                         evidence_model.save(sft_dir)
                     if text_rule is not None:
                         text_rule.evidence.save(sft_dir)
+                    if plan_hint is not None:
+                        plan_hint.save(sft_dir)
             result.seconds["sft"] = time.perf_counter() - t0
             result.cpu_seconds["sft"] = _cpu_s() - c0
         # 3. GRPO
@@ -408,6 +427,8 @@ def train(
                     evidence_model.save(result.final_dir)
                 if text_rule is not None:
                     text_rule.evidence.save(result.final_dir)
+                if plan_hint is not None:
+                    plan_hint.save(result.final_dir)
         result.seconds["total"] = time.perf_counter() - t_all
         result.cpu_seconds["total"] = _cpu_s() - c_all
         mlflow.log_metrics({f"seconds_{k}": v for k, v in result.seconds.items()})
@@ -533,6 +554,7 @@ def _warm_start(
     *,
     progress: bool = False,
     text_rule: list[Any] | None = None,
+    plan_hint: list[Any] | None = None,
 ) -> tuple[Any, Any, dict[str, dict[str, float]] | None, dict[tuple[str, str, str], str] | None]:
     """The expected-best targets of the warm start: the candidate table (built or read from the
     cache) on ``warm_items_per_domain`` training questions per domain, averaged per
@@ -544,7 +566,8 @@ def _warm_start(
     best review (``training/adaptive.py``: pairs of cheap workers added, the rounds table cached
     next to the candidate table) and the fitted review rule comes fourth (else None); with
     ``review_evidence: text`` the text rule (``training/review_text.py``) values the pairs instead
-    and is appended to ``text_rule``."""
+    and is appended to ``text_rule``; with ``plan_hint`` (a list) the plan hint made of the same
+    lookup (:class:`rl_conductor.policies.plan_hint.PlanHint`) is appended to it."""
 
     from rl_conductor.tracking.mlflow_utils import conductor_home
     from rl_conductor.training.candidates import cached_table, group_of, select_items
@@ -638,6 +661,10 @@ def _warm_start(
         embeddings=embeddings,
     )
     targets.neighbour_choice = decided or {}
+    if plan_hint is not None:
+        from rl_conductor.policies.plan_hint import PlanHint
+
+        plan_hint.append(PlanHint(targets, embeddings, int(k), cfg.warm_shrink))
     return targets, model, evidence, rule
 
 

@@ -1,0 +1,178 @@
+"""``plan_hint`` (policies/plan_hint.py): the prompt's ``Plan by estimate:`` line names the first
+plan a question's nearest training questions scored best with, the target writes it by place,
+and a trained model reads the same line, from the lookup saved with it, in evaluation and
+serving.
+
+The hand-built group of test_adaptive_training: sums the cheap workers get right and remainders
+only the dear worker gets right, in one (domain, source) group, so only per-question
+neighbourhoods tell them apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_adaptive_training import _cfg, _pool, _tasks, rounds_micro_config
+
+from rl_conductor.errors import ModelNotFound
+from rl_conductor.limits import RequestLimits
+from rl_conductor.policies.knn_embed import embed
+from rl_conductor.policies.plan_hint import PlanHint, plan_ids
+from rl_conductor.prompting import conductor_prompt
+from rl_conductor.tasks.base import Task
+from rl_conductor.training.config import TrainConfig
+from rl_conductor.training.data import PromptSpec, training_hint, warm_sft_records
+from rl_conductor.workflow import parse
+
+LIMITS = RequestLimits(max_steps=2)
+
+
+def _text(kind: str, i: str) -> str:
+    if kind == "easy":
+        return f"What is {i} + {i}?"
+    return f"Find the remainder when {i} raised to the power 17 is divided by 13, modulo 13."
+
+
+def _mixed() -> list[Task]:
+    return [replace(t, question=_text(*t.id.split("/"))) for t in _tasks(range(1, 9))]
+
+
+def _new(kind: str, i: int) -> Task:
+    return Task(id=f"new-{kind}/{i}", question=_text(kind, str(i)), answer="0", domain="math", source="t", grader="math")
+
+
+def _hint(tmp_path: Path, **kw: object) -> tuple[PlanHint, object, list[Task]]:
+    from rl_conductor.training.train import _warm_start
+
+    tasks, pool = _mixed(), _pool()
+    hints: list[PlanHint] = []
+    targets, *_ = _warm_start(_cfg(tmp_path, plan_hint=True, **kw), tasks, pool, plan_hint=hints)
+    return hints[0], targets, tasks
+
+
+def test_a_new_question_gets_the_plan_of_its_nearest_training_questions(tmp_path: Path) -> None:
+    hint, targets, tasks = _hint(tmp_path, warm_neighbours=4, warm_shrink=0.0)
+    names = [w.info.name for w in _pool().workers]
+    # a training question's line is its own (leave-one-out) target: what the warm start teaches
+    for t in tasks:
+        assert hint.candidate(t, names, LIMITS) == targets.best(t, names, None)  # type: ignore[attr-defined]
+    # a question the table lacks: its neighbours in embedding space, sums to a cheap worker
+    new = [_new("easy", 41), _new("hard", 41)]
+    emb = embed([t.question for t in new])
+    easy, hard = (hint.candidate(t, names, LIMITS, e) for t, e in zip(new, emb, strict=True))
+    assert "dear" not in easy.workers and hard.workers == {"dear"}
+    with pytest.raises(ValueError, match="embedding"):
+        hint.candidate(new[0], names, LIMITS)
+    # only the workers the request may use, by their place in its view
+    cheap = hint.candidate(new[1], ["a", "b"], LIMITS, emb[1])
+    assert cheap.workers <= {"a", "b"}
+    # saved with a model and loaded: the same lines for new questions, no per-question targets
+    hint.save(tmp_path / "model")
+    back = PlanHint.load(tmp_path / "model")
+    assert not back.targets.item_means and back.k == 4
+    assert [back.candidate(t, names, LIMITS, e) for t, e in zip(new, emb, strict=True)] == [easy, hard]
+
+
+def test_a_saved_lookup_names_the_same_plans_parallel_pairs_included(tmp_path: Path) -> None:
+    """With rounds the first plans include parallel pairs (``solve:a|solve:b``); a lookup loaded
+    from its files must name every plan as the one it was saved from (a pair read back as one
+    worker called ``a|solve:b`` was never a candidate: every line named a single)."""
+    from rl_conductor.policies.chains import Candidate
+
+    hint, targets, tasks = _hint(tmp_path, max_rounds=2, warm_neighbours=4)
+    assert any("|" in c.name for c in hint.targets.candidates)
+    assert all(Candidate.parse_name(c.name) == c for c in hint.targets.candidates)
+    hint.save(tmp_path / "model")
+    back = PlanHint.load(tmp_path / "model")
+    hint.targets.item_means = {}  # both as for a question the table lacks
+    names = [w.info.name for w in _pool().workers]
+    emb = embed([t.question for t in tasks])
+    plans = [hint.candidate(t, names, LIMITS, e) for t, e in zip(tasks, emb, strict=True)]
+    assert [back.candidate(t, names, LIMITS, e) for t, e in zip(tasks, emb, strict=True)] == plans
+    assert any(len(p.steps) == 2 for p in plans)  # the pair the rounds table values is a line
+    with pytest.raises(ValueError, match="bad candidate name"):
+        Candidate.parse_name("solve:a|verify:b")
+
+
+def test_with_the_group_means_the_line_is_the_groups_plan_and_needs_no_embedding(tmp_path: Path) -> None:
+    hint, targets, tasks = _hint(tmp_path)  # warm_neighbours 0
+    names = [w.info.name for w in _pool().workers]
+    assert not hint.needs_embedding
+    group = targets.best(tasks[0], names, None)  # type: ignore[attr-defined]
+    assert hint.candidate(_new("hard", 41), names, LIMITS) == group
+    hint.save(tmp_path / "model")
+    assert "embeddings" not in np.load(tmp_path / "model" / "plan_hint.npz").files
+
+
+def test_the_target_is_the_line_written_by_place(tmp_path: Path) -> None:
+    hint, targets, tasks = _hint(tmp_path, warm_neighbours=4, warm_shrink=0.0)
+    pool = _pool()
+    specs = [PromptSpec(task=t, view=(2, 0, 1), budget=None) for t in tasks]  # shown: dear, a, b
+    records = warm_sft_records(
+        specs, pool, LIMITS, targets, max_question_chars=120, hint=training_hint(hint, tasks)  # type: ignore[arg-type]
+    )
+    for spec, rec in zip(specs, records, strict=True):
+        view = spec.pool_view(pool)
+        best = targets.best(spec.task, view.names(), None)  # type: ignore[attr-defined]
+        ids = plan_ids(best, view.names())
+        prompt = rec["prompt"][0]["content"]
+        assert prompt.rstrip().endswith(f"Plan by estimate: {', '.join(map(str, ids))}")
+        text = rec["completion"][0]["content"]
+        assert "@1" in text and not any(f"[{i}" in text for i in range(3))  # by place, not by id
+        assert parse(text, pool_size=3, max_steps=2, ranking=ids) == best.workflow(view.names())
+    assert {r["prompt"][0]["content"].rstrip().splitlines()[-1] for r in records} == {
+        "Plan by estimate: 0",  # the remainders: dear, shown first
+        f"Plan by estimate: {', '.join(map(str, plan_ids(targets.best(tasks[0], ['dear', 'a', 'b'], None), ['dear', 'a', 'b'])))}",  # type: ignore[attr-defined]  # noqa: E501
+    }
+
+
+def test_a_prompt_shows_a_plan_line_or_a_ranking_and_the_recipe_refuses_other_evidence() -> None:
+    task, view = _mixed()[0], _pool().view()
+    assert conductor_prompt(task, view, LIMITS, plan=[2, 0]).rstrip().endswith("Plan by estimate: 2, 0")
+    with pytest.raises(ValueError, match="not both"):
+        conductor_prompt(task, view, LIMITS, plan=[2], ranking=[1, 2])
+    for bad in ({"evidence": "rank", "max_rounds": 1}, {"sft_targets": "random"}):
+        with pytest.raises(ValueError, match="plan_hint"):
+            TrainConfig(pool="unused", plan_hint=True, **bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_a_trained_conductor_reads_its_saved_plan_line(tmp_path: Path) -> None:
+    """A micro run with ``plan_hint``: the lookup is saved with the model, the trained policy's
+    prompt ends with the line its training prompts ended with, a plan written by place parses
+    against it, and a folder that lost the lookup is refused by name."""
+    import shutil
+
+    from rl_conductor.policies.conductor import ConductorPolicy
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.training.train import train
+    from rl_conductor.workers.pool import load_pool
+
+    cfg = rounds_micro_config(tmp_path, plan_hint=True, warm_neighbours=8)
+    result = train(cfg, tmp_path / "out", progress=False)
+    final = result.final_dir
+    assert json.loads((final / "conductor.json").read_text())["plan_hint"] is True
+    assert PlanHint.exists(final) and PlanHint.exists(tmp_path / "out" / "sft")
+    policy = ConductorPolicy(final)
+    pool = load_pool("gsm8k-six")
+    task = load_tasks("gsm8k-six", split="validation", limit=1)[0]
+    view, limits = pool.view(), RequestLimits(max_steps=2, max_rounds=2)
+    ids = policy.plan_ids(task, view, limits)
+    assert ids and policy.prompt(task, view, limits).rstrip().endswith(
+        f"Plan by estimate: {', '.join(map(str, ids))}"
+    )
+    plan = asyncio.run(policy.plan(task, view, limits))
+    if not plan.fallback:  # the micro model writes by place what it was taught to (parsed against the line)
+        assert all(s.rank is not None and s.worker == ids[s.rank - 1] for s in plan.workflow.steps)
+    episode = asyncio.run(policy.run(task, view, limits))
+    assert episode.trace.steps and episode.trace.final_answer
+    broken = tmp_path / "broken"
+    shutil.copytree(final, broken)
+    (broken / "plan_hint.npz").unlink()
+    with pytest.raises(ModelNotFound, match="plan hint"):
+        ConductorPolicy(broken)
