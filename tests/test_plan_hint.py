@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_adaptive_training import _cfg, _pool, _tasks, rounds_micro_config
 
 from rl_conductor.errors import ModelNotFound
 from rl_conductor.limits import RequestLimits
@@ -28,6 +27,7 @@ from rl_conductor.tasks.base import Task
 from rl_conductor.training.config import TrainConfig
 from rl_conductor.training.data import PromptSpec, training_hint, warm_sft_records
 from rl_conductor.workflow import parse
+from test_adaptive_training import _cfg, _pool, _tasks, rounds_micro_config
 
 LIMITS = RequestLimits(max_steps=2)
 
@@ -43,7 +43,8 @@ def _mixed() -> list[Task]:
 
 
 def _new(kind: str, i: int) -> Task:
-    return Task(id=f"new-{kind}/{i}", question=_text(kind, str(i)), answer="0", domain="math", source="t", grader="math")
+    question = _text(kind, str(i))
+    return Task(id=f"new-{kind}/{i}", question=question, answer="0", domain="math", source="t", grader="math")
 
 
 def _hint(tmp_path: Path, **kw: object) -> tuple[PlanHint, object, list[Task]]:
@@ -84,7 +85,7 @@ def test_a_saved_lookup_names_the_same_plans_parallel_pairs_included(tmp_path: P
     worker called ``a|solve:b`` was never a candidate: every line named a single)."""
     from rl_conductor.policies.chains import Candidate
 
-    hint, targets, tasks = _hint(tmp_path, max_rounds=2, warm_neighbours=4)
+    hint, _, tasks = _hint(tmp_path, max_rounds=2, warm_neighbours=4)
     assert any("|" in c.name for c in hint.targets.candidates)
     assert all(Candidate.parse_name(c.name) == c for c in hint.targets.candidates)
     hint.save(tmp_path / "model")
@@ -114,7 +115,12 @@ def test_the_target_is_the_line_written_by_place(tmp_path: Path) -> None:
     pool = _pool()
     specs = [PromptSpec(task=t, view=(2, 0, 1), budget=None) for t in tasks]  # shown: dear, a, b
     records = warm_sft_records(
-        specs, pool, LIMITS, targets, max_question_chars=120, hint=training_hint(hint, tasks)  # type: ignore[arg-type]
+        specs,
+        pool,
+        LIMITS,
+        targets,
+        max_question_chars=120,
+        hint=training_hint(hint, tasks),  # type: ignore[arg-type]
     )
     for spec, rec in zip(specs, records, strict=True):
         view = spec.pool_view(pool)
