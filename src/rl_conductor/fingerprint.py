@@ -31,6 +31,7 @@ __all__ = [
     "code_version",
     "evaluation_id",
     "fingerprint",
+    "loaded_pool_parts",
     "pool_fingerprint",
     "recordings_fingerprint",
 ]
@@ -100,6 +101,21 @@ def _file_digest(path: str, mtime_ns: int, size: int) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()[:16]
+
+
+def loaded_pool_parts(pool: Any) -> list[str]:
+    """What a loaded pool's outcomes depend on besides the code: its options, its workers' facts
+    (names, prices, hosting; a simulated worker's accuracy targets too: a pool file that degrades a
+    worker in place keeps its name and prices) and a replay pool's recordings file's contents (not
+    only its path). Part of the routers' cache key and of a training's ``recipe.json``."""
+    from dataclasses import asdict
+
+    facts = [asdict(w.info) | {"targets": getattr(w, "targets", None)} for w in pool.workers]
+    return [
+        json.dumps(pool.options, sort_keys=True, default=str),
+        json.dumps(facts, sort_keys=True, default=str),
+        recordings_fingerprint(pool.options),
+    ]
 
 
 def pool_fingerprint(pool: str, seed: int = 0) -> str:

@@ -27,7 +27,7 @@ import asyncio
 import io
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -215,21 +215,11 @@ def _forked(pool: Pool, tasks: Sequence[Task], workers: int) -> SingleOutcomes:
 
 
 def pool_key(pool: Pool) -> str:
-    """What a measurement on ``pool`` depends on: its name, options, worker facts (a simulated
-    worker's accuracy targets too: a pool file that degrades a worker in place keeps its name
-    and prices), the code and a replay pool's recordings file contents."""
-    from rl_conductor.fingerprint import code_version, fingerprint, recordings_fingerprint
+    """What a measurement on ``pool`` depends on: its name, the code, and its options, worker facts
+    and recordings (:func:`rl_conductor.fingerprint.loaded_pool_parts`)."""
+    from rl_conductor.fingerprint import code_version, fingerprint, loaded_pool_parts
 
-    facts = [asdict(w.info) | {"targets": getattr(w, "targets", None)} for w in pool.workers]
-    return fingerprint(
-        [
-            pool.name,
-            json.dumps(pool.options, sort_keys=True, default=str),
-            json.dumps(facts, default=str),
-            code_version(),
-            recordings_fingerprint(pool.options),  # the file's contents, not only its path
-        ]
-    )
+    return fingerprint([pool.name, code_version(), *loaded_pool_parts(pool)])
 
 
 def single_outcomes(pool: Pool, tasks: Sequence[Task], *, cache: bool = True) -> SingleOutcomes:

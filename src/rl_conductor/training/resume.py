@@ -74,19 +74,11 @@ def _path_or(spec: str | None, *, prefix: str = "") -> str | None:
 
 def pool_facts(pool: Any) -> str:
     """A digest of what a loaded pool's workers are (names, prices, hosting, options) and of its
-    recordings file's contents: a pool file edited in place keeps its path."""
-    from dataclasses import asdict
+    recordings file's contents (:func:`rl_conductor.fingerprint.loaded_pool_parts`): a pool file
+    edited in place keeps its path."""
+    from rl_conductor.fingerprint import fingerprint, loaded_pool_parts
 
-    from rl_conductor.fingerprint import fingerprint, recordings_fingerprint
-
-    facts = [asdict(w.info) | {"targets": getattr(w, "targets", None)} for w in pool.workers]
-    return fingerprint(
-        [
-            json.dumps(pool.options, sort_keys=True, default=str),
-            json.dumps(facts, sort_keys=True, default=str),
-            recordings_fingerprint(pool.options),
-        ]
-    )
+    return fingerprint(loaded_pool_parts(pool))
 
 
 def recipe_of(cfg: TrainConfig, dataset: str, pool: Any = None) -> dict[str, Any]:
