@@ -15,7 +15,6 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from rl_conductor.errors import ModelNotFound
@@ -103,11 +102,36 @@ def test_a_saved_lookup_names_the_same_plans_parallel_pairs_included(tmp_path: P
 def test_with_the_group_means_the_line_is_the_groups_plan_and_needs_no_embedding(tmp_path: Path) -> None:
     hint, targets, tasks = _hint(tmp_path)  # warm_neighbours 0
     names = [w.info.name for w in _pool().workers]
-    assert not hint.needs_embedding
-    group = targets.best(tasks[0], names, None)  # type: ignore[attr-defined]
-    assert hint.candidate(_new("hard", 41), names, LIMITS) == group
-    hint.save(tmp_path / "model")
-    assert "embeddings" not in np.load(tmp_path / "model" / "plan_hint.npz").files
+    new = _new("hard", 41)
+    assert not hint.needs_embedding(new)
+    assert hint.candidate(new, names, LIMITS) == targets.best(tasks[0], names, None)  # type: ignore[attr-defined]
+
+
+def test_a_served_question_gets_the_plan_of_the_kind_its_neighbours_are(tmp_path: Path) -> None:
+    """A served request carries no domain (``unknown``): the line reads the kind of question
+    (domain and group) its nearest training questions are, as evaluation reads the label. Here
+    the sums are one domain (a cheap worker's) and the remainders another (the dear worker's)."""
+    from rl_conductor.training.train import _warm_start
+
+    tasks = [replace(t, domain="arith" if t.id.startswith("easy") else "modular") for t in _mixed()]
+    pool, hints = _pool(), []
+    names = [w.info.name for w in pool.workers]
+    targets, *_ = _warm_start(_cfg(tmp_path, plan_hint=True), tasks, pool, plan_hint=hints)
+    hint = hints[0]
+    easy, hard = (replace(_new(k, 41), domain="unknown") for k in ("easy", "hard"))
+    assert hint.needs_embedding(easy)
+    with pytest.raises(ValueError, match="embedding"):
+        hint.candidate(hard, names, LIMITS)
+    emb = embed([easy.question, hard.question])
+    assert hint.kind(emb[1]) == ("modular", "modular/t")
+    by_kind = {
+        d: targets.best(next(t for t in tasks if t.domain == d), names, None) for d in ("arith", "modular")
+    }
+    assert by_kind["arith"] != by_kind["modular"]  # the two kinds want different plans
+    assert hint.candidate(easy, names, LIMITS, emb[0]) == by_kind["arith"]
+    assert hint.candidate(hard, names, LIMITS, emb[1]) == by_kind["modular"]
+    hint.save(tmp_path / "model")  # the index is saved even without neighbourhoods: it finds the kind
+    assert PlanHint.load(tmp_path / "model").candidate(hard, names, LIMITS, emb[1]) == by_kind["modular"]
 
 
 def test_the_target_is_the_line_written_by_place(tmp_path: Path) -> None:
@@ -177,8 +201,68 @@ def test_a_trained_conductor_reads_its_saved_plan_line(tmp_path: Path) -> None:
         assert all(s.rank is not None and s.worker == ids[s.rank - 1] for s in plan.workflow.steps)
     episode = asyncio.run(policy.run(task, view, limits))
     assert episode.trace.steps and episode.trace.final_answer
+    # a served request carries no domain: the line is its neighbours' kind's, here the same
+    served = replace(task, id="request-1", domain="unknown", source="serving")
+    assert policy.plan_ids(served, view, limits) == ids
     broken = tmp_path / "broken"
     shutil.copytree(final, broken)
     (broken / "plan_hint.npz").unlink()
     with pytest.raises(ModelNotFound, match="plan hint"):
         ConductorPolicy(broken)
+    shutil.copy(final / "plan_hint.npz", broken / "plan_hint.npz")
+    meta = json.loads((final / "plan_hint.json").read_text())
+    for tamper in (
+        {"candidates": meta["candidates"][:-1]},
+        {"domains": None},
+        {"rows_by_key": {"x": [10**9]}},
+    ):
+        (broken / "plan_hint.json").write_text(json.dumps({**meta, **tamper}))
+        with pytest.raises(ModelNotFound, match=r"plan hint .* does not load"):
+            ConductorPolicy(broken)
+    (broken / "plan_hint.json").write_text("{not json")
+    with pytest.raises(ModelNotFound, match="does not load"):
+        ConductorPolicy(broken)
+
+
+def test_the_line_names_only_workers_the_request_may_use_under_any_budget(tmp_path: Path) -> None:
+    """The line follows the request's allow-list, and a budget on a lookup measured without
+    budget columns reads its unbudgeted column (it raised, and the line vanished silently)."""
+    hint, *_ = _hint(tmp_path, warm_neighbours=4, warm_shrink=0.0)
+    view = _pool().view()
+    new = _new("hard", 41)
+    emb = embed([new.question])[0]
+    assert [view.names()[i] for i in hint(new, view, LIMITS, emb)] == ["dear"]
+    cheap_only = RequestLimits(max_steps=2, allowed_workers=frozenset({"a", "b"}))
+    assert {view.names()[i] for i in hint(new, view, cheap_only, emb)} <= {"a", "b"}
+    assert hint.targets.budgets == [None]
+    budgeted = RequestLimits(max_steps=2, max_cost_usd=1000.0)
+    assert [view.names()[i] for i in hint(new, view, budgeted, emb)] == ["dear"]
+
+
+def test_a_domain_of_one_training_question_gets_its_target_not_a_lookup_of_its_own_row(
+    tmp_path: Path,
+) -> None:
+    """A domain with one training question has no leave-one-out neighbours: its line is its
+    target (as every plan_hint line of a training question is), never a neighbourhood of one
+    that is its own row."""
+    from rl_conductor.training.train import _warm_start
+
+    tasks = [*_mixed(), replace(_mixed()[-1], id="lonely/1", domain="lonely")]
+    pool, hints = _pool(), []
+    targets, *_ = _warm_start(_cfg(tmp_path, plan_hint=True, warm_neighbours=4), tasks, pool, plan_hint=hints)
+    lonely = tasks[-1]
+    assert lonely.id not in targets.item_means and not hints[0].needs_embedding(lonely)
+    names = [w.info.name for w in pool.workers]
+    assert hints[0].candidate(lonely, names, LIMITS) == targets.best(lonely, names, None)
+
+
+def test_a_lookup_naming_unknown_workers_or_a_pool_without_its_workers_is_refused(tmp_path: Path) -> None:
+    from rl_conductor.errors import InvalidArgument
+    from rl_conductor.policies.plan_hint import check_plan_workers
+
+    hint, _, _ = _hint(tmp_path)
+    with pytest.raises(ValueError, match=r"not trained with: \['dear'\]"):
+        check_plan_workers(hint, ["a", "b", "dear"], ["a", "b"], "conductor:x")
+    with pytest.raises(InvalidArgument, match="none of"):
+        check_plan_workers(hint, ["x", "y"], ["a", "b", "dear"], "conductor:x")
+    check_plan_workers(hint, ["a", "dear"], ["a", "b", "dear"], "conductor:x")  # a subset: lines without b

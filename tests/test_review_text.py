@@ -183,6 +183,15 @@ def test_a_trained_text_conductor_shows_its_estimate_and_one_round_is_unchanged(
     (plain_dir / "conductor.json").write_text(json.dumps(doc))
     (plain_dir / "review_evidence.json").unlink()
     plain_policy = ConductorPolicy(plain_dir)
+    # a damaged estimator file is refused in one line that names it, not with a traceback
+    from rl_conductor.errors import ModelNotFound
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(final, damaged)
+    for text in ("{not json", json.dumps({"plans": 3})):
+        (damaged / "review_evidence.json").write_text(text)
+        with pytest.raises(ModelNotFound, match="review evidence file does not load"):
+            ConductorPolicy(damaged)
     assert plain_policy.review_evidence is None and text_policy.review_evidence is not None
 
     # max_rounds 1: the same plans, the same traces (no review runs)

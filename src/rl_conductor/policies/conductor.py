@@ -50,7 +50,8 @@ from rl_conductor.lm.generate import apply_chat, generate, load_lm
 from rl_conductor.lm.models import looks_like_hf_id
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.evidence import EvidenceModel, Ranker, check_known_workers
-from rl_conductor.policies.plan_hint import PlanHint
+from rl_conductor.policies.plan_hint import PlanHint, check_plan_workers
+from rl_conductor.policies.usable import usable_workers
 from rl_conductor.prompting import (
     DEFAULT_MAX_QUESTION_CHARS,
     RoundSummary,
@@ -114,22 +115,6 @@ def model_source(spec: str | Path) -> Path | str:
     if looks_like_hf_id(text):
         return text
     raise model_not_found(text, "no such folder")
-
-
-def usable_workers(view: PoolView, limits: RequestLimits) -> list[int]:
-    """The ids of the workers a plan under ``limits`` can use: those the limits permit (allow-list,
-    private → self-hosted) and, under a budget, whose typical answer fits it (the prompt's
-    ``over budget`` flag, :func:`~rl_conductor.prompting.over_budget`). When the budget affords
-    none of the permitted ones, the permitted ones; when nothing is permitted, every worker (the
-    executor then refuses the plan with its reason)."""
-    infos = view.infos()
-    permitted = [j for j, i in enumerate(infos) if limits.permits(i.name, i.hosting)] or list(
-        range(len(view))
-    )
-    if limits.max_cost_usd is None:
-        return permitted
-    affordable = [j for j in permitted if not over_budget(infos[j], limits.max_cost_usd)]
-    return affordable or permitted
 
 
 def allowed_ids(view: PoolView, limits: RequestLimits) -> frozenset[int] | None:
@@ -313,7 +298,12 @@ class ConductorPolicy(Policy):
                     f"conductor.json asks for {self.meta['review_evidence']} review evidence; "
                     "its file is missing",
                 )
-            self.review_evidence = ReviewEvidence.load(self.model_dir)
+            try:
+                self.review_evidence = ReviewEvidence.load(self.model_dir)
+            except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:  # a bad file: one line
+                what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                why = f"its review evidence file does not load: {what}"
+                raise model_not_found(str(model_dir), why) from exc
         #: with ``plan_hint`` the prompt's last line names the first plan the question's nearest
         #: training questions scored best with (policies/plan_hint.py), saved with the model
         self.plan_hint: PlanHint | None = None
@@ -322,7 +312,11 @@ class ConductorPolicy(Policy):
                 raise model_not_found(
                     str(model_dir), "conductor.json asks for a plan hint; its files are missing"
                 )
-            self.plan_hint = PlanHint.load(self.model_dir)
+            try:
+                self.plan_hint = PlanHint.load(self.model_dir)
+                check_plan_workers(self.plan_hint, (), self.meta.get("pool_workers") or (), str(model_dir))
+            except ValueError as exc:
+                raise model_not_found(str(model_dir), str(exc)) from exc
         self._embedded: dict[str, Any] = {}
         self.batch_size = batch_size
         self.seed = seed
@@ -350,6 +344,10 @@ class ConductorPolicy(Policy):
         policy = cls(arg, seed=int(kw.get("seed", 0)))
         if policy.evidence is not None:
             check_known_workers(policy.evidence, pool.names(), policy.name)
+        if policy.plan_hint is not None:
+            check_plan_workers(
+                policy.plan_hint, pool.names(), policy.meta.get("pool_workers") or (), policy.name
+            )
         return policy
 
     # -- generation -------------------------------------------------------------------------
@@ -463,8 +461,8 @@ class ConductorPolicy(Policy):
         (the tiny Conductor's figures for each variant: benchmarks/README.md, "Measured design
         choices of the LM Conductor"). Set ``deadline_trim`` off to replan without cutting."""
         evidence = self.task_evidence(tasks)
-        if self.plan_hint is not None and self.plan_hint.needs_embedding:
-            self._embeddings(tasks)  # one batch, before the prompts look them up one by one
+        if self.plan_hint is not None:  # one batch, before the prompts look them up one by one
+            self._embeddings([t for t in tasks if self.plan_hint.needs_embedding(t)])
         first = [
             replace(lim, max_latency_s=None) if self.deadline_check and lim.max_latency_s is not None else lim
             for lim in limits
@@ -473,15 +471,22 @@ class ConductorPolicy(Policy):
             self.evidence_ranking(t, v, lim, e)
             for t, v, lim, e in zip(tasks, views, first, evidence, strict=True)
         ]
+        lines = [self.plan_ids(t, v, lim) for t, v, lim in zip(tasks, views, first, strict=True)]
         plans = self._parse_all(
             [self.prompt(t, v, lim, e) for t, v, lim, e in zip(tasks, views, first, evidence, strict=True)],
             views,
             first,
             rankings=[
-                shown_ranking(o) if self.plan_hint is None else self.plan_ids(t, v, lim)
-                for t, v, lim, o in zip(tasks, views, first, orders, strict=True)
+                shown_ranking(o) if self.plan_hint is None else line
+                for o, line in zip(orders, lines, strict=True)
             ],
         )
+        if self.plan_hint is not None:  # a prompt without the line its model was trained with
+            missing = "planning: no plan line: no plan of its lookup uses only this request's workers"
+            plans = [
+                p if line is not None else replace(p, notes=(*p.notes, missing))
+                for p, line in zip(plans, lines, strict=True)
+            ]
         if self.ranker is not None:  # what the evidence alone would pick (evaluation: agreement)
             plans = [replace(p, evidence_best=(o or [None])[0]) for p, o in zip(plans, orders, strict=True)]
         again: list[int] = []
@@ -578,7 +583,7 @@ class ConductorPolicy(Policy):
         models, or where no plan of the lookup uses only the request's workers)."""
         if self.plan_hint is None:
             return None
-        emb = self._embeddings([task])[0] if self.plan_hint.needs_embedding else None
+        emb = self._embeddings([task])[0] if self.plan_hint.needs_embedding(task) else None
         try:
             return self.plan_hint(task, view, limits, emb)
         except ValueError:  # none of the lookup's workers is in this view

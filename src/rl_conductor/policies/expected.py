@@ -287,8 +287,8 @@ class ExpectedRewards:
 
     def budget_index(self, budget: float | None) -> int:
         """The column of the largest table budget not above ``budget`` (0 = no budget)."""
-        if budget is None:
-            return 0
+        if budget is None or all(b is None for b in self.budgets):
+            return 0  # no budget, or a table measured without budgets: its unbudgeted column
         fitting = [(b, j) for j, b in enumerate(self.budgets) if b is not None and b <= budget + 1e-12]
         if fitting:
             return max(fitting)[1]
@@ -324,20 +324,22 @@ class ExpectedRewards:
         budget: float | None,
         deadline: float | None = None,
         own: np.ndarray | None = None,
+        kind: str | None = None,
     ) -> tuple[Candidate, float]:
         """:meth:`best` and its expected reward: its neighbourhood's mean at the prompt's column
         (with the question's evidence shift), or for a kind of question the table lacks the
         fallback single's mean over every neighbourhood. What an observed workflow is compared
         with (:mod:`rl_conductor.training.observed`). ``own``: a question's own table in place of
         the first neighbourhood the table has for it (:meth:`near_table`, a question the table
-        lacks)."""
+        lacks); ``kind``: the neighbourhood to read in place of the question's group (a question
+        whose kind its label does not say, :class:`~rl_conductor.policies.plan_hint.PlanHint`)."""
         shown = set(names)
         b = self.budget_index(budget)
         afford: int | None = None  # a budget column the candidate must also be affordable in
         if deadline is not None and self.deadlines:
             afford = b if budget is not None else None
             b = self.deadline_index(deadline)
-        group = group_of(task, self.group_by)
+        group = group_of(task, self.group_by) if kind is None else kind
         for key in (group, task.domain):
             table = self.by_group.get(key)
             if table is None:

@@ -17,12 +17,18 @@ per-question rewards (training questions only), their MiniLM embeddings (the kNN
 For a training question the line is its leave-one-out target (what it was trained on); for any
 other question (validation, test, serving) its ``k`` nearest training questions of its domain,
 shrunk towards its group's mean (:meth:`ExpectedRewards.near_table`). With ``k = 0`` (the
-training split chose the group means) the line is the group's target and no question is embedded.
+training split chose the group means) the line is the group's target. A served request carries no
+domain (``unknown``): its kind (domain and group) is the most common among its
+:data:`KIND_NEIGHBOURS` nearest training questions, as evaluation reads a question's label, so a
+served Conductor is shown the line its evaluation measured (without that, every served line would
+be the one best worker overall).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import zipfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -30,15 +36,35 @@ from typing import Any
 
 import numpy as np
 
+from rl_conductor.errors import InvalidArgument
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.chains import Candidate
 from rl_conductor.policies.expected import ExpectedRewards
+from rl_conductor.policies.usable import usable_workers
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Workflow
 
+log = logging.getLogger(__name__)
+
 ARRAYS = "plan_hint.npz"
 META = "plan_hint.json"
+#: how many nearest training questions vote on the kind (domain, group) of a question whose label
+#: says neither (a served request)
+KIND_NEIGHBOURS = 10
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    e = np.asarray(v, dtype=np.float32)
+    return e / max(float(np.linalg.norm(e)), 1e-12)
+
+
+def _majority(labels: Sequence[str]) -> str:
+    """The most common label, ties to the one that comes first (the nearer question)."""
+    counts: dict[str, int] = {}
+    for x in labels:
+        counts[x] = counts.get(x, 0) + 1
+    return max(counts, key=lambda x: (counts[x], -labels.index(x)))
 
 
 def plan_ids(candidate: Candidate, names: Sequence[str]) -> list[int]:
@@ -63,23 +89,49 @@ class PlanHint:
     """The ``Plan by estimate:`` line of a question (module docstring)."""
 
     def __init__(
-        self, targets: ExpectedRewards, embeddings: np.ndarray | None, k: int, shrink: float
+        self,
+        targets: ExpectedRewards,
+        embeddings: np.ndarray,
+        k: int,
+        shrink: float,
+        domains: Sequence[str],
+        groups: Sequence[str],
+        table_ids: Sequence[str] = (),
     ) -> None:
         if targets.item_rewards is None:
             raise ValueError("a plan hint needs the table's per-question rewards")
-        if k > 0:
-            if embeddings is None or embeddings.shape[0] != targets.item_rewards.shape[0]:
-                raise ValueError("a plan hint with neighbours needs one embedding per table question")
-            e = np.asarray(embeddings, dtype=np.float32)
-            embeddings = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
+        n = targets.item_rewards.shape[0]
+        if embeddings is None or embeddings.shape[0] != n or len(domains) != n or len(groups) != n:
+            raise ValueError("a plan hint needs one embedding, domain and group per table question")
+        e = np.asarray(embeddings, dtype=np.float32)
+        self.embeddings = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
         self.targets = targets
-        self.embeddings = embeddings if k > 0 else None
         self.k = int(k)
         self.shrink = float(shrink)
+        self.domains = list(domains)
+        self.groups = list(groups)
+        #: the table's own questions (in training only; not saved): their line is their target,
+        #: never a lookup that could read their own row (a domain of one question has no
+        #: leave-one-out neighbourhood)
+        self.table_ids = frozenset(table_ids)
 
-    @property
-    def needs_embedding(self) -> bool:
-        return self.k > 0
+    def needs_embedding(self, task: Task) -> bool:
+        """Whether :meth:`candidate` reads ``task``'s embedding: with neighbourhoods, for any
+        question the table lacks, and always for a question whose domain the table does not know
+        (a served request is ``unknown``: its kind is that of its nearest training questions)."""
+        if task.id in self.targets.item_means or task.id in self.table_ids:
+            return False
+        return self.k > 0 or self.targets.key_of(task) is None
+
+    def kind(self, embedding: np.ndarray) -> tuple[str, str]:
+        """The (domain, group) of a question whose label says neither: the most common among its
+        :data:`KIND_NEIGHBOURS` nearest training questions (ties to the nearer)."""
+        sim = self.embeddings @ _unit(embedding)
+        kk = min(KIND_NEIGHBOURS, len(sim))
+        near = np.argsort(-sim)[:kk]
+        domain = _majority([self.domains[i] for i in near])
+        group = _majority([self.groups[i] for i in near if self.domains[i] == domain])
+        return domain, group
 
     def candidate(
         self,
@@ -89,27 +141,46 @@ class PlanHint:
         embedding: np.ndarray | None = None,
     ) -> Candidate:
         """The plan the line names for ``task`` over the workers ``names`` under ``limits``."""
+        budget, deadline = limits.max_cost_usd, limits.max_latency_s
+        if not self.needs_embedding(task):  # a training question, or group means of a known kind
+            return self.targets.value(task, names, budget, deadline)[0]
+        if embedding is None:
+            raise ValueError("this plan hint reads the question's embedding")
+        kind: str | None = None
+        if self.targets.key_of(task) is None:
+            domain, kind = self.kind(embedding)
+            task = replace(task, domain=domain)
         own = None
-        key = self.targets.key_of(task)
-        if self.k > 0 and key is not None and task.id not in self.targets.item_means:
-            if embedding is None:
-                raise ValueError("this plan hint reads the question's embedding")
-            rows = self.targets.rows_by_key.get(task.domain)
-            if rows is not None and len(rows):
-                assert self.embeddings is not None
-                e = np.asarray(embedding, dtype=np.float32)
-                sim = self.embeddings[rows] @ (e / max(float(np.linalg.norm(e)), 1e-12))
-                kk = min(self.k, len(rows))
-                near = rows[np.argpartition(-sim, kk - 1)[:kk]]
-                own = self.targets.near_table(key, near, self.shrink)
-        return self.targets.value(task, names, limits.max_cost_usd, limits.max_latency_s, own=own)[0]
+        key = kind or self.targets.key_of(task)
+        rows = self.targets.rows_by_key.get(task.domain)
+        if self.k > 0 and key is not None and rows is not None and len(rows):
+            sim = self.embeddings[rows] @ _unit(embedding)
+            kk = min(self.k, len(rows))
+            own = self.targets.near_table(key, rows[np.argpartition(-sim, kk - 1)[:kk]], self.shrink)
+        return self.targets.value(task, names, budget, deadline, own=own, kind=kind)[0]
+
+    def usable(self, view: PoolView, limits: RequestLimits) -> list[str]:
+        """The names of the workers the line may name: those the request may use
+        (:func:`~rl_conductor.policies.usable.usable_workers`: its allow-list, private requests on
+        self-hosted workers, no worker flagged over its budget), as the decoding mask allows."""
+        names = view.names()
+        return [names[j] for j in usable_workers(view, limits)]
+
+    def plan(
+        self, task: Task, view: PoolView, limits: RequestLimits, embedding: np.ndarray | None = None
+    ) -> Candidate:
+        """The plan the line names for a request: :meth:`candidate` over its usable workers."""
+        return self.candidate(task, self.usable(view, limits), limits, embedding)
 
     def __call__(
         self, task: Task, view: PoolView, limits: RequestLimits, embedding: np.ndarray | None = None
     ) -> list[int]:
         """The line's ids: the plan's workers as ordinals of ``view``, in step order."""
-        names = view.names()
-        return plan_ids(self.candidate(task, names, limits, embedding), names)
+        return plan_ids(self.plan(task, view, limits, embedding), view.names())
+
+    def workers(self) -> set[str]:
+        """Every worker a plan of the lookup may name."""
+        return {w for c in self.targets.candidates for w, _ in c.steps}
 
     # -- files ------------------------------------------------------------------------------
     @staticmethod
@@ -130,8 +201,7 @@ class PlanHint:
             "item_rewards": t.item_rewards.astype(np.float32),
             "scored": t.scored,
         }
-        if self.embeddings is not None:
-            arrays["embeddings"] = self.embeddings.astype(np.float16)
+        arrays["embeddings"] = self.embeddings.astype(np.float16)
         np.savez_compressed(folder / ARRAYS, **arrays)  # type: ignore[arg-type]
         meta: dict[str, Any] = {
             "k": self.k,
@@ -143,16 +213,37 @@ class PlanHint:
             "group_by": t.group_by,
             "keys": keys,
             "rows_by_key": {k: [int(i) for i in v] for k, v in t.rows_by_key.items()},
+            "domains": self.domains,
+            "groups": self.groups,
         }
         (folder / META).write_text(json.dumps(meta), encoding="utf-8")
 
     @classmethod
     def load(cls, folder: str | Path) -> PlanHint:
+        """The lookup saved in ``folder``; ValueError naming the file where it is unreadable,
+        incomplete or inconsistent (a model must not plan from a line it cannot make)."""
         folder = Path(folder)
+        try:
+            return cls._load(folder)
+        except (OSError, KeyError, TypeError, ValueError, IndexError, zipfile.BadZipFile) as exc:
+            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise ValueError(f"the plan hint in {folder} ({ARRAYS}, {META}) does not load: {what}") from exc
+
+    @classmethod
+    def _load(cls, folder: Path) -> PlanHint:
         meta = json.loads((folder / META).read_text(encoding="utf-8"))
         with np.load(folder / ARRAYS) as z:
             arrays = {k: z[k] for k in z.files}
         keys = list(meta["keys"])
+        n, c = arrays["item_rewards"].shape[:2]
+        if (
+            arrays["by_group"].shape[:2] != (len(keys), c)
+            or arrays["cost_by_group"].shape != arrays["by_group"].shape
+            or len(meta["candidates"]) != c
+            or arrays["scored"].shape[0] != n
+            or any(not all(0 <= int(i) < n for i in v) for v in meta["rows_by_key"].values())
+        ):
+            raise ValueError("its arrays and its index do not match")
         targets = ExpectedRewards(
             [Candidate.parse_name(n) for n in meta["candidates"]],
             list(meta["budgets"]),
@@ -165,11 +256,28 @@ class PlanHint:
             rows_by_key={k: np.asarray(v, dtype=int) for k, v in meta["rows_by_key"].items()},
             group_by=str(meta["group_by"]),
         )
-        emb = arrays.get("embeddings")
         return cls(
-            targets, None if emb is None else emb.astype(np.float32), int(meta["k"]), float(meta["shrink"])
+            targets,
+            arrays["embeddings"].astype(np.float32),
+            int(meta["k"]),
+            float(meta["shrink"]),
+            meta["domains"],
+            meta["groups"],
         )
 
-    def workers(self) -> set[str]:
-        """Every worker a plan of the lookup may name (serving checks its pool has them)."""
-        return {w for c in self.targets.candidates for w, _ in c.steps}
+
+def check_plan_workers(hint: PlanHint, names: Sequence[str], trained: Sequence[str], what: str) -> None:
+    """Refuse a lookup that names a worker the model was not trained with (``trained``: its
+    ``conductor.json`` ``pool_workers``; a tampered file), or a pool that has none of its workers
+    (every line would be missing); log the workers the pool lacks (no line names them)."""
+    ghosts = sorted(hint.workers() - set(trained)) if trained else []
+    if ghosts:
+        raise ValueError(f"{what}: its plan hint names workers it was not trained with: {ghosts}")
+    if names and not hint.workers() & set(names):
+        raise InvalidArgument(
+            f"{what}: its plan hint names workers {sorted(hint.workers())}, and this pool has none of "
+            f"them ({list(names)}); evaluate it on the pool it was trained on, or train it on this one"
+        )
+    missing = sorted(hint.workers() - set(names)) if names else []
+    if missing:
+        log.warning("%s: this pool lacks workers %s; no plan line names them", what, missing)

@@ -97,7 +97,8 @@ class TrainConfig:
         "questions scored best with (the warm start's own lookup, policies/plan_hint.py; its "
         "group's plan where warm_neighbours is 0), and write the target by place (model_id = [@1, "
         "@2]); saved with the model for evaluation and serving. Needs sft_targets: expected-best "
-        "and evidence: none",
+        "and evidence: none. Measured with recordings-text on two simulated files: a tie "
+        "(docs/recordings.md, the plan line)",
     )
     evidence_select: str = _f(
         "none",

@@ -320,17 +320,16 @@ def training_hint(plan_hint: PlanHint, tasks: Sequence[Task] = ()) -> Hint:
     from rl_conductor.policies.knn_embed import embed
 
     embedded: dict[str, Any] = {}
-    if plan_hint.needs_embedding:
-        rest = list(dict.fromkeys(t.question for t in tasks if t.id not in plan_hint.targets.item_means))
-        if rest:
-            embedded.update(zip(rest, cached_embeddings(rest), strict=True))
+    rest = list(dict.fromkeys(t.question for t in tasks if plan_hint.needs_embedding(t)))
+    if rest:
+        embedded.update(zip(rest, cached_embeddings(rest), strict=True))
 
     def hint(task: Task, view: PoolView, limits: RequestLimits) -> Candidate:
         emb = None
-        if plan_hint.needs_embedding and task.id not in plan_hint.targets.item_means:
+        if plan_hint.needs_embedding(task):
             if task.question not in embedded:
                 embedded[task.question] = embed([task.question])[0]
             emb = embedded[task.question]
-        return plan_hint.candidate(task, view.names(), limits, emb)
+        return plan_hint.plan(task, view, limits, emb)
 
     return hint

@@ -635,7 +635,7 @@ def _warm_start(
         table = adaptive_table(table, rounds, rule, choice)
     embeddings = None
     k, decided = cfg.warm_neighbours, None
-    if k:  # per-question neighbourhoods (training/warmstart.py neighbour_means)
+    if k or plan_hint is not None:  # per-question neighbourhoods (policies/expected.py neighbour_means)
         from rl_conductor.policies.knn import cached_embeddings
 
         by_id = {t.id: t for t in items}
@@ -664,7 +664,11 @@ def _warm_start(
     if plan_hint is not None:
         from rl_conductor.policies.plan_hint import PlanHint
 
-        plan_hint.append(PlanHint(targets, embeddings, int(k), cfg.warm_shrink))
+        plan_hint.append(
+            PlanHint(
+                targets, embeddings, int(k), cfg.warm_shrink, table.domains, table.groups, table.task_ids
+            )
+        )
     return targets, model, evidence, rule
 
 
