@@ -218,6 +218,19 @@ def test_trained_rank_conductor_shows_the_line_and_eval_measures_agreement(tmp_p
         .splitlines()[-1]
         .startswith("Best by estimate: ")
     )
+    # a served request says no domain: it is shown the evidence of its kind, as evaluation is
+    from dataclasses import replace
+
+    from rl_conductor.policies.kinds import KindIndex
+
+    assert KindIndex.exists(final) and policy.kinds is not None
+    served = [replace(t, id=f"request/{i}", domain="unknown", source="request") for i, t in enumerate(tasks)]
+    view = pool.view()
+    labelled = policy.plan_batch([(t, view, RequestLimits()) for t in tasks])
+    assert [p.evidence_best for p in policy.plan_batch([(t, view, RequestLimits()) for t in served])] == [
+        p.evidence_best for p in labelled
+    ]
+    assert policy.task_evidence(served) != policy.task_evidence(tasks)  # what it read without the kinds
     res = evaluate(policy, pool.view(), tasks, RequestLimits(), progress=False, reward_config=COST_AWARE)
     share = res.summary()["evidence_agreement"]
     follows = [r.follows_evidence for r in res.records]

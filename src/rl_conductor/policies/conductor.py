@@ -50,6 +50,7 @@ from rl_conductor.lm.generate import apply_chat, generate, load_lm
 from rl_conductor.lm.models import looks_like_hf_id
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.evidence import EvidenceModel, Ranker, check_known_workers
+from rl_conductor.policies.kinds import KindIndex
 from rl_conductor.policies.plan_hint import PlanHint, check_plan_workers
 from rl_conductor.policies.usable import usable_workers
 from rl_conductor.prompting import (
@@ -283,6 +284,15 @@ class ConductorPolicy(Policy):
                     f"conductor.json asks for {self.meta['evidence']} evidence; its files are missing",
                 )
             self.evidence = EvidenceModel.load(self.model_dir)
+        #: the kinds of its training questions, for a request whose domain the evidence does not
+        #: know (policies/kinds.py); absent in folders from before it (such requests then read
+        #: every domain's rates together)
+        self.kinds: KindIndex | None = None
+        if self.evidence is not None and KindIndex.exists(self.model_dir):
+            try:
+                self.kinds = KindIndex.load(self.model_dir)
+            except ValueError as exc:
+                raise model_not_found(str(model_dir), str(exc)) from exc
         #: with ``evidence: rank`` the prompt's last line ranks the usable workers by estimated
         #: reward under the reward the model was trained with (conductor.json ``reward``)
         self.ranker: Ranker | None = None
@@ -460,6 +470,10 @@ class ConductorPolicy(Policy):
         quantile, and cutting to the answering step before replanning kept the most accuracy
         (the tiny Conductor's figures for each variant: benchmarks/README.md, "Measured design
         choices of the LM Conductor"). Set ``deadline_trim`` off to replan without cutting."""
+        if self.kinds is not None and any(t.domain not in self.kinds.known for t in tasks):
+            # a served request says no domain: the evidence reads the kind of its nearest
+            # training questions, as evaluation reads the dataset's label (policies/kinds.py)
+            tasks = self.kinds.with_domains(tasks, self._embeddings(tasks))
         evidence = self.task_evidence(tasks)
         if self.plan_hint is not None:  # one batch, before the prompts look them up one by one
             self._embeddings([t for t in tasks if self.plan_hint.needs_embedding(t)])

@@ -18,10 +18,10 @@ For a training question the line is its leave-one-out target (what it was traine
 other question (validation, test, serving) its ``k`` nearest training questions of its domain,
 shrunk towards its group's mean (:meth:`ExpectedRewards.near_table`). With ``k = 0`` (the
 training split chose the group means) the line is the group's target. A served request carries no
-domain (``unknown``): its kind (domain and group) is the most common among its
-:data:`KIND_NEIGHBOURS` nearest training questions, as evaluation reads a question's label, so a
-served Conductor is shown the line its evaluation measured (without that, every served line would
-be the one best worker overall).
+domain (``unknown``): its kind (domain and group) is the most common among its nearest
+training questions (:class:`~rl_conductor.policies.kinds.KindIndex`), as evaluation reads a
+question's label, so a served Conductor is shown the line its evaluation measured (without
+that, every served line would be the one best worker overall).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from rl_conductor.errors import InvalidArgument
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.chains import Candidate
 from rl_conductor.policies.expected import ExpectedRewards
+from rl_conductor.policies.kinds import KindIndex, unit
 from rl_conductor.policies.usable import usable_workers
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.pool import PoolView
@@ -49,22 +50,6 @@ log = logging.getLogger(__name__)
 
 ARRAYS = "plan_hint.npz"
 META = "plan_hint.json"
-#: how many nearest training questions vote on the kind (domain, group) of a question whose label
-#: says neither (a served request)
-KIND_NEIGHBOURS = 10
-
-
-def _unit(v: np.ndarray) -> np.ndarray:
-    e = np.asarray(v, dtype=np.float32)
-    return e / max(float(np.linalg.norm(e)), 1e-12)
-
-
-def _majority(labels: Sequence[str]) -> str:
-    """The most common label, ties to the one that comes first (the nearer question)."""
-    counts: dict[str, int] = {}
-    for x in labels:
-        counts[x] = counts.get(x, 0) + 1
-    return max(counts, key=lambda x: (counts[x], -labels.index(x)))
 
 
 def plan_ids(candidate: Candidate, names: Sequence[str]) -> list[int]:
@@ -103,13 +88,13 @@ class PlanHint:
         n = targets.item_rewards.shape[0]
         if embeddings is None or embeddings.shape[0] != n or len(domains) != n or len(groups) != n:
             raise ValueError("a plan hint needs one embedding, domain and group per table question")
-        e = np.asarray(embeddings, dtype=np.float32)
-        self.embeddings = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
+        self.embeddings = unit(embeddings)
         self.targets = targets
         self.k = int(k)
         self.shrink = float(shrink)
         self.domains = list(domains)
         self.groups = list(groups)
+        self.kinds = KindIndex(self.embeddings, self.domains, self.groups)
         #: the table's own questions (in training only; not saved): their line is their target,
         #: never a lookup that could read their own row (a domain of one question has no
         #: leave-one-out neighbourhood)
@@ -124,14 +109,8 @@ class PlanHint:
         return self.k > 0 or self.targets.key_of(task) is None
 
     def kind(self, embedding: np.ndarray) -> tuple[str, str]:
-        """The (domain, group) of a question whose label says neither: the most common among its
-        :data:`KIND_NEIGHBOURS` nearest training questions (ties to the nearer)."""
-        sim = self.embeddings @ _unit(embedding)
-        kk = min(KIND_NEIGHBOURS, len(sim))
-        near = np.argsort(-sim)[:kk]
-        domain = _majority([self.domains[i] for i in near])
-        group = _majority([self.groups[i] for i in near if self.domains[i] == domain])
-        return domain, group
+        """The (domain, group) of a question whose label says neither (:class:`KindIndex`)."""
+        return self.kinds.kind(embedding)
 
     def candidate(
         self,
@@ -154,7 +133,7 @@ class PlanHint:
         key = kind or self.targets.key_of(task)
         rows = self.targets.rows_by_key.get(task.domain)
         if self.k > 0 and key is not None and rows is not None and len(rows):
-            sim = self.embeddings[rows] @ _unit(embedding)
+            sim = self.embeddings[rows] @ unit(embedding)
             kk = min(self.k, len(rows))
             own = self.targets.near_table(key, rows[np.argpartition(-sim, kk - 1)[:kk]], self.shrink)
         return self.targets.value(task, names, budget, deadline, own=own, kind=kind)[0]

@@ -220,6 +220,7 @@ def train(
     rank: Any = None
     text_rule: Any = None  # review_evidence: text (training/review_text.py)
     plan_hint: Any = None  # plan_hint (policies/plan_hint.py) and its training prompts' lines
+    kinds: Any = None  # with evidence, the training questions' kinds (policies/kinds.py)
     hint: Any = None
     fallback: str | None = None  # conductor.json's fallback_worker
     neighbour_choice: dict[str, Any] | None = None  # conductor.json's warm_neighbours_choice
@@ -245,6 +246,10 @@ def train(
             from rl_conductor.policies.evidence import Ranker
 
             rank = Ranker(evidence_model, cfg.reward())
+        if evidence_model is not None:  # what a served request's kind is (policies/kinds.py)
+            from rl_conductor.policies.kinds import KindIndex
+
+            kinds = KindIndex.of(tasks, cfg.warm_group_by)
         sft = warm_sft_records(
             sft_specs,
             pool,
@@ -378,6 +383,8 @@ def train(
                     (sft_dir / "conductor.json").write_text(meta)
                     if evidence_model is not None:
                         evidence_model.save(sft_dir)
+                    if kinds is not None:
+                        kinds.save(sft_dir)
                     if text_rule is not None:
                         text_rule.evidence.save(sft_dir)
                     if plan_hint is not None:
@@ -425,6 +432,8 @@ def train(
                 )
                 if evidence_model is not None:
                     evidence_model.save(result.final_dir)
+                if kinds is not None:
+                    kinds.save(result.final_dir)
                 if text_rule is not None:
                     text_rule.evidence.save(result.final_dir)
                 if plan_hint is not None:
