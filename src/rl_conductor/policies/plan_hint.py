@@ -3,13 +3,15 @@
 Why it exists: a Conductor trained with per-question first-plan targets
 (``TrainConfig.warm_neighbours``, :func:`rl_conductor.policies.expected.neighbour_means`) must
 otherwise learn from a question's first 120 characters which plan its neighbours in embedding
-space favour: a rule over 2,000 questions that a tiny model reads only in part (on a simulated
-eleven-worker file it reached about half of the targets' gain on the validation split). With
+space favour: a rule over thousands of questions that a tiny model reads only in part. With
 ``plan_hint`` (``TrainConfig.plan_hint``) the prompt ends with ``Plan by estimate: 3, 5`` — the
 workers, in plan order, of the plan that :meth:`ExpectedRewards.value` picks for this question
 from the same neighbourhood lookup its training targets came from — and the target writes them by
 their place in that line (``model_id = [@1, @2]``), so following it is a constant the model
-learns; the review round still reads the answers and decides.
+learns; the review round still reads the answers and decides. Measured on two simulated files
+with the ``recordings-text`` recipe: the trained model followed the line on every validation
+question and tied the model that reads the text (docs/recordings.md, "The plan line"), so the
+presets leave it off.
 
 What is saved with the model (``plan_hint.npz`` / ``plan_hint.json``): the candidate table's
 per-question rewards (training questions only), their MiniLM embeddings (the kNN router's index,
