@@ -231,6 +231,18 @@ def test_trained_rank_conductor_shows_the_line_and_eval_measures_agreement(tmp_p
         p.evidence_best for p in labelled
     ]
     assert policy.task_evidence(served) != policy.task_evidence(tasks)  # what it read without the kinds
+    assert not {t.question for t in tasks} & set(policy._embedded)  # kept by hash, not by text
+    # conductor.json says the index was saved: a folder that lost a file is refused, not served blind
+    import shutil
+
+    from rl_conductor.errors import ModelNotFound
+
+    assert meta["kinds"] is True
+    lost = tmp_path / "lost"
+    shutil.copytree(final, lost)
+    (lost / "kinds.npz").unlink()
+    with pytest.raises(ModelNotFound, match=r"kinds\.npz or kinds\.json is missing"):
+        ConductorPolicy(lost)
     res = evaluate(policy, pool.view(), tasks, RequestLimits(), progress=False, reward_config=COST_AWARE)
     share = res.summary()["evidence_agreement"]
     follows = [r.follows_evidence for r in res.records]

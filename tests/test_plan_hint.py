@@ -15,6 +15,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rl_conductor.errors import ModelNotFound
@@ -266,3 +267,43 @@ def test_a_lookup_naming_unknown_workers_or_a_pool_without_its_workers_is_refuse
     with pytest.raises(InvalidArgument, match="none of"):
         check_plan_workers(hint, ["x", "y"], ["a", "b", "dear"], "conductor:x")
     check_plan_workers(hint, ["a", "dear"], ["a", "b", "dear"], "conductor:x")  # a subset: lines without b
+
+
+def test_a_tampered_lookup_or_kind_index_is_refused_when_it_loads(tmp_path: Path) -> None:
+    """What an outside attack (H26) tampered with loaded and then failed every served request
+    with a 500, or named another plan without a word: each is now refused when it loads."""
+    from rl_conductor.policies.kinds import KindIndex
+
+    hint, *_ = _hint(tmp_path, warm_neighbours=4)
+    hint.save(tmp_path / "good")
+    meta = json.loads((tmp_path / "good" / "plan_hint.json").read_text())
+    arrays = dict(np.load(tmp_path / "good" / "plan_hint.npz"))
+    bad_meta = {
+        "group renamed": {"groups": ["nope"] * len(meta["groups"])},
+        "a domain's rows": {"rows_by_key": {**meta["rows_by_key"], "math": meta["rows_by_key"]["math"][:-1]}},
+        "duplicate keys": {"keys": [meta["keys"][0]] * len(meta["keys"])},
+        "a budget that is no number": {"budgets": ["x"]},
+        "negative k": {"k": -5},
+        "shrink NaN": {"shrink": float("nan")},
+    }
+    bad_arrays = {
+        "NaN embeddings": {"embeddings": np.full_like(arrays["embeddings"], np.nan)},
+        "10-wide embeddings": {"embeddings": arrays["embeddings"][:, :10]},
+    }
+    cases = [(m, {}) for m in bad_meta.values()] + [({}, a) for a in bad_arrays.values()]
+    for i, (m, a) in enumerate(cases):
+        folder = tmp_path / f"bad{i}"
+        folder.mkdir()
+        (folder / "plan_hint.json").write_text(json.dumps({**meta, **m}))
+        np.savez(folder / "plan_hint.npz", **{**arrays, **a})
+        with pytest.raises(ValueError, match="does not load"):
+            PlanHint.load(folder)
+    emb = embed(["What is 1 + 1?", "What is 2 + 2?"])
+    with pytest.raises(ValueError, match="384 wide"):
+        KindIndex(emb[:, :10], ["math", "math"], ["math/t", "math/t"])
+    with pytest.raises(ValueError, match="finite"):
+        KindIndex(np.full_like(emb, np.nan), ["math", "math"], ["math/t", "math/t"])
+    # a training file may name a domain "unknown": a served request's "unknown" is still inferred
+    index = KindIndex(emb, ["unknown", "math"], ["unknown/t", "math/t"])
+    assert index.infers(replace(_new("easy", 1), domain="unknown"))
+    assert not index.infers(replace(_new("easy", 1), domain="math"))

@@ -243,6 +243,7 @@ def plan_cmd(
     """Print the workflow the Conductor would run for a question."""
     import asyncio
 
+    from rl_conductor.errors import InvalidArgument, UserError
     from rl_conductor.evaluation.suite import trained_meta
     from rl_conductor.limits import RequestLimits
     from rl_conductor.policies.conductor import ConductorPolicy
@@ -250,15 +251,21 @@ def plan_cmd(
     from rl_conductor.validation import has_visible_text
     from rl_conductor.workers.pool import load_pool
 
+    if not has_visible_text(question):
+        raise InvalidArgument("the question is blank: give the text to plan for")
     p = load_pool(pool or str(trained_meta([f"conductor:{model_dir}"]).get("pool") or "paper-sim"))
     view = p.view()
-    pol = ConductorPolicy(str(model_dir))
+    pol = ConductorPolicy.from_spec(str(model_dir), p)  # the pool checks eval and serve run
     task = _recorded_item(p, question) or Task(
         id="cli/question", question=question, answer="", domain="unknown", source="cli", grader="qa"
     )
     rounds = max_rounds or int(pol.meta.get("max_rounds", 1))
     limits = RequestLimits(max_cost_usd=max_cost_usd, max_rounds=rounds)
     plan = asyncio.run(pol.plan(task, view, limits))
+    line = pol.plan_ids(task, view, limits) if pol.plan_hint is not None else None
+    if line is not None:  # plan_hint: the line the prompt ended with, and whom it names
+        who = ", ".join(view.worker(i).info.name for i in line)
+        console.print(f"plan line: Plan by estimate: {', '.join(map(str, line))} ({who})", markup=False)
     console.print("[bold]raw completion[/bold]")
     console.print(plan.text, markup=False)
     if plan.fallback:
@@ -266,6 +273,8 @@ def plan_cmd(
     for i, s in enumerate(plan.workflow.steps):
         who = view.worker(s.worker).info.name
         console.print(f"step {i}: {who} sees {list(s.visible(i))}: {s.instruction}", markup=False)
+    for note in plan.notes:
+        console.print(note, markup=False)
     if execute_plan:
         trace = asyncio.run(pol.run(task, view, limits, plan=plan)).trace
         for r in trace.rounds[1:]:
@@ -282,8 +291,6 @@ def plan_cmd(
         console.print(f"final answer: {trace.final_answer}", markup=False)
         console.print(f"cost ${trace.cost_usd:.5f}, tokens {trace.tokens}, calls {trace.calls}")
         if not has_visible_text(trace.final_answer or ""):  # never a blank answer with exit 0
-            from rl_conductor.errors import UserError
-
             why = (
                 next((a.error for a in trace.attempts if a.error), "")
                 or trace.stopped_reason

@@ -33,6 +33,7 @@ estimate's worker (:meth:`ConductorPolicy.review_text`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import threading
@@ -50,6 +51,7 @@ from rl_conductor.lm.generate import apply_chat, generate, load_lm
 from rl_conductor.lm.models import looks_like_hf_id
 from rl_conductor.policies.base import Plan, Policy
 from rl_conductor.policies.evidence import EvidenceModel, Ranker, check_known_workers
+from rl_conductor.policies.expected import NoUsablePlan
 from rl_conductor.policies.kinds import KindIndex
 from rl_conductor.policies.plan_hint import PlanHint, check_plan_workers
 from rl_conductor.policies.usable import usable_workers
@@ -138,6 +140,10 @@ def allowed_ids(view: PoolView, limits: RequestLimits) -> frozenset[int] | None:
         return None  # nothing usable is affordable (or everything is): nothing to prefer
     return frozenset(ids)
 
+
+#: Question embeddings a Conductor keeps (keyed by a hash of the question, never its text; served
+#: Conductors embed every request): at MiniLM's 384 floats, about 30 MB
+EMBEDDED_KEPT = 20_000
 
 #: A plan meets a deadline when its critical path does with every step at this quantile of its
 #: worker's answer time (:func:`plan_seconds`), not at the median: a chain whose typical time
@@ -288,6 +294,11 @@ class ConductorPolicy(Policy):
         #: know (policies/kinds.py); absent in folders from before it (such requests then read
         #: every domain's rates together)
         self.kinds: KindIndex | None = None
+        if self.meta.get("kinds") and not KindIndex.exists(self.model_dir):
+            raise model_not_found(
+                str(model_dir),
+                "conductor.json says its kind index was saved; kinds.npz or kinds.json is missing",
+            )
         if self.evidence is not None and KindIndex.exists(self.model_dir):
             try:
                 self.kinds = KindIndex.load(self.model_dir)
@@ -470,7 +481,7 @@ class ConductorPolicy(Policy):
         quantile, and cutting to the answering step before replanning kept the most accuracy
         (the tiny Conductor's figures for each variant: benchmarks/README.md, "Measured design
         choices of the LM Conductor"). Set ``deadline_trim`` off to replan without cutting."""
-        if self.kinds is not None and any(t.domain not in self.kinds.known for t in tasks):
+        if self.kinds is not None and any(self.kinds.infers(t) for t in tasks):
             # a served request says no domain: the evidence reads the kind of its nearest
             # training questions, as evaluation reads the dataset's label (policies/kinds.py)
             tasks = self.kinds.with_domains(tasks, self._embeddings(tasks))
@@ -585,12 +596,13 @@ class ConductorPolicy(Policy):
         """The questions' MiniLM embeddings (the kNN router's), each embedded once per policy."""
         from rl_conductor.policies.knn_embed import embed
 
-        todo = list(dict.fromkeys(t.question for t in tasks if t.question not in self._embedded))
+        keys = [hashlib.sha256(t.question.encode("utf-8", "surrogatepass")).hexdigest() for t in tasks]
+        todo = {k: t.question for k, t in zip(keys, tasks, strict=True) if k not in self._embedded}
         if todo:
-            if len(self._embedded) > 100_000:
+            if len(self._embedded) + len(todo) > EMBEDDED_KEPT:  # keyed by hash, bounded: no texts kept
                 self._embedded.clear()
-            self._embedded.update(zip(todo, embed(todo), strict=True))
-        return np.array([self._embedded[t.question] for t in tasks])
+            self._embedded.update(zip(todo, embed(list(todo.values())), strict=True))
+        return np.array([self._embedded[k] for k in keys])
 
     def plan_ids(self, task: Task, view: PoolView, limits: RequestLimits) -> list[int] | None:
         """The ids of the prompt's ``Plan by estimate:`` line (``plan_hint``; None for other
@@ -600,7 +612,7 @@ class ConductorPolicy(Policy):
         emb = self._embeddings([task])[0] if self.plan_hint.needs_embedding(task) else None
         try:
             return self.plan_hint(task, view, limits, emb)
-        except ValueError:  # none of the lookup's workers is in this view
+        except NoUsablePlan:  # none of the lookup's workers is in this view (the plan's notes say so)
             return None
 
     def prompt(

@@ -26,6 +26,11 @@ from rl_conductor.workflow import Workflow
 if TYPE_CHECKING:
     from rl_conductor.training.candidates import CandidateTable
 
+
+class NoUsablePlan(ValueError):
+    """No candidate of the lookup uses only the workers a request shows."""
+
+
 #: How questions are grouped into warm-start neighbourhoods (``TrainConfig.warm_group_by``,
 #: :func:`group_of`).
 GROUP_BY = ("source", "subject", "domain", "task")
@@ -367,7 +372,7 @@ class ExpectedRewards:
             if len(c.steps) == 1 and c.workers <= shown
         }
         if not means:
-            raise ValueError(f"no candidate uses only the shown workers {sorted(shown)}")
+            raise NoUsablePlan(f"no candidate uses only the shown workers {sorted(shown)}")
         w = max(means, key=lambda w: (means[w], w))
         return single(w), means[w]
 

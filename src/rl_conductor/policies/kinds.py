@@ -26,6 +26,8 @@ from rl_conductor.tasks.base import Task
 
 #: how many nearest training questions vote on a question's kind
 KIND_NEIGHBOURS = 10
+#: the domain of a served request (``serving/request.py``, ``conductor plan`` with free text)
+UNKNOWN = "unknown"
 ARRAYS = "kinds.npz"
 META = "kinds.json"
 
@@ -50,9 +52,15 @@ class KindIndex:
     """Training questions' embeddings with their domains and groups (see module docstring)."""
 
     def __init__(self, embeddings: np.ndarray, domains: Sequence[str], groups: Sequence[str]) -> None:
+        from rl_conductor.policies.knn_embed import EMBED_DIM
+
         e = np.asarray(embeddings, dtype=np.float32)
         if e.ndim != 2 or e.shape[0] != len(domains) or len(domains) != len(groups) or not len(domains):
             raise ValueError("a kind index needs one embedding, domain and group per training question")
+        if e.shape[1] != EMBED_DIM or not np.isfinite(e).all():
+            raise ValueError(f"its embeddings must be finite, {EMBED_DIM} wide (MiniLM's), not {e.shape[1]}")
+        if not all(isinstance(x, str) and x for x in (*domains, *groups)):
+            raise ValueError("its domains and groups must be names")
         self.embeddings = unit(e)
         self.domains = [str(d) for d in domains]
         self.groups = [str(g) for g in groups]
@@ -77,11 +85,16 @@ class KindIndex:
         return domain, majority([self.groups[i] for i in near if self.domains[i] == domain])
 
     def with_domains(self, tasks: Sequence[Task], embeddings: np.ndarray) -> list[Task]:
-        """``tasks`` with each domain the index does not know replaced by the kind's domain."""
+        """``tasks`` with each domain the index does not know (or ``unknown``, a served request's,
+        even where a training file named a domain so) replaced by the kind's domain."""
         return [
-            t if t.domain in self.known else _with_domain(t, self.kind(e)[0])
+            t if not self.infers(t) else _with_domain(t, self.kind(e)[0])
             for t, e in zip(tasks, embeddings, strict=True)
         ]
+
+    def infers(self, task: Task) -> bool:
+        """Whether ``task``'s kind is read from its neighbours (its label does not say it)."""
+        return task.domain == UNKNOWN or task.domain not in self.known
 
     # -- files ------------------------------------------------------------------------------
     @staticmethod

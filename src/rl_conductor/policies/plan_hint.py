@@ -54,6 +54,10 @@ ARRAYS = "plan_hint.npz"
 META = "plan_hint.json"
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
 def plan_ids(candidate: Candidate, names: Sequence[str]) -> list[int]:
     """The ordinals (in ``names``) of ``candidate``'s workers, each once, in step order: what the
     prompt's ``Plan by estimate:`` line shows."""
@@ -87,6 +91,10 @@ class PlanHint:
     ) -> None:
         if targets.item_rewards is None:
             raise ValueError("a plan hint needs the table's per-question rewards")
+        if isinstance(k, bool) or int(k) != k or k < 0 or not (np.isfinite(shrink) and shrink >= 0):
+            raise ValueError(
+                f"its neighbourhood must be an integer >= 0 and its shrink a number >= 0, not {k}, {shrink}"
+            )
         n = targets.item_rewards.shape[0]
         if embeddings is None or embeddings.shape[0] != n or len(domains) != n or len(groups) != n:
             raise ValueError("a plan hint needs one embedding, domain and group per table question")
@@ -97,6 +105,15 @@ class PlanHint:
         self.domains = list(domains)
         self.groups = list(groups)
         self.kinds = KindIndex(self.embeddings, self.domains, self.groups)
+        if not {*self.domains, *self.groups} <= set(targets.by_group) or not set(self.domains) <= set(
+            targets.rows_by_key
+        ):
+            raise ValueError("its questions' domains and groups are not all in its tables")
+        for labels in (self.domains, self.groups):
+            for key in set(labels):
+                rows = targets.rows_by_key.get(key)
+                if rows is not None and set(rows.tolist()) != {i for i, x in enumerate(labels) if x == key}:
+                    raise ValueError(f"its rows of {key!r} are not its questions of {key!r}")
         #: the table's own questions (in training only; not saved): their line is their target,
         #: never a lookup that could read their own row (a domain of one question has no
         #: leave-one-out neighbourhood)
@@ -108,7 +125,7 @@ class PlanHint:
         (a served request is ``unknown``: its kind is that of its nearest training questions)."""
         if task.id in self.targets.item_means or task.id in self.table_ids:
             return False
-        return self.k > 0 or self.targets.key_of(task) is None
+        return self.k > 0 or self.kinds.infers(task) or self.targets.key_of(task) is None
 
     def kind(self, embedding: np.ndarray) -> tuple[str, str]:
         """The (domain, group) of a question whose label says neither (:class:`KindIndex`)."""
@@ -128,7 +145,7 @@ class PlanHint:
         if embedding is None:
             raise ValueError("this plan hint reads the question's embedding")
         kind: str | None = None
-        if self.targets.key_of(task) is None:
+        if self.kinds.infers(task) or self.targets.key_of(task) is None:
             domain, kind = self.kind(embedding)
             task = replace(task, domain=domain)
         own = None
@@ -223,6 +240,10 @@ class PlanHint:
             or len(meta["candidates"]) != c
             or arrays["scored"].shape[0] != n
             or any(not all(0 <= int(i) < n for i in v) for v in meta["rows_by_key"].values())
+            or len(set(keys)) != len(keys)
+            or not all(b is None or (_number(b) and b > 0) for b in meta["budgets"])
+            or not all(_number(d) and d > 0 for d in meta["deadlines"])
+            or not np.isfinite(arrays["embeddings"]).all()
         ):
             raise ValueError("its arrays and its index do not match")
         targets = ExpectedRewards(

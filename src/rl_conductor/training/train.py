@@ -161,6 +161,8 @@ def conductor_meta(
         **({"fallback_worker": fallback_worker} if fallback_worker else {}),
         **({"warm_neighbours_choice": neighbour_choice} if neighbour_choice else {}),
         **({"plan_hint": True} if cfg.plan_hint else {}),
+        # its training questions' kinds are saved with its evidence (policies/kinds.py)
+        **({"kinds": True} if cfg.evidence != "none" and cfg.sft_targets == "expected-best" else {}),
     }
 
 
