@@ -203,6 +203,7 @@ def test_model_folder_without_a_conductor(tmp_path: Path) -> None:
     _fails(["plan", str(tmp_path / "nothing-here"), "q"], code=2, names=f"no Conductor model at {tmp_path}")
     for blank in ("", "  \n"):  # as serving answers 400 (it planned a fallback with exit 0)
         _fails(["plan", str(tmp_path / "empty"), blank], code=2, names="the question is blank")
+    _fails(["plan", str(tmp_path / "empty"), "\udcff What is 3 plus 4?"], code=2, names="not valid UTF-8")
 
 
 def test_registry_version_that_does_not_exist(

@@ -223,6 +223,13 @@ def test_a_trained_conductor_reads_its_saved_plan_line(tmp_path: Path) -> None:
     (broken / "plan_hint.json").write_text("{not json")
     with pytest.raises(ModelNotFound, match="does not load"):
         ConductorPolicy(broken)
+    # conductor.json that drops (or garbles) the flag its train_config has: refused, not served blind
+    shutil.copy(final / "plan_hint.json", broken / "plan_hint.json")
+    doc = json.loads((final / "conductor.json").read_text())
+    for flag in (False, "false"):
+        (broken / "conductor.json").write_text(json.dumps({**doc, "plan_hint": flag}))
+        with pytest.raises(ModelNotFound, match="is not what it was trained with"):
+            ConductorPolicy(broken)
 
 
 def test_the_line_names_only_workers_the_request_may_use_under_any_budget(tmp_path: Path) -> None:
@@ -307,3 +314,29 @@ def test_a_tampered_lookup_or_kind_index_is_refused_when_it_loads(tmp_path: Path
     index = KindIndex(emb, ["unknown", "math"], ["unknown/t", "math/t"])
     assert index.infers(replace(_new("easy", 1), domain="unknown"))
     assert not index.infers(replace(_new("easy", 1), domain="math"))
+
+
+def test_a_third_attacks_tampering_is_refused_too(tmp_path: Path) -> None:
+    """H27: a tie-break rule, tables, candidates and k that loaded and then raised at the first
+    request (a NaN rule) or named other plans (infinite means, duplicated names, k 3.7 read as 3)."""
+    hint, *_ = _hint(tmp_path, warm_neighbours=4)
+    hint.save(tmp_path / "good")
+    meta = json.loads((tmp_path / "good" / "plan_hint.json").read_text())
+    arrays = dict(np.load(tmp_path / "good" / "plan_hint.npz"))
+    cases: list[tuple[dict[str, object], dict[str, np.ndarray]]] = [
+        ({"se_rule": float("nan")}, {}),
+        ({"se_rule": -5}, {}),
+        ({"k": 3.7}, {}),
+        ({"k": True}, {}),
+        ({"candidates": [meta["candidates"][0], *meta["candidates"][:-1]]}, {}),
+        ({}, {"by_group": np.full_like(arrays["by_group"], np.inf)}),
+        ({}, {"item_rewards": np.full_like(arrays["item_rewards"], -np.inf)}),
+        ({}, {"cost_by_group": -arrays["cost_by_group"] - 1}),
+    ]
+    for i, (m, a) in enumerate(cases):
+        folder = tmp_path / f"bad{i}"
+        folder.mkdir()
+        (folder / "plan_hint.json").write_text(json.dumps({**meta, **m}))
+        np.savez(folder / "plan_hint.npz", **{**arrays, **a})
+        with pytest.raises(ValueError, match="does not load"):
+            PlanHint.load(folder)

@@ -253,6 +253,10 @@ def plan_cmd(
 
     if not has_visible_text(question):
         raise InvalidArgument("the question is blank: give the text to plan for")
+    try:
+        question.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument("the question is not valid UTF-8 text") from None
     p = load_pool(pool or str(trained_meta([f"conductor:{model_dir}"]).get("pool") or "paper-sim"))
     view = p.view()
     pol = ConductorPolicy.from_spec(str(model_dir), p)  # the pool checks eval and serve run

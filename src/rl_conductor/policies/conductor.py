@@ -328,7 +328,14 @@ class ConductorPolicy(Policy):
         #: with ``plan_hint`` the prompt's last line names the first plan the question's nearest
         #: training questions scored best with (policies/plan_hint.py), saved with the model
         self.plan_hint: PlanHint | None = None
-        if self.meta.get("plan_hint"):
+        flag, recipe = self.meta.get("plan_hint"), self.meta.get("train_config")
+        trained_with = recipe.get("plan_hint") if isinstance(recipe, dict) else None
+        if flag not in (None, True, False) or (trained_with is not None and bool(flag) != bool(trained_with)):
+            raise model_not_found(
+                str(model_dir),
+                f"conductor.json's plan_hint ({flag!r}) is not what it was trained with ({trained_with!r})",
+            )
+        if flag:
             if not PlanHint.exists(self.model_dir):
                 raise model_not_found(
                     str(model_dir), "conductor.json asks for a plan hint; its files are missing"

@@ -241,6 +241,13 @@ class PlanHint:
             or arrays["scored"].shape[0] != n
             or any(not all(0 <= int(i) < n for i in v) for v in meta["rows_by_key"].values())
             or len(set(keys)) != len(keys)
+            or len(set(meta["candidates"])) != len(meta["candidates"])
+            or not (_number(meta["se_rule"]) and meta["se_rule"] >= 0)
+            or not (isinstance(meta["k"], int) and not isinstance(meta["k"], bool))
+            or np.isinf(arrays["by_group"]).any()
+            or np.isinf(arrays["item_rewards"]).any()
+            or (np.nan_to_num(arrays["cost_by_group"], nan=0.0) < 0).any()
+            or np.isinf(arrays["cost_by_group"]).any()
             or not all(b is None or (_number(b) and b > 0) for b in meta["budgets"])
             or not all(_number(d) and d > 0 for d in meta["deadlines"])
             or not np.isfinite(arrays["embeddings"]).all()
