@@ -475,3 +475,18 @@ async def test_what_a_server_keeps_per_request_stays_bounded() -> None:
     assert f"question {n - 1}\n" in inner[0].calls[-1]["messages"][0]["content"]  # the latest kept
     assert not service._background
     assert service._planner is None or not service._planner._queue
+
+
+def test_a_replay_pool_answers_a_recorded_question_when_served() -> None:
+    """A replay worker answers the items it has recordings for: a served request that asks a
+    recorded question is that item (H26: every served request to a replay pool failed with 502,
+    while ``conductor plan`` matched the item by its text); other text still gets no answer."""
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.workers.pool import load_pool
+
+    service = ConductorService(FixedPlan([0]), load_pool("gsm8k-six"))
+    item = load_tasks("gsm8k-six", split="test", limit=1)[0]
+    doc = asyncio.run(service.answer(ConductorRequest(question=item.question)))
+    assert not doc.get("error") and doc["answer"].strip()
+    other = asyncio.run(service.answer(ConductorRequest(question=item.question + " Also, why?")))
+    assert other.get("error")

@@ -206,6 +206,25 @@ def permitted_view(pool: Pool, request: ConductorRequest, limits: RequestLimits)
     return view
 
 
+def recorded_tasks(pool: Any) -> dict[str, Task]:
+    """Question text -> the item of a pool of recorded answers (every worker ``replay``) with
+    that exact question, from the pool's own dataset; empty for any other pool. A replay worker
+    answers the items it has recordings for, by id, not free text: a served request (or
+    ``conductor plan``) that asks a recorded question is that item (without this every served
+    request to a replay pool failed with 502)."""
+    if not pool.workers or any(w.info.kind != "replay" for w in pool.workers):
+        return {}
+    dataset = pool.default_dataset(fallback="")  # "": the pool names no dataset of its own
+    if not dataset:
+        return {}
+    from rl_conductor.tasks.datasets import load_tasks
+
+    out: dict[str, Task] = {}
+    for t in load_tasks(dataset):
+        out.setdefault(t.question, t)
+    return out
+
+
 def request_task(request: ConductorRequest) -> Task:
     """The :class:`Task` a request stands for (no gold answer; id from the question's hash)."""
     qid = hashlib.sha256(request.question.encode()).hexdigest()[:16]

@@ -53,6 +53,7 @@ from rl_conductor.serving.request import (
     ConductorRequest,
     RequestError,
     permitted_view,
+    recorded_tasks,
     request_limits,
     request_task,
     response_document,
@@ -275,6 +276,8 @@ class ConductorService:
         self.config = config or ServiceConfig()
         self.policy = policy
         self.pool = observed_pool(pool)
+        #: on a pool of recorded answers, its items by question (serving.request.recorded_tasks)
+        self._recorded = recorded_tasks(pool)
         self._planner = _Planner(policy, self.config.max_batch) if policy.batches_plans else None
         self._tracer = _Tracer(self.config.experiment) if self.config.trace else None
         self._background: set[asyncio.Future[Any]] = set()
@@ -324,7 +327,7 @@ class ConductorService:
             step_timeout_s=self.config.step_timeout_s,
         )
         view = permitted_view(self.pool, request, limits)
-        task = request_task(request)
+        task = self._recorded.get(request.question) or request_task(request)
         events = _Events(on_step)
         floor, floor_worker = cheapest_call(request.question, view)
         if limits.max_cost_usd is not None and limits.max_cost_usd < floor:
