@@ -14,6 +14,7 @@ import asyncio
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -276,6 +277,22 @@ def test_a_lookup_naming_unknown_workers_or_a_pool_without_its_workers_is_refuse
     check_plan_workers(hint, ["a", "dear"], ["a", "b", "dear"], "conductor:x")  # a subset: lines without b
 
 
+def _each_refused(
+    tmp_path: Path,
+    meta: dict[str, Any],
+    arrays: dict[str, np.ndarray],
+    cases: list[tuple[dict[str, Any], dict[str, np.ndarray]]],
+) -> None:
+    """Each case (changes to the saved lookup's JSON, to its arrays) is refused when it loads."""
+    for i, (m, a) in enumerate(cases):
+        folder = tmp_path / f"bad{i}"
+        folder.mkdir()
+        (folder / "plan_hint.json").write_text(json.dumps({**meta, **m}))
+        np.savez(folder / "plan_hint.npz", **{**arrays, **a})
+        with pytest.raises(ValueError, match="does not load"):
+            PlanHint.load(folder)
+
+
 def test_a_tampered_lookup_or_kind_index_is_refused_when_it_loads(tmp_path: Path) -> None:
     """What an outside attack (H26) tampered with loaded and then failed every served request
     with a 500, or named another plan without a word: each is now refused when it loads."""
@@ -298,13 +315,7 @@ def test_a_tampered_lookup_or_kind_index_is_refused_when_it_loads(tmp_path: Path
         "10-wide embeddings": {"embeddings": arrays["embeddings"][:, :10]},
     }
     cases = [(m, {}) for m in bad_meta.values()] + [({}, a) for a in bad_arrays.values()]
-    for i, (m, a) in enumerate(cases):
-        folder = tmp_path / f"bad{i}"
-        folder.mkdir()
-        (folder / "plan_hint.json").write_text(json.dumps({**meta, **m}))
-        np.savez(folder / "plan_hint.npz", **{**arrays, **a})
-        with pytest.raises(ValueError, match="does not load"):
-            PlanHint.load(folder)
+    _each_refused(tmp_path, meta, arrays, cases)
     emb = embed(["What is 1 + 1?", "What is 2 + 2?"])
     with pytest.raises(ValueError, match="384 wide"):
         KindIndex(emb[:, :10], ["math", "math"], ["math/t", "math/t"])
@@ -323,7 +334,7 @@ def test_a_third_attacks_tampering_is_refused_too(tmp_path: Path) -> None:
     hint.save(tmp_path / "good")
     meta = json.loads((tmp_path / "good" / "plan_hint.json").read_text())
     arrays = dict(np.load(tmp_path / "good" / "plan_hint.npz"))
-    cases: list[tuple[dict[str, object], dict[str, np.ndarray]]] = [
+    cases: list[tuple[dict[str, Any], dict[str, np.ndarray]]] = [
         ({"se_rule": float("nan")}, {}),
         ({"se_rule": -5}, {}),
         ({"k": 3.7}, {}),
@@ -333,10 +344,4 @@ def test_a_third_attacks_tampering_is_refused_too(tmp_path: Path) -> None:
         ({}, {"item_rewards": np.full_like(arrays["item_rewards"], -np.inf)}),
         ({}, {"cost_by_group": -arrays["cost_by_group"] - 1}),
     ]
-    for i, (m, a) in enumerate(cases):
-        folder = tmp_path / f"bad{i}"
-        folder.mkdir()
-        (folder / "plan_hint.json").write_text(json.dumps({**meta, **m}))
-        np.savez(folder / "plan_hint.npz", **{**arrays, **a})
-        with pytest.raises(ValueError, match="does not load"):
-            PlanHint.load(folder)
+    _each_refused(tmp_path, meta, arrays, cases)

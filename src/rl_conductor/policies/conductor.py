@@ -505,7 +505,10 @@ class ConductorPolicy(Policy):
         ]
         lines = [self.plan_ids(t, v, lim) for t, v, lim in zip(tasks, views, first, strict=True)]
         plans = self._parse_all(
-            [self.prompt(t, v, lim, e) for t, v, lim, e in zip(tasks, views, first, evidence, strict=True)],
+            [
+                self._prompt(t, v, lim, e, line)
+                for t, v, lim, e, line in zip(tasks, views, first, evidence, lines, strict=True)
+            ],
             views,
             first,
             rankings=[
@@ -628,6 +631,17 @@ class ConductorPolicy(Policy):
         """The prompt for ``task``; ``evidence`` defaults to this model's own (:meth:`task_evidence`)."""
         if evidence is None and self.evidence is not None:
             evidence = self.task_evidence([task])[0]
+        return self._prompt(task, view, limits, evidence, self.plan_ids(task, view, limits))
+
+    def _prompt(
+        self,
+        task: Task,
+        view: PoolView,
+        limits: RequestLimits,
+        evidence: Mapping[str, float] | None,
+        line: Sequence[int] | None,
+    ) -> str:
+        """:meth:`prompt` with its plan line already looked up (:meth:`plan_ids`)."""
         return conductor_prompt(
             task,
             view,
@@ -636,7 +650,7 @@ class ConductorPolicy(Policy):
             evidence=evidence,
             question_cut=self.question_cut,
             ranking=self.evidence_ranking(task, view, limits, evidence),
-            plan=self.plan_ids(task, view, limits),
+            plan=line,
         )
 
     def evidence_ranking(

@@ -14,7 +14,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -23,8 +23,9 @@ from rl_conductor.reward import RewardConfig, reward_of
 from rl_conductor.tasks.base import Task
 from rl_conductor.workflow import Workflow
 
-if TYPE_CHECKING:
-    from rl_conductor.training.candidates import CandidateTable
+#: a :class:`rl_conductor.training.candidates.CandidateTable` (the training layer builds it; named
+#: here by its attributes only, so the policy layer imports nothing from above)
+CandidateTable = Any
 
 
 class NoUsablePlan(ValueError):

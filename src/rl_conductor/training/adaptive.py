@@ -94,11 +94,6 @@ ADAPTIVE_VERSION = 2
 CASCADE_SETS_VERSION = 4
 
 
-def first_plan(name: str) -> Candidate:
-    """The first plan named ``name`` (a single or a pair)."""
-    return Candidate.parse_name(name)
-
-
 def continuation_workflow(label: str, names: Sequence[str]) -> Workflow:
     """Keep (no steps) or ``+worker``: one fresh solve on that worker (an ordinal of ``names``)."""
     if label == KEEP:
@@ -450,7 +445,7 @@ def adaptive_table(
     ``choice``: per (task id, first plan) the continuation of another rule (the text rule of
     ``training/review_text.py``), used instead of ``rule`` where it has one."""
     pos = {c.name: j for j, c in enumerate(table.candidates)}
-    new = [first_plan(n) for n in rounds.firsts if n not in pos]
+    new = [Candidate.parse_name(n) for n in rounds.firsts if n not in pos]
     cands = [*table.candidates, *new]
     pos.update({c.name: len(table.candidates) + k for k, c in enumerate(new)})
     n_i, _, n_b = table.correct.shape

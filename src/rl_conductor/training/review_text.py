@@ -35,6 +35,7 @@ import numpy as np
 from rl_conductor.executor import Continuation, RoundRequest
 from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.baselines import SOLVE
+from rl_conductor.policies.chains import Candidate
 from rl_conductor.prompting import review_prompt
 from rl_conductor.review_evidence import (
     FirstPlanEstimator,
@@ -47,7 +48,7 @@ from rl_conductor.review_evidence import (
 from rl_conductor.reward import RewardConfig
 from rl_conductor.rounds import summarize
 from rl_conductor.tasks.base import Task
-from rl_conductor.training.adaptive import RoundsTable, first_plan, pair
+from rl_conductor.training.adaptive import RoundsTable, pair
 from rl_conductor.training.rounds import KEEP
 from rl_conductor.workers.pool import Pool
 from rl_conductor.workflow import Step, Workflow, render
@@ -59,7 +60,7 @@ Rows = dict[tuple[str, str], np.ndarray]
 
 
 def _pair_names(name: str) -> list[str]:
-    return [w for w, _ in first_plan(name).steps]
+    return [w for w, _ in Candidate.parse_name(name).steps]
 
 
 def review_rows(tasks: Sequence[Task], pool: Pool, rounds: RoundsTable, limits: Any) -> Rows:
@@ -81,7 +82,7 @@ def review_rows(tasks: Sequence[Task], pool: Pool, rounds: RoundsTable, limits: 
             got.append(request_rows(req, summarize(req))[1])
             return Continuation(workflow=Workflow(steps=()))
 
-        wf = first_plan(name).workflow(names)
+        wf = Candidate.parse_name(name).workflow(names)
         await GivenPlan(review=hook).run_workflow(wf, task, view, replace(limits, max_rounds=2))
         return got[0] if got else None
 
