@@ -26,6 +26,7 @@ from rl_conductor.policies.conductor import (
     allowed_ids,
     fallback_workflow,
 )
+from rl_conductor.policies.usable import usable_workers, within_deadline
 from rl_conductor.prompting import conductor_prompt, typical_cost
 from rl_conductor.tasks.base import Task
 from rl_conductor.tasks.datasets import load_tasks
@@ -613,6 +614,24 @@ def test_the_fallback_prefers_a_worker_that_meets_the_deadline() -> None:
     assert fallback_workflow(view, RequestLimits()).workers() == [1]  # the dearer one
     assert fallback_workflow(view, RequestLimits(max_latency_s=5)).workers() == [0]  # the one that fits
     assert fallback_workflow(view, RequestLimits(max_latency_s=0.1)).workers() == [1]  # none fits: as before
+
+
+def test_a_budget_no_worker_affords_gets_the_cheapest_permitted_worker_not_the_dearest() -> None:
+    """Under a budget below every worker's typical answer, the fallback plan is the cheapest
+    permitted worker: the executor cuts its output least (the dearest had spent the budget on
+    the shortest answer)."""
+    pool = _pool(("self", "external", "self", "external"))
+    view = pool.view()
+    costs = [typical_cost(i) for i in view.infos()]
+    assert costs == sorted(costs) and costs[0] < costs[1]
+    tiny = costs[0] / 2
+    assert usable_workers(view, RequestLimits(max_cost_usd=tiny)) == [0]
+    assert fallback_workflow(view, RequestLimits(max_cost_usd=tiny)).workers() == [0]
+    only_dear = RequestLimits(max_cost_usd=tiny, allowed_workers=frozenset({"w2", "w3"}))
+    assert fallback_workflow(view, only_dear).workers() == [2]  # the cheapest the allow-list permits
+    assert within_deadline(_timed_pool().view(), [0, 1], 5) == [0]
+    assert within_deadline(_timed_pool().view(), [0, 1], 0.1) == [0, 1]  # none fits: every one
+    assert within_deadline(_timed_pool().view(), [0, 1], None) == [0, 1]
 
 
 def test_a_slow_answer_is_what_a_plan_must_fit() -> None:

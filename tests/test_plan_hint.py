@@ -248,6 +248,46 @@ def test_the_line_names_only_workers_the_request_may_use_under_any_budget(tmp_pa
     assert [view.names()[i] for i in hint(new, view, budgeted, emb)] == ["dear"]
 
 
+def test_the_line_names_the_cheapest_under_a_budget_none_affords_and_fast_workers_under_a_deadline(
+    tmp_path: Path,
+) -> None:
+    """A budget below every worker's typical answer: the line names the cheapest workers (it named
+    the dearest, whose answer the executor cuts most). A deadline on a lookup without deadline
+    columns: the line names only workers that answer within it, where any does (it named a worker
+    the deadline cuts)."""
+    from dataclasses import replace as dc_replace
+
+    from rl_conductor.prompting import typical_cost
+    from rl_conductor.workers.fake import FakeWorker
+    from rl_conductor.workers.pool import Pool
+
+    hint, *_ = _hint(tmp_path, warm_neighbours=4, warm_shrink=0.0)
+    new = _new("hard", 41)
+    emb = embed([new.question])[0]
+
+    def line(view: Any, limits: RequestLimits) -> list[str]:
+        return [view.names()[i] for i in hint(new, view, limits, emb)]
+
+    view = _pool().view()
+    assert line(view, LIMITS) == ["dear"]
+    none_affords = min(typical_cost(i) for i in view.infos()) / 2
+    assert set(line(view, RequestLimits(max_steps=2, max_cost_usd=none_affords))) <= {"a", "b"}
+    assert not hint.targets.deadlines
+    timed = Pool(
+        name="timed",
+        workers=[
+            FakeWorker(
+                info=dc_replace(w.info, ttft_s=0.5, tokens_per_s=25.0 if w.info.name == "dear" else 1000.0),
+                answer="1",
+            )
+            for w in _pool().workers
+        ],
+    ).view()
+    assert line(timed, LIMITS) == ["dear"]
+    assert set(line(timed, RequestLimits(max_steps=2, max_latency_s=5))) <= {"a", "b"}
+    assert line(timed, RequestLimits(max_steps=2, max_latency_s=0.01)) == ["dear"]  # none fits: as before
+
+
 def test_a_domain_of_one_training_question_gets_its_target_not_a_lookup_of_its_own_row(
     tmp_path: Path,
 ) -> None:

@@ -54,7 +54,7 @@ from rl_conductor.policies.evidence import EvidenceModel, Ranker, check_known_wo
 from rl_conductor.policies.expected import NoUsablePlan
 from rl_conductor.policies.kinds import KindIndex
 from rl_conductor.policies.plan_hint import PlanHint, check_plan_workers
-from rl_conductor.policies.usable import usable_workers
+from rl_conductor.policies.usable import DEADLINE_QUANTILE, usable_workers, within_deadline
 from rl_conductor.prompting import (
     DEFAULT_MAX_QUESTION_CHARS,
     RoundSummary,
@@ -145,15 +145,6 @@ def allowed_ids(view: PoolView, limits: RequestLimits) -> frozenset[int] | None:
 #: Conductors embed every request): at MiniLM's 384 floats, about 30 MB
 EMBEDDED_KEPT = 20_000
 
-#: A plan meets a deadline when its critical path does with every step at this quantile of its
-#: worker's answer time (:func:`plan_seconds`), not at the median: a chain whose typical time
-#: fits with little room is cut by the executor more often than not. The quantile is of the
-#: worker's latency model, which has one typical answer length per worker: on paper-sim, whose
-#: lengths differ by domain, "p90" is about p65-p75 for code answers and above p99 for
-#: knowledge ones. Measured on paper-sim (validation split, the tiny Conductor), see
-#: :meth:`ConductorPolicy._plan_requests`.
-DEADLINE_QUANTILE = 0.9
-
 
 def plan_seconds(workflow: Workflow, view: PoolView, quantile: float = 0.5) -> float:
     """The plan's critical path in seconds: each step starts when the steps it sees have finished
@@ -179,15 +170,7 @@ def fallback_workflow(view: PoolView, limits: RequestLimits, preferred: str | No
     ``DEADLINE_QUANTILE`` where any does. Why not always the priciest: on a user's pool that can be
     a worker no target ever chose (``gsm8k-six``'s best-of-100 verifier costs about $1 a question,
     and three unparseable plans of 321 made a Conductor's mean cost $0.0116 instead of $0.0019)."""
-    usable = usable_workers(view, limits)
-    if limits.max_latency_s is not None:
-        deadline = limits.max_latency_s
-        fast = [
-            j
-            for j in usable
-            if (quantile_seconds(view.worker(j).info, DEADLINE_QUANTILE) or math.inf) <= deadline
-        ]
-        usable = fast or usable
+    usable = within_deadline(view, usable_workers(view, limits), limits.max_latency_s)
     names = view.names()
     if preferred in names and names.index(preferred) in usable:
         return Workflow(steps=(Step(names.index(preferred), FALLBACK_INSTRUCTION, ()),))

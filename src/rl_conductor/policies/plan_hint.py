@@ -43,7 +43,7 @@ from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.chains import Candidate
 from rl_conductor.policies.expected import ExpectedRewards
 from rl_conductor.policies.kinds import KindIndex, unit
-from rl_conductor.policies.usable import usable_workers
+from rl_conductor.policies.usable import usable_workers, within_deadline
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.pool import PoolView
 from rl_conductor.workflow import Workflow
@@ -160,9 +160,16 @@ class PlanHint:
     def usable(self, view: PoolView, limits: RequestLimits) -> list[str]:
         """The names of the workers the line may name: those the request may use
         (:func:`~rl_conductor.policies.usable.usable_workers`: its allow-list, private requests on
-        self-hosted workers, no worker flagged over its budget), as the decoding mask allows."""
+        self-hosted workers, no worker flagged over its budget, the cheapest where the budget
+        affords none). Under a deadline, where the lookup has no deadline columns to value plans
+        by, only the workers that answer within it (:func:`~rl_conductor.policies.usable.
+        within_deadline`, as the fallback plan): a line naming a worker the deadline cuts would
+        teach a plan that loses its answer."""
         names = view.names()
-        return [names[j] for j in usable_workers(view, limits)]
+        ids = usable_workers(view, limits)
+        if not self.targets.deadlines:
+            ids = within_deadline(view, ids, limits.max_latency_s)
+        return [names[j] for j in ids]
 
     def plan(
         self, task: Task, view: PoolView, limits: RequestLimits, embedding: np.ndarray | None = None
