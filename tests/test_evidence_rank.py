@@ -227,8 +227,8 @@ def test_trained_rank_conductor_shows_the_line_and_eval_measures_agreement(tmp_p
     served = [replace(t, id=f"request/{i}", domain="unknown", source="request") for i, t in enumerate(tasks)]
     view = pool.view()
     labelled = policy.plan_batch([(t, view, RequestLimits()) for t in tasks])
-    assert [p.evidence_best for p in policy.plan_batch([(t, view, RequestLimits()) for t in served])] == [
-        p.evidence_best for p in labelled
+    assert [p.evidence_plan for p in policy.plan_batch([(t, view, RequestLimits()) for t in served])] == [
+        p.evidence_plan for p in labelled
     ]
     assert policy.task_evidence(served) != policy.task_evidence(tasks)  # what it read without the kinds
     assert not {t.question for t in tasks} & set(policy._embedded)  # kept by hash, not by text
@@ -278,7 +278,7 @@ def test_evidence_rule_policy_sends_each_question_to_the_lines_first_worker(
         expected = rank(
             task, model.as_mapping(model.predict([task], e[None])[0]), pool.view(), RequestLimits()
         )[0]
-        assert [s.worker for s in plan.workflow.steps] == [expected] == [plan.evidence_best]
+        assert [s.worker for s in plan.workflow.steps] == [expected] == list(plan.evidence_plan or ())
     # evaluation's path: the batch is embedded at once, the plans are the same
     calls: list[int] = []
     monkeypatch.setattr(
@@ -289,7 +289,7 @@ def test_evidence_rule_policy_sends_each_question_to_the_lines_first_worker(
     assert calls == [6]
     for task, ep in zip(tasks[20:26], episodes, strict=True):
         alone = asyncio.run(rule.plan(task, pool.view(), RequestLimits()))
-        assert ep.plan.workflow == alone.workflow and ep.plan.evidence_best == alone.evidence_best
+        assert ep.plan.workflow == alone.workflow and ep.plan.evidence_plan == alone.evidence_plan
     # an evaluation's reward ranks it, as the routers are fitted at it: at a cost weight of 0 the
     # dear worker's estimate is no longer held against it
     free = reward_config("cost-aware", cost_weight=0.0)

@@ -199,10 +199,16 @@ def test_a_trained_conductor_reads_its_saved_plan_line(tmp_path: Path) -> None:
         f"Plan by estimate: {', '.join(map(str, ids))}"
     )
     plan = asyncio.run(policy.plan(task, view, limits))
+    assert plan.evidence_plan == tuple(ids)  # what evaluation's "follows evidence %" compares with
     if not plan.fallback:  # the micro model writes by place what it was taught to (parsed against the line)
         assert all(s.rank is not None and s.worker == ids[s.rank - 1] for s in plan.workflow.steps)
     episode = asyncio.run(policy.run(task, view, limits))
     assert episode.trace.steps and episode.trace.final_answer
+    from rl_conductor.evaluation.runner import evaluate
+
+    result = evaluate(policy, view, [task], limits, progress=False)
+    followed = tuple(s.worker for s in plan.workflow.steps) == tuple(ids)  # greedy: the same plan
+    assert result.records[0].follows_evidence is followed
     # a served request carries no domain: the line is its neighbours' kind's, here the same
     served = replace(task, id="request-1", domain="unknown", source="serving")
     assert policy.plan_ids(served, view, limits) == ids

@@ -106,7 +106,7 @@ async def test_the_conductor_resolves_ranks_with_its_prompts_ranking_and_the_tra
     monkeypatch.setattr(policy, "_generate", Script(lambda p, c: _plan("@1")))
     plan = await policy.plan(TASK, view, RequestLimits())
     assert not plan.fallback and plan.workflow.workers() == [2]
-    assert plan.evidence_best == 2
+    assert plan.evidence_plan == (2,)
     assert any("named by evidence rank: @1 -> 2" in n for n in plan.notes)
     ep = await policy.run(TASK, view, RequestLimits(), plan=plan)
     assert ep.trace.notes[0].endswith("@1 -> 2")

@@ -76,8 +76,8 @@ class Record:
     rounds: int = 1
     first_agree: bool | None = None
     errors: list[str] = field(default_factory=list)
-    #: the plan is the one worker its evidence ranks first (``Plan.evidence_best``; None: the
-    #: policy reads no ranking)
+    #: the plan's steps are the workers its evidence names (``Plan.evidence_plan``: the worker
+    #: ranked first, alone, or the plan line's workers; None: the policy reads no evidence)
     follows_evidence: bool | None = None
 
 
@@ -216,8 +216,8 @@ def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
         failed_calls=sum(a.status != "ok" for a in t.attempts),
         errors=[a.error or a.status for a in t.attempts if a.status != "ok"],
         follows_evidence=None
-        if ep.plan.evidence_best is None
-        else [s.worker for s in ep.plan.workflow.steps] == [ep.plan.evidence_best],
+        if ep.plan.evidence_plan is None
+        else tuple(s.worker for s in ep.plan.workflow.steps) == ep.plan.evidence_plan,
     )
 
 

@@ -46,9 +46,11 @@ class Plan:
     notes: tuple[str, ...] = ()
     #: the deadline cut the plan to its answering step before it ran
     deadline_cut: bool = False
-    #: the worker id the question's evidence ranks first (a Conductor trained with ``evidence:
-    #: rank``; None otherwise): evaluation reports how often the plan is that worker alone
-    evidence_best: int | None = None
+    #: the worker ids, in step order, of the plan the question's evidence names: the worker it
+    #: ranks first, alone (a Conductor trained with ``evidence: rank``), or the prompt's ``Plan by
+    #: estimate:`` line (``plan_hint``); None otherwise. Evaluation reports how often the plan's
+    #: steps are exactly these workers (``follows evidence %``)
+    evidence_plan: tuple[int, ...] | None = None
 
     def annotate(self, trace: Trace) -> Trace:
         """Record on the executed ``trace`` how this plan was made (raw text, fallback, notes)."""

@@ -506,7 +506,15 @@ class ConductorPolicy(Policy):
                 for p, line in zip(plans, lines, strict=True)
             ]
         if self.ranker is not None:  # what the evidence alone would pick (evaluation: agreement)
-            plans = [replace(p, evidence_best=(o or [None])[0]) for p, o in zip(plans, orders, strict=True)]
+            plans = [
+                replace(p, evidence_plan=tuple((o or [])[:1]) or None)
+                for p, o in zip(plans, orders, strict=True)
+            ]
+        elif self.plan_hint is not None:  # the plan the line named (evaluation: how often followed)
+            plans = [
+                replace(p, evidence_plan=tuple(line or ()) or None)
+                for p, line in zip(plans, lines, strict=True)
+            ]
         again: list[int] = []
         why: dict[int, str] = {}
         for i, (plan, view, lim) in enumerate(zip(plans, views, limits, strict=True)):

@@ -77,4 +77,4 @@ class EvidenceRule(Policy):
         emb = np.asarray([self._embedded[task.question]])
         estimates = self.evidence.as_mapping(self.evidence.predict([task], emb)[0])
         best = self.ranker(task, estimates, view, limits)[0]
-        return Plan(workflow=single(view.names()[best]).workflow(view.names()), evidence_best=best)
+        return Plan(workflow=single(view.names()[best]).workflow(view.names()), evidence_plan=(best,))
