@@ -140,6 +140,25 @@ def paper_sim_targets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, An
     return pool, targets
 
 
+def test_an_observed_plan_is_written_by_place_where_the_recipe_writes_its_targets_so() -> None:
+    """A recipe whose targets name workers by their place in the prompt's ranking or plan line
+    (``plan_by_rank``, ``plan_hint``) is taught observed plans the same way: each worker the
+    line shows by its place, any other by id (they had been written by id only, a second way
+    of writing the same choice for the model to learn)."""
+    from rl_conductor.training.observed import Decision, sft_records
+    from rl_conductor.workflow import Step, Workflow
+
+    plan = Workflow(steps=(Step(3, "Solve.", ()), Step(1, "Solve.", ()), Step(4, "Check.", (0, 1))))
+    d = Decision(_obs("r", [("w3", [])], 1.0), 1.0, 0.5, True, plan, (0, 1, 2, 3, 4))
+    by_id = sft_records([d], lambda d: "prompt")
+    placed = sft_records([d], lambda d: "prompt", line=lambda d: [3, 0, 1])
+    text = placed[0]["completion"][0]["content"]
+    assert "[@1, @3, 4]" in text.replace('"', "")
+    assert parse(text, pool_size=5, ranking=[3, 0, 1]).workers() == plan.workers()
+    assert parse(by_id[0]["completion"][0]["content"], pool_size=5).workers() == plan.workers()
+    assert sft_records([d], lambda d: "prompt", line=lambda d: None) == by_id  # no line shown: ids
+
+
 def test_score_only_feedback_reaches_the_sft_data_where_it_scored_high(
     tmp_path: Path, paper_sim_targets: tuple[Any, Any]
 ) -> None:

@@ -217,15 +217,23 @@ def sft_records(
     prompt: Any,
     *,
     copies: int = 1,
+    line: Any = None,
 ) -> list[dict[str, Any]]:
     """Prompt/completion pairs of the taught examples, ``copies`` each; ``prompt(decision)`` is
     the prompt text of a decision's question, view and limits (the trainer's, so an observed
-    example is prompted exactly as a table target is)."""
+    example is prompted exactly as a table target is). ``line(decision)``: the ids of the
+    ranking or plan line that prompt shows (None: none), for a recipe whose targets write workers
+    by their place in it; each observed worker the line shows is then written by place
+    (``model_id = [@1, @2]``), as the recipe's own targets are, and any other by id."""
+    from rl_conductor.policies.plan_hint import by_place
+
     out = []
     for d in decisions:
         if not d.taught or d.plan is None:
             continue
-        rec = {"prompt": chat(prompt(d)), "completion": [{"role": "assistant", "content": render(d.plan)}]}
+        shown = None if line is None else line(d)
+        plan = d.plan if not shown else by_place(d.plan, shown)
+        rec = {"prompt": chat(prompt(d)), "completion": [{"role": "assistant", "content": render(plan)}]}
         out += [rec] * copies
     return out
 
@@ -245,12 +253,15 @@ def trainer_records(
     evidence_model: Any = None,
     rank: Any = None,
     hint: Any = None,
+    by_place: bool = False,
 ) -> tuple[list[dict[str, Any]], list[Decision]]:
     """The SFT records of ``path``'s observed examples (:func:`judge`, :func:`sft_records`),
     prompted as :func:`rl_conductor.training.data.spec_prompt` prompts a table target: the
     request's workers, budget and deadline; with prompt evidence, the evidence model's estimates
-    for the question (it never saw it, like any question it did not fit on)."""
-    from rl_conductor.training.data import PromptSpec, spec_prompt
+    for the question (it never saw it, like any question it did not fit on). ``by_place``: the
+    recipe writes its targets by place in the prompt's ranking (``plan_by_rank``) or plan line
+    (``plan_hint`` always does): so are the observed plans."""
+    from rl_conductor.training.data import PromptSpec, spec_prompt, spec_ranking
 
     decisions = judge(read_observed(path), pool.names(), targets, config, max_steps=max_steps)
     shown = dict(evidence) if evidence is not None else None
@@ -260,12 +271,19 @@ def trainer_records(
         new = [d.example.task() for d in decisions if d.taught and d.example.task().id not in shown]
         shown.update({t.id: e for t, e in zip(new, evidence_for(evidence_model, new), strict=True)})
 
-    def prompt(d: Decision) -> str:
-        spec = PromptSpec(d.example.task(), d.view, d.example.max_cost_usd, d.example.max_latency_s)
-        view = spec.pool_view(pool)
-        return spec_prompt(spec, view, spec.limits(base), max_question_chars, shown, question_cut, rank, hint)
+    def spec(d: Decision) -> PromptSpec:
+        return PromptSpec(d.example.task(), d.view, d.example.max_cost_usd, d.example.max_latency_s)
 
-    return sft_records(decisions, prompt, copies=copies), decisions
+    def prompt(d: Decision) -> str:
+        s = spec(d)
+        view = s.pool_view(pool)
+        return spec_prompt(s, view, s.limits(base), max_question_chars, shown, question_cut, rank, hint)
+
+    def line(d: Decision) -> list[int] | None:
+        return spec_ranking(spec(d), pool, base, shown, rank, hint)
+
+    placed = by_place or hint is not None
+    return sft_records(decisions, prompt, copies=copies, line=line if placed else None), decisions
 
 
 __all__ = [

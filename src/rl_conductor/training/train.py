@@ -317,6 +317,7 @@ def train(
             evidence_model=evidence_model,
             rank=rank,
             hint=hint,
+            by_place=cfg.plan_by_rank,
         )
         result.sft_records.update(counts(decisions))
         result.sft_records["observed_records"] = len(observed)
