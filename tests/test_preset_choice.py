@@ -20,15 +20,18 @@ from rl_conductor.tasks.datasets import load_tasks
 from rl_conductor.training.config import MICRO_SETTINGS, TrainConfig, load_preset
 
 
-def _pool(tmp_path: Path, *, texts: bool = True, splits: bool = False, n: int = 90) -> Path:
+def _pool(
+    tmp_path: Path, *, texts: bool = True, splits: bool = False, n: int = 90, only: str | None = None
+) -> Path:
     """A recordings pool of three made-up workers over ``n`` GSM8K items (``texts``: answers keep
-    their text; ``splits``: every item says train or test, none validation)."""
+    their text; ``splits``: every item says train or test, none validation; ``only``: every
+    item says that split)."""
     rows = []
     for i, t in enumerate(load_tasks("gsm8k", limit=n, seed=3)):
         right = {"strong": i % 10 < 8, "medium": i % 10 < 5, "weak": i % 10 < 2}
         rows.append({
             "id": t.id, "question": t.question, "answer": t.answer, "grader": "math", "domain": t.domain,
-            **({"split": "train" if i % 3 else "test"} if splits else {}),
+            **({"split": only or ("train" if i % 3 else "test")} if splits else {}),
             "responses": {
                 m: ({"text": f"#### {t.answer if ok else '-1'}"} if texts else {"correct": ok})
                 | {"cost_usd": c}
@@ -97,11 +100,15 @@ def test_candidates_that_cannot_be_compared_are_refused_before_training(tmp_path
     # an unknown model is found before the first candidate trains
     with pytest.raises(ConfigError, match="preset b: unknown model spec"):
         choose.check_candidates({"a": tiny, "b": load_preset("tiny", pool=pool, model="no such model")})
-    # a file that says every item's split and names no validation item: no fair place to choose
+    # a file that says train or test for every item: its validation split is carved from train
     (tmp_path / "s").mkdir()
     split_pool = str(_pool(tmp_path / "s", splits=True))
+    assert choose.check_candidates({n: load_preset(n, pool=split_pool, seed=1) for n in ("tiny", "smol")})
+    # a file with no training or validation item: no fair place to choose
+    (tmp_path / "t").mkdir()
+    test_pool = str(_pool(tmp_path / "t", splits=True, only="test"))
     with pytest.raises(ConfigError, match=r'no validation items.*"split": "validation"'):
-        choose.check_candidates({n: load_preset(n, pool=split_pool, seed=1) for n in ("tiny", "smol")})
+        choose.check_candidates({n: load_preset(n, pool=test_pool, seed=1) for n in ("tiny", "smol")})
 
 
 def test_train_auto_without_a_pool_is_one_line_and_exit_2(tmp_path: Path) -> None:

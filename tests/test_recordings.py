@@ -449,6 +449,43 @@ def test_a_split_field_decides_every_split_consumer(tmp_path: Path) -> None:
         load_recordings(_write(tmp_path / "bad.jsonl", rows))
 
 
+def test_a_file_of_train_and_test_items_gets_a_validation_split_carved_from_train(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file whose items say only train or test (issue 21's file was 70/30): an eighth of its
+    training items, by a salted hash of the id, are its validation split, in every command
+    (never also training items, never test items), with one warning; written back, each item
+    says what the file said. A file that names validation items is as written."""
+    import logging
+
+    from rl_conductor.tasks.recordings_format import item_dict
+    from rl_conductor.tasks.registry import CARVED_VALIDATION
+
+    rows = [{**_item(i, a={"text": f"#### {i + 1}", "correct": True}),
+             "split": "test" if i % 10 >= 7 else "train"} for i in range(400)]  # fmt: skip
+    pool = _byo_pool(tmp_path, rows, models="a")
+    name = load_pool(str(pool)).options["default_dataset"]
+    with caplog.at_level(logging.WARNING, logger="rl_conductor.tasks.registry"):
+        train, val, test = (load_tasks(name, s) for s in ("train", "validation", "test"))
+        load_tasks(name, "all")
+    stated = {r["id"]: r["split"] for r in rows}
+    assert [t.id for t in test] == [i for i, s in stated.items() if s == "test"]  # untouched
+    assert {t.id for t in train} | {t.id for t in val} == {i for i, s in stated.items() if s == "train"}
+    assert not {t.id for t in train} & {t.id for t in val}
+    assert abs(len(val) / 280 - CARVED_VALIDATION) < 0.06  # about an eighth of the 280
+    said = [r.getMessage() for r in caplog.records if "names no validation item" in r.getMessage()]
+    assert len(said) == 1 and f"{len(val)} of its 280 training items" in said[0]
+    assert load_tasks(name, "validation") == val  # the same items in every call
+    assert {item_dict(t, {})["split"] for t in val} == {"train"}  # what the file said
+    # a file that names its validation items keeps them, and carves nothing
+    rows[0]["split"] = "validation"
+    named = _byo_pool(
+        tmp_path / "named" if (tmp_path / "named").mkdir() is None else tmp_path, rows, models="a"
+    )
+    name = load_pool(str(named)).options["default_dataset"]
+    assert [t.id for t in load_tasks(name, "validation")] == [rows[0]["id"]]
+
+
 def test_eval_exits_non_zero_when_every_call_of_a_policy_failed(tmp_path: Path) -> None:
     """A replay pool asked about items it has no recordings of: every call fails inside the traces.
     That is exit 1 with the reason, not 0 % with exit 0; the share of failed calls is reported."""

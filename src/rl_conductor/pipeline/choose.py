@@ -25,8 +25,10 @@ recordings pool) does it as it should be done:
   an error: the model is still the best Conductor of the candidates). On the simulated
   eleven-worker file the fixed cascade did (validation 0.8344 against the chosen 0.8202).
 
-A file with no validation items is refused before training (a choice on training or test
-questions would be biased); give some items ``"split": "validation"``.
+A recordings file that names no validation item (train and test only) has one carved from its
+training items (:func:`rl_conductor.tasks.registry.carve_validation`: about an eighth, by id
+hash; they leave the training split). A dataset with no validation items even so (every item a
+test item) is refused before training: a choice on training or test questions would be biased.
 """
 
 from __future__ import annotations

@@ -374,6 +374,8 @@ def item_dict(task: Task, responses: dict[str, RecordedResponse]) -> dict[str, A
     """One line of a recordings file for ``task`` (its ``split`` field when the task has one)."""
     metadata = dict(task.metadata)
     split = metadata.pop("split", None)
+    if "carved_from" in metadata:  # a validation split carved from train: what the file said
+        split = metadata.pop("carved_from")
     grader, answer = task.grader, task.answer
     if grader == RECORDED_GRADER:  # back to what the file said: the labels are the responses'
         grader = str(metadata.pop("recorded_grader", DEFAULT_GRADER))

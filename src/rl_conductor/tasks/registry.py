@@ -23,17 +23,26 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from rl_conductor.errors import UnknownName
 from rl_conductor.tasks.base import DOMAINS, Task
 from rl_conductor.tasks.recordings_format import recordings_tasks
 from rl_conductor.validation import DATA_SPLITS, SPLIT_CHOICES
 
+log = logging.getLogger(__name__)
+#: recordings datasets whose carved validation split was announced (once per process)
+_CARVE_SAID: set[str] = set()
 #: Upper bounds of the hash fraction for train and validation; the rest is test.
 SPLIT_BOUNDS = (0.7, 0.8)
+#: The share of a recordings file's training items that become its validation split where the
+#: file names no validation item (``"split": "train"`` / ``"test"`` only): the share the default
+#: split gives validation out of train and validation (10 of 80). See :func:`carve_validation`.
+CARVED_VALIDATION = 0.125
 
 Loader = Callable[[], list[Task]]
 _REGISTRY: dict[str, Loader] = {}
@@ -112,10 +121,45 @@ def load_tasks(name: str, split: str = "all", *, limit: int | None = None, seed:
     if split not in SPLIT_CHOICES:
         raise UnknownName(f"unknown split {split!r}; expected one of {', '.join(SPLIT_CHOICES)}")
     if name not in _REGISTRY and name.startswith("recordings:"):  # a bring-your-own recordings file
-        return _select(recordings_tasks(name), split, limit, seed)
+        return _select(carve_validation(recordings_tasks(name), name), split, limit, seed)
     if name not in _REGISTRY:
         raise UnknownDatasetError(f"unknown dataset {name!r}; available: {', '.join(sorted(_REGISTRY))}")
     return _select(list(_load_all(name)), split, limit, seed)
+
+
+def carve_validation(tasks: list[Task], name: str) -> list[Task]:
+    """``tasks`` of a recordings file, with a validation split where the file names none.
+
+    Why: a team's file often says only which items are train and which test (a 70/30 split, as
+    issue 21's eleven-model file was). ``--preset auto`` chooses on validation items and a
+    choice on training or test items is biased, so such a file had been refused. Now
+    :data:`CARVED_VALIDATION` of its training items (by a salted hash of the id, so every
+    command of every run sees the same ones) are its validation split, and the test items are
+    untouched; a warning says so once per file. The carved items leave the training split, so a
+    model never trains on the items it is chosen on. A file that names any validation item
+    (or whose unlabelled items hash into it) is as written. The original field is kept
+    (``metadata["carved_from"]``) so that writing the file back writes what it said."""
+    if not tasks or any(split_of_task(t) == "validation" for t in tasks):
+        return tasks
+    out, carved = [], 0
+    for t in tasks:
+        if split_of_task(t) == "train" and hash_fraction(f"validation-from-train:{t.id}") < CARVED_VALIDATION:
+            stated = t.metadata.get("split")
+            t = replace(t, metadata={**t.metadata, "split": "validation", "carved_from": stated})
+            carved += 1
+        out.append(t)
+    if carved and name not in _CARVE_SAID:
+        _CARVE_SAID.add(name)
+        log.warning(
+            "%s names no validation item: %d of its %d training items (about %.1f %%, by a hash of the id) "
+            "are its validation split, where --preset auto chooses and eval --split validation "
+            'reads; give items "split": "validation" to choose them yourself',
+            name,
+            carved,
+            sum(split_of_task(t) == "train" for t in tasks),
+            100 * CARVED_VALIDATION,
+        )
+    return out
 
 
 def _select(all_tasks: list[Task], split: str, limit: int | None, seed: int) -> list[Task]:
