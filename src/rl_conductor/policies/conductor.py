@@ -282,7 +282,12 @@ class ConductorPolicy(Policy):
                 str(model_dir),
                 "conductor.json says its kind index was saved; kinds.npz or kinds.json is missing",
             )
-        if self.evidence is not None and KindIndex.exists(self.model_dir):
+        #: with ``show_kind`` the prompt shows the question's kind (its domain; a served request's
+        #: from its nearest training questions), as the model was trained
+        self.show_kind = self._trained_flag("show_kind")
+        if self.show_kind and not self.meta.get("kinds"):
+            raise model_not_found(str(model_dir), "conductor.json shows kinds but saved no kind index")
+        if (self.evidence is not None or self.show_kind) and KindIndex.exists(self.model_dir):
             try:
                 self.kinds = KindIndex.load(self.model_dir)
             except ValueError as exc:
@@ -311,14 +316,7 @@ class ConductorPolicy(Policy):
         #: with ``plan_hint`` the prompt's last line names the first plan the question's nearest
         #: training questions scored best with (policies/plan_hint.py), saved with the model
         self.plan_hint: PlanHint | None = None
-        flag, recipe = self.meta.get("plan_hint"), self.meta.get("train_config")
-        trained_with = recipe.get("plan_hint") if isinstance(recipe, dict) else None
-        if flag not in (None, True, False) or (trained_with is not None and bool(flag) != bool(trained_with)):
-            raise model_not_found(
-                str(model_dir),
-                f"conductor.json's plan_hint ({flag!r}) is not what it was trained with ({trained_with!r})",
-            )
-        if flag:
+        if self._trained_flag("plan_hint"):
             if not PlanHint.exists(self.model_dir):
                 raise model_not_found(
                     str(model_dir), "conductor.json asks for a plan hint; its files are missing"
@@ -471,10 +469,7 @@ class ConductorPolicy(Policy):
         quantile, and cutting to the answering step before replanning kept the most accuracy
         (the tiny Conductor's figures for each variant: benchmarks/README.md, "Measured design
         choices of the LM Conductor"). Set ``deadline_trim`` off to replan without cutting."""
-        if self.kinds is not None and any(self.kinds.infers(t) for t in tasks):
-            # a served request says no domain: the evidence reads the kind of its nearest
-            # training questions, as evaluation reads the dataset's label (policies/kinds.py)
-            tasks = self.kinds.with_domains(tasks, self._embeddings(tasks))
+        tasks = self._with_kinds(tasks)  # a served request says no domain (policies/kinds.py)
         evidence = self.task_evidence(tasks)
         if self.plan_hint is not None:  # one batch, before the prompts look them up one by one
             self._embeddings([t for t in tasks if self.plan_hint.needs_embedding(t)])
@@ -616,13 +611,35 @@ class ConductorPolicy(Policy):
         except NoUsablePlan:  # none of the lookup's workers is in this view (the plan's notes say so)
             return None
 
+    def _trained_flag(self, name: str) -> bool:
+        """A flag ``conductor.json`` records only when on (``plan_hint``, ``show_kind``), refused
+        (:class:`~rl_conductor.errors.ModelNotFound`) where it is not a boolean or is not what its
+        ``train_config`` says: a model served without the line it was trained with plans blind."""
+        flag, recipe = self.meta.get(name), self.meta.get("train_config")
+        trained_with = recipe.get(name) if isinstance(recipe, dict) else None
+        if flag not in (None, True, False) or (trained_with is not None and bool(flag) != bool(trained_with)):
+            raise model_not_found(
+                str(self.model_dir),
+                f"conductor.json's {name} ({flag!r}) is not what it was trained with ({trained_with!r})",
+            )
+        return bool(flag)
+
     def prompt(
         self, task: Task, view: PoolView, limits: RequestLimits, evidence: Mapping[str, float] | None = None
     ) -> str:
         """The prompt for ``task``; ``evidence`` defaults to this model's own (:meth:`task_evidence`)."""
+        task = self._with_kinds([task])[0]
         if evidence is None and self.evidence is not None:
             evidence = self.task_evidence([task])[0]
         return self._prompt(task, view, limits, evidence, self.plan_ids(task, view, limits))
+
+    def _with_kinds(self, tasks: Sequence[Task]) -> list[Task]:
+        """``tasks`` with each domain the model does not know (a served request says none) read
+        from the nearest training questions (policies/kinds.py), as evaluation reads the
+        dataset's label: what the evidence, the plan line and the kind line read."""
+        if self.kinds is not None and any(self.kinds.infers(t) for t in tasks):
+            return self.kinds.with_domains(tasks, self._embeddings(tasks))
+        return list(tasks)
 
     def _prompt(
         self,
@@ -642,6 +659,7 @@ class ConductorPolicy(Policy):
             question_cut=self.question_cut,
             ranking=self.evidence_ranking(task, view, limits, evidence),
             plan=line,
+            kind=task.domain if self.show_kind else None,
         )
 
     def evidence_ranking(
