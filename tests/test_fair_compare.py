@@ -75,9 +75,10 @@ def test_every_policy_is_scored_with_one_reward() -> None:
 
 def test_routers_fit_on_every_training_question_unless_told(tmp_path: Path) -> None:
     rows = []
-    for t in load_tasks(SIX)[:60]:
+    for t in load_tasks(SIX)[:60]:  # 45 train, a validation item (nothing carved), 14 test
+        split = "train" if len(rows) < 45 else "validation" if len(rows) == 45 else "test"
         rows.append({"id": t.id, "question": t.question, "answer": t.answer, "grader": "math",
-                     "domain": "math", "split": "train" if len(rows) < 45 else "test",
+                     "domain": "math", "split": split,
                      "responses": {"a": {"text": f"#### {t.answer}", "correct": True},
                                    "b": {"text": "#### -1", "correct": False}}})  # fmt: skip
     rec = tmp_path / "r.jsonl"
@@ -142,3 +143,31 @@ def test_the_gate_compares_at_the_trained_reward() -> None:
         old is not None and old["baseline_policy"] == f"single:{GPT4}" and "baseline_mean_reward" not in old
     )
     assert not decide({"accuracy": 0.82, "mean_cost_usd": 0.001, **old}, None).promote
+
+
+def test_compare_defaults_to_the_conductors_pool_and_a_replay_pool_gets_the_fitted_cascade(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compare --policy conductor:DIR`` without ``--pool`` ran on paper-sim, where 95 % of a
+    recordings Conductor's plans did not parse (exit 0); it now takes the Conductor's pool, as
+    ``eval`` does. On a replayed pool the baselines include the fitted cascade and leave out MoA
+    and self-consistency (a recorded answer is the same whatever a worker is shown)."""
+    from rl_conductor.evaluation import suite
+
+    model = _model_dir(
+        tmp_path, {"pool": SIX, "dataset": SIX, "reward": reward_config("cost-aware").to_dict()}
+    )
+    seen: dict[str, Any] = {}
+
+    def stop(specs: list[str], points: Any, **kw: Any) -> Any:
+        seen.update(kw, specs=specs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(suite, "run_sweep", stop)
+    res = CliRunner().invoke(app, ["compare", "--policy", f"conductor:{model}", "--limit", "2"])
+    assert isinstance(res.exception, RuntimeError), res.output
+    assert seen["pool"] == SIX and seen["dataset"] == SIX
+    assert "cascade:all" in seen["specs"] and f"conductor:{model}" in seen["specs"]
+    assert not any(s == "moa" or s.startswith("self-consistency") for s in seen["specs"])
+    sim = suite.baseline_specs("paper-sim")
+    assert "moa" in sim and "cascade:all" not in sim

@@ -304,8 +304,13 @@ def _reward_line(summary: dict[str, Any]) -> str:
 
 @app.command("compare")
 def compare_cmd(
-    pool: Annotated[str, typer.Option(help="pool name or YAML path")] = "paper-sim",
-    dataset: Annotated[str | None, typer.Option()] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(help="pool name or YAML path (default: the Conductor's training pool, else paper-sim)"),
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option(help="dataset (default: the Conductor's with its pool, else the pool's)")
+    ] = None,
     split: SplitOpt = "test",
     limit: LimitOpt = None,
     seed: SeedOpt = 0,
@@ -337,10 +342,11 @@ def compare_cmd(
 ) -> None:
     """Evaluate every baseline (and extra policies) side by side; table, JSON and Pareto chart.
 
-    Every policy is scored with one reward — ``--cost-weight`` / ``--reward-preset``, else the
-    reward the first ``--policy conductor:DIR`` was trained with — and knn / domain-router are
-    fitted at it on every training question (``--fit-limit N``: N of them). Exits 1 when every
-    worker call of a policy failed."""
+    With a ``--policy conductor:DIR``, ``--pool`` and ``--dataset`` default to what it was trained
+    on (its ``conductor.json``), as ``eval``'s do. Every policy is scored with one reward —
+    ``--cost-weight`` / ``--reward-preset``, else the reward the first ``--policy conductor:DIR``
+    was trained with — and knn / domain-router are fitted at it on every training question
+    (``--fit-limit N``: N of them). Exits 1 when every worker call of a policy failed."""
     from rl_conductor.evaluation.report import (
         behaviour_table,
         budget_label,
@@ -354,8 +360,9 @@ def compare_cmd(
         parse_deadlines,
         print_table,
     )
-    from rl_conductor.evaluation.suite import GridPoint, baseline_specs, run_sweep
+    from rl_conductor.evaluation.suite import GridPoint, baseline_specs, run_sweep, trained_defaults
 
+    pool, dataset = trained_defaults(list(extra or []), pool, dataset)
     try:
         amounts = parse_budgets(budgets) if budgets else [None]
     except ValueError as exc:

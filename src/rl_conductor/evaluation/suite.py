@@ -121,17 +121,23 @@ def trained_defaults(policies: list[str], pool: str | None, dataset: str | None)
 
 def baseline_specs(pool: str) -> list[str]:
     """Every single worker, the domain and kNN routers (fitted on the training split), random,
-    MoA, self-consistency of the strongest-priced worker, oracle."""
+    MoA, self-consistency of the strongest-priced worker, oracle.
+
+    On a pool replayed from recordings (every worker ``kind: replay``) the fixed cascade fitted
+    on the training split (``cascade:all``) takes the place of MoA and self-consistency: a
+    recorded worker answers the same text whatever it is shown and however often it is asked,
+    so those two only multiply a recorded answer's cost, while the cascade is the baseline that
+    beat the Conductor on such files (an outside tester's, issue 21)."""
     p = load_pool(pool)
     names = p.names()
     top = max(p.workers, key=lambda w: w.info.price_out).info.name
+    replayed = all(w.info.kind == "replay" for w in p.workers)
     return [
         *(f"single:{n}" for n in names),
         "domain-router",
         "knn",
         "random",
-        "moa",
-        f"self-consistency:{top}",
+        *(["cascade:all"] if replayed else ["moa", f"self-consistency:{top}"]),
         "oracle",
     ]
 
