@@ -612,6 +612,39 @@ def test_routers_and_training_refuse_a_file_without_training_items(tmp_path: Pat
     assert "has no training tasks" in res.output and "Traceback" not in res.output
 
 
+def test_a_worker_whose_calls_all_fail_is_named_by_the_routers_and_the_warm_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pool file that prices a worker per 1K tokens where its recordings' costs mean per 1M:
+    every recorded cost is above the call's worst case, every call fails and another worker
+    answers in its place. No fit credits it (own_answer), so it had dropped out of the routers
+    and the Conductor's targets without a word (an outside tester's report); now the
+    measurement names it and the reason."""
+    import logging
+
+    from rl_conductor.policies.routers import single_outcomes
+    from rl_conductor.training.candidates import build_table
+
+    rows = [{**_item(i, a={"text": f"#### {i + 1}", "correct": True, "cost_usd": 0.002},
+                     b={"text": f"#### {i + 1}", "correct": True, "cost_usd": 0.01}),
+             "split": "train" if i < 12 else "validation"} for i in range(14)]  # fmt: skip
+    rec = _write(tmp_path / "priced.jsonl", rows)
+    pool_file = tmp_path / "priced.yaml"
+    pool_file.write_text(yaml.safe_dump({"name": "priced", "recordings": str(rec), "workers": [
+        {"name": "a", "kind": "replay", "price_in": 1.0, "price_out": 1.0},
+        {"name": "b", "kind": "replay", "price_in": 0.001, "price_out": 0.001}]}))  # fmt: skip
+    pool = load_pool(str(pool_file))
+    tasks = load_tasks(pool.default_dataset(), split="train")
+    with caplog.at_level(logging.WARNING):
+        out = single_outcomes(pool, tasks, cache=False)
+        build_table(tasks, pool, top_k=1, cheap_k=1)
+    assert not out.correct[:, 1].any() and out.replaced["b"][0] == len(tasks)
+    said = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
+    assert len(said) == 2 and all("'b' did not answer 12 of 12 questions" in m for m in said)
+    assert all("above this call's worst case" in m for m in said)
+    assert not any("'a'" in m for m in said)
+
+
 def test_routers_never_credit_a_worker_with_a_replacements_answers(tmp_path: Path) -> None:
     """A model recorded on none of the training items (only on test): its training calls are
     answered by a replacement worker. Before, the routers' measurement counted those answers as

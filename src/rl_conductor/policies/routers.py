@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -56,6 +57,8 @@ __all__ = [
     "reward_matrix",
     "single_outcomes",
 ]
+
+log = logging.getLogger(__name__)
 
 #: A moderate number of training questions to measure, for policies that sample by default. The
 #: kNN and domain routers fit on every training question (what the Conductor trained on) unless
@@ -86,7 +89,8 @@ class MeasuredOutcomes:
     def load(cls, path: Path) -> Self:
         arrays = np.load(path.with_suffix(".npz"))
         meta = json.loads(path.with_suffix(".json").read_text())
-        fields: dict[str, Any] = {name: meta[name] for name in cls.META}
+        # a field added later (``replaced``) is absent from older files: its default
+        fields: dict[str, Any] = {name: meta[name] for name in cls.META if name in meta}
         fields |= {"correct": arrays["correct"].astype(bool), "cost": arrays["cost"].astype(np.float64)}
         return cls(**fields)
 
@@ -100,8 +104,47 @@ class SingleOutcomes(MeasuredOutcomes):
     domains: list[str]
     correct: NDArray[np.bool_]
     cost: NDArray[np.float64]
+    #: per worker another worker answered in its place on some tasks: [how many, the first reason]
+    replaced: dict[str, list[Any]] = field(default_factory=dict)
 
-    META = ("names", "task_ids", "domains")
+    META = ("names", "task_ids", "domains", "replaced")
+
+
+#: A worker answered through a replacement on at least this share of the measured tasks is named
+#: in a warning (:func:`warn_replaced`)
+REPLACED_WARN_SHARE = 0.05
+
+
+def replacement_reason(trace: Trace) -> str:
+    """Why a step's named worker did not answer it itself: its first failed attempt's error."""
+    return next((a.error or a.status for a in trace.attempts if a.status != "ok"), "no answer of its own")
+
+
+def tally_replaced(tally: dict[str, list[Any]], name: str, trace: Trace) -> None:
+    """Count ``trace`` in ``tally`` (worker -> [count, first reason]) when another worker answered
+    for ``name`` (:func:`own_answer`)."""
+    if not own_answer(trace):
+        entry = tally.setdefault(name, [0, replacement_reason(trace)])
+        entry[0] += 1
+
+
+def warn_replaced(what: str, tally: Mapping[str, Sequence[Any]], n: int) -> None:
+    """Name each worker another answered for on at least :data:`REPLACED_WARN_SHARE` of ``n``
+    measured tasks, with the first reason. Why: a fit credits such a worker with nothing there
+    (:func:`own_answer`), so a worker whose every call fails (a price per 1K tokens where the
+    pool means per 1M: every recorded cost is above the call's worst case) silently dropped out
+    of the routers and the Conductor's targets (an outside tester's report, issue 21)."""
+    for name, (count, why) in sorted(tally.items()):
+        if n and count >= REPLACED_WARN_SHARE * n:
+            log.warning(
+                "%s: worker %r did not answer %d of %d questions itself (another answered in its "
+                "place, and no fit credits it there); the first reason: %s",
+                what,
+                name,
+                count,
+                n,
+                why,
+            )
 
 
 def own_answer(trace: Trace) -> bool:
@@ -128,6 +171,8 @@ async def measure_singles(
     w = len(view)
     correct = np.zeros((len(tasks), w), dtype=bool)
     cost = np.zeros((len(tasks), w), dtype=np.float64)
+    names = view.names()
+    replaced: dict[str, list[Any]] = {}
     # minutes on a large pool: a log must show that work goes on
     with progress_display(enabled=progress) as bar:
         pid = bar.add_task(f"measure {w} workers alone", total=len(tasks))
@@ -144,13 +189,15 @@ async def measure_singles(
                     tr = traces[i * w + j]
                     correct[start + i, j] = grade_trace(t, tr) and own_answer(tr)
                     cost[start + i, j] = tr.cost_usd
+                    tally_replaced(replaced, names[j], tr)
             bar.advance(pid, len(chunk))
     return SingleOutcomes(
-        names=view.names(),
+        names=names,
         task_ids=[t.id for t in tasks],
         domains=[t.domain for t in tasks],
         correct=correct,
         cost=cost,
+        replaced=replaced,
     )
 
 
@@ -192,17 +239,20 @@ def _forked(pool: Pool, tasks: Sequence[Task], workers: int) -> SingleOutcomes:
     worker's client would be shared with the children."""
     from rl_conductor.tasks.forked import chunk_bounds, fork_map
 
-    def chunk(lo: int, hi: int) -> tuple[NDArray[np.bool_], NDArray[np.float64]]:
+    def chunk(lo: int, hi: int) -> tuple[NDArray[np.bool_], NDArray[np.float64], dict[str, list[Any]]]:
         part = asyncio.run(measure_singles(pool, tasks[lo:hi], progress=False))
-        return part.correct, part.cost
+        return part.correct, part.cost, part.replaced
 
     bounds = chunk_bounds(len(tasks), workers * 4)
     correct, cost = [], []
+    replaced: dict[str, list[Any]] = {}
     with progress_display() as bar:
         pid = bar.add_task(f"measure {len(pool.workers)} workers alone", total=len(tasks))
-        for (lo, hi), (c, k) in zip(bounds, fork_map(chunk, bounds, workers), strict=True):
+        for (lo, hi), (c, k, r) in zip(bounds, fork_map(chunk, bounds, workers), strict=True):
             correct.append(c)
             cost.append(k)
+            for name, (count, why) in r.items():
+                replaced.setdefault(name, [0, why])[0] += count
             bar.advance(pid, hi - lo)
     view = pool.view()
     return SingleOutcomes(
@@ -211,6 +261,7 @@ def _forked(pool: Pool, tasks: Sequence[Task], workers: int) -> SingleOutcomes:
         domains=[t.domain for t in tasks],
         correct=np.concatenate(correct),
         cost=np.concatenate(cost),
+        replaced=replaced,
     )
 
 
@@ -234,10 +285,12 @@ def single_outcomes(pool: Pool, tasks: Sequence[Task], *, cache: bool = True) ->
         / f"singles-{pool.name}-{pool_key(pool)}-{fingerprint(t.id for t in tasks)}"
     )
     if cache and path.with_suffix(".json").exists() and path.with_suffix(".npz").exists():
-        return SingleOutcomes.load(path)
-    out = _run_sync(pool, tasks)
-    if cache:
-        out.save(path)
+        out = SingleOutcomes.load(path)
+    else:
+        out = _run_sync(pool, tasks)
+        if cache:
+            out.save(path)
+    warn_replaced(f"measuring the {len(out.names)} workers alone", out.replaced, len(tasks))
     return out
 
 

@@ -96,7 +96,7 @@ from rl_conductor.limits import DEFAULT_MAX_STEPS, MIN_OUTPUT_TOKENS, RequestLim
 from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.chains import ROLE_TEXT, Candidate, single
 from rl_conductor.policies.expected import group_of
-from rl_conductor.policies.routers import own_answer
+from rl_conductor.policies.routers import own_answer, replacement_reason, warn_replaced
 from rl_conductor.tasks import forked
 from rl_conductor.tasks.base import Task
 from rl_conductor.trace import Trace
@@ -341,6 +341,8 @@ class _Outcome(NamedTuple):
     tokens: int
     calls: int
     unchanged: tuple[bool, ...]
+    #: why another worker answered in the plan's worker's place (None: it answered itself)
+    replaced: str | None = None
 
 
 #: Env override of the number of worker processes for the table build (1: serial, in process).
@@ -372,6 +374,7 @@ def _outcome(
         tokens=trace.tokens,
         calls=_worker_calls(trace),
         unchanged=tuple(unchanged_under_deadline(trace, task, view, d) for d in deadlines),
+        replaced=None if own_answer(trace) else replacement_reason(trace),
     )
 
 
@@ -530,6 +533,7 @@ def build_table(
     outs = run(first, [checks(t) for t, _, _ in first])
     acc: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     single_rows: dict[tuple[str, str], _Outcome] = {}
+    replaced: dict[str, list[Any]] = {}
     k = 0
     for t in tasks:
         for c in singles:
@@ -537,6 +541,9 @@ def build_table(
             k += 1
             single_rows[(t.id, c.name)] = o
             acc[t.domain][c.steps[0][0]].append(float(o.correct))
+            if o.replaced is not None:
+                replaced.setdefault(c.steps[0][0], [0, o.replaced])[0] += 1
+    warn_replaced("the warm start's candidate table", replaced, len(tasks))
     price = {i.name: i.price_out for i in view.infos()}
     median = float(np.median(list(price.values())))
     domain_sets: dict[str, list[Candidate]] = {}
