@@ -66,6 +66,10 @@ PACKAGE_PREFIX = "package:"
 DEFAULT_GRADER = "qa"
 DEFAULT_DOMAIN = "reasoning"
 _RESPONSE_KEYS = {"text", "correct", "input_tokens", "output_tokens", "cost_usd", "latency_s"}
+#: an item's fields (anything else of the user's goes under ``metadata``): a misspelt one
+#: (``splt``, ``gold_answer``) had been ignored, putting held-out items in training or making
+#: every item gold-less without a word
+_ITEM_KEYS = {"id", "question", "answer", "grader", "domain", "source", "split", "metadata", "responses"}
 
 
 class RecordingsError(ValueError):
@@ -224,6 +228,20 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
 
     if not isinstance(row, dict):
         raise RecordingsError(f"{where}: each line must be a JSON object")
+    unknown = sorted(set(row) - _ITEM_KEYS)
+    if unknown:
+        import difflib
+
+        hints = [
+            f"{k!r} (did you mean {m[0]!r}?)"
+            for k in unknown
+            if (m := difflib.get_close_matches(k, _ITEM_KEYS, 1))
+        ]
+        raise RecordingsError(
+            f"{where}: unknown item fields {unknown}"
+            + (f": {', '.join(hints)}" if hints else "")
+            + f"; known: {sorted(_ITEM_KEYS)} (put anything else under `metadata`)"
+        )
     for key in ("id", "question"):
         if not isinstance(row.get(key), str) or not row[key].strip():
             raise RecordingsError(f"{where}: `{key}` is required and must be a non-empty string")

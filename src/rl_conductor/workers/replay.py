@@ -305,6 +305,15 @@ def _positive(spec: dict[str, Any], key: str, default: float) -> float:
 def _source(spec: dict[str, Any], options: dict[str, Any]) -> RecordingSource:
     path = spec.get("recordings", options.get("recordings"))
     if path is None:
+        import difflib
+
+        # `recording:` had fallen back to RouteLLM's recordings and failed on a model name
+        near = [k for k in (*spec, *options) if difflib.get_close_matches(str(k), ["recordings"], 1, 0.75)]
+        if near:
+            raise PoolConfigError(
+                f"replay worker {spec['name']!r}: unknown field {near[0]!r}; did you mean `recordings` "
+                "(the recordings file, for the pool or the worker)?"
+            )
         return ROUTELLM
     try:
         source = load_recordings(str(path))
