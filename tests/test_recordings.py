@@ -951,3 +951,21 @@ def test_rounds_table_adds_the_pairs_of_the_best_fitted_cascades(tmp_path: Path,
     for bad in (1.5, -1, True):
         with pytest.raises(ConfigError, match="warm_cascade_pairs"):
             TrainConfig(warm_cascade_pairs=bad)  # type: ignore[arg-type]
+
+
+def test_eval_json_has_one_shape_whatever_the_number_of_policies(tmp_path: Path) -> None:
+    """``results`` always (a script reads the same key for one policy or several); one policy's
+    summary stays at the top level too, as before."""
+    from typer.testing import CliRunner
+
+    rows = [{**_item(i, a={"text": f"#### {i + 1}", "correct": True}, b={"correct": False}), "split": "test"}
+            for i in range(4)]  # fmt: skip
+    pool = _byo_pool(tmp_path, rows)
+    for policies in (["single:a"], ["single:a", "single:b"]):
+        out = tmp_path / f"{len(policies)}.json"
+        args = ["eval", "--pool", str(pool), "--json", str(out)]
+        res = CliRunner().invoke(app, [*args, *(x for p in policies for x in ("--policy", p))])
+        assert res.exit_code == 0, res.output
+        doc = json.loads(out.read_text())
+        assert [r["policy"] for r in doc["results"]] == policies
+        assert (doc.get("policy") == "single:a") is (len(policies) == 1)

@@ -15,7 +15,8 @@ from rl_conductor.limits import MAX_CALLS, MAX_ROUNDS, SENSITIVITIES
 from rl_conductor.validation import SPLIT_CHOICES
 
 # a fixed width when not on a terminal (CI logs, pipes), so tables keep their columns whole
-console = Console(stderr=False, width=None if Console().is_terminal else 130)
+#: in a log or a pipe, wide enough that a table of long policy names keeps its numbers whole
+console = Console(stderr=False, width=None if Console().is_terminal else 200)
 
 
 def _write_json(path: Path | None, payload: Any) -> None:
@@ -292,7 +293,9 @@ def eval_cmd(
         console.print(domain_table(s))
     console.print(behaviour_table(summaries))
     console.print(_reward_line(summaries[0]))
-    _write_json(json_out, summaries[0] if len(summaries) == 1 else {"results": summaries})
+    # one shape whatever the number of policies: ``results`` always; one policy's summary is also
+    # the top level, as it was before ``results`` was written for it
+    _write_json(json_out, {**(summaries[0] if len(summaries) == 1 else {}), "results": summaries})
     fail_if_nothing_answered(summaries)
 
 

@@ -463,7 +463,8 @@ def load_preset(name_or_path: str, **overrides: Any) -> TrainConfig:
         p = preset_dir() / f"{name_or_path}.yaml"
         if not p.exists():
             raise UnknownName(
-                f"no training preset {name_or_path!r}; presets: {available_presets()} or a YAML path"
+                f"no training preset {name_or_path!r}; presets: {available_presets()}, a YAML path, "
+                "or for train: auto (the recordings presets, chosen on validation) or a comma-separated list"
             )
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}

@@ -317,8 +317,10 @@ def _source(spec: dict[str, Any], options: dict[str, Any]) -> RecordingSource:
         return ROUTELLM
     try:
         source = load_recordings(str(path))
-    except (FileNotFoundError, RecordingsError) as exc:
+    except FileNotFoundError as exc:
         raise PoolConfigError(f"replay worker {spec['name']!r}: {exc}") from None
+    except RecordingsError as exc:  # it names the file, line and model: not this worker's fault
+        raise PoolConfigError(str(exc)) from None
     options.setdefault("default_dataset", dataset_name(str(path)))
     return source
 
