@@ -288,3 +288,46 @@ def test_a_recorded_request_made_a_call_as_the_reward_reads_its_trace() -> None:
     assert made_a_call(rec["steps"])  # the trace had an attempt: the format bonus is earned
     assert not made_a_call([{"status": "skipped_deadline", "attempts": 0}])
     assert made_a_call([{"status": "failed"}]) and not made_a_call([{"status": "skipped_budget"}])
+
+
+def test_observed_plans_of_a_rank_model_parse_against_the_ranking_the_prompt_shows(tmp_path: Path) -> None:
+    """A rank model's prompt shows the first three ids of its ranking: an observed plan on the
+    fourth worker or later is written by id, never ``@4`` (which the served Conductor cannot
+    parse; an outside attack found six of twelve such completions)."""
+    from _tiny import micro_config
+    from rl_conductor.policies.evidence import Ranker
+    from rl_conductor.prompting import RANK_SHOWN
+    from rl_conductor.tasks.datasets import load_tasks
+    from rl_conductor.training.observed import trainer_records
+    from rl_conductor.training.train import _warm_start
+    from rl_conductor.workers.pool import load_pool
+
+    cfg = micro_config(f"sqlite:///{tmp_path / 'ml.db'}", pool="gsm8k-six", sft_targets="expected-best",
+                       evidence="rank", plan_by_rank=True, warm_items_per_domain=48, warm_top_k=2,
+                       warm_cheap_k=1, budgets_usd=[], budget_prob=0.0, random_pool_prob=0.0,
+                       warm_cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    pool = load_pool("gsm8k-six")
+    names = pool.names()
+    assert len(names) > RANK_SHOWN
+    tasks = load_tasks("gsm8k-six", "train", limit=cfg.train_limit, seed=0)
+    targets, model, evidence, _ = _warm_start(cfg, tasks, pool)
+    examples = [
+        Observed(request_id=f"r{i}{j}", question=q, score=1.0, cost_usd=0.0, called=True,
+                 workflow=({"worker": w, "instruction": "Solve it.", "access": []},))
+        for i, q in enumerate(NEW_QUESTIONS[:2]) for j, w in enumerate(names)
+    ]  # fmt: skip
+    path = tmp_path / "observed.jsonl"
+    write_observed(path, examples)
+    records, decisions = trainer_records(
+        path, pool, RequestLimits(max_steps=cfg.max_steps_per_workflow), targets, cfg.reward(),
+        max_steps=cfg.max_steps_per_workflow, max_question_chars=cfg.max_question_chars,
+        evidence=evidence, evidence_model=model, rank=Ranker(model, cfg.reward()), by_place=True,
+    )  # fmt: skip
+    assert len(records) == sum(d.taught for d in decisions) > RANK_SHOWN
+    placed = 0
+    for rec in records:
+        line = next(x for x in rec["prompt"][0]["content"].splitlines() if x.startswith(("Ranked", "Best")))
+        shown = [int(x) for x in line.split(":")[1].split(",")]
+        plan = parse(rec["completion"][0]["content"], pool_size=len(names), ranking=shown)
+        placed += any(s.rank is not None for s in plan.steps)
+    assert 0 < placed < len(records)  # the shown workers by place, the others by id

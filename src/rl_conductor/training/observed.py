@@ -263,6 +263,7 @@ def trainer_records(
     for the question (it never saw it, like any question it did not fit on). ``by_place``: the
     recipe writes its targets by place in the prompt's ranking (``plan_by_rank``) or plan line
     (``plan_hint`` always does): so are the observed plans."""
+    from rl_conductor.prompting import shown_ranking
     from rl_conductor.training.data import PromptSpec, spec_prompt, spec_ranking
 
     decisions = judge(read_observed(path), pool.names(), targets, config, max_steps=max_steps)
@@ -298,7 +299,9 @@ def trainer_records(
         )
 
     def line(d: Decision) -> list[int] | None:
-        return spec_ranking(spec(d), pool, base, shown, rank, hint)
+        ids = spec_ranking(spec(d), pool, base, shown, rank, hint)
+        # a ranking line shows its first few ids (what @k can name); a plan line shows them all
+        return ids if hint is not None else shown_ranking(ids)
 
     placed = by_place or hint is not None
     return sft_records(decisions, prompt, copies=copies, line=line if placed else None), decisions
