@@ -642,12 +642,19 @@ def test_a_worker_whose_calls_all_fail_is_named_by_the_routers_and_the_warm_star
         {"name": "b", "kind": "replay", "price_in": 0.001, "price_out": 0.001}]}))  # fmt: skip
     pool = load_pool(str(pool_file))
     tasks = load_tasks(pool.default_dataset(), split="train")
+    from rl_conductor.policies.cascade import SAMPLES, sample_outcomes
+
     with caplog.at_level(logging.WARNING):
         out = single_outcomes(pool, tasks, cache=False)
         build_table(tasks, pool, top_k=1, cheap_k=1)
+        samples = sample_outcomes(pool, tasks, cache=False)
     assert not out.correct[:, 1].any() and out.replaced["b"][0] == len(tasks)
+    # the fixed cascade's fit credited b with a's answers (cascade:b*2 fitted best)
+    assert not samples.correct[:, 1].any() and samples.correct[:, 0].all()
+    assert all(k is None for row in samples.keys for k in row[1])
     said = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
-    assert len(said) == 2 and all("'b' did not answer 12 of 12 questions" in m for m in said)
+    assert len(said) == 3 and all("'b' did not answer" in m for m in said)
+    assert sum("12 of 12 calls" in m for m in said) == 2 and f"{12 * SAMPLES} of {12 * SAMPLES}" in said[2]
     assert all("above this call's worst case" in m for m in said)
     assert not any("'a'" in m for m in said)
 

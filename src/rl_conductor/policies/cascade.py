@@ -45,7 +45,9 @@ from rl_conductor.policies.routers import (
     FIT_LIMIT,
     MeasuredOutcomes,
     pool_key,
+    tally_replaced,
     training_tasks,
+    warn_replaced,
 )
 from rl_conductor.progress import progress as progress_display
 from rl_conductor.reward import RewardConfig, grade_trace, reward_from_options, reward_of
@@ -84,6 +86,7 @@ async def measure_samples(pool: Pool, tasks: Sequence[Task]) -> SampleOutcomes:
     correct = np.zeros((len(tasks), w, SAMPLES), dtype=bool)
     cost = np.zeros((len(tasks), w, SAMPLES), dtype=np.float64)
     keys: list[list[list[str | None]]] = []
+    replaced: dict[str, list[Any]] = {}
     limits = RequestLimits(max_steps=SAMPLES)
     wfs = [Workflow(steps=tuple(Step(j, SOLVE, ()) for _ in range(SAMPLES))) for j in range(w)]
     given = GivenPlan()
@@ -99,14 +102,20 @@ async def measure_samples(pool: Pool, tasks: Sequence[Task]) -> SampleOutcomes:
                     tr = traces[i * w + j]
                     row.append([])
                     for k, rec in enumerate(tr.steps):
-                        text = rec.answer if rec.status == "ok" else ""
+                        # another worker's answer in this one's place is not its own: a fit may
+                        # not credit it (routers.own_answer), and it agrees with nothing
+                        own = not rec.requested_worker or rec.worker == rec.requested_worker
+                        text = rec.answer if rec.status == "ok" and own else ""
                         one = replace(tr, steps=[rec], final_answer=text)
-                        correct[start + i, j, k] = grade_trace(t, one)
+                        correct[start + i, j, k] = own and grade_trace(t, one)
                         cost[start + i, j, k] = rec.cost_usd
-                        readable = rec.readable_answer
+                        readable = rec.readable_answer if own else ""
                         row[j].append(extract_answer(t, readable) if readable else None)
+                        if not own:
+                            tally_replaced(replaced, view.names()[j], tr)
                 keys.append(row)
             bar.advance(pid, len(chunk))
+    warn_replaced(f"sampling the {w} workers for the fixed cascade", replaced, len(tasks) * SAMPLES)
     return SampleOutcomes(view.names(), [t.id for t in tasks], correct, cost, keys)
 
 

@@ -113,6 +113,8 @@ class SingleOutcomes(MeasuredOutcomes):
 #: A worker answered through a replacement on at least this share of the measured tasks is named
 #: in a warning (:func:`warn_replaced`)
 REPLACED_WARN_SHARE = 0.05
+#: the warnings :func:`warn_replaced` gave in this process
+_WARNED: set[tuple[str, str, int, int]] = set()
 
 
 def replacement_reason(trace: Trace) -> str:
@@ -135,10 +137,11 @@ def warn_replaced(what: str, tally: Mapping[str, Sequence[Any]], n: int) -> None
     pool means per 1M: every recorded cost is above the call's worst case) silently dropped out
     of the routers and the Conductor's targets (an outside tester's report, issue 21)."""
     for name, (count, why) in sorted(tally.items()):
-        if n and count >= REPLACED_WARN_SHARE * n:
+        if n and count >= REPLACED_WARN_SHARE * n and (what, name, count, n) not in _WARNED:
+            _WARNED.add((what, name, count, n))  # once per process (each router measures)
             log.warning(
-                "%s: worker %r did not answer %d of %d questions itself (another answered in its "
-                "place, and no fit credits it there); the first reason: %s",
+                "%s: worker %r did not answer %d of %d calls itself (another worker answered in its "
+                "place, or none did; no fit credits it there); the first reason: %s",
                 what,
                 name,
                 count,
