@@ -484,11 +484,24 @@ def test_a_file_of_train_and_test_items_gets_a_validation_split_carved_from_trai
     assert len(said) == 1 and f"{len(val)} of its 280 training items" in said[0]
     assert load_tasks(name, "validation") == val  # the same items in every call
     assert {item_dict(t, {})["split"] for t in val} == {"train"}  # what the file said
+    # two unlabelled items (one hashes into validation) do not undo the carve: the file's own
+    # fields name no validation item (a validation split of one question had been left)
+    extra = [_item(1000 + i, a={"text": "#### 1", "correct": True}) for i in range(40)]
+    assert any(split_of(r["id"]) == "validation" for r in extra)
+    (tmp_path / "mixed").mkdir()
+    mixed = load_pool(str(_byo_pool(tmp_path / "mixed", rows + extra, models="a"))).options["default_dataset"]
+    assert len(load_tasks(mixed, "validation")) > len(val)
+    # the loader's metadata keys are refused in a file (metadata.split had silently been the split)
+    for taken in ("split", "rl_conductor.carved_from"):
+        bad = [{**rows[0], "metadata": {taken: "test"}}]
+        with pytest.raises(RecordingsError, match="are the loader's"):
+            load_recordings(_write(tmp_path / f"taken-{taken}.jsonl", bad))
+    with pytest.raises(RecordingsError, match="`domain`, when given, must be a non-empty string"):
+        load_recordings(_write(tmp_path / "empty-domain.jsonl", [{**rows[0], "domain": " "}]))
     # a file that names its validation items keeps them, and carves nothing
     rows[0]["split"] = "validation"
-    named = _byo_pool(
-        tmp_path / "named" if (tmp_path / "named").mkdir() is None else tmp_path, rows, models="a"
-    )
+    (tmp_path / "named").mkdir()
+    named = _byo_pool(tmp_path / "named", rows, models="a")
     name = load_pool(str(named)).options["default_dataset"]
     assert [t.id for t in load_tasks(name, "validation")] == [rows[0]["id"]]
 

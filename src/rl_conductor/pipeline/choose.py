@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 
 #: ``--preset auto``: the recordings presets, the text-reading one only where texts were kept
 AUTO = "auto"
+#: fewer validation items than this get a warning before a choice is made on them
+SMALL_VALIDATION = 50
 #: the presets ``auto`` chooses among, and the share of kept texts above which the second joins
 AUTO_PRESETS = ("recordings", "recordings-text")
 TEXT_SHARE = 0.5
@@ -201,6 +203,13 @@ def check_candidates(cfgs: dict[str, Any]) -> tuple[str, str]:
         raise ConfigError(
             f"dataset {dataset!r} has no validation items ({split_counts(dataset)}); a choice among "
             'presets is made on them: give some items "split": "validation" (or drop the split field)'
+        )
+    if len(found) < SMALL_VALIDATION:
+        log.warning(
+            "dataset %r has %d validation items: a choice among presets on so few is mostly noise "
+            '(give more items "split": "validation")',
+            dataset,
+            len(found),
         )
     return first.pool, dataset
 

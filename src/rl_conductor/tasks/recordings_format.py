@@ -70,6 +70,10 @@ _RESPONSE_KEYS = {"text", "correct", "input_tokens", "output_tokens", "cost_usd"
 #: (``splt``, ``gold_answer``) had been ignored, putting held-out items in training or making
 #: every item gold-less without a word
 _ITEM_KEYS = {"id", "question", "answer", "grader", "domain", "source", "split", "metadata", "responses"}
+#: the loader's own metadata keys: an item's split, and the split it stated where its validation
+#: split was carved from train (:func:`rl_conductor.tasks.registry.carve_validation`)
+CARVED_FROM = "rl_conductor.carved_from"
+_LOADER_METADATA = ("split", CARVED_FROM)
 
 
 class RecordingsError(ValueError):
@@ -262,6 +266,15 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
     metadata = row.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise RecordingsError(f"{where}: metadata must be an object")
+    taken = [k for k in _LOADER_METADATA if k in metadata]
+    if taken:  # `metadata.split` had silently been the item's split (and written back as one)
+        raise RecordingsError(
+            f"{where}: metadata field(s) {taken} are the loader's; give the item's split as the "
+            "top-level `split` field"
+        )
+    for key in ("domain", "source"):  # an empty label fails later, after minutes of training
+        if key in row and (not isinstance(row[key], str) or not row[key].strip()):
+            raise RecordingsError(f"{where}: `{key}`, when given, must be a non-empty string")
     choices = metadata.get("choices")
     named = isinstance(choices, list) and all(
         isinstance(c, str | int | float) and not isinstance(c, bool) for c in choices
@@ -392,8 +405,8 @@ def item_dict(task: Task, responses: dict[str, RecordedResponse]) -> dict[str, A
     """One line of a recordings file for ``task`` (its ``split`` field when the task has one)."""
     metadata = dict(task.metadata)
     split = metadata.pop("split", None)
-    if "carved_from" in metadata:  # a validation split carved from train: what the file said
-        split = metadata.pop("carved_from")
+    if CARVED_FROM in metadata:  # a validation split carved from train: what the file said
+        split = metadata.pop(CARVED_FROM)
     grader, answer = task.grader, task.answer
     if grader == RECORDED_GRADER:  # back to what the file said: the labels are the responses'
         grader = str(metadata.pop("recorded_grader", DEFAULT_GRADER))

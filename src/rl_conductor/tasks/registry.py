@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from rl_conductor.errors import UnknownName
 from rl_conductor.tasks.base import DOMAINS, Task
-from rl_conductor.tasks.recordings_format import recordings_tasks
+from rl_conductor.tasks.recordings_format import CARVED_FROM, recordings_tasks
 from rl_conductor.validation import DATA_SPLITS, SPLIT_CHOICES
 
 log = logging.getLogger(__name__)
@@ -136,16 +136,23 @@ def carve_validation(tasks: list[Task], name: str) -> list[Task]:
     :data:`CARVED_VALIDATION` of its training items (by a salted hash of the id, so every
     command of every run sees the same ones) are its validation split, and the test items are
     untouched; a warning says so once per file. The carved items leave the training split, so a
-    model never trains on the items it is chosen on. A file that names any validation item
-    (or whose unlabelled items hash into it) is as written. The original field is kept
-    (``metadata["carved_from"]``) so that writing the file back writes what it said."""
-    if not tasks or any(split_of_task(t) == "validation" for t in tasks):
+    model never trains on the items it is chosen on. A file that names any validation item, or
+    states no split at all and has validation items by the id hash, is as written. The original
+    field is kept (``metadata[CARVED_FROM]``) so that writing the file back writes what it said."""
+    stated = {t.metadata.get("split") for t in tasks} & set(DATA_SPLITS)
+    if not tasks or "validation" in stated:
+        return tasks
+    # a file that states splits but names no validation item is carved even where a few unlabelled
+    # items hash into validation (two such items had left a validation split of one question);
+    # a file that states none has the hash's 70/10/20, carved only where that gives no validation
+    if not stated and any(split_of_task(t) == "validation" for t in tasks):
         return tasks
     out, carved = [], 0
     for t in tasks:
         if split_of_task(t) == "train" and hash_fraction(f"validation-from-train:{t.id}") < CARVED_VALIDATION:
-            stated = t.metadata.get("split")
-            t = replace(t, metadata={**t.metadata, "split": "validation", "carved_from": stated})
+            t = replace(
+                t, metadata={**t.metadata, "split": "validation", CARVED_FROM: t.metadata.get("split")}
+            )
             carved += 1
         out.append(t)
     if carved and name not in _CARVE_SAID:
