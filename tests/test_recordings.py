@@ -61,6 +61,7 @@ def test_format_errors_name_the_file_and_line(tmp_path: Path) -> None:
         "unknown response fields": _item(1, a={"text": "2", "tokens": 3}),
         "'splt' (did you mean 'split'?)": {**good, "splt": "test"},
         "'gold_answer' (did you mean 'answer'?)": {**good, "gold_answer": "2"},
+        "'latency' (did you mean 'latency_s'?)": _item(1, a={"text": "2", "latency": 3}),
         "output_tokens must be an integer": _item(1, a={"text": "2", "output_tokens": -1}),
         "every response needs `correct`": {**_item(1, a={"text": "2"}), "answer": None},
         "at least one": _item(1),
@@ -82,6 +83,8 @@ def test_format_errors_name_the_file_and_line(tmp_path: Path) -> None:
         build_pool({"recording": str(tmp_path / "x.jsonl"), "workers": [{"name": "a", "kind": "replay"}]})
     with pytest.raises(PoolConfigError, match=r"unknown price field\(s\) \['price_input'\]"):
         build_pool({"workers": [{"name": "gpt-4-1106-preview", "kind": "replay", "price_input": 1.0}]})
+    with pytest.raises(PoolConfigError, match=r"unknown price field\(s\) \['Input_Price'\]"):
+        build_pool({"workers": [{"name": "gpt-4-1106-preview", "kind": "replay", "Input_Price": 1.0}]})
     path = _write(tmp_path / "ok.jsonl", [good])
     with pytest.raises(PoolConfigError, match="no recordings of model 'b'"):
         build_pool({"recordings": str(path), "workers": [{"name": "b", "kind": "replay"}]})

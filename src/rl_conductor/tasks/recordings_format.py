@@ -134,13 +134,29 @@ def _float(value: Any, where: str, key: str) -> float | None:
     return float(value)
 
 
+def _nearest(unknown: list[str], known: set[str]) -> str:
+    """``: 'splt' (did you mean 'split'?)`` for each unknown field close to a known one."""
+    import difflib
+
+    hints = [
+        f"{k!r} (did you mean {m[0]!r}?)"
+        for k in unknown
+        if (
+            m := difflib.get_close_matches(str(k), known, 1)
+            or difflib.get_close_matches(str(k).lower(), known, 1)
+        )
+    ]
+    return f": {', '.join(hints)}" if hints else ""
+
+
 def parse_response(raw: Any, where: str) -> RecordedResponse:
     if not isinstance(raw, dict):
         raise RecordingsError(f"{where}: a response must be an object")
-    unknown = set(raw) - _RESPONSE_KEYS
+    unknown = sorted(set(raw) - _RESPONSE_KEYS)
     if unknown:
         raise RecordingsError(
-            f"{where}: unknown response fields {sorted(unknown)}; known: {sorted(_RESPONSE_KEYS)}"
+            f"{where}: unknown response fields {unknown}{_nearest(unknown, _RESPONSE_KEYS)}; "
+            f"known: {sorted(_RESPONSE_KEYS)}"
         )
     text, correct = raw.get("text"), raw.get("correct")
     if text is not None and not isinstance(text, str):
@@ -234,17 +250,9 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
         raise RecordingsError(f"{where}: each line must be a JSON object")
     unknown = sorted(set(row) - _ITEM_KEYS)
     if unknown:
-        import difflib
-
-        hints = [
-            f"{k!r} (did you mean {m[0]!r}?)"
-            for k in unknown
-            if (m := difflib.get_close_matches(k, _ITEM_KEYS, 1))
-        ]
         raise RecordingsError(
-            f"{where}: unknown item fields {unknown}"
-            + (f": {', '.join(hints)}" if hints else "")
-            + f"; known: {sorted(_ITEM_KEYS)} (put anything else under `metadata`)"
+            f"{where}: unknown item fields {unknown}{_nearest(unknown, _ITEM_KEYS)}; "
+            f"known: {sorted(_ITEM_KEYS)} (put anything else under `metadata`)"
         )
     for key in ("id", "question"):
         if not isinstance(row.get(key), str) or not row[key].strip():

@@ -45,7 +45,7 @@ def register_kind(kind: str) -> Callable[[WorkerBuilder], WorkerBuilder]:
 
 def info_from_spec(spec: dict[str, Any]) -> WorkerInfo:
     """Build the static :class:`WorkerInfo` from a worker entry of a pool file."""
-    stray = sorted(k for k in spec if str(k).startswith("price") and k not in ("price_in", "price_out"))
+    stray = sorted(k for k in spec if "price" in str(k).lower() and k not in ("price_in", "price_out"))
     if stray:  # a misspelt price had been read as a price of 0 (free), without a word
         raise PoolConfigError(
             f"worker {spec.get('name')!r}: unknown price field(s) {stray}; a worker's prices are "
