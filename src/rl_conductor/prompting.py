@@ -186,14 +186,11 @@ def conductor_prompt(
     question_cut: str = "head",
     ranking: Sequence[int] | None = None,
     plan: Sequence[int] | None = None,
-    kind: str | None = None,
 ) -> str:
     """The user message the Conductor answers with a workflow (``evidence``: see
     :func:`worker_lines`; ``question_cut``: see :data:`QUESTION_CUTS`; ``ranking``: the view's
     ordinals best first, shown as a last line, :func:`rank_line`; ``plan``: the ordinals of the
-    plan the question's neighbours scored best with, shown as a last line, :func:`plan_line`;
-    ``kind``: the question's kind, a ``Kind: math`` line before the question, for a model
-    trained with ``show_kind``)."""
+    plan the question's neighbours scored best with, shown as a last line, :func:`plan_line`)."""
     if ranking is not None and plan is not None:
         raise ValueError("a prompt shows a ranking line or a plan line, not both")
     text = template().format(
@@ -204,7 +201,7 @@ def conductor_prompt(
             budget=limits.max_cost_usd,
             evidence=evidence,
         ),
-        budget=budget_line(limits) + ("" if kind is None else f"Kind: {' '.join(kind.split())[:40]}\n"),
+        budget=budget_line(limits),
         question=cut(task.question, max_question_chars, question_cut),
     )
     if plan is not None:

@@ -282,12 +282,7 @@ class ConductorPolicy(Policy):
                 str(model_dir),
                 "conductor.json says its kind index was saved; kinds.npz or kinds.json is missing",
             )
-        #: with ``show_kind`` the prompt shows the question's kind (its domain; a served request's
-        #: from its nearest training questions), as the model was trained
-        self.show_kind = self._trained_flag("show_kind")
-        if self.show_kind and not self.meta.get("kinds"):
-            raise model_not_found(str(model_dir), "conductor.json shows kinds but saved no kind index")
-        if (self.evidence is not None or self.show_kind) and KindIndex.exists(self.model_dir):
+        if self.evidence is not None and KindIndex.exists(self.model_dir):
             try:
                 self.kinds = KindIndex.load(self.model_dir)
             except ValueError as exc:
@@ -612,7 +607,7 @@ class ConductorPolicy(Policy):
             return None
 
     def _trained_flag(self, name: str) -> bool:
-        """A flag ``conductor.json`` records only when on (``plan_hint``, ``show_kind``), refused
+        """A flag ``conductor.json`` records only when on (``plan_hint``), refused
         (:class:`~rl_conductor.errors.ModelNotFound`) where it is not a boolean or is not what its
         ``train_config`` says: a model served without the line it was trained with plans blind."""
         flag, recipe = self.meta.get(name), self.meta.get("train_config")
@@ -636,7 +631,7 @@ class ConductorPolicy(Policy):
     def _with_kinds(self, tasks: Sequence[Task]) -> list[Task]:
         """``tasks`` with each domain the model does not know (a served request says none) read
         from the nearest training questions (policies/kinds.py), as evaluation reads the
-        dataset's label: what the evidence, the plan line and the kind line read."""
+        dataset's label: what the evidence and the plan line read."""
         if self.kinds is not None and any(self.kinds.infers(t) for t in tasks):
             return self.kinds.with_domains(tasks, self._embeddings(tasks))
         return list(tasks)
@@ -659,7 +654,6 @@ class ConductorPolicy(Policy):
             question_cut=self.question_cut,
             ranking=self.evidence_ranking(task, view, limits, evidence),
             plan=line,
-            kind=task.domain if self.show_kind else None,
         )
 
     def evidence_ranking(

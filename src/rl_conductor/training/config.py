@@ -91,13 +91,6 @@ class TrainConfig:
         "ranking line's first worker; workflow.parse resolves it) instead of that worker's id: "
         "following the evidence is then one constant a tiny model learns, ids still parse",
     )
-    show_kind: bool = _f(
-        False,
-        "show each question's kind in the prompt ('Kind: math', its domain; a served request's is "
-        "read from its nearest training questions, policies/kinds.py). A domain-router knows it; "
-        "a tiny Conductor reading a question's first characters confused look-alike domains "
-        "(docs/recordings.md, the kind line)",
-    )
     plan_hint: bool = _f(
         False,
         "end the prompt with 'Plan by estimate: 3, 5', the plan the question's nearest training "
@@ -388,11 +381,6 @@ class TrainConfig:
             raise ConfigError(
                 f"review_evidence: {self.review_evidence} is a review's: set max_rounds: 2 and "
                 "sft_targets: expected-best (or review_evidence: none)"
-            )
-        if self.show_kind and self.sft_targets != "expected-best":
-            raise ConfigError(
-                "show_kind shows each question's kind with the warm start's targets: set "
-                "sft_targets: expected-best (or show_kind: false)"
             )
         if self.plan_hint and (self.sft_targets != "expected-best" or self.evidence != "none"):
             raise ConfigError(

@@ -156,12 +156,11 @@ def spec_prompt(
     question_cut: str,
     rank: Rank | None = None,
     hint: Hint | None = None,
-    show_kind: bool = False,
 ) -> str:
     """The Conductor prompt of a spec; ``evidence`` maps task ids to the per-worker estimates the
     prompt shows (out-of-fold for training questions, :mod:`rl_conductor.policies.evidence`);
     with ``rank`` (``evidence: rank``) the prompt ends with their ranking line, with ``hint``
-    (``plan_hint``) with its plan line; with ``show_kind`` it shows the question's domain."""
+    (``plan_hint``) with its plan line."""
     mine = None if evidence is None else evidence.get(spec.task.id)
     return conductor_prompt(
         spec.task,
@@ -172,7 +171,6 @@ def spec_prompt(
         question_cut=question_cut,
         ranking=None if rank is None or mine is None else rank(spec.task, mine, view, limits),
         plan=None if hint is None else plan_ids(hint(spec.task, view, limits), view.names()),
-        kind=spec.task.domain if show_kind else None,
     )
 
 
@@ -234,7 +232,6 @@ def warm_sft_records(
     rank: Rank | None = None,
     by_rank: bool = False,
     hint: Hint | None = None,
-    show_kind: bool = False,
 ) -> list[dict[str, Any]]:
     """Prompt/completion pairs whose completion is the prompt's expected-best workflow
     (:mod:`rl_conductor.training.warmstart`): only the shown workers, affordable under the
@@ -264,9 +261,7 @@ def warm_sft_records(
         out.append(
             {
                 "prompt": chat(
-                    spec_prompt(
-                        s, view, lim, max_question_chars, evidence, question_cut, rank, hint, show_kind
-                    )
+                    spec_prompt(s, view, lim, max_question_chars, evidence, question_cut, rank, hint)
                 ),
                 "completion": [{"role": "assistant", "content": render(wf)}],
             }
@@ -284,7 +279,6 @@ def grpo_records(
     question_cut: str = "head",
     rank: Rank | None = None,
     hint: Hint | None = None,
-    show_kind: bool = False,
 ) -> list[dict[str, Any]]:
     """Conversational prompts for GRPOTrainer; extra columns reach the reward function."""
     return [
@@ -299,7 +293,6 @@ def grpo_records(
                     question_cut,
                     rank,
                     hint,
-                    show_kind,
                 )
             ),
             "task_id": s.task.id,

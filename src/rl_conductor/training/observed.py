@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -254,8 +254,6 @@ def trainer_records(
     rank: Any = None,
     hint: Any = None,
     by_place: bool = False,
-    show_kind: bool = False,
-    kinds: Any = None,
 ) -> tuple[list[dict[str, Any]], list[Decision]]:
     """The SFT records of ``path``'s observed examples (:func:`judge`, :func:`sft_records`),
     prompted as :func:`rl_conductor.training.data.spec_prompt` prompts a table target: the
@@ -274,29 +272,13 @@ def trainer_records(
         new = [d.example.task() for d in decisions if d.taught and d.example.task().id not in shown]
         shown.update({t.id: e for t, e in zip(new, evidence_for(evidence_model, new), strict=True)})
 
-    # with the kind line, a served question says no domain: its kind is its nearest training
-    # questions' (``kinds``, policies/kinds.py), as the served Conductor is shown
-    inferred: dict[str, str] = {}
-    if show_kind and kinds is not None:
-        from rl_conductor.policies.knn import cached_embeddings
-
-        unknown = [d.example.task() for d in decisions if d.taught and kinds.infers(d.example.task())]
-        if unknown:
-            emb = cached_embeddings([t.question for t in unknown])
-            inferred = {t.id: kinds.kind(e)[0] for t, e in zip(unknown, emb, strict=True)}
-
     def spec(d: Decision) -> PromptSpec:
-        task = d.example.task()
-        if task.id in inferred:
-            task = replace(task, domain=inferred[task.id])
-        return PromptSpec(task, d.view, d.example.max_cost_usd, d.example.max_latency_s)
+        return PromptSpec(d.example.task(), d.view, d.example.max_cost_usd, d.example.max_latency_s)
 
     def prompt(d: Decision) -> str:
         s = spec(d)
         view = s.pool_view(pool)
-        return spec_prompt(
-            s, view, s.limits(base), max_question_chars, shown, question_cut, rank, hint, show_kind
-        )
+        return spec_prompt(s, view, s.limits(base), max_question_chars, shown, question_cut, rank, hint)
 
     def line(d: Decision) -> list[int] | None:
         ids = spec_ranking(spec(d), pool, base, shown, rank, hint)

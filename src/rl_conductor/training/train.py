@@ -162,16 +162,8 @@ def conductor_meta(
         **({"warm_neighbours_choice": neighbour_choice} if neighbour_choice else {}),
         **({"plan_hint": True} if cfg.plan_hint else {}),
         # its training questions' kinds are saved with its evidence (policies/kinds.py)
-        **({"kinds": True} if saves_kinds(cfg) else {}),
-        **({"show_kind": True} if cfg.show_kind else {}),
+        **({"kinds": True} if cfg.evidence != "none" and cfg.sft_targets == "expected-best" else {}),
     }
-
-
-def saves_kinds(cfg: TrainConfig) -> bool:
-    """Whether a model saves its training questions' kinds (policies/kinds.py): where what its
-    prompt shows depends on a question's domain (per-domain evidence, the kind line), which a
-    served request does not say."""
-    return cfg.sft_targets == "expected-best" and (cfg.evidence != "none" or cfg.show_kind)
 
 
 def train(
@@ -230,7 +222,7 @@ def train(
     rank: Any = None
     text_rule: Any = None  # review_evidence: text (training/review_text.py)
     plan_hint: Any = None  # plan_hint (policies/plan_hint.py) and its training prompts' lines
-    kinds: Any = None  # with evidence or the kind line, the training questions' kinds (policies/kinds.py)
+    kinds: Any = None  # with evidence, the training questions' kinds (policies/kinds.py)
     hint: Any = None
     fallback: str | None = None  # conductor.json's fallback_worker
     neighbour_choice: dict[str, Any] | None = None  # conductor.json's warm_neighbours_choice
@@ -256,7 +248,7 @@ def train(
             from rl_conductor.policies.evidence import Ranker
 
             rank = Ranker(evidence_model, cfg.reward())
-        if saves_kinds(cfg):  # what a served request's kind is (policies/kinds.py)
+        if evidence_model is not None:  # what a served request's kind is (policies/kinds.py)
             from rl_conductor.policies.kinds import KindIndex
 
             kinds = KindIndex.of(tasks, cfg.warm_group_by)
@@ -271,7 +263,6 @@ def train(
             rank=rank,
             by_rank=cfg.plan_by_rank,
             hint=hint,
-            show_kind=cfg.show_kind,
         )
         if rule is not None:  # rounds: the review prompt after each target first plan, and its target
             from rl_conductor.training.adaptive import review_records
@@ -327,8 +318,6 @@ def train(
             rank=rank,
             hint=hint,
             by_place=cfg.plan_by_rank,
-            show_kind=cfg.show_kind,
-            kinds=kinds,
         )
         result.sft_records.update(counts(decisions))
         result.sft_records["observed_records"] = len(observed)
@@ -349,7 +338,6 @@ def train(
         question_cut=cfg.question_cut,
         rank=rank,
         hint=hint,
-        show_kind=cfg.show_kind,
     )
 
     mlflow_utils.configure(cfg.mlflow_tracking_uri)
