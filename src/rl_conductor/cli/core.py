@@ -35,6 +35,14 @@ def _write_json(path: Path | None, payload: Any) -> None:
 SeedOpt = Annotated[int, typer.Option(callback=count(0), help="random seed (>= 0)")]
 LimitOpt = Annotated[int | None, typer.Option(callback=count(1), help="at most N tasks")]
 SplitOpt = Annotated[str, typer.Option(callback=choice(*SPLIT_CHOICES), help=" | ".join(SPLIT_CHOICES))]
+#: eval's and compare's: a ``conductor:DIR`` policy's own pool and dataset unless given
+TrainedPoolOpt = Annotated[
+    str | None,
+    typer.Option(help="pool name or YAML path (default: the Conductor's training pool, else paper-sim)"),
+]
+TrainedDatasetOpt = Annotated[
+    str | None, typer.Option(help="dataset (default: the Conductor's with its pool, else the pool's)")
+]
 
 
 CostWeightOpt = Annotated[
@@ -230,13 +238,8 @@ def eval_cmd(
             "knn | domain-router | fixed:0,1 | conductor:DIR (repeatable; the specs `serve --policy` takes)"
         ),
     ],
-    pool: Annotated[
-        str | None,
-        typer.Option(help="pool name or YAML path (default: the Conductor's training pool, else paper-sim)"),
-    ] = None,
-    dataset: Annotated[
-        str | None, typer.Option(help="dataset (default: the Conductor's with its pool, else the pool's)")
-    ] = None,
+    pool: TrainedPoolOpt = None,
+    dataset: TrainedDatasetOpt = None,
     split: SplitOpt = "test",
     limit: LimitOpt = None,
     seed: SeedOpt = 0,
@@ -307,13 +310,8 @@ def _reward_line(summary: dict[str, Any]) -> str:
 
 @app.command("compare")
 def compare_cmd(
-    pool: Annotated[
-        str | None,
-        typer.Option(help="pool name or YAML path (default: the Conductor's training pool, else paper-sim)"),
-    ] = None,
-    dataset: Annotated[
-        str | None, typer.Option(help="dataset (default: the Conductor's with its pool, else the pool's)")
-    ] = None,
+    pool: TrainedPoolOpt = None,
+    dataset: TrainedDatasetOpt = None,
     split: SplitOpt = "test",
     limit: LimitOpt = None,
     seed: SeedOpt = 0,
