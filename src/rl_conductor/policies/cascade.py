@@ -87,6 +87,7 @@ async def measure_samples(pool: Pool, tasks: Sequence[Task]) -> SampleOutcomes:
     cost = np.zeros((len(tasks), w, SAMPLES), dtype=np.float64)
     keys: list[list[list[str | None]]] = []
     replaced: dict[str, list[Any]] = {}
+    names = view.names()
     limits = RequestLimits(max_steps=SAMPLES)
     wfs = [Workflow(steps=tuple(Step(j, SOLVE, ()) for _ in range(SAMPLES))) for j in range(w)]
     given = GivenPlan()
@@ -112,11 +113,11 @@ async def measure_samples(pool: Pool, tasks: Sequence[Task]) -> SampleOutcomes:
                         readable = rec.readable_answer if own else ""
                         row[j].append(extract_answer(t, readable) if readable else None)
                         if not own:
-                            tally_replaced(replaced, view.names()[j], tr)
+                            tally_replaced(replaced, names[j], tr)
                 keys.append(row)
             bar.advance(pid, len(chunk))
     warn_replaced(f"sampling the {w} workers for the fixed cascade", replaced, len(tasks) * SAMPLES)
-    return SampleOutcomes(view.names(), [t.id for t in tasks], correct, cost, keys)
+    return SampleOutcomes(names, [t.id for t in tasks], correct, cost, keys)
 
 
 def sample_outcomes(pool: Pool, tasks: Sequence[Task], *, cache: bool = True) -> SampleOutcomes:
