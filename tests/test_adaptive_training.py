@@ -263,12 +263,20 @@ def test_a_micro_run_with_two_rounds_trains_a_conductor_that_reviews(tmp_path: P
     from rl_conductor.training.train import train
     from rl_conductor.workers.pool import load_pool
 
-    cfg = rounds_micro_config(tmp_path)
+    # an unreachable fit target: one extra SFT pass (a fresh trainer on the warm start's weights)
+    cfg = rounds_micro_config(tmp_path, sft_fit_target=1.0, sft_fit_max_passes=1, sft_fit_epochs=1.0)
     result = train(cfg, tmp_path / "out", progress=False)
     meta = json.loads((result.final_dir / "conductor.json").read_text())
     assert meta["max_rounds"] == 2
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    # the fit to its own decisions is measured per kind, before and after the extra pass
+    fit = metrics["sft_fit"]
+    assert fit["target"] == 1.0 and fit["passes"] == (1 if fit["before"]["all"] < 1.0 else 0)
+    for when in ("before", "after"):
+        assert set(fit[when]) == {"first", "review", "all", "n"}
+        assert all(0.0 <= fit[when][k] <= 1.0 for k in ("first", "review", "all"))
     # the warm start taught reviews: a review prompt after first-round targets it has a rule for
-    counts = json.loads((tmp_path / "out" / "metrics.json").read_text())["sft_records"]
+    counts = metrics["sft_records"]
     # (balanced: up to twice the more common decision's count, adaptive.balance_decisions)
     assert counts["first_round"] == cfg.sft_examples and 0 < counts["review"] <= 2 * cfg.sft_examples
     policy = ConductorPolicy(result.final_dir)

@@ -97,6 +97,10 @@ def train_cmd(
     console.print(
         f"trained in {res.seconds.get('total', 0):.0f}s ({res.global_step} GRPO steps) -> {res.final_dir}"
     )
+    if res.sft_fit:
+        from rl_conductor.training.sft_fit import fit_line
+
+        console.print(fit_line(res.sft_fit), markup=False)
     if curve:
         console.print(
             f"reward: first log {curve[0].get('reward', float('nan')):.3f}, "

@@ -176,6 +176,15 @@ class TrainConfig:
         "of a plan (which workers) and of a review (empty = keep, else the added steps' workers); "
         "the divisor stays the token count (training/sft_loss.py). 1 = every completion token alike",
     )
+    sft_fit_target: float = _f(
+        0.0,
+        "after the SFT epochs, the share of training decisions (the model_id lists of the SFT "
+        "records, teacher-forced) the model must reproduce; below it, sft_fit_epochs more epochs, at "
+        "most sft_fit_max_passes times, then a warning (training/sft_fit.py). 0: measure and report "
+        "only. Why: a warm start can end its epochs with a whole domain's plan unlearnt",
+    )
+    sft_fit_epochs: float = _f(3.0, "epochs of one extra SFT pass (sft_fit_target)")
+    sft_fit_max_passes: int = _f(0, "extra SFT passes at most (sft_fit_target)")
     sft_targets: str = _f(
         "expected-best",
         "expected-best: each prompt's workflow with the best mean reward over its neighbourhood of "
@@ -364,6 +373,11 @@ class TrainConfig:
                 "only when it earned at least the warm start's expected reward)"
             )
         validation.positive_finite("sft_decision_weight", self.sft_decision_weight)
+        validation.non_negative_finite("sft_fit_target", self.sft_fit_target)
+        if self.sft_fit_target > 1:
+            raise ConfigError(f"sft_fit_target is a share of decisions, 0 to 1; got {self.sft_fit_target!r}")
+        validation.positive_finite("sft_fit_epochs", self.sft_fit_epochs)
+        validation.integer_at_least("sft_fit_max_passes", self.sft_fit_max_passes, 0)
         if self.sft_decision_weight != 1.0 and (self.use_lora or self.bf16):
             raise ConfigError(
                 "sft_decision_weight != 1 needs the completion-only SFT loss, which LoRA and bf16 "

@@ -56,6 +56,9 @@ class TrainResult:
     time_limit_fired_at_step: int | None = None  # set when the time-limit safety net stopped GRPO
     #: SFT records by kind: first-round plans and (with max_rounds > 1) reviews
     sft_records: dict[str, int] = field(default_factory=dict)
+    #: the warm start's fit to its own decisions (training/sft_fit.py): before and after any
+    #: extra passes, per record kind; empty when SFT did not run (a resumed run)
+    sft_fit: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +71,7 @@ class TrainResult:
             "mlflow_run_id": self.mlflow_run_id,
             "time_limit_fired_at_step": self.time_limit_fired_at_step,
             "sft_records": self.sft_records,
+            "sft_fit": self.sft_fit,
         }
 
 
@@ -226,6 +230,7 @@ def train(
     hint: Any = None
     fallback: str | None = None  # conductor.json's fallback_worker
     neighbour_choice: dict[str, Any] | None = None  # conductor.json's warm_neighbours_choice
+    review_ids: set[int] = set()  # the review records among the SFT records (the fit's kinds)
     if cfg.sft_targets == "expected-best":
         texts: list[Any] = []
         hints: list[Any] = []
@@ -286,6 +291,7 @@ def train(
                 question_cut=cfg.question_cut,
             )
             result.sft_records["review"] = len(reviews)
+            review_ids = {id(r) for r in reviews}
             sft = [r for pair in itertools.zip_longest(sft, reviews) for r in pair if r is not None]
         result.seconds["candidates"] = time.perf_counter() - t0
         result.cpu_seconds["candidates"] = _cpu_s() - c0
@@ -299,6 +305,7 @@ def train(
             max_question_chars=cfg.max_question_chars,
         )
     result.sft_records["first_round"] = len(sft) - result.sft_records.get("review", 0)
+    kinds_of = ["review" if id(r) in review_ids else "first" for r in sft]  # for the fit (sft_fit.py)
     observed: list[dict[str, Any]] = []
     if cfg.observed_path:  # served workflows with a score and no gold (training/observed.py)
         from rl_conductor.training.observed import counts, trainer_records
@@ -325,6 +332,7 @@ def train(
             json.dumps([d.to_dict() for d in decisions], indent=1), encoding="utf-8"
         )
         sft += observed
+        kinds_of += ["observed"] * len(observed)
     # an optimizer step consumes prompts_per_step prompts per accumulated micro-batch (TRL's
     # generation batch is per_device_train_batch_size x gradient_accumulation_steps completions)
     n_grpo = cfg.grpo_steps * cfg.prompts_per_step * cfg.gradient_accumulation_steps
@@ -376,7 +384,12 @@ def train(
             result.cpu_seconds["bootstrap"] = _cpu_s() - c0
             # 2. SFT warm start
             t0, c0 = time.perf_counter(), _cpu_s()
-            _sft(cfg, model_src, sft, sft_dir, progress=progress)
+            result.sft_fit = _sft(cfg, model_src, sft, sft_dir, progress=progress, kinds=kinds_of)
+            if result.sft_fit:
+                mlflow_utils.log_metrics(
+                    {f"sft/fit_{k}": float(v) for k, v in result.sft_fit["after"].items() if k != "n"}
+                    | {"sft/fit_passes": float(result.sft_fit["passes"])}
+                )
             # the SFT-only model is a Conductor too (the "before GRPO" baseline of evaluations)
             with main_process_writes() as writer:
                 if writer:
@@ -782,8 +795,14 @@ def check_sft_lengths(records: list[dict[str, Any]], tokenizer: Any, max_tokens:
 
 
 def _sft(
-    cfg: TrainConfig, model_src: Path | str, records: list[dict[str, Any]], sft_dir: Path, *, progress: bool
-) -> None:
+    cfg: TrainConfig,
+    model_src: Path | str,
+    records: list[dict[str, Any]],
+    sft_dir: Path,
+    *,
+    progress: bool,
+    kinds: list[str] | None = None,
+) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import SFTConfig
@@ -824,6 +843,7 @@ def _sft(
     )
     with torch_threads(cfg.train_torch_threads or None):
         trainer.train()
+        fit = _fit_decisions(cfg, trainer, args, records, kinds or ["first"] * len(records), progress)
     model = trainer.model
     if peft_config is not None:
         model = model.merge_and_unload()
@@ -836,6 +856,51 @@ def _sft(
             model.save_pretrained(str(sft_dir))
             trainer.processing_class.save_pretrained(str(sft_dir))
             shutil.rmtree(sft_dir.parent / "sft_work", ignore_errors=True)
+    return fit
+
+
+def _fit_decisions(
+    cfg: TrainConfig, trainer: Any, args: Any, records: list[dict[str, Any]], kinds: list[str], progress: bool
+) -> dict[str, Any]:
+    """The warm start's fit to its own decisions, and extra passes while it is below
+    ``sft_fit_target`` (training/sft_fit.py). Each pass is a fresh trainer on the current weights
+    (a new optimizer and schedule: the first one's learning rate has decayed to zero)."""
+    from dataclasses import replace as dc_replace
+
+    from datasets import Dataset
+
+    from rl_conductor.training.callbacks import MlflowMetrics, RichProgress
+    from rl_conductor.training.sft_fit import decision_fit, fit_passes
+    from rl_conductor.training.sft_loss import CompletionLossSFTTrainer
+
+    state = {"trainer": trainer}
+
+    def measure() -> dict[str, Any]:
+        t = state["trainer"]
+        return decision_fit(t.model, t.processing_class, records, kinds, seed=cfg.seed)
+
+    def more(n: int) -> None:
+        t = state["trainer"]
+        state["trainer"] = CompletionLossSFTTrainer(
+            model=t.model,
+            args=dc_replace(args, num_train_epochs=cfg.sft_fit_epochs),
+            train_dataset=Dataset.from_list(records),
+            processing_class=t.processing_class,
+            callbacks=[
+                RichProgress(f"SFT fit pass {n}", enabled=progress),
+                MlflowMetrics(prefix=f"sft_fit{n}/"),
+            ],
+            decision_weight=cfg.sft_decision_weight,
+        )
+        state["trainer"].train()
+
+    out = fit_passes(
+        measure, more, target=cfg.sft_fit_target, epochs=cfg.sft_fit_epochs,
+        max_passes=cfg.sft_fit_max_passes, warn=log.warning,
+    )  # fmt: skip
+    log.info("warm start fit to its decisions: %s", out)
+    trainer.model = state["trainer"].model
+    return out
 
 
 def _has_gpu() -> bool:
