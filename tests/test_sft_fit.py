@@ -150,3 +150,28 @@ def test_a_kind_below_the_target_trains_more_though_all_records_are_above_it() -
     trained: list[int] = []
     out = fit_passes(lambda: next(fits), trained.append, target=0.95, epochs=3, max_passes=3, warn=print)
     assert trained == [1] and out["after"]["first"] == 0.98
+
+
+def test_a_pass_that_fits_worse_is_undone_and_the_best_weights_kept() -> None:
+    """Each pass restarts the learning rate; where one ends below the best fit so far, the weights
+    saved at the best are restored and the best figures reported."""
+    fits = iter([{"all": 0.5}, {"all": 0.8}, {"all": 0.6}])
+    calls: list[str] = []
+
+    def measure() -> dict[str, Any]:
+        calls.append("measure")
+        return next(fits)
+
+    out = fit_passes(
+        measure,
+        lambda n: calls.append(f"train {n}"),
+        target=0.95,
+        epochs=3,
+        max_passes=2,
+        warn=lambda m: calls.append("warn"),
+        save=lambda: calls.append("save"),
+        restore=lambda: calls.append("restore"),
+    )
+    # saved before each pass that trains past the best weights so far, restored to pass 1's
+    assert calls == ["measure", "save", "train 1", "measure", "save", "train 2", "measure", "restore", "warn"]
+    assert out["kept"] == 1 and out["passes"] == 2 and out["after"] == {"all": 0.8}

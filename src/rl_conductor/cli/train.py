@@ -120,6 +120,17 @@ def train_cmd(
 FEW_VALIDATION = 30
 
 
+def _fit_lines(out: Path, labels: dict[str, str]) -> None:
+    """Each candidate's warm-start fit (its ``metrics.json``; training/sft_fit.py), one line each."""
+    from rl_conductor.training.sft_fit import fit_line
+
+    for name, spec in labels.items():
+        path = out / "candidates" / name / "metrics.json"
+        fit = json.loads(path.read_text(encoding="utf-8")).get("sft_fit") if path.is_file() else None
+        if fit:
+            console.print(f"preset {spec}: {fit_line(fit)}", markup=False)
+
+
 def _train_and_choose(specs: list[str], overrides: dict[str, Any], out: Path, *, resume: bool) -> None:
     """``train --preset a,b``: train each, keep the best on validation, print the figures."""
     from rich.table import Table
@@ -158,6 +169,7 @@ def _train_and_choose(specs: list[str], overrides: dict[str, Any], out: Path, *,
             name, f"{100 * s['accuracy']:.2f}", f"{s['mean_cost_usd']:.6f}", f"{s['mean_reward']:.4f}", ""
         )
     console.print(table)
+    _fit_lines(out, labels)
     console.print(f"chose {labels[choice.chosen]} -> {choice.final_dir} (figures in {out / CHOICE_FILE})")
     if choice.n < FEW_VALIDATION:
         typer.echo(

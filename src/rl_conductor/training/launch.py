@@ -83,6 +83,8 @@ def train_on_all_gpus(
         global_step=data["global_step"],
         mlflow_run_id=data["mlflow_run_id"],
         time_limit_fired_at_step=data.get("time_limit_fired_at_step"),
+        sft_records=data.get("sft_records", {}),
+        sft_fit=data.get("sft_fit", {}),
     )
 
 

@@ -17,9 +17,9 @@ What is here:
   and in all.
 - :func:`fit_passes`: the training loop's rule. ``TrainConfig.sft_fit_target`` > 0: while the fit
   of any kind is below it (:func:`worst`), another ``sft_fit_epochs`` epochs (a fresh schedule
-  from the current weights), at most ``sft_fit_max_passes`` times; a fit still below it is a
-  warning with the figures. Where the first epochs already fit, nothing changes but one
-  measurement.
+  from the current weights), at most ``sft_fit_max_passes`` times, keeping the weights of the
+  best fit; a fit still below it is a warning with the figures. Where the first epochs already
+  fit, nothing changes but one measurement.
 """
 
 from __future__ import annotations
@@ -39,6 +39,19 @@ FIT_SAMPLE = 600
 
 def _ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _split_ids(tokenizer: Any, record: Mapping[str, Any]) -> tuple[list[int], list[int]]:
+    """A record's prompt ids (the chat template's opening of the reply, as generation reads it)
+    and completion ids as SFT trained on them: TRL tokenises the whole exchange and takes what
+    follows the prompt's ids. Where the prompt's ids are not a prefix of the whole (a tokenizer
+    that merges across the boundary), the completion is tokenised on its own."""
+    opening = tokenizer.apply_chat_template(record["prompt"], tokenize=False, add_generation_prompt=True)
+    whole = tokenizer.apply_chat_template(list(record["prompt"]) + list(record["completion"]), tokenize=False)
+    p_ids, w_ids = _ids(tokenizer, opening), _ids(tokenizer, whole)
+    if w_ids[: len(p_ids)] == p_ids and len(w_ids) > len(p_ids):
+        return p_ids, w_ids[len(p_ids) :]
+    return p_ids, _ids(tokenizer, record["completion"][0]["content"])
 
 
 def decision_fit(
@@ -67,11 +80,7 @@ def decision_fit(
         with torch.inference_mode():
             for i in order:
                 rec = records[i]
-                opening = tokenizer.apply_chat_template(
-                    rec["prompt"], tokenize=False, add_generation_prompt=True
-                )
-                p_ids = _ids(tokenizer, opening)
-                c_ids = _ids(tokenizer, rec["completion"][0]["content"])
+                p_ids, c_ids = _split_ids(tokenizer, rec)
                 try:
                     mask = decision_mask(c_ids, tokenizer)
                 except ValueError:
@@ -100,25 +109,37 @@ def fit_passes(
     epochs: float,
     max_passes: int,
     warn: Callable[[str], None],
+    save: Callable[[], None] = lambda: None,
+    restore: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
-    """Measure the fit; while ``target`` > 0 and the fit of some kind is below it, train ``epochs`` more
-    (``more_epochs(pass_number)``) and measure again, at most ``max_passes`` times. Returns
-    ``{"target", "passes", "before", "after"}`` (the fits before the first extra pass and at the
-    end); a fit still below ``target`` is passed to ``warn`` with the figures."""
-    before = after = measure()
-    passes = 0
+    """Measure the fit; while ``target`` > 0 and the fit of some kind is below it, train
+    ``epochs`` more (``more_epochs(pass_number)``) and measure again, at most ``max_passes``
+    times. A pass restarts the learning rate and can fit worse: the weights of the best fit (by
+    :func:`worst`, a later pass on ties) are kept, ``save`` called before training past them and
+    ``restore`` at the end where a later pass was worse. Returns ``{"target", "passes", "kept",
+    "before", "after"}`` (the fit before any extra pass, and of the weights kept: pass ``kept``);
+    a kept fit still below ``target`` is passed to ``warn`` with the figures."""
+    before = after = best = measure()
+    passes = kept = 0
     while target > 0 and worst(after) < target and passes < max_passes:
+        if kept == passes:  # the weights now are the best so far: keep a copy before training on
+            save()
         passes += 1
         more_epochs(passes)
         after = measure()
-    if target > 0 and worst(after) < target:
+        if worst(after) >= worst(best):
+            best, kept = after, passes
+    if kept != passes:
+        restore()
+    if target > 0 and worst(best) < target:
         warn(
-            f"the warm start reproduces {100 * after['all']:.1f} % of its training decisions "
-            f"({_kinds(after)}) after {passes} extra pass(es) of {epochs:g} epochs, below "
-            f"sft_fit_target {100 * target:.0f} % for each kind: the Conductor will not plan what its "
-            "targets say on every prompt; raise sft_fit_max_passes or sft_epochs, or check the targets"
+            f"the warm start reproduces {100 * best['all']:.1f} % of its training decisions "
+            f"({_kinds(best)}) after {passes} extra pass(es) of {epochs:g} epochs (kept: pass {kept}), "
+            f"below sft_fit_target {100 * target:.1f} % for some kind: the Conductor will not plan "
+            "what its targets say on every prompt; raise sft_fit_max_passes or sft_epochs, or check "
+            "the targets"
         )
-    return {"target": target, "passes": passes, "before": before, "after": after}
+    return {"target": target, "passes": passes, "kept": kept, "before": before, "after": best}
 
 
 def worst(fit: Mapping[str, Any]) -> float:

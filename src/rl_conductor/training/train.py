@@ -894,9 +894,27 @@ def _fit_decisions(
         )
         state["trainer"].train()
 
+    best: dict[str, Any] = {}
+
+    def save() -> None:  # the trainable weights only (a LoRA model's adapters, not its base)
+        m = state["trainer"].model
+        best.update({k: v.detach().clone() for k, v in m.named_parameters() if v.requires_grad})
+
+    def restore() -> None:
+        import torch
+
+        params = dict(state["trainer"].model.named_parameters())
+        with torch.no_grad():
+            for k, v in best.items():
+                params[k].copy_(v)
+
+    def warn(message: str) -> None:  # once, not once per rank (training/launch.py)
+        if os.environ.get("RANK", "0") == "0":
+            log.warning(message)
+
     out = fit_passes(
         measure, more, target=cfg.sft_fit_target, epochs=cfg.sft_fit_epochs,
-        max_passes=cfg.sft_fit_max_passes, warn=log.warning,
+        max_passes=cfg.sft_fit_max_passes, warn=warn, save=save, restore=restore,
     )  # fmt: skip
     log.info("warm start fit to its decisions: %s", out)
     trainer.model = state["trainer"].model
