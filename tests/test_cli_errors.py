@@ -358,7 +358,7 @@ def test_train_warns_when_the_trained_model_writes_no_plan(
     for parsed, warned in ((0.0, True), (0.98, False)):
         result = SimpleNamespace(
             reward_curve=[{"reward": 0.0, "conductor/parsed": parsed}], seconds={"total": 1.0}, global_step=1,
-            final_dir=tmp_path / "final",
+            final_dir=tmp_path / "final", sft_fit={},
         )  # fmt: skip
         monkeypatch.setattr(training, "train", lambda cfg, out, resume=False, r=result: r)
         res = CliRunner().invoke(app, ["train", "--out", str(tmp_path), "--grpo-steps", "1"])

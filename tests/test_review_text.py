@@ -282,8 +282,13 @@ def test_the_recordings_text_preset_is_the_text_recipe_on_the_pools_own_data() -
         "warm_cascade_pairs",
         "warm_neighbours",
         "sft_examples_per_domain_neighbours",
+        # the fit rule (training/sft_fit.py): measured on the files users bring, not on gsm8k-six
+        "sft_fit_target",
+        "sft_fit_epochs",
+        "sft_fit_max_passes",
     }
     assert mine.warm_neighbours == "auto" and text.warm_neighbours == 0
+    assert mine.sft_fit_target > 0 and mine.sft_fit_max_passes > 0 and text.sft_fit_target == 0
     assert {k: v for k, v in mine.to_dict().items() if k not in differ} == {
         k: v for k, v in text.to_dict().items() if k not in differ
     }
