@@ -175,3 +175,30 @@ def test_a_pass_that_fits_worse_is_undone_and_the_best_weights_kept() -> None:
     # saved before each pass that trains past the best weights so far, restored to pass 1's
     assert calls == ["measure", "save", "train 1", "measure", "save", "train 2", "measure", "restore", "warn"]
     assert out["kept"] == 1 and out["passes"] == 2 and out["after"] == {"all": 0.8}
+
+
+def test_train_prints_each_candidates_fit_from_its_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``train --preset a,b`` / ``auto``: one fit line per candidate that measured one (its
+    ``metrics.json``), none for a candidate without it."""
+    import json
+
+    from rl_conductor.cli.train import _fit_lines
+
+    fit = {
+        "target": 0.95,
+        "passes": 1,
+        "kept": 1,
+        "before": {"all": 0.5},
+        "after": {"all": 0.9, "first": 0.9},
+    }
+    (tmp_path / "candidates" / "a").mkdir(parents=True)
+    (tmp_path / "candidates" / "a" / "metrics.json").write_text(json.dumps({"sft_fit": fit}))
+    (tmp_path / "candidates" / "b").mkdir()
+    _fit_lines(tmp_path, {"a": "recordings-text", "b": "recordings"})
+    out = capsys.readouterr().out
+    assert (
+        "preset recordings-text: warm start reproduces 90.0 % of its training decisions (first 90.0 %)" in out
+    )
+    assert "after 1 extra pass(es)" in out and "preset recordings:" not in out

@@ -881,6 +881,10 @@ def _fit_decisions(
 
     def more(n: int) -> None:
         t = state["trainer"]
+        # the finished trainer's optimizer state is not needed again (a full fine-tune would hold
+        # two optimizers' memory during the pass otherwise)
+        t.optimizer = t.lr_scheduler = None
+        t.accelerator.free_memory()
         state["trainer"] = CompletionLossSFTTrainer(
             model=t.model,
             args=dc_replace(args, num_train_epochs=cfg.sft_fit_epochs),
