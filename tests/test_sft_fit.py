@@ -93,6 +93,20 @@ def test_a_model_reproduces_the_decisions_it_was_trained_on_and_not_others(fitte
         "all": 0.5,
         "n": 8,
     }
+    # per domain of a kind: a domain never learnt shows though its kind's share is 0.5; a group
+    # with fewer than min_group sampled records, or a kind's only group, gets no figure of its own
+    assert decision_fit(model, tok, mixed, ["first"] * 8, groups=["a"] * 4 + ["b"] * 4, min_group=4) == {
+        "first": 0.5,
+        "first/a": 1.0,
+        "first/b": 0.0,
+        "all": 0.5,
+        "n": 8,
+    }
+    assert "first/a" not in decision_fit(model, tok, mixed, ["first"] * 8, groups=["a"] * 4 + ["b"] * 4)
+    one = decision_fit(
+        model, tok, mixed, ["first"] * 4 + ["review"] * 4, groups=["a"] * 4 + [None] * 4, min_group=1
+    )
+    assert "first/a" not in one and one["review"] == 0.0
     # a seeded sample of at most `sample` records, the same sample for the same seed
     assert decision_fit(model, tok, mixed, kinds, sample=3)["n"] == 3
     three = decision_fit(model, tok, mixed, kinds, sample=3)

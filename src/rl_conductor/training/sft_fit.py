@@ -13,8 +13,8 @@ What is here:
 - :func:`decision_fit`: on (a seeded sample of) the SFT records, the share whose decision tokens
   (the ``model_id`` list, :func:`rl_conductor.training.sft_loss.decision_mask`) the model predicts
   exactly, teacher-forced after the prompt: what greedy decoding writes for that list once the
-  completion's fixed opening is written. Per record kind (first plans, reviews, observed plans)
-  and in all.
+  completion's fixed opening is written. Per record kind (first plans, reviews, observed plans),
+  per domain of the first plans (``first/math``) and in all.
 - :func:`fit_passes`: the training loop's rule. ``TrainConfig.sft_fit_target`` > 0: while the fit
   of any kind is below it (:func:`worst`), another ``sft_fit_epochs`` epochs (a fresh schedule
   from the current weights), at most ``sft_fit_max_passes`` times, keeping the weights of the
@@ -31,10 +31,12 @@ from typing import Any
 
 from rl_conductor.training.sft_loss import decision_mask
 
-__all__ = ["FIT_SAMPLE", "decision_fit", "fit_line", "fit_passes"]
+__all__ = ["FIT_SAMPLE", "MIN_GROUP", "decision_fit", "fit_line", "fit_passes"]
 
 #: records measured at most (a seeded sample): a tiny model reads them in seconds
 FIT_SAMPLE = 600
+#: sampled records a group (a domain's first plans) needs for its own figure
+MIN_GROUP = 30
 
 
 def _ids(tokenizer: Any, text: str) -> list[int]:
@@ -62,11 +64,16 @@ def decision_fit(
     *,
     sample: int = FIT_SAMPLE,
     seed: int = 0,
+    groups: Sequence[str | None] | None = None,
+    min_group: int = MIN_GROUP,
 ) -> dict[str, Any]:
     """The share of ``records`` (prompt/completion chat records, as SFT reads them) whose decision
     tokens ``model`` predicts exactly after the prompt; ``{"all": x, kind: x, ..., "n": n}``, one
-    entry per kind of ``kinds`` (parallel to ``records``). At most ``sample`` records, drawn with
-    ``seed``. A record without a ``model_id`` list counts as fitted (it decides nothing)."""
+    entry per kind of ``kinds`` (parallel to ``records``). With ``groups`` (parallel, e.g. each
+    first plan's domain; None for no group) also ``"kind/group"`` for each group of two or more
+    that holds at least ``min_group`` sampled records: a small domain whose plan was never learnt
+    would hide in its kind's share. At most ``sample`` records, drawn with ``seed``. A record
+    without a ``model_id`` list counts as fitted (it decides nothing)."""
     import torch
 
     order = list(range(len(records)))
@@ -91,11 +98,21 @@ def decision_fit(
                     ids = torch.tensor([p_ids + c_ids[: last + 1]], device=device)
                     pred = model(ids).logits[0, len(p_ids) - 1 : len(p_ids) + last].argmax(-1).tolist()
                     ok = all(pred[j] == c_ids[j] for j in range(last + 1) if mask[j])
-                for key in (kinds[i], "all"):
+                group = None if groups is None else groups[i]
+                keys = (kinds[i], "all") if group is None else (kinds[i], "all", f"{kinds[i]}/{group}")
+                for key in keys:
                     hits[key][0] += ok
                     hits[key][1] += 1
     finally:
         model.train(was_training)
+    by_kind: dict[str, list[str]] = defaultdict(list)
+    for key in hits:
+        if "/" in key:
+            by_kind[key.split("/", 1)[0]].append(key)
+    for keys in by_kind.values():  # one group is its kind; a few records are no figure
+        for key in keys:
+            if len(keys) < 2 or hits[key][1] < min_group:
+                del hits[key]
     out: dict[str, Any] = {k: round(a / b, 4) for k, (a, b) in hits.items() if b}
     out["n"] = len(order)
     return out

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import random
+import re
 import resource
 import shutil
 import time
@@ -269,6 +270,7 @@ def train(
             by_rank=cfg.plan_by_rank,
             hint=hint,
         )
+        first_records = list(sft)
         if rule is not None:  # rounds: the review prompt after each target first plan, and its target
             from rl_conductor.training.adaptive import review_records
 
@@ -304,8 +306,11 @@ def train(
             rng=rng,
             max_question_chars=cfg.max_question_chars,
         )
+        first_records = list(sft)
     result.sft_records["first_round"] = len(sft) - result.sft_records.get("review", 0)
     kinds_of = ["review" if id(r) in review_ids else "first" for r in sft]  # for the fit (sft_fit.py)
+    domain_of = {id(r): s.task.domain for s, r in zip(sft_specs, first_records, strict=True)}
+    groups_of: list[str | None] = [domain_of.get(id(r)) for r in sft]
     observed: list[dict[str, Any]] = []
     if cfg.observed_path:  # served workflows with a score and no gold (training/observed.py)
         from rl_conductor.training.observed import counts, trainer_records
@@ -333,6 +338,7 @@ def train(
         )
         sft += observed
         kinds_of += ["observed"] * len(observed)
+        groups_of += [None] * len(observed)
     # an optimizer step consumes prompts_per_step prompts per accumulated micro-batch (TRL's
     # generation batch is per_device_train_batch_size x gradient_accumulation_steps completions)
     n_grpo = cfg.grpo_steps * cfg.prompts_per_step * cfg.gradient_accumulation_steps
@@ -384,10 +390,16 @@ def train(
             result.cpu_seconds["bootstrap"] = _cpu_s() - c0
             # 2. SFT warm start
             t0, c0 = time.perf_counter(), _cpu_s()
-            result.sft_fit = _sft(cfg, model_src, sft, sft_dir, progress=progress, kinds=kinds_of)
+            result.sft_fit = _sft(
+                cfg, model_src, sft, sft_dir, progress=progress, kinds=kinds_of, groups=groups_of
+            )
             if result.sft_fit:
                 mlflow_utils.log_metrics(
-                    {f"sft/fit_{k}": float(v) for k, v in result.sft_fit["after"].items() if k != "n"}
+                    {
+                        "sft/fit_" + re.sub(r"[^\w\-. /]", "_", k): float(v)
+                        for k, v in result.sft_fit["after"].items()
+                        if k != "n"
+                    }
                     | {"sft/fit_passes": float(result.sft_fit["passes"])}
                 )
             # the SFT-only model is a Conductor too (the "before GRPO" baseline of evaluations)
@@ -802,6 +814,7 @@ def _sft(
     *,
     progress: bool,
     kinds: list[str] | None = None,
+    groups: list[str | None] | None = None,
 ) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -843,7 +856,7 @@ def _sft(
     )
     with torch_threads(cfg.train_torch_threads or None):
         trainer.train()
-        fit = _fit_decisions(cfg, trainer, args, records, kinds or ["first"] * len(records), progress)
+        fit = _fit_decisions(cfg, trainer, args, records, kinds or ["first"] * len(records), groups, progress)
     model = trainer.model
     if peft_config is not None:
         model = model.merge_and_unload()
@@ -860,7 +873,13 @@ def _sft(
 
 
 def _fit_decisions(
-    cfg: TrainConfig, trainer: Any, args: Any, records: list[dict[str, Any]], kinds: list[str], progress: bool
+    cfg: TrainConfig,
+    trainer: Any,
+    args: Any,
+    records: list[dict[str, Any]],
+    kinds: list[str],
+    groups: list[str | None] | None,
+    progress: bool,
 ) -> dict[str, Any]:
     """The warm start's fit to its own decisions, and extra passes while it is below
     ``sft_fit_target`` (training/sft_fit.py). Each pass is a fresh trainer on the current weights
@@ -877,7 +896,7 @@ def _fit_decisions(
 
     def measure() -> dict[str, Any]:
         t = state["trainer"]
-        return decision_fit(t.model, t.processing_class, records, kinds, seed=cfg.seed)
+        return decision_fit(t.model, t.processing_class, records, kinds, seed=cfg.seed, groups=groups)
 
     def more(n: int) -> None:
         t = state["trainer"]
