@@ -87,6 +87,13 @@ class StepRecord:
         comparing two such texts would compare the labels)."""
         return self.answer if self.status in ANSWERED and not self.synthesised else ""
 
+    @property
+    def replaced(self) -> bool:
+        """Whether the executor turned to another worker in place of the one the plan named (it
+        answered, or the step was skipped then by the deadline or budget): its answer is not the
+        named worker's own, which no fit may credit it with (``policies/routers.own_answer``)."""
+        return len({a.worker for a in self.attempts}) > 1 or _fell_back(self.note)
+
     def __post_init__(self) -> None:
         if self.status not in STEP_STATUSES:
             raise ValueError(f"step status {self.status!r} is not one of {STEP_STATUSES}")
@@ -182,7 +189,7 @@ class Trace:
         (``requested_worker``), who answered (``worker``), every attempt with its error, and
         ``fallback to NAME`` in its note. What evaluation's fallback rate and a response's
         ``worker_fallback`` both read."""
-        return sum(1 for s in self.steps if len({a.worker for a in s.attempts}) > 1 or _fell_back(s.note))
+        return sum(1 for s in self.steps if s.replaced)
 
     @property
     def latency_s(self) -> float:

@@ -105,7 +105,7 @@ async def measure_samples(pool: Pool, tasks: Sequence[Task]) -> SampleOutcomes:
                     for k, rec in enumerate(tr.steps):
                         # another worker's answer in this one's place is not its own: a fit may
                         # not credit it (routers.own_answer), and it agrees with nothing
-                        own = not rec.requested_worker or rec.worker == rec.requested_worker
+                        own = not rec.replaced
                         text = rec.answer if rec.status == "ok" and own else ""
                         one = replace(tr, steps=[rec], final_answer=text)
                         correct[start + i, j, k] = own and grade_trace(t, one)

@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import random
-import re
 import resource
 import shutil
 import time
@@ -231,7 +230,6 @@ def train(
     hint: Any = None
     fallback: str | None = None  # conductor.json's fallback_worker
     neighbour_choice: dict[str, Any] | None = None  # conductor.json's warm_neighbours_choice
-    review_ids: set[int] = set()  # the review records among the SFT records (the fit's kinds)
     if cfg.sft_targets == "expected-best":
         texts: list[Any] = []
         hints: list[Any] = []
@@ -270,7 +268,7 @@ def train(
             by_rank=cfg.plan_by_rank,
             hint=hint,
         )
-        first_records = list(sft)
+        domain_of = {id(r): s.task.domain for s, r in zip(sft_specs, sft, strict=True)}  # first plans
         if rule is not None:  # rounds: the review prompt after each target first plan, and its target
             from rl_conductor.training.adaptive import review_records
 
@@ -293,7 +291,6 @@ def train(
                 question_cut=cfg.question_cut,
             )
             result.sft_records["review"] = len(reviews)
-            review_ids = {id(r) for r in reviews}
             sft = [r for pair in itertools.zip_longest(sft, reviews) for r in pair if r is not None]
         result.seconds["candidates"] = time.perf_counter() - t0
         result.cpu_seconds["candidates"] = _cpu_s() - c0
@@ -306,10 +303,10 @@ def train(
             rng=rng,
             max_question_chars=cfg.max_question_chars,
         )
-        first_records = list(sft)
+        domain_of = {id(r): s.task.domain for s, r in zip(sft_specs, sft, strict=True)}
     result.sft_records["first_round"] = len(sft) - result.sft_records.get("review", 0)
-    kinds_of = ["review" if id(r) in review_ids else "first" for r in sft]  # for the fit (sft_fit.py)
-    domain_of = {id(r): s.task.domain for s, r in zip(sft_specs, first_records, strict=True)}
+    # the fit's kinds and groups (training/sft_fit.py): first plans by domain, the rest are reviews
+    kinds_of = ["first" if id(r) in domain_of else "review" for r in sft]
     groups_of: list[str | None] = [domain_of.get(id(r)) for r in sft]
     observed: list[dict[str, Any]] = []
     if cfg.observed_path:  # served workflows with a score and no gold (training/observed.py)
@@ -395,12 +392,8 @@ def train(
             )
             if result.sft_fit:
                 mlflow_utils.log_metrics(
-                    {
-                        "sft/fit_" + re.sub(r"[^\w\-. /]", "_", k): float(v)
-                        for k, v in result.sft_fit["after"].items()
-                        if k != "n"
-                    }
-                    | {"sft/fit_passes": float(result.sft_fit["passes"])}
+                    {f"sft/fit_{k}": v for k, v in result.sft_fit["after"].items() if k != "n"}
+                    | {"sft/fit_passes": result.sft_fit["passes"]}
                 )
             # the SFT-only model is a Conductor too (the "before GRPO" baseline of evaluations)
             with main_process_writes() as writer:
