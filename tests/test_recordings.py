@@ -976,6 +976,51 @@ def test_rounds_table_adds_the_pairs_of_the_best_fitted_cascades(tmp_path: Path,
             TrainConfig(warm_cascade_pairs=bad)  # type: ignore[arg-type]
 
 
+def test_a_pairs_continuations_are_the_same_in_every_domain(tmp_path: Path, monkeypatch: Any) -> None:
+    """The same cheap pair is a first plan in two domains whose strongest workers differ: it is run
+    with both domains' escalations on all of its questions, so the text rule (fitted per first plan
+    across domains) can weigh either. Before, it saw only the escalations every domain shared
+    (none here), and on a latent-difficulty file it never weighed the one that paid."""
+    monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path))
+    rows = []
+    for i in range(40):
+        dom = "math" if i % 2 else "stem"
+        right = {"big-m": dom == "math" or i % 4 == 0, "big-s": dom == "stem" or i % 4 == 0,
+                 "c1": i % 3 != 0, "c2": i % 5 != 0}  # fmt: skip
+        cost = {"big-m": 0.01, "big-s": 0.01, "c1": 0.0003, "c2": 0.0004}
+        text = {w: f"#### {i + 1 if ok else -1 - len(w)}" for w, ok in right.items()}
+        replies = {w: {"text": text[w], "cost_usd": cost[w]} for w in right}
+        rows.append({**_item(i), "domain": dom, "split": "train", "responses": replies})
+    rec = _write(tmp_path / "two.jsonl", rows)
+    pool_file = tmp_path / "two.yaml"
+    pool_file.write_text(yaml.safe_dump({"name": "two", "recordings": str(rec), "workers": [
+        {"name": m, "kind": "replay", "price_in": 100.0, "price_out": 100.0}
+        for m in ("big-m", "big-s", "c1", "c2")]}))  # fmt: skip
+    pool = load_pool(str(pool_file))
+    tasks = load_tasks(pool.default_dataset(), split="train")
+    from rl_conductor.limits import RequestLimits
+    from rl_conductor.reward import RewardConfig
+    from rl_conductor.training.adaptive import build_rounds_table, domain_sets
+    from rl_conductor.training.candidates import build_table
+    from rl_conductor.training.review_text import fit_text_rule, review_rows
+
+    table = build_table(tasks, pool, top_k=1, cheap_k=1)
+    sets = domain_sets(table, 1, 2)
+    assert sets["math"][0] == ["big-m"] and sets["stem"][0] == ["big-s"]  # each domain's escalation
+    rounds = build_rounds_table(tasks, pool, table, top_k=1, pair_k=2)
+    pairs = [f for f, name in enumerate(rounds.firsts) if "|" in name]
+    assert pairs and {"+big-m", "+big-s"} <= set(rounds.conts)
+    for f in pairs:
+        for label in ("+big-m", "+big-s"):
+            assert rounds.done[:, f, rounds.conts.index(label)].all(), (rounds.firsts[f], label)
+    singles = [f for f, name in enumerate(rounds.firsts) if "|" not in name]
+    math_rows = [i for i, d in enumerate(rounds.domains) if d == "math"]
+    assert not rounds.done[math_rows][:, singles, rounds.conts.index("+big-s")].any()  # singles as before
+    rows_ = review_rows(tasks, pool, rounds, RequestLimits())
+    rule = fit_text_rule(rounds, rows_, RewardConfig(cost_weight=0.1))
+    assert {"big-m", "big-s"} <= {w for est in rule.evidence.plans.values() for w in est.workers}
+
+
 def test_eval_json_has_one_shape_whatever_the_number_of_policies(tmp_path: Path) -> None:
     """``results`` always (a script reads the same key for one policy or several); one policy's
     summary stays at the top level too, as before."""

@@ -12,7 +12,9 @@ first plans are valued *with* their best continuation (issue 22, item 2):
    below the most accurate worker's (per domain, from the table's single rows); the less accurate
    one goes first, so that on agreement-or-keep the final answer is the better worker's.
 2. Continuations: keep, or one fresh solve on one of the ``top_k`` most accurate workers
-   (:func:`rl_conductor.training.rounds.continuations`, restricted). Each (question, first plan,
+   (:func:`rl_conductor.training.rounds.continuations`, restricted); after a pair, those of
+   every domain the pair is a first plan of (a rule fitted per first plan across domains weighs
+   only continuations run on all of its questions). Each (question, first plan,
    continuation) is executed through the real executor with the review hook, on the same budget
    and deadline rule as a request: :class:`RoundsTable`, cached on disk like the candidate table.
 3. The rule: per (domain, first plan, review signal) — the signal is :mod:`rl_conductor.rounds`'s
@@ -89,7 +91,8 @@ __all__ = [
 
 #: Bump when the rounds table's meaning changes (part of its cache key). 2: recorded texts without
 #: a gold answer agree by their stated answers (``graders.RecordedGrader.extract``), not never.
-ADAPTIVE_VERSION = 2
+#: 3: a pair's continuations are the union of those its domains nominate.
+ADAPTIVE_VERSION = 3
 #: bumped when :func:`cascade_sets` nominates other pairs (in the cache key of tables that use it)
 CASCADE_SETS_VERSION = 4
 
@@ -281,11 +284,19 @@ def build_rounds_table(
     signal = [["" for _ in firsts] for _ in items]
     jobs: list[tuple[Task, Workflow, Workflow]] = []
     where: list[tuple[int, int, int]] = []
+    # a pair's continuations are the same on every question it is run on: those its domains
+    # nominate, together (a review rule fitted per first plan across domains, the text rule of
+    # training/review_text.py, weighs only continuations run on all of its questions)
+    pair_ups: dict[str, set[str]] = defaultdict(set)
+    for d, cs in per_domain.items():
+        for c in cs:
+            if "|" in c.name:
+                pair_ups[c.name] |= set(sets[d][0]) | nominated.get(d, {}).get(c.name, set())
     for i, t in enumerate(items):
         top = set(sets[t.domain][0])
         for c in per_domain[t.domain]:
             f = firsts.index(c.name)
-            allowed = top | nominated.get(t.domain, {}).get(c.name, set())
+            allowed = pair_ups[c.name] if "|" in c.name else top
             for k, label in enumerate(conts):
                 if label != KEEP and label[1:] not in allowed:
                     continue
