@@ -977,9 +977,9 @@ def test_rounds_table_adds_the_pairs_of_the_best_fitted_cascades(tmp_path: Path,
 
 
 def test_a_pairs_continuations_are_the_same_in_every_domain(tmp_path: Path, monkeypatch: Any) -> None:
-    """The same cheap pair is a first plan in two domains whose strongest workers differ: it is run
-    with both domains' escalations on all of its questions, so the text rule (fitted per first plan
-    across domains) can weigh either. Before, it saw only the escalations every domain shared
+    """The same cheap pair is a first plan in two domains whose strongest workers differ: for the
+    text rule (fitted per first plan across domains) it is run with both domains' escalations on all
+    of its questions, so the rule can weigh either. Before, it saw only the escalations every domain shared
     (none here), and on a latent-difficulty file it never weighed the one that paid."""
     monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path))
     rows = []
@@ -1007,12 +1007,17 @@ def test_a_pairs_continuations_are_the_same_in_every_domain(tmp_path: Path, monk
     table = build_table(tasks, pool, top_k=1, cheap_k=1)
     sets = domain_sets(table, 1, 2)
     assert sets["math"][0] == ["big-m"] and sets["stem"][0] == ["big-s"]  # each domain's escalation
-    rounds = build_rounds_table(tasks, pool, table, top_k=1, pair_k=2)
+    rounds = build_rounds_table(tasks, pool, table, top_k=1, pair_k=2, shared_continuations=True)
     pairs = [f for f, name in enumerate(rounds.firsts) if "|" in name]
     assert pairs and {"+big-m", "+big-s"} <= set(rounds.conts)
     for f in pairs:
         for label in ("+big-m", "+big-s"):
             assert rounds.done[:, f, rounds.conts.index(label)].all(), (rounds.firsts[f], label)
+    # without it (the agreement rule, fitted per domain), each domain's own as before
+    own = build_rounds_table(tasks, pool, table, top_k=1, pair_k=2)
+    stem_rows = [i for i, d in enumerate(own.domains) if d == "stem"]
+    assert not own.done[stem_rows][:, pairs, own.conts.index("+big-m")].any()
+    assert own.done[stem_rows][:, pairs, own.conts.index("+big-s")].all()
     singles = [f for f, name in enumerate(rounds.firsts) if "|" not in name]
     math_rows = [i for i, d in enumerate(rounds.domains) if d == "math"]
     assert not rounds.done[math_rows][:, singles, rounds.conts.index("+big-s")].any()  # singles as before

@@ -62,6 +62,29 @@ def test_review_evidence_is_a_review_s_option_only() -> None:
     assert TrainConfig().review_evidence == "none"
 
 
+def test_only_the_text_rule_runs_a_pairs_continuations_of_every_domain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The text rule is fitted per first plan across domains, so its rounds table runs each pair
+    with every domain's continuations (``shared_continuations``); the agreement rule is fitted per
+    domain and its table stays as it was (the same cache key, the same targets)."""
+    from rl_conductor.training import adaptive
+    from rl_conductor.training.train import _warm_start
+
+    seen: list[bool] = []
+    real = adaptive.cached_rounds_table
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        seen.append(kw.get("shared_continuations", False))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(adaptive, "cached_rounds_table", spy)
+    pool, train = _pool(), _tasks()
+    _warm_start(_cfg(tmp_path, review_evidence="text"), train, pool, text_rule=[])
+    _warm_start(_cfg(tmp_path), train, pool)
+    assert seen == [True, False]
+
+
 def test_the_text_rule_is_fitted_on_the_training_questions_and_its_targets_follow_the_estimate(
     tmp_path: Path,
 ) -> None:

@@ -12,9 +12,10 @@ first plans are valued *with* their best continuation (issue 22, item 2):
    below the most accurate worker's (per domain, from the table's single rows); the less accurate
    one goes first, so that on agreement-or-keep the final answer is the better worker's.
 2. Continuations: keep, or one fresh solve on one of the ``top_k`` most accurate workers
-   (:func:`rl_conductor.training.rounds.continuations`, restricted); after a pair, those of
-   every domain the pair is a first plan of (a rule fitted per first plan across domains weighs
-   only continuations run on all of its questions). Each (question, first plan,
+   (:func:`rl_conductor.training.rounds.continuations`, restricted); with ``shared_continuations``
+   (the text rule, fitted per first plan across domains, which weighs only continuations run on
+   all of its questions) after a pair those of every domain the pair is a first plan of. Each
+   (question, first plan,
    continuation) is executed through the real executor with the review hook, on the same budget
    and deadline rule as a request: :class:`RoundsTable`, cached on disk like the candidate table.
 3. The rule: per (domain, first plan, review signal) — the signal is :mod:`rl_conductor.rounds`'s
@@ -91,8 +92,7 @@ __all__ = [
 
 #: Bump when the rounds table's meaning changes (part of its cache key). 2: recorded texts without
 #: a gold answer agree by their stated answers (``graders.RecordedGrader.extract``), not never.
-#: 3: a pair's continuations are the union of those its domains nominate.
-ADAPTIVE_VERSION = 3
+ADAPTIVE_VERSION = 2
 #: bumped when :func:`cascade_sets` nominates other pairs (in the cache key of tables that use it)
 CASCADE_SETS_VERSION = 4
 
@@ -242,10 +242,12 @@ def build_rounds_table(
     max_steps: int = DEFAULT_MAX_STEPS,
     cascade_pairs: int = 0,
     config: RewardConfig | None = None,
+    shared_continuations: bool = False,
 ) -> RoundsTable:
     """Execute every (question of ``table``, first plan, continuation) (module docstring); with
     ``cascade_pairs``, also the first pairs (and escalation workers) of that many best fixed
-    cascades per domain at ``config`` (:func:`cascade_sets`)."""
+    cascades per domain at ``config`` (:func:`cascade_sets`); with ``shared_continuations`` a
+    pair's continuations are those of all its domains together, on each of its questions."""
     view = pool.view()
     names = view.names()
     by_id = {t.id: t for t in tasks}
@@ -284,19 +286,21 @@ def build_rounds_table(
     signal = [["" for _ in firsts] for _ in items]
     jobs: list[tuple[Task, Workflow, Workflow]] = []
     where: list[tuple[int, int, int]] = []
-    # a pair's continuations are the same on every question it is run on: those its domains
-    # nominate, together (a review rule fitted per first plan across domains, the text rule of
-    # training/review_text.py, weighs only continuations run on all of its questions)
-    pair_ups: dict[str, set[str]] = defaultdict(set)
+    # with shared_continuations, a pair's continuations are the same on every question it is run
+    # on: those its domains nominate, together. The text rule (training/review_text.py) is fitted
+    # per first plan across domains and weighs only continuations run on all of its questions;
+    # without this it saw only the escalations every domain shared (on a latent-difficulty file
+    # never the one that paid). The agreement rule is fitted per domain and needs none of it.
+    shared: dict[str, set[str]] = defaultdict(set)
     for d, cs in per_domain.items():
         for c in cs:
-            if "|" in c.name:
-                pair_ups[c.name] |= set(sets[d][0]) | nominated.get(d, {}).get(c.name, set())
+            if shared_continuations and "|" in c.name:
+                shared[c.name] |= set(sets[d][0]) | nominated.get(d, {}).get(c.name, set())
     for i, t in enumerate(items):
         top = set(sets[t.domain][0])
         for c in per_domain[t.domain]:
             f = firsts.index(c.name)
-            allowed = pair_ups[c.name] if "|" in c.name else top
+            allowed = shared.get(c.name) or top | nominated.get(t.domain, {}).get(c.name, set())
             for k, label in enumerate(conts):
                 if label != KEEP and label[1:] not in allowed:
                     continue
@@ -330,6 +334,7 @@ def build_rounds_table(
             "version": ADAPTIVE_VERSION,
             "pool": pool.name,
             **({"cascade_pairs": cascade_pairs} if cascade_pairs else {}),
+            **({"shared_continuations": True} if shared_continuations else {}),
         },
         **arrays,
     )
@@ -346,6 +351,7 @@ def cached_rounds_table(
     max_steps: int = DEFAULT_MAX_STEPS,
     cascade_pairs: int = 0,
     config: RewardConfig | None = None,
+    shared_continuations: bool = False,
 ) -> RoundsTable:
     """:func:`build_rounds_table`, read from / written to ``cache_dir`` (the key covers the
     candidate table's questions and single-worker outcomes, the pool and the sizes; with
@@ -354,7 +360,7 @@ def cached_rounds_table(
     def build() -> RoundsTable:
         return build_rounds_table(
             tasks, pool, table, top_k=top_k, pair_k=pair_k, max_steps=max_steps,
-            cascade_pairs=cascade_pairs, config=config,
+            cascade_pairs=cascade_pairs, config=config, shared_continuations=shared_continuations,
         )  # fmt: skip
 
     if cache_dir is None:
@@ -384,6 +390,8 @@ def cached_rounds_table(
                 "code": code_version(),  # the graders' answer keys decide agreement
                 "recordings": recordings_fingerprint(pool.options),  # an edited file's texts
                 **nominated,
+                # only when set: the key of a table without it is as before
+                **({"shared_continuations": True} if shared_continuations else {}),
             },
             sort_keys=True,
         ).encode()

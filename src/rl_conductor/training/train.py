@@ -649,6 +649,7 @@ def _warm_start(
             max_steps=cfg.max_steps_per_workflow,
             cascade_pairs=cfg.warm_cascade_pairs,
             config=cfg.reward(),
+            shared_continuations=cfg.review_evidence == "text",
         )
         rule = fit_rule(rounds, cfg.reward(), cfg.warm_review_se_rule)
         choice = None
