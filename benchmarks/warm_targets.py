@@ -16,8 +16,12 @@ to ``cascade:all`` on both splits and the trained model scored like its targets;
 pair's continuations, which the text rule saw only where every domain shared them
 (``training/adaptive.py`` ``build_rounds_table``).
 
+The targets are rebuilt with the code checked out, not the code the folder was trained with: to
+measure the targets an older model learnt, run the script at that model's commit.
+
 Usage: ``python benchmarks/warm_targets.py RUN_DIR/final --out results.json`` with the
-``CONDUCTOR_HOME`` the folder was trained with (its caches; minutes on a replay pool).
+``CONDUCTOR_HOME`` the folder was trained with (its caches: minutes on a replay pool; without
+them the tables are rebuilt, which on a live pool calls its workers).
 """
 
 from __future__ import annotations
@@ -75,22 +79,25 @@ def main() -> None:
     doc = dict(meta["train_config"])
     doc.pop("show_kind", None)
     cfg = TrainConfig.from_dict(doc)
+    if cfg.max_rounds < 2 or cfg.sft_targets != "expected-best":
+        raise SystemExit(
+            f"{args.model}: this script measures a two-round recipe with expected-best targets "
+            f"(max_rounds {cfg.max_rounds}, sft_targets {cfg.sft_targets})"
+        )
     pool = load_pool(cfg.pool, seed=cfg.seed)
     dataset = cfg.dataset or pool.default_dataset()
+    rc = cfg.reward()
+    # built first: a bad spec fails in seconds, before minutes of tables; fitted on the folder's data
+    baseline = make_policy(args.baseline, pool, seed=cfg.seed, reward_config=rc, dataset=dataset)
     texts: list[Any] = []
     hints: list[Any] = []
-    _, _, _, rule = _warm_start(
-        cfg, load_tasks(dataset, split="train", seed=cfg.seed), pool, text_rule=texts, plan_hint=hints
-    )
-    if cfg.max_rounds < 2 or rule is None:
-        raise SystemExit("this script measures a two-round recipe (max_rounds: 2)")
+    train = load_tasks(dataset, split="train", limit=cfg.train_limit, seed=cfg.seed)  # as training read it
+    _, _, _, rule = _warm_start(cfg, train, pool, text_rule=texts, plan_hint=hints)
     review = (
         text_hook(texts[0], max_question_chars=cfg.max_question_chars, out_of_fold=False)
         if texts
         else rule_hook(rule, max_question_chars=cfg.max_question_chars)
     )
-    rc = cfg.reward()
-    baseline = make_policy(args.baseline, pool, seed=cfg.seed, reward_config=rc)
     results: dict[str, Any] = {
         "model": str(args.model),
         "pool": pool.name,

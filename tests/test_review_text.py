@@ -67,7 +67,7 @@ def test_only_the_text_rule_runs_a_pairs_continuations_of_every_domain(
 ) -> None:
     """The text rule is fitted per first plan across domains, so its rounds table runs each pair
     with every domain's continuations (``shared_continuations``); the agreement rule is fitted per
-    domain and its table stays as it was (the same cache key, the same targets)."""
+    domain and its recipe does not ask for it (its table and cache key as they were)."""
     from rl_conductor.training import adaptive
     from rl_conductor.training.train import _warm_start
 

@@ -15,9 +15,9 @@ first plans are valued *with* their best continuation (issue 22, item 2):
    (:func:`rl_conductor.training.rounds.continuations`, restricted); with ``shared_continuations``
    (the text rule, fitted per first plan across domains, which weighs only continuations run on
    all of its questions) after a pair those of every domain the pair is a first plan of. Each
-   (question, first plan,
-   continuation) is executed through the real executor with the review hook, on the same budget
-   and deadline rule as a request: :class:`RoundsTable`, cached on disk like the candidate table.
+   (question, first plan, continuation) is executed through the real executor with the review
+   hook, on the same budget and deadline rule as a request: :class:`RoundsTable`, cached on disk
+   like the candidate table.
 3. The rule: per (domain, first plan, review signal) — the signal is :mod:`rl_conductor.rounds`'s
    agreement line (agree / disagree / one answer), what the review prompt shows — the
    continuation with the best mean reward on the training questions (what ``policies/cascade.py``
@@ -355,7 +355,8 @@ def cached_rounds_table(
 ) -> RoundsTable:
     """:func:`build_rounds_table`, read from / written to ``cache_dir`` (the key covers the
     candidate table's questions and single-worker outcomes, the pool and the sizes; with
-    ``cascade_pairs`` also the reward the cascades are fitted at)."""
+    ``cascade_pairs`` also the reward the cascades are fitted at; with ``shared_continuations``
+    that flag, so a table without it keeps its key)."""
 
     def build() -> RoundsTable:
         return build_rounds_table(
