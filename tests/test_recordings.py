@@ -636,7 +636,7 @@ def test_routers_and_training_refuse_a_file_without_training_items(tmp_path: Pat
 
 
 def test_a_worker_whose_calls_all_fail_is_named_by_the_routers_and_the_warm_start(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pool file that prices a worker per 1K tokens where its recordings' costs mean per 1M:
     every recorded cost is above the call's worst case, every call fails and another worker
@@ -673,6 +673,23 @@ def test_a_worker_whose_calls_all_fail_is_named_by_the_routers_and_the_warm_star
     assert sum("12 of 12 calls" in m for m in said) == 2 and f"{12 * SAMPLES} of {12 * SAMPLES}" in said[2]
     assert all("above this call's worst case" in m for m in said)
     assert not any("'a'" in m for m in said)
+
+    # a table read from the warm start's cache says it too (it was silent: the build had warned
+    # in some earlier process)
+    from rl_conductor.policies import routers
+    from rl_conductor.training import candidates
+
+    cache = tmp_path / "cache"
+    candidates.cached_table(tasks, pool, cache, top_k=1, cheap_k=1)  # built and saved
+    routers._WARNED.clear()  # a later process
+    with monkeypatch.context() as m:
+        m.setattr(candidates, "build_table", lambda *a, **k: pytest.fail("the cached table was rebuilt"))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            candidates.cached_table(tasks, pool, cache, top_k=1, cheap_k=1)
+    said = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
+    assert len(said) == 1 and "candidate table: worker 'b' did not answer 12 of 12 calls" in said[0]
+    assert "above this call's worst case" in said[0]
 
 
 def test_routers_never_credit_a_worker_with_a_replacements_answers(tmp_path: Path) -> None:

@@ -661,6 +661,10 @@ def build_table(
             "version": TABLE_VERSION,
             "deadline_items_per_domain": deadline_items_per_domain,
             "deadline_reused": reused,
+            # worker -> [calls another worker (or none) answered for it, the first reason]: a
+            # table read from the cache warns as the build did (only when there were any, so
+            # the meta, part of the rounds table's key, is as before on a clean pool)
+            **({"replaced": replaced} if replaced else {}),
         },
         deadlines=deadline_list,
         cut=cut,
@@ -722,6 +726,9 @@ def cached_table(
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
     path = Path(cache_dir) / f"candidates-{pool.name}-{key}.npz"
-    return cache_or_build(
+    table = cache_or_build(
         path, CandidateTable.load, lambda: build_table(tasks, pool, **kw), what="candidate table", logger=log
     )
+    # a cached table says what its build said: a worker others answered for (once per process)
+    warn_replaced("the warm start's candidate table", table.meta.get("replaced") or {}, len(table.task_ids))
+    return table
