@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from _pools import fake_pool
+from rl_conductor.errors import InvalidSpec
 from rl_conductor.limits import RequestLimits
 from rl_conductor.policies.catalog import make_policy
 from rl_conductor.policies.knn import SOLVE, KnnRouter
@@ -284,6 +285,16 @@ def test_router_specs_fit_on_paper_sim_and_cache(tmp_path: Path, monkeypatch: py
     assert set(router.table) <= {"math", "knowledge", "reasoning", "code"}
     with pytest.raises(ValueError, match="number of training tasks"):
         make_policy("domain-router:abc", pool)
+    # k= is the neighbourhood, n= the fit size (knn:40 is a fit size): the same measurement
+    near = make_policy("knn:k=5,n=40", pool)
+    assert isinstance(near, KnnRouter) and near.k == 5 and near.name == "knn:k=5"
+    assert np.array_equal(near.outcomes.correct, first.outcomes.correct) and first.k is None
+    assert make_policy("knn:n=40", pool).k is None
+    bad_specs = {"k=0": "whole number >= 1", "k=5,k=6": "given twice", "m=3": "options are k=N, n=N",
+                 "k=five": "whole number >= 1", "k=5,40": "options are"}  # fmt: skip
+    for bad, why in bad_specs.items():
+        with pytest.raises(InvalidSpec, match=why):
+            make_policy(f"knn:{bad}", pool)
 
 
 def test_a_served_router_keeps_a_bounded_number_of_question_embeddings_and_no_text(

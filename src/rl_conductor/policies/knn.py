@@ -115,6 +115,21 @@ class RecentEmbeddings:
             self._items.popitem(last=False)
 
 
+def spec_options(arg: str, keys: set[str], kind: str) -> dict[str, int]:
+    """``k=50,n=500`` -> ``{"k": 50, "n": 500}``: each key once, of ``keys``, a whole number >= 1."""
+    out: dict[str, int] = {}
+    for part in arg.split(","):
+        key, eq, value = (x.strip() for x in part.partition("="))
+        if not eq or key not in keys:
+            raise ValueError(f"{kind} options are {', '.join(f'{k}=N' for k in sorted(keys))}, got {part!r}")
+        if key in out:
+            raise ValueError(f"{kind}: {key} given twice")
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{kind}: {key} must be a whole number >= 1, got {value!r}")
+        out[key] = int(value)
+    return out
+
+
 class KnnRouter(Policy):
     """See module docstring."""
 
@@ -170,12 +185,23 @@ class KnnRouter(Policy):
     @classmethod
     def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> KnnRouter:
         """``knn`` (fit on every task of the training split, or ``kw["fit_limit"]`` of them;
-        measurements and embeddings cached), ``knn:N`` (fit on up to N) or ``knn:PATH`` (a saved
-        router), at ``kw``'s reward (the evaluation's: the Conductor's own by default)."""
-        if arg and not arg.isdigit():
+        measurements and embeddings cached), ``knn:N`` (fit on up to N), ``knn:k=K`` (route by
+        the K nearest training questions instead of all of them; ``knn:k=K,n=N`` also fits on up
+        to N) or ``knn:PATH`` (a saved router), at ``kw``'s reward (the evaluation's: the
+        Conductor's own by default). Why ``k=``: ``knn:50`` is a fit size, and was read as a
+        neighbourhood by an outside tester."""
+        k: int | None = None
+        if "=" in arg:
+            opts = spec_options(arg, {"k", "n"}, "knn")
+            k = opts.get("k")
+            arg = str(opts["n"]) if "n" in opts else ""
+        elif arg and not arg.isdigit():
             return cls.load(arg)
         limit = fit_limit(arg, kw, "knn")
-        return cls.fit(pool, training_tasks(pool, kw, limit), reward=reward_from_options(kw))
+        router = cls.fit(pool, training_tasks(pool, kw, limit), k=k, reward=reward_from_options(kw))
+        if k is not None:
+            router.name = f"knn:k={k}"  # two kNN rows of one comparison are told apart
+        return router
 
     # -- routing ------------------------------------------------------------------------------
     def expected(self, query: NDArray[np.floating[Any]]) -> tuple[dict[str, float], dict[str, float]]:
