@@ -559,6 +559,22 @@ def test_progress_lines_when_output_is_not_a_terminal(
     run_eval(["single:a"], pool=str(pool), dataset=None, split="all", limit=None, seed=0, concurrency=8)
     err = capsys.readouterr().err
     assert "eval single:a: 40/40 (100 %)," in err  # a plain line, not a bar drawn for nobody
+    # and the warm start's tables, the first minutes of a training run (they showed nothing)
+    from rl_conductor.training.adaptive import build_rounds_table
+    from rl_conductor.training.candidates import build_table
+
+    two = _byo_pool(
+        tmp_path, [_item(i, a={"text": f"#### {i + 1}"}, b={"text": "#### 0"}) for i in range(40)]
+    )
+    p2 = load_pool(str(two))
+    tasks = load_tasks(p2.default_dataset(), split="all")
+    table = build_table(tasks, p2, top_k=1, cheap_k=1, progress=True, workers=1)
+    build_rounds_table(tasks, p2, table, top_k=1, pair_k=2, progress=True)
+    err = capsys.readouterr().err
+    assert "candidate table, every worker alone: 80/80 (100 %)," in err
+    assert re.search(r"rounds table: (\d+)/\1 \(100 %\),", err)
+    build_table(tasks, p2, top_k=1, cheap_k=1, workers=1)  # without progress: silent
+    assert "candidate table" not in capsys.readouterr().err
 
 
 def _choice_item(i: int, gold: Any, **responses: Any) -> dict[str, Any]:

@@ -216,3 +216,17 @@ def test_train_prints_each_candidates_fit_from_its_metrics(
         "preset recordings-text: warm start reproduces 90.0 % of its training decisions (first 90.0 %)" in out
     )
     assert "after 1 extra pass(es)" in out and "preset recordings:" not in out
+
+
+def test_training_output_is_the_progress_line_not_raw_metric_dicts(fitted: Any) -> None:
+    """``disable_tqdm`` made transformers print every logging step's raw dict (``{'loss': ...}``)
+    to stdout: most of a training's output. The project's trainers drop that printer (the
+    progress line shows the loss, MLflow records every metric)."""
+    from transformers.trainer_callback import PrinterCallback
+
+    from rl_conductor.training.callbacks import quiet
+
+    trainer, _ = fitted
+    assert any(isinstance(c, PrinterCallback) for c in trainer.callback_handler.callbacks)  # the default
+    assert quiet(trainer) is trainer
+    assert not any(isinstance(c, PrinterCallback) for c in trainer.callback_handler.callbacks)

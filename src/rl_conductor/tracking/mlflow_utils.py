@@ -20,6 +20,7 @@ Deliberate simplifications:
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -109,6 +110,9 @@ def configure(
     for uri in (tracking, registry):
         if uri.startswith("sqlite:///"):
             Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    # a new local store's "Creating initial MLflow database tables" INFO lines opened every first
+    # command's output; its warnings and errors still show
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     mlflow.set_tracking_uri(tracking)
     mlflow.set_registry_uri(registry)
     _config = TrackingConfig(tracking_uri=tracking, registry_uri=registry, artifact_root=artifacts)

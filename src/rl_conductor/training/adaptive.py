@@ -44,7 +44,7 @@ import itertools
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -221,13 +221,18 @@ async def _execute_cell(
 
 
 async def _execute_all(
-    jobs: list[tuple[Task, Workflow, Workflow]], view: PoolView, limits: RequestLimits
+    jobs: list[tuple[Task, Workflow, Workflow]],
+    view: PoolView,
+    limits: RequestLimits,
+    done: Callable[[], None] = lambda: None,
 ) -> list[Any]:
     sem = asyncio.Semaphore(256)
 
     async def one(job: tuple[Task, Workflow, Workflow]) -> Any:
         async with sem:
-            return await _execute_cell(job[0], view, job[1], job[2], limits)
+            out = await _execute_cell(job[0], view, job[1], job[2], limits)
+        done()
+        return out
 
     return list(await asyncio.gather(*(one(j) for j in jobs)))
 
@@ -243,6 +248,7 @@ def build_rounds_table(
     cascade_pairs: int = 0,
     config: RewardConfig | None = None,
     shared_continuations: bool = False,
+    progress: bool = False,
 ) -> RoundsTable:
     """Execute every (question of ``table``, first plan, continuation) (module docstring); with
     ``cascade_pairs``, also the first pairs (and escalation workers) of that many best fixed
@@ -313,7 +319,14 @@ def build_rounds_table(
         len(conts),
         len(jobs),
     )
-    outs = asyncio.run(_execute_all(jobs, view, RequestLimits(max_steps=max_steps))) if jobs else []
+    outs: list[Any] = []
+    if jobs:
+        from rl_conductor.progress import progress as progress_display
+
+        with progress_display(progress) as bar:  # minutes on a large file: a log must show it goes on
+            pid = bar.add_task("rounds table", total=len(jobs))
+            limits = RequestLimits(max_steps=max_steps)
+            outs = asyncio.run(_execute_all(jobs, view, limits, lambda: bar.advance(pid, 1)))
     for (i, f, k), (line, correct, cost, stopped, calls) in zip(where, outs, strict=True):
         arrays["correct"][i, f, k] = correct
         arrays["cost"][i, f, k] = cost
@@ -352,6 +365,7 @@ def cached_rounds_table(
     cascade_pairs: int = 0,
     config: RewardConfig | None = None,
     shared_continuations: bool = False,
+    progress: bool = False,
 ) -> RoundsTable:
     """:func:`build_rounds_table`, read from / written to ``cache_dir`` (the key covers the
     candidate table's questions and single-worker outcomes, the pool and the sizes; with
@@ -362,6 +376,7 @@ def cached_rounds_table(
         return build_rounds_table(
             tasks, pool, table, top_k=top_k, pair_k=pair_k, max_steps=max_steps,
             cascade_pairs=cascade_pairs, config=config, shared_continuations=shared_continuations,
+            progress=progress,
         )  # fmt: skip
 
     if cache_dir is None:

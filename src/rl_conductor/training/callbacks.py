@@ -114,3 +114,15 @@ class TimeLimit(TrainerCallback):
             )
             control.should_save = True
             control.should_training_stop = True
+
+
+def quiet(trainer: Any) -> Any:
+    """``trainer`` without transformers' ``PrinterCallback``, which prints every logging step's
+    raw metrics dict (``{'loss': '0.15', ...}``) to stdout when ``disable_tqdm`` is set: the
+    progress line (:class:`RichProgress`) already shows the loss or reward, MLflow
+    (:class:`MlflowMetrics`) records every metric, and a training's output was mostly these
+    dicts (an outside tester's "noisy start")."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+    return trainer

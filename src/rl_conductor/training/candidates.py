@@ -395,9 +395,11 @@ def _outcomes(
     deadlines: Sequence[Sequence[float]],
     workers: int,
     min_jobs: int = PARALLEL_MIN_JOBS,
+    advance: Callable[[int], None] | None = None,
 ) -> list[_Outcome]:
     """Execute and grade ``jobs`` (``deadlines[k]``: the deadlines to check job ``k``'s run
     against), in job order; in ``workers`` forked processes when the list is long enough.
+    ``advance(n)`` is told of each finished chunk of ``n`` jobs (a progress display).
 
     Why fork is safe here: a child only runs the executor's asyncio loop over the pool's
     in-memory (simulated or fake) workers and the graders, in a fresh event loop (the parent is
@@ -409,15 +411,20 @@ def _outcomes(
     the parent's grade cache (a code answer is graded once per (task, key) per process)."""
     n = len(jobs)
     workers = min(workers, n)
+    tell = advance or (lambda _n: None)
     if workers <= 1 or n < min_jobs:
-        return _serial_outcomes(jobs, view, grader, deadlines)
+        serial = _serial_outcomes(jobs, view, grader, deadlines)
+        tell(n)
+        return serial
 
     def chunk(lo: int, hi: int) -> list[_Outcome]:
         return _serial_outcomes(jobs[lo:hi], view, grader, deadlines[lo:hi])
 
     # contiguous chunks, several per worker: evens out slow chunks
-    parts = list(forked.fork_map(chunk, forked.chunk_bounds(n, workers * 4), workers))
-    out = [o for part in parts for o in part]
+    out = []
+    for part in forked.fork_map(chunk, forked.chunk_bounds(n, workers * 4), workers):
+        out.extend(part)
+        tell(len(part))
     assert len(out) == n
     return out
 
@@ -504,6 +511,36 @@ def build_table(
     module docstring) and return the table. ``deadlines`` add condition columns scored on at
     most ``deadline_items_per_domain`` items per domain (None: all). ``workers``: processes
     (:func:`table_workers`; 1 = serial); lists under ``parallel_min_jobs`` jobs run serially."""
+    from rl_conductor.progress import progress as progress_display
+
+    # a stage line per execution pass: the table is the first minutes of a training run, which
+    # showed nothing at all when output was not a terminal (issue 21)
+    with progress_display(progress) as bar:
+        return _build_table(
+            tasks, pool, budgets=budgets, deadlines=deadlines,
+            deadline_items_per_domain=deadline_items_per_domain, top_k=top_k, cheap_k=cheap_k,
+            max_steps=max_steps, limits=limits, progress=progress, workers=workers,
+            parallel_min_jobs=parallel_min_jobs, bar=bar,
+        )  # fmt: skip
+
+
+def _build_table(
+    tasks: Sequence[Task],
+    pool: Pool,
+    *,
+    budgets: Iterable[float] = (),
+    deadlines: Iterable[float] = (),
+    deadline_items_per_domain: int | None = None,
+    top_k: int = 3,
+    cheap_k: int = 2,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    limits: RequestLimits | None = None,
+    progress: bool = False,
+    workers: int | None = None,
+    parallel_min_jobs: int = PARALLEL_MIN_JOBS,
+    bar: Any = None,
+) -> CandidateTable:
+    """The body of :func:`build_table`, reporting each execution stage on ``bar``."""
     n_workers = table_workers(workers)
     base = limits or RequestLimits(max_steps=max_steps)
     view = pool.view()
@@ -523,14 +560,19 @@ def build_table(
         return tuple(deadline_list) if deadline_list and t.id in in_subset else no_check
 
     def run(
-        jobs: list[tuple[Task, Workflow, RequestLimits]], deadlines: Sequence[Sequence[float]]
+        jobs: list[tuple[Task, Workflow, RequestLimits]], deadlines: Sequence[Sequence[float]], stage: str
     ) -> list[_Outcome]:
-        return _outcomes(jobs, view, grader, deadlines, n_workers, parallel_min_jobs)
+        if bar is None or not jobs:
+            return _outcomes(jobs, view, grader, deadlines, n_workers, parallel_min_jobs)
+        pid = bar.add_task(f"candidate table, {stage}", total=len(jobs))
+        return _outcomes(
+            jobs, view, grader, deadlines, n_workers, parallel_min_jobs, advance=lambda n: bar.advance(pid, n)
+        )
 
     # 1. every worker alone, on every item: picks each domain's strong and cheap workers
     singles = [single(w) for w in names]
     first = [(t, c.workflow(names), base) for t in tasks for c in singles]
-    outs = run(first, [checks(t) for t, _, _ in first])
+    outs = run(first, [checks(t) for t, _, _ in first], "every worker alone")
     acc: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     single_rows: dict[tuple[str, str], _Outcome] = {}
     replaced: dict[str, list[Any]] = {}
@@ -588,7 +630,8 @@ def build_table(
             where.append((i, col[c]))
     if progress:
         log.info("candidate table: %d items x %d candidates, %d executions", n_i, n_c, len(jobs))
-    for (i, j), o in zip(where, run(jobs, [checks(t) for t, _, _ in jobs]), strict=True):
+    composed = run(jobs, [checks(t) for t, _, _ in jobs], "composed workflows")
+    for (i, j), o in zip(where, composed, strict=True):
         put(i, j, 0, o)
         if deadline_list and tasks[i].id in in_subset:
             keep[(i, j)] = o
@@ -616,7 +659,7 @@ def build_table(
                     else:
                         jobs.append((tasks[i], cands[j].workflow(names), lim))
                         where.append((i, j))
-        for (i, j), o in zip(where, run(jobs, [no_check] * len(jobs)), strict=True):
+        for (i, j), o in zip(where, run(jobs, [no_check] * len(jobs), f"budget ${B:g}"), strict=True):
             put(i, j, b, o)
 
     # 4. deadlines: every candidate run unconstrained on a subset item; reused where provably
@@ -634,7 +677,7 @@ def build_table(
             else:
                 jobs.append((tasks[i], cands[j].workflow(names), lim))
                 where.append((i, j))
-        for (i, j), o in zip(where, run(jobs, [no_check] * len(jobs)), strict=True):
+        for (i, j), o in zip(where, run(jobs, [no_check] * len(jobs), f"deadline {D:g} s"), strict=True):
             put(i, j, b, o)
     if deadline_list:
         log.info(

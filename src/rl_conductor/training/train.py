@@ -24,6 +24,7 @@ import random
 import resource
 import shutil
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -650,6 +651,7 @@ def _warm_start(
             cascade_pairs=cfg.warm_cascade_pairs,
             config=cfg.reward(),
             shared_continuations=cfg.review_evidence == "text",
+            progress=progress,
         )
         rule = fit_rule(rounds, cfg.reward(), cfg.warm_review_se_rule)
         choice = None
@@ -815,7 +817,7 @@ def _sft(
     from trl import SFTConfig
 
     from rl_conductor.lm.generate import torch_threads
-    from rl_conductor.training.callbacks import MlflowMetrics, RichProgress
+    from rl_conductor.training.callbacks import MlflowMetrics, RichProgress, quiet
     from rl_conductor.training.sft_loss import CompletionLossSFTTrainer
 
     longest = check_sft_lengths(records, AutoTokenizer.from_pretrained(str(model_src)), cfg.sft_max_length)
@@ -836,17 +838,19 @@ def _sft(
         completion_only_loss=True,
         max_length=cfg.sft_max_length,
         disable_tqdm=True,
-        gradient_checkpointing=cfg.gradient_checkpointing,
+        activation_checkpointing=cfg.gradient_checkpointing,  # transformers 5: the new name
         dataloader_num_workers=0,
     )
     peft_config = _peft(cfg)
-    trainer = CompletionLossSFTTrainer(
-        model=str(model_src),
-        args=args,
-        train_dataset=Dataset.from_list(records),
-        peft_config=peft_config,
-        callbacks=[RichProgress("SFT warm start", enabled=progress), MlflowMetrics(prefix="sft/")],
-        decision_weight=cfg.sft_decision_weight,
+    trainer = quiet(
+        CompletionLossSFTTrainer(
+            model=str(model_src),
+            args=args,
+            train_dataset=Dataset.from_list(records),
+            peft_config=peft_config,
+            callbacks=[RichProgress("SFT warm start", enabled=progress), MlflowMetrics(prefix="sft/")],
+            decision_weight=cfg.sft_decision_weight,
+        )
     )
     with torch_threads(cfg.train_torch_threads or None):
         trainer.train()
@@ -882,7 +886,7 @@ def _fit_decisions(
 
     from datasets import Dataset
 
-    from rl_conductor.training.callbacks import MlflowMetrics, RichProgress
+    from rl_conductor.training.callbacks import MlflowMetrics, RichProgress, quiet
     from rl_conductor.training.sft_fit import decision_fit, fit_passes
     from rl_conductor.training.sft_loss import CompletionLossSFTTrainer
 
@@ -898,16 +902,18 @@ def _fit_decisions(
         # two optimizers' memory during the pass otherwise)
         t.optimizer = t.lr_scheduler = None
         t.accelerator.free_memory()
-        state["trainer"] = CompletionLossSFTTrainer(
-            model=t.model,
-            args=dc_replace(args, num_train_epochs=cfg.sft_fit_epochs),
-            train_dataset=Dataset.from_list(records),
-            processing_class=t.processing_class,
-            callbacks=[
-                RichProgress(f"SFT fit pass {n}", enabled=progress),
-                MlflowMetrics(prefix=f"sft_fit{n}/"),
-            ],
-            decision_weight=cfg.sft_decision_weight,
+        state["trainer"] = quiet(
+            CompletionLossSFTTrainer(
+                model=t.model,
+                args=dc_replace(args, num_train_epochs=cfg.sft_fit_epochs),
+                train_dataset=Dataset.from_list(records),
+                processing_class=t.processing_class,
+                callbacks=[
+                    RichProgress(f"SFT fit pass {n}", enabled=progress),
+                    MlflowMetrics(prefix=f"sft_fit{n}/"),
+                ],
+                decision_weight=cfg.sft_decision_weight,
+            )
         )
         state["trainer"].train()
 
@@ -982,7 +988,7 @@ def grpo_config(cfg: TrainConfig, output_dir: str) -> Any:
         use_vllm=cfg.use_vllm,
         vllm_mode=cfg.vllm_mode,
         vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-        gradient_checkpointing=cfg.gradient_checkpointing,
+        activation_checkpointing=cfg.gradient_checkpointing,  # transformers 5: the new name
         disable_tqdm=True,
         lr_scheduler_type="constant_with_warmup",
         warmup_steps=5,
@@ -999,19 +1005,26 @@ def _grpo_trainer(
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    from rl_conductor.training.callbacks import MlflowMetrics, RichProgress, TimeLimit
+    from rl_conductor.training.callbacks import MlflowMetrics, RichProgress, TimeLimit, quiet
 
     tok = AutoTokenizer.from_pretrained(str(sft_dir))
     tok.padding_side = "left"
+    # TRL reads transformers' deprecated model.is_gradient_checkpointing on every step: a
+    # FutureWarning about library internals that no setting of ours changes
+    warnings.filterwarnings(
+        "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+    )
     callbacks: list[Any] = [RichProgress("GRPO", enabled=progress), MlflowMetrics(prefix="grpo/")]
     if cfg.time_limit_s:
         callbacks.append(TimeLimit(cfg.time_limit_s))
-    return GRPOTrainer(
-        model=str(sft_dir),
-        reward_funcs=[reward],
-        args=grpo_config(cfg, str(out)),
-        train_dataset=dataset,
-        processing_class=tok,
-        callbacks=callbacks,
-        peft_config=_peft(cfg),
+    return quiet(
+        GRPOTrainer(
+            model=str(sft_dir),
+            reward_funcs=[reward],
+            args=grpo_config(cfg, str(out)),
+            train_dataset=dataset,
+            processing_class=tok,
+            callbacks=callbacks,
+            peft_config=_peft(cfg),
+        )
     )
