@@ -563,16 +563,23 @@ def test_progress_lines_when_output_is_not_a_terminal(
     from rl_conductor.training.adaptive import build_rounds_table
     from rl_conductor.training.candidates import build_table
 
-    two = _byo_pool(
-        tmp_path, [_item(i, a={"text": f"#### {i + 1}"}, b={"text": "#### 0"}) for i in range(40)]
-    )
+    cost = {"a": 0.003, "b": 0.0003, "c": 0.0003}  # a the dearest: b and c a pair (a review) below it
+    text = {"a": "#### {}", "b": "#### 0", "c": "#### {}"}
+    rows = [_item(i, **{w: {"text": text[w].format(i + 1 if w == "a" or i % 2 else 0), "cost_usd": cost[w]}
+                        for w in cost}) for i in range(40)]  # fmt: skip
+    two = _byo_pool(tmp_path, rows, models="abc")
     p2 = load_pool(str(two))
     tasks = load_tasks(p2.default_dataset(), split="all")
     table = build_table(tasks, p2, top_k=1, cheap_k=1, progress=True, workers=1)
-    build_rounds_table(tasks, p2, table, top_k=1, pair_k=2, progress=True)
+    rounds = build_rounds_table(tasks, p2, table, top_k=1, pair_k=2, progress=True)
+    from rl_conductor.limits import RequestLimits
+    from rl_conductor.training.review_text import review_rows
+
+    review_rows(tasks, p2, rounds, RequestLimits(), progress=True)
     err = capsys.readouterr().err
-    assert "candidate table, every worker alone: 80/80 (100 %)," in err
+    assert "candidate table, every worker alone: 120/120 (100 %)," in err
     assert re.search(r"rounds table: (\d+)/\1 \(100 %\),", err)
+    assert re.search(r"review rows: (\d+)/\1 \(100 %\),", err)
     build_table(tasks, p2, top_k=1, cheap_k=1, workers=1)  # without progress: silent
     assert "candidate table" not in capsys.readouterr().err
 

@@ -63,8 +63,11 @@ def _pair_names(name: str) -> list[str]:
     return [w for w, _ in Candidate.parse_name(name).steps]
 
 
-def review_rows(tasks: Sequence[Task], pool: Pool, rounds: RoundsTable, limits: Any) -> Rows:
-    """The review's input row of every (question, pair first plan) the rounds table ran."""
+def review_rows(
+    tasks: Sequence[Task], pool: Pool, rounds: RoundsTable, limits: Any, *, progress: bool = False
+) -> Rows:
+    """The review's input row of every (question, pair first plan) the rounds table ran
+    (``progress``: a progress display, lines off a terminal)."""
     view = pool.view()
     names = view.names()
     by_id = {t.id: t for t in tasks}
@@ -86,16 +89,24 @@ def review_rows(tasks: Sequence[Task], pool: Pool, rounds: RoundsTable, limits: 
         await GivenPlan(review=hook).run_workflow(wf, task, view, replace(limits, max_rounds=2))
         return got[0] if got else None
 
-    async def run_all() -> list[np.ndarray | None]:
+    async def run_all(done: Any) -> list[np.ndarray | None]:
         sem = asyncio.Semaphore(256)
 
         async def guarded(task: Task, name: str) -> np.ndarray | None:
             async with sem:
-                return await one(task, name)
+                row = await one(task, name)
+            done()
+            return row
 
         return list(await asyncio.gather(*(guarded(t, n) for t, n in jobs)))
 
-    out = asyncio.run(run_all()) if jobs else []
+    out: list[np.ndarray | None] = []
+    if jobs:
+        from rl_conductor.progress import progress as progress_display
+
+        with progress_display(progress) as bar:
+            pid = bar.add_task("review rows", total=len(jobs))
+            out = asyncio.run(run_all(lambda: bar.advance(pid, 1)))
     return {(t.id, n): row for (t, n), row in zip(jobs, out, strict=True) if row is not None}
 
 

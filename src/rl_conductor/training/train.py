@@ -660,7 +660,8 @@ def _warm_start(
             from rl_conductor.training.review_text import fit_text_rule, review_rows
 
             limits = RequestLimits(max_steps=cfg.max_steps_per_workflow)
-            text = fit_text_rule(rounds, review_rows(items, pool, rounds, limits), cfg.reward())
+            rows = review_rows(items, pool, rounds, limits, progress=progress)
+            text = fit_text_rule(rounds, rows, cfg.reward())
             log.info("review text rule per first plan: %s", text.summary)
             choice = text.choice
             if text_rule is not None:
