@@ -193,6 +193,11 @@ def test_save_load_round_trip(hand: KnnRouter, tmp_path: Path) -> None:
         for lim in (RequestLimits(), RequestLimits(max_cost_usd=0.005)):
             assert loaded.route_vector(q, view, lim) == hand.route_vector(q, view, lim)
     assert isinstance(make_policy(f"knn:{path}", _pool()), KnnRouter)
+    # a saved router's path may hold "=" (not read as k=/n= options); its k names it
+    odd = tmp_path / "k=3" / "index"
+    KnnRouter(hand.embeddings, hand.outcomes, k=3, reward=hand.reward).save(odd)
+    again = make_policy(f"knn:{odd}", _pool())
+    assert isinstance(again, KnnRouter) and again.k == 3 and again.name == "knn:k=3"
 
 
 # ----------------------------------------------------------------------------- real embeddings
@@ -287,11 +292,11 @@ def test_router_specs_fit_on_paper_sim_and_cache(tmp_path: Path, monkeypatch: py
         make_policy("domain-router:abc", pool)
     # k= is the neighbourhood, n= the fit size (knn:40 is a fit size): the same measurement
     near = make_policy("knn:k=5,n=40", pool)
-    assert isinstance(near, KnnRouter) and near.k == 5 and near.name == "knn:k=5"
+    assert isinstance(near, KnnRouter) and near.k == 5 and near.name == "knn:k=5,n=40"
     assert np.array_equal(near.outcomes.correct, first.outcomes.correct) and first.k is None
     assert make_policy("knn:n=40", pool).k is None
     bad_specs = {"k=0": "whole number >= 1", "k=5,k=6": "given twice", "m=3": "options are k=N, n=N",
-                 "k=five": "whole number >= 1", "k=5,40": "options are"}  # fmt: skip
+                 "k=five": "whole number >= 1", "k=5,40": "options are", "k=²": "whole number"}  # fmt: skip
     for bad, why in bad_specs.items():
         with pytest.raises(InvalidSpec, match=why):
             make_policy(f"knn:{bad}", pool)

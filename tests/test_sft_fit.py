@@ -228,5 +228,8 @@ def test_training_output_is_the_progress_line_not_raw_metric_dicts(fitted: Any) 
 
     trainer, _ = fitted
     assert any(isinstance(c, PrinterCallback) for c in trainer.callback_handler.callbacks)  # the default
+    # without a progress line (the pipeline's step, a launch's ranks) the dicts are the log's metrics
+    assert quiet(trainer, progress=False) is trainer
+    assert any(isinstance(c, PrinterCallback) for c in trainer.callback_handler.callbacks)
     assert quiet(trainer) is trainer
     assert not any(isinstance(c, PrinterCallback) for c in trainer.callback_handler.callbacks)

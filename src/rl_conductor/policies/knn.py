@@ -124,7 +124,7 @@ def spec_options(arg: str, keys: set[str], kind: str) -> dict[str, int]:
             raise ValueError(f"{kind} options are {', '.join(f'{k}=N' for k in sorted(keys))}, got {part!r}")
         if key in out:
             raise ValueError(f"{kind}: {key} given twice")
-        if not value.isdigit() or int(value) < 1:
+        if not (value.isascii() and value.isdigit()) or int(value) < 1:
             raise ValueError(f"{kind}: {key} must be a whole number >= 1, got {value!r}")
         out[key] = int(value)
     return out
@@ -175,12 +175,15 @@ class KnnRouter(Policy):
         p = Path(path)
         meta = json.loads(p.with_suffix(".json").read_text())
         outcomes = SingleOutcomes.load(p.with_name(p.name + "-outcomes"))
-        return cls(
+        router = cls(
             np.load(p.with_suffix(".npy")),
             outcomes,
             k=None if meta["k"] is None else int(meta["k"]),
             reward=reward_from_dict(meta["reward"]),
         )
+        if router.k is not None:
+            router.name = f"knn:k={router.k}"
+        return router
 
     @classmethod
     def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> KnnRouter:
@@ -191,7 +194,8 @@ class KnnRouter(Policy):
         Conductor's own by default). Why ``k=``: ``knn:50`` is a fit size, and was read as a
         neighbourhood by an outside tester."""
         k: int | None = None
-        if "=" in arg:
+        saved = bool(arg) and Path(arg).with_suffix(".json").exists()  # a saved router's path may hold "="
+        if "=" in arg and not saved:
             opts = spec_options(arg, {"k", "n"}, "knn")
             k = opts.get("k")
             arg = str(opts["n"]) if "n" in opts else ""
@@ -199,8 +203,8 @@ class KnnRouter(Policy):
             return cls.load(arg)
         limit = fit_limit(arg, kw, "knn")
         router = cls.fit(pool, training_tasks(pool, kw, limit), k=k, reward=reward_from_options(kw))
-        if k is not None:
-            router.name = f"knn:k={k}"  # two kNN rows of one comparison are told apart
+        if k is not None:  # two kNN rows of one comparison, or of two runs, are told apart
+            router.name = f"knn:k={k}" + (f",n={limit}" if limit is not None else "")
         return router
 
     # -- routing ------------------------------------------------------------------------------

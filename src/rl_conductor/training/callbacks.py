@@ -116,13 +116,16 @@ class TimeLimit(TrainerCallback):
             control.should_training_stop = True
 
 
-def quiet(trainer: Any) -> Any:
-    """``trainer`` without transformers' ``PrinterCallback``, which prints every logging step's
-    raw metrics dict (``{'loss': '0.15', ...}``) to stdout when ``disable_tqdm`` is set: the
-    progress line (:class:`RichProgress`) already shows the loss or reward, MLflow
-    (:class:`MlflowMetrics`) records every metric, and a training's output was mostly these
-    dicts (an outside tester's "noisy start")."""
-    from transformers.trainer_callback import PrinterCallback
+def quiet(trainer: Any, progress: bool = True) -> Any:
+    """``trainer`` without transformers' ``PrinterCallback`` where a progress line shows
+    (``progress``), which prints every logging step's raw metrics dict (``{'loss': '0.15', ...}``)
+    to stdout when ``disable_tqdm`` is set: the progress line (:class:`RichProgress`) already
+    shows the loss or reward, MLflow (:class:`MlflowMetrics`) records every metric, and a
+    training's output was mostly these dicts (an outside tester's "noisy start"). Without a
+    progress line (the pipeline's step, each rank of a launch) the dicts stay: its log's only
+    sign of the metrics."""
+    if progress:
+        from transformers.trainer_callback import PrinterCallback
 
-    trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(PrinterCallback)
     return trainer

@@ -764,6 +764,10 @@ def cached_table(
             "items": items_digest(tasks),
             "code": code_version(),  # graders, executor, workers: what turns a plan into a grade
             "recordings": recordings_fingerprint(pool.options),  # an edited file's texts and labels
+            # tables record their replaced workers (meta["replaced"]) since this marker: an older
+            # file, which cannot say, is rebuilt once (in the key, not the meta, which the rounds
+            # table's key hashes: a clean pool's rounds tables stay valid)
+            "replaced_meta": 1,
         },
         sort_keys=True,
     )

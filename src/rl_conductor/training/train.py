@@ -851,7 +851,8 @@ def _sft(
             peft_config=peft_config,
             callbacks=[RichProgress("SFT warm start", enabled=progress), MlflowMetrics(prefix="sft/")],
             decision_weight=cfg.sft_decision_weight,
-        )
+        ),
+        progress,
     )
     with torch_threads(cfg.train_torch_threads or None):
         trainer.train()
@@ -914,7 +915,8 @@ def _fit_decisions(
                     MlflowMetrics(prefix=f"sft_fit{n}/"),
                 ],
                 decision_weight=cfg.sft_decision_weight,
-            )
+            ),
+            progress,
         )
         state["trainer"].train()
 
@@ -1027,5 +1029,6 @@ def _grpo_trainer(
             processing_class=tok,
             callbacks=callbacks,
             peft_config=_peft(cfg),
-        )
+        ),
+        progress,
     )
