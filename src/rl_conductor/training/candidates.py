@@ -506,41 +506,26 @@ def build_table(
     progress: bool = False,
     workers: int | None = None,
     parallel_min_jobs: int = PARALLEL_MIN_JOBS,
+    _bar: Any = None,
 ) -> CandidateTable:
     """Execute the candidate set (candidates of at most ``max_steps`` steps) on ``tasks`` (see
     module docstring) and return the table. ``deadlines`` add condition columns scored on at
     most ``deadline_items_per_domain`` items per domain (None: all). ``workers``: processes
-    (:func:`table_workers`; 1 = serial); lists under ``parallel_min_jobs`` jobs run serially."""
-    from rl_conductor.progress import progress as progress_display
+    (:func:`table_workers`; 1 = serial); lists under ``parallel_min_jobs`` jobs run serially.
+    ``progress``: a line per execution stage (``_bar``: the display, opened here)."""
+    if _bar is None:
+        from rl_conductor.progress import progress as progress_display
 
-    # a stage line per execution pass: the table is the first minutes of a training run, which
-    # showed nothing at all when output was not a terminal (issue 21)
-    with progress_display(progress) as bar:
-        return _build_table(
-            tasks, pool, budgets=budgets, deadlines=deadlines,
-            deadline_items_per_domain=deadline_items_per_domain, top_k=top_k, cheap_k=cheap_k,
-            max_steps=max_steps, limits=limits, progress=progress, workers=workers,
-            parallel_min_jobs=parallel_min_jobs, bar=bar,
-        )  # fmt: skip
-
-
-def _build_table(
-    tasks: Sequence[Task],
-    pool: Pool,
-    *,
-    budgets: Iterable[float] = (),
-    deadlines: Iterable[float] = (),
-    deadline_items_per_domain: int | None = None,
-    top_k: int = 3,
-    cheap_k: int = 2,
-    max_steps: int = DEFAULT_MAX_STEPS,
-    limits: RequestLimits | None = None,
-    progress: bool = False,
-    workers: int | None = None,
-    parallel_min_jobs: int = PARALLEL_MIN_JOBS,
-    bar: Any = None,
-) -> CandidateTable:
-    """The body of :func:`build_table`, reporting each execution stage on ``bar``."""
+        # the table is the first minutes of a training run, which showed nothing at all when
+        # output was not a terminal (issue 21)
+        with progress_display(progress) as bar:
+            return build_table(
+                tasks, pool, budgets=budgets, deadlines=deadlines,
+                deadline_items_per_domain=deadline_items_per_domain, top_k=top_k, cheap_k=cheap_k,
+                max_steps=max_steps, limits=limits, progress=progress, workers=workers,
+                parallel_min_jobs=parallel_min_jobs, _bar=bar,
+            )  # fmt: skip
+    bar = _bar
     n_workers = table_workers(workers)
     base = limits or RequestLimits(max_steps=max_steps)
     view = pool.view()
@@ -562,7 +547,7 @@ def _build_table(
     def run(
         jobs: list[tuple[Task, Workflow, RequestLimits]], deadlines: Sequence[Sequence[float]], stage: str
     ) -> list[_Outcome]:
-        if bar is None or not jobs:
+        if not jobs:
             return _outcomes(jobs, view, grader, deadlines, n_workers, parallel_min_jobs)
         pid = bar.add_task(f"candidate table, {stage}", total=len(jobs))
         return _outcomes(
