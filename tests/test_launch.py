@@ -47,6 +47,10 @@ def test_two_ranks_train_the_same_entry_and_rank0_reports(tmp_path: Path) -> Non
     result = launch.train_on_all_gpus(cfg, tmp_path / "out", processes=2, cpu=True)
     markers = sorted(p.name for p in (tmp_path / "out" / "ranks").glob("rank-*-of-*"))
     assert markers == ["rank-0-of-2", "rank-1-of-2"]  # two processes ran the same entry
+    # and they joined one group (over gloo without CUDA): before, each took itself for a lone
+    # main process, both wrote the same folders and the barrier waited for nobody
+    said = [(tmp_path / "out" / "ranks" / m).read_text().split() for m in markers]
+    assert [s[1:] for s in said] == [["0", "of", "2", "MULTI_CPU"], ["1", "of", "2", "MULTI_CPU"]]
     assert result.global_step == 2
     assert (result.final_dir / "conductor.json").exists()
     assert launch.load_preset(str(tmp_path / "out" / "train_config.yaml")) == cfg

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="TrainConfig YAML written by train_on_all_gpus")
     parser.add_argument("--out", required=True, help="training output folder")
     args = parser.parse_args(argv)
-    from rl_conductor.training.train import train
+    from rl_conductor.training import train as training
 
     cfg = load_preset(args.config)
     rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
@@ -105,9 +105,11 @@ def main(argv: list[str] | None = None) -> None:
         own = ranks / f"rank-{rank}"
         own.mkdir(parents=True, exist_ok=True)
         cfg.mlflow_tracking_uri = f"sqlite:///{(own / 'mlflow.db').resolve()}"
-    result = train(cfg, args.out, progress=False)
+    result = training.train(cfg, args.out, progress=False)
     ranks.mkdir(parents=True, exist_ok=True)
-    (ranks / f"rank-{rank}-of-{world}").write_text("done\n", encoding="utf-8")
+    # how this rank saw the group at its first shared write (a rank that did not join: 0 of 1)
+    seen = training.FIRST_WRITE_GROUP or "not asked"
+    (ranks / f"rank-{rank}-of-{world}").write_text(f"done {seen}\n", encoding="utf-8")
     if rank == "0":
         path = Path(args.out) / RESULT_FILE
         path.write_text(json.dumps(result.to_dict()), encoding="utf-8")

@@ -472,6 +472,11 @@ def train(
     return result
 
 
+#: how the first shared write of a multi-rank run saw the group ("1 of 2 MULTI_CPU"): each rank's
+#: launch marker records it (training/launch.py), so a run whose ranks did not join shows it
+FIRST_WRITE_GROUP: str | None = None
+
+
 @contextlib.contextmanager
 def main_process_writes() -> Iterator[bool]:
     """Yield whether this process writes shared files; with several ranks the others wait for it.
@@ -483,9 +488,17 @@ def main_process_writes() -> Iterator[bool]:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         yield True
         return
+    import torch
     from accelerate import PartialState
 
-    state = PartialState()
+    # without CUDA the ranks join over gloo only when asked for the CPU: a plain PartialState()
+    # found no GPU and took every rank for a lone process until the trainers' arguments joined
+    # them, so the writes before (the base model) were each rank's own main's, at once, and the
+    # barrier waited for nobody (test_launch's flake: a config.json read while rewritten)
+    state = PartialState(cpu=not torch.cuda.is_available())
+    global FIRST_WRITE_GROUP
+    if FIRST_WRITE_GROUP is None:
+        FIRST_WRITE_GROUP = f"{state.process_index} of {state.num_processes} {state.distributed_type.name}"
     yield state.is_main_process
     state.wait_for_everyone()
 
