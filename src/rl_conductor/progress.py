@@ -8,12 +8,15 @@ minutes. Off a terminal the same calls print one line to stderr every ``PLAIN_EV
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
+
+T = TypeVar("T")
 
 #: Seconds between two plain progress lines.
 PLAIN_EVERY_S = 15.0
@@ -90,3 +93,28 @@ def progress(enabled: bool = True, *, transient: bool = True) -> Iterator[Any]:
         transient=transient,
     ) as bar:
         yield bar
+
+
+def run_with_progress(
+    jobs: Sequence[Coroutine[Any, Any, T]], *, label: str, enabled: bool, limit: int = 256
+) -> list[T]:
+    """The results of ``jobs``, in order, run ``limit`` at a time in a new event loop, each
+    finished one advancing a :func:`progress` display named ``label`` (from synchronous code:
+    the warm start's rounds table and review rows, minutes on a new file)."""
+    if not jobs:
+        return []
+    with progress(enabled) as bar:
+        pid = bar.add_task(label, total=len(jobs))
+
+        async def gather() -> list[T]:
+            sem = asyncio.Semaphore(limit)
+
+            async def one(job: Coroutine[Any, Any, T]) -> T:
+                async with sem:
+                    out = await job
+                bar.advance(pid, 1)
+                return out
+
+            return list(await asyncio.gather(*(one(j) for j in jobs)))
+
+        return asyncio.run(gather())

@@ -44,7 +44,7 @@ import itertools
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,7 @@ from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.policies.chains import PairCandidate, pair
 from rl_conductor.policies.routers import own_answer
+from rl_conductor.progress import run_with_progress
 from rl_conductor.prompting import review_prompt
 from rl_conductor.reward import RewardConfig, budget_stopped, grade_trace, reward_of
 from rl_conductor.rounds import summarize
@@ -220,23 +221,6 @@ async def _execute_cell(
     return (line, correct, trace.cost_usd, budget_stopped(trace), len(trace.attempts))
 
 
-async def _execute_all(
-    jobs: list[tuple[Task, Workflow, Workflow]],
-    view: PoolView,
-    limits: RequestLimits,
-    done: Callable[[], None] = lambda: None,
-) -> list[Any]:
-    sem = asyncio.Semaphore(256)
-
-    async def one(job: tuple[Task, Workflow, Workflow]) -> Any:
-        async with sem:
-            out = await _execute_cell(job[0], view, job[1], job[2], limits)
-        done()
-        return out
-
-    return list(await asyncio.gather(*(one(j) for j in jobs)))
-
-
 def build_rounds_table(
     tasks: Sequence[Task],
     pool: Pool,
@@ -319,14 +303,12 @@ def build_rounds_table(
         len(conts),
         len(jobs),
     )
-    outs: list[Any] = []
-    if jobs:
-        from rl_conductor.progress import progress as progress_display
-
-        with progress_display(progress) as bar:  # minutes on a large file: a log must show it goes on
-            pid = bar.add_task("rounds table", total=len(jobs))
-            limits = RequestLimits(max_steps=max_steps)
-            outs = asyncio.run(_execute_all(jobs, view, limits, lambda: bar.advance(pid, 1)))
+    limits = RequestLimits(max_steps=max_steps)
+    outs = run_with_progress(  # minutes on a large file: a log must show that work goes on
+        [_execute_cell(t, view, first, cont, limits) for t, first, cont in jobs],
+        label="rounds table",
+        enabled=progress,
+    )
     for (i, f, k), (line, correct, cost, stopped, calls) in zip(where, outs, strict=True):
         arrays["correct"][i, f, k] = correct
         arrays["cost"][i, f, k] = cost

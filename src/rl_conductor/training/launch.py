@@ -74,18 +74,7 @@ def train_on_all_gpus(
     done = subprocess.run(launch_command(config_path, out, n, cpu=cpu), env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"distributed training failed (accelerate launch exit {done.returncode})")
-    data = json.loads((out / RESULT_FILE).read_text(encoding="utf-8"))
-    return TrainResult(
-        out_dir=Path(data["out_dir"]),
-        final_dir=Path(data["final_dir"]),
-        seconds=data["seconds"],
-        reward_curve=data["reward_curve"],
-        global_step=data["global_step"],
-        mlflow_run_id=data["mlflow_run_id"],
-        time_limit_fired_at_step=data.get("time_limit_fired_at_step"),
-        sft_records=data.get("sft_records", {}),
-        sft_fit=data.get("sft_fit", {}),
-    )
+    return TrainResult.from_dict(json.loads((out / RESULT_FILE).read_text(encoding="utf-8")))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,6 @@ prompt shows and the rule its targets follow:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -36,6 +35,7 @@ from rl_conductor.executor import Continuation, RoundRequest
 from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.policies.chains import Candidate
+from rl_conductor.progress import run_with_progress
 from rl_conductor.prompting import review_prompt
 from rl_conductor.review_evidence import (
     FirstPlanEstimator,
@@ -89,24 +89,7 @@ def review_rows(
         await GivenPlan(review=hook).run_workflow(wf, task, view, replace(limits, max_rounds=2))
         return got[0] if got else None
 
-    async def run_all(done: Any) -> list[np.ndarray | None]:
-        sem = asyncio.Semaphore(256)
-
-        async def guarded(task: Task, name: str) -> np.ndarray | None:
-            async with sem:
-                row = await one(task, name)
-            done()
-            return row
-
-        return list(await asyncio.gather(*(guarded(t, n) for t, n in jobs)))
-
-    out: list[np.ndarray | None] = []
-    if jobs:
-        from rl_conductor.progress import progress as progress_display
-
-        with progress_display(progress) as bar:
-            pid = bar.add_task("review rows", total=len(jobs))
-            out = asyncio.run(run_all(lambda: bar.advance(pid, 1)))
+    out = run_with_progress([one(t, n) for t, n in jobs], label="review rows", enabled=progress)
     return {(t.id, n): row for (t, n), row in zip(jobs, out, strict=True) if row is not None}
 
 

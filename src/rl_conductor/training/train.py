@@ -75,6 +75,13 @@ class TrainResult:
             "sft_fit": self.sft_fit,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainResult:
+        """What :meth:`to_dict` wrote (rank 0's result file of a launch); keys it lacks keep
+        their defaults."""
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**{**known, "out_dir": Path(data["out_dir"]), "final_dir": Path(data["final_dir"])})
+
 
 def _quiet() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
