@@ -75,7 +75,10 @@ def main() -> None:
     ap.add_argument("--baseline", default="cascade:all", help="the policy compared question by question")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    meta = json.loads((Path(args.model) / "conductor.json").read_text())
+    meta_path = Path(args.model) / "conductor.json"
+    if not meta_path.is_file():
+        raise SystemExit(f"{args.model}: no conductor.json here; give a trained Conductor folder (RUN/final)")
+    meta = json.loads(meta_path.read_text())
     doc = dict(meta["train_config"])
     doc.pop("show_kind", None)
     cfg = TrainConfig.from_dict(doc)
