@@ -4,13 +4,22 @@ Why: rich draws its bar only on a terminal; with output redirected (a log file, 
 KFP pod) it prints nothing until the loop ends, and an evaluation or a warm start looks hung for
 minutes. Off a terminal the same calls print one line to stderr every ``PLAIN_EVERY_S`` seconds
 (and at the end) — ``eval knn: 96/321 (30 %), 0:00:41`` — so a log shows that work goes on.
+
+Forks while a bar is drawn: rich's bar redraws from its own thread and, while it is live, routes
+``sys.stdout``/``sys.stderr`` through its console's lock. A process forked while that thread held
+the lock (the candidate table's and the routers' forked builders, ``tasks/forked.py``) inherits it
+held by a thread that does not exist there, and hangs at its first write to stderr (an outside
+tester's synthetic run: 1 in 400). So every live bar's locks are taken just before any fork and
+released on both sides after it (:func:`os.register_at_fork`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
+import weakref
 from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -68,6 +77,47 @@ class PlainProgress:
         print(f"{t['description']}: {done}, {elapsed}", file=self.stream, flush=True)
 
 
+#: the rich bars being drawn now (their locks are held across a fork, module docstring)
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+_HELD: list[Any] = []
+
+
+def _before_fork() -> None:
+    # the refresh thread's order: the display's lock, then its console's
+    for bar in list(_LIVE):
+        for lock in (bar.live._lock, bar.console._lock):
+            lock.acquire()
+            _HELD.append(lock)
+
+
+def _after_fork() -> None:
+    # in the child the forking thread is its main thread, which owns these re-entrant locks
+    while _HELD:
+        _HELD.pop().release()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
+
+
+def guard_forks(bar: Any, on: bool = True) -> None:
+    """Hold ``bar``'s locks (a started ``rich.progress.Progress``) across every fork while it is
+    drawn (module docstring); ``on=False`` when it stops."""
+    if on:
+        _LIVE.add(bar)
+    else:
+        _LIVE.discard(bar)
+
+
+@contextmanager
+def _tracked(bar: Any) -> Iterator[Any]:
+    guard_forks(bar)
+    try:
+        yield bar
+    finally:
+        guard_forks(bar, on=False)
+
+
 def is_terminal() -> bool:
     """Whether rich would draw a live bar on stdout."""
     from rich.console import Console
@@ -84,14 +134,17 @@ def progress(enabled: bool = True, *, transient: bool = True) -> Iterator[Any]:
     if enabled and not is_terminal():
         yield PlainProgress()
         return
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        disable=not enabled,
-        transient=transient,
-    ) as bar:
+    with (
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            disable=not enabled,
+            transient=transient,
+        ) as bar,
+        _tracked(bar),
+    ):
         yield bar
 
 

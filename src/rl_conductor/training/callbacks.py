@@ -25,12 +25,13 @@ class RichProgress(TrainerCallback):
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from rl_conductor.progress import PlainProgress, is_terminal
+        from rl_conductor.progress import PlainProgress, guard_forks, is_terminal
 
         if is_terminal():
             self._progress = Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
             )
+            guard_forks(self._progress)
         else:  # redirected output: periodic plain lines instead of a bar nobody sees
             self._progress = PlainProgress()
         self._progress.start()
@@ -57,6 +58,9 @@ class RichProgress(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self._progress is not None:
+            from rl_conductor.progress import guard_forks
+
+            guard_forks(self._progress, on=False)
             self._progress.stop()
             self._progress = None
 
