@@ -10,6 +10,7 @@ out by hand from the reward preset.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -265,7 +266,9 @@ async def test_domain_router_sends_each_domain_to_its_best_worker() -> None:
 # ----------------------------------------------------------------------------- specs on paper-sim
 
 
-def test_router_specs_fit_on_paper_sim_and_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_router_specs_fit_on_paper_sim_and_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path))
     pool = load_pool("paper-sim")
     first = make_policy("knn:40", pool)
@@ -295,6 +298,10 @@ def test_router_specs_fit_on_paper_sim_and_cache(tmp_path: Path, monkeypatch: py
     assert isinstance(near, KnnRouter) and near.k == 5 and near.name == "knn:k=5,n=40"
     assert np.array_equal(near.outcomes.correct, first.outcomes.correct) and first.k is None
     assert make_policy("knn:n=40", pool).k is None
+    assert "not below" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="rl_conductor.policies.knn"):
+        assert make_policy("knn:k=40,n=40", pool).k == 40  # as many as the fit: said, not refused
+    assert "k=40 is not below the 40 training questions" in caplog.text
     bad_specs = {"k=0": "whole number >= 1", "k=5,k=6": "given twice", "m=3": "options are k=N, n=N",
                  "k=five": "whole number >= 1", "k=5,40": "options are", "k=²": "whole number"}  # fmt: skip
     for bad, why in bad_specs.items():

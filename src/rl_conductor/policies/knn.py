@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -53,6 +54,8 @@ from rl_conductor.reward import RewardConfig, reward_config, reward_from_dict, r
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
+
+log = logging.getLogger(__name__)
 
 __all__ = ["FIT_LIMIT", "SOLVE", "KnnRouter", "cached_embeddings"]
 
@@ -147,6 +150,11 @@ class KnnRouter(Policy):
             raise ValueError(f"{embeddings.shape[0]} embeddings for {len(outcomes.task_ids)} measured tasks")
         if k is not None and (isinstance(k, bool) or k < 1):
             raise ValueError(f"k must be >= 1 (or None: every training question), got {k}")
+        if k is not None and k >= len(outcomes.task_ids):
+            log.warning(
+                "knn: k=%d is not below the %d training questions: every one is a neighbour, as "
+                "without k", k, len(outcomes.task_ids),
+            )  # fmt: skip
         self.embeddings = embeddings.astype(np.float32)
         self.outcomes = outcomes
         self.k = k

@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import re
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -111,12 +112,35 @@ def configure(
         if uri.startswith("sqlite:///"):
             Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     # a new local store's "Creating initial MLflow database tables" INFO lines opened every first
-    # command's output; its warnings and errors still show
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    # command's output; the rest of that logger (a migration of an existing store, warnings,
+    # errors) still shows
+    db_log = logging.getLogger("mlflow.store.db.utils")
+    if not any(isinstance(f, _NewStoreLine) for f in db_log.filters):
+        db_log.addFilter(_NewStoreLine())
     mlflow.set_tracking_uri(tracking)
     mlflow.set_registry_uri(registry)
     _config = TrackingConfig(tracking_uri=tracking, registry_uri=registry, artifact_root=artifacts)
     return _config
+
+
+class _NewStoreLine(logging.Filter):
+    """Drops a new store's two INFO lines: "Creating initial MLflow database tables" and the
+    "Updating database tables" that MLflow logs right after it (it creates a store by migrating
+    it). A migration of an existing store logs the second line alone, and it shows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._new = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        if msg.startswith("Creating initial MLflow database tables"):
+            self._new.pending = True
+            return False
+        if msg.startswith("Updating database tables") and getattr(self._new, "pending", False):
+            self._new.pending = False
+            return False
+        return True
 
 
 def reset() -> None:
