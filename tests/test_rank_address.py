@@ -217,3 +217,56 @@ def test_the_tiny_tokenizer_trained_on_rank_targets_encodes_them_and_round_trips
     ids = tok.encode(text, add_special_tokens=False)
     assert tok.decode(ids) == text
     assert len(ids) <= len(tok.encode("model_id = [3]", add_special_tokens=False)) + 1
+
+
+PAIR = "model_id = [@1, @2]\nsubtasks = ['Solve it.', 'Solve it.']\naccess_list = [[], []]"
+SOLVE_CHECK = "model_id = [@1, @1]\nsubtasks = ['Solve it.', 'Check it.']\naccess_list = [[], [0]]"
+
+
+def _hinted_policy(policy: ConductorPolicy, line: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give the micro policy a ``Plan by estimate:`` line (``plan_hint``) without a lookup."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(policy, "ranker", None)
+    monkeypatch.setattr(policy, "plan_hint", SimpleNamespace(needs_embedding=lambda task: False))
+    monkeypatch.setattr(policy, "plan_ids", lambda task, view, limits: list(line))
+    monkeypatch.setattr(policy, "task_evidence", lambda tasks: [None for _ in tasks])
+
+
+async def test_following_the_plan_line_is_judged_on_the_plan_the_model_wrote(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``follows evidence %`` counted a plan_hint model wrong in three cases: a solve and a check
+    by the line's one worker; a pair the budget cut to one step; a plan made again under a
+    deadline (not counted at all). Each is the model following its line."""
+    from rl_conductor.evaluation.runner import evaluate_async
+    from rl_conductor.prompting import typical_cost
+
+    view = fake_pool(4).view()
+    # 1. the line shows each worker once: a solve and a check by @1 follow "Plan by estimate: 2"
+    _hinted_policy(policy, [2], monkeypatch)
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: SOLVE_CHECK))
+    plan = await policy.plan(TASK, view, RequestLimits(max_steps=2))
+    assert plan.workflow.workers() == [2, 2] and plan.follows_evidence is True
+    result = await evaluate_async(policy, view, [TASK], RequestLimits(max_steps=2), progress=False)
+    assert result.records[0].follows_evidence is True
+    # 2. the pair the line names, cut to one step by a budget that affords one answer, not two
+    _hinted_policy(policy, [0, 2], monkeypatch)
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: PAIR))
+    costs = [typical_cost(view.worker(i).info) for i in (0, 2)]
+    budget = RequestLimits(max_steps=2, max_cost_usd=0.5 * (costs[1] + sum(costs)))
+    plan = await policy.plan(TASK, view, budget)
+    assert plan.workflow.workers() == [2] and any("cut to one step" in n for n in plan.notes)
+    assert plan.evidence_plan == (0, 2) and plan.follows_evidence is True
+    # the plan the line did not name is still counted as not following it
+    monkeypatch.setattr(
+        policy, "_generate", Script(lambda p, c: "model_id = [@2]\nsubtasks = ['x']\naccess_list = [[]]")
+    )
+    assert (await policy.plan(TASK, view, budget)).follows_evidence is False
+    # 3. a plan that misses its deadline is planned again; that plan is counted against its line
+    slow = fake_pool(4, latency_s=5.0).view()
+    _hinted_policy(policy, [0, 2], monkeypatch)
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: PAIR))
+    plan = await policy.plan(TASK, slow, RequestLimits(max_steps=2, max_latency_s=1.0))
+    assert any("planned again" in n for n in plan.notes), plan.notes
+    assert plan.evidence_plan == (0, 2) and plan.follows_evidence is True

@@ -34,7 +34,7 @@ import numpy as np
 
 from rl_conductor import reward
 from rl_conductor.limits import RequestLimits
-from rl_conductor.policies.base import Episode, Policy
+from rl_conductor.policies.base import Episode, Policy, follows
 from rl_conductor.reward import (
     RewardConfig,
     deadline_shortened,
@@ -217,7 +217,9 @@ def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
         errors=[a.error or a.status for a in t.attempts if a.status != "ok"],
         follows_evidence=None
         if ep.plan.evidence_plan is None
-        else tuple(s.worker for s in ep.plan.workflow.steps) == ep.plan.evidence_plan,
+        else ep.plan.follows_evidence
+        if ep.plan.follows_evidence is not None
+        else follows(ep.plan.workflow, ep.plan.evidence_plan),
     )
 
 

@@ -49,8 +49,12 @@ class Plan:
     #: the worker ids, in step order, of the plan the question's evidence names: the worker it
     #: ranks first, alone (a Conductor trained with ``evidence: rank``), or the prompt's ``Plan by
     #: estimate:`` line (``plan_hint``); None otherwise. Evaluation reports how often the plan's
-    #: steps are exactly these workers (``follows evidence %``)
+    #: workers are these (``follows evidence %``, :func:`follows`)
     evidence_plan: tuple[int, ...] | None = None
+    #: whether the plan as the model wrote it followed ``evidence_plan`` (:func:`follows`), set
+    #: before a deadline or a budget cut it to one step (the cut is the policy's, not the
+    #: model's choice); None: evaluation compares the workflow that ran
+    follows_evidence: bool | None = None
 
     def annotate(self, trace: Trace) -> Trace:
         """Record on the executed ``trace`` how this plan was made (raw text, fallback, notes)."""
@@ -60,6 +64,12 @@ class Plan:
         if trace.rounds:
             trace.rounds[0].plan_text = self.text
         return trace
+
+
+def follows(workflow: Workflow, evidence_plan: Sequence[int]) -> bool:
+    """Whether ``workflow``'s workers, each once in step order, are ``evidence_plan``: what the
+    ``Plan by estimate:`` line shows of a plan (a solve and a check by one worker is one id)."""
+    return tuple(dict.fromkeys(s.worker for s in workflow.steps)) == tuple(evidence_plan)
 
 
 @dataclass

@@ -49,7 +49,7 @@ from rl_conductor.executor import Continuation, ReviewHook, RoundRequest
 from rl_conductor.limits import RequestLimits
 from rl_conductor.lm.generate import apply_chat, generate, load_lm
 from rl_conductor.lm.models import looks_like_hf_id
-from rl_conductor.policies.base import Plan, Policy
+from rl_conductor.policies.base import Plan, Policy, follows
 from rl_conductor.policies.evidence import EvidenceModel, Ranker, check_known_workers
 from rl_conductor.policies.expected import NoUsablePlan
 from rl_conductor.policies.kinds import KindIndex
@@ -219,6 +219,16 @@ def salvaged_workflow(
     if limits.max_latency_s is not None and plan_seconds(wf, view, quantile) > limits.max_latency_s:
         return None
     return wf
+
+
+def _with_evidence(plan: Plan, shown: Sequence[int] | None) -> Plan:
+    """``plan`` with the plan its prompt's evidence named (``shown``: the line's ids, or the top
+    ranked worker) and whether the model's plan followed it, judged now: before a deadline or a
+    budget cuts the plan, which the policy does, not the model."""
+    ids = tuple(shown or ())
+    if not ids:
+        return replace(plan, evidence_plan=None, follows_evidence=None)
+    return replace(plan, evidence_plan=ids, follows_evidence=follows(plan.workflow, ids))
 
 
 def rank_names(wf: Workflow) -> str:
@@ -496,15 +506,9 @@ class ConductorPolicy(Policy):
                 for p, line in zip(plans, lines, strict=True)
             ]
         if self.ranker is not None:  # what the evidence alone would pick (evaluation: agreement)
-            plans = [
-                replace(p, evidence_plan=tuple((o or [])[:1]) or None)
-                for p, o in zip(plans, orders, strict=True)
-            ]
+            plans = [_with_evidence(p, (o or [])[:1]) for p, o in zip(plans, orders, strict=True)]
         elif self.plan_hint is not None:  # the plan the line named (evaluation: how often followed)
-            plans = [
-                replace(p, evidence_plan=tuple(line or ()) or None)
-                for p, line in zip(plans, lines, strict=True)
-            ]
+            plans = [_with_evidence(p, line) for p, line in zip(plans, lines, strict=True)]
         again: list[int] = []
         why: dict[int, str] = {}
         for i, (plan, view, lim) in enumerate(zip(plans, views, limits, strict=True)):
@@ -524,19 +528,26 @@ class ConductorPolicy(Policy):
             else:
                 again.append(i)
         if again:
+            shown = {  # what the prompts with the deadline show: a ranking, or the plan line
+                i: (
+                    self.evidence_ranking(tasks[i], views[i], limits[i], evidence[i])
+                    if self.plan_hint is None
+                    else self.plan_ids(tasks[i], views[i], limits[i])
+                )
+                for i in again
+            }
             redo = self._parse_all(
                 [self.prompt(tasks[i], views[i], limits[i], evidence[i]) for i in again],
                 [views[i] for i in again],
                 [limits[i] for i in again],
-                rankings=[
-                    shown_ranking(self.evidence_ranking(tasks[i], views[i], limits[i], evidence[i]))
-                    if self.plan_hint is None
-                    else self.plan_ids(tasks[i], views[i], limits[i])
-                    for i in again
-                ],
+                rankings=[shown[i] if self.plan_hint is not None else shown_ranking(shown[i]) for i in again],
             )
             for i, plan in zip(again, redo, strict=True):
                 plan = replace(plan, notes=(f"{why[i]}; planned again with it", *plan.notes))
+                if self.ranker is not None:  # counted against what its own prompt showed
+                    plan = _with_evidence(plan, (shown[i] or [])[:1])
+                elif self.plan_hint is not None:
+                    plan = _with_evidence(plan, shown[i])
                 if plan_seconds(plan.workflow, views[i], self.deadline_quantile) > (
                     limits[i].max_latency_s or math.inf
                 ):  # _answerer_alone leaves unparseable and one-step plans alone
