@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Coroutine, Iterator, Sequence
@@ -79,21 +80,24 @@ class PlainProgress:
 
 #: the rich bars being drawn now (their locks are held across a fork, module docstring)
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
-_HELD: list[Any] = []
+#: the locks the forking thread holds (per thread: two threads may fork at once)
+_HELD = threading.local()
 
 
 def _before_fork() -> None:
     # the refresh thread's order: the display's lock, then its console's
+    held = _HELD.__dict__.setdefault("locks", [])
     for bar in list(_LIVE):
         for lock in (bar.live._lock, bar.console._lock):
             lock.acquire()
-            _HELD.append(lock)
+            held.append(lock)
 
 
 def _after_fork() -> None:
     # in the child the forking thread is its main thread, which owns these re-entrant locks
-    while _HELD:
-        _HELD.pop().release()
+    held = _HELD.__dict__.get("locks", [])
+    while held:
+        held.pop().release()
 
 
 if hasattr(os, "register_at_fork"):
