@@ -97,3 +97,37 @@ def test_the_trainers_bar_is_guarded_while_it_draws(terminal: None) -> None:
     cb.on_train_end(None, state, None)
     assert code == 0
     assert bar not in progress_mod._LIVE
+
+
+@pytest.mark.parametrize("registered", ["both", "inner only"])
+def test_a_bar_inside_another_holds_the_outer_display_without_deadlock(
+    terminal: None, registered: str
+) -> None:
+    """rich draws a bar opened inside another through the outer one's display: the fork must hold
+    the outer display's lock (which a child's write to stderr takes), and take every display's
+    lock before any console's, as the refresh thread does (a guard that took the inner bar's
+    console lock first then waited on the outer display deadlocked with the outer refresh
+    thread, which held that display and waited on the console)."""
+    with progress_mod.progress(True) as outer, progress_mod.progress(True) as inner:
+        assert inner.live._nested and not outer.live._nested
+        if registered == "inner only":
+            progress_mod.guard_forks(outer, on=False)
+        got_console: list[bool] = []
+        holding = threading.Event()
+
+        def refresh_like() -> None:  # what outer's refresh thread does: its display, then the console
+            with outer.live._lock:
+                holding.set()
+                time.sleep(0.3)
+                ok = outer.console._lock.acquire(timeout=5)
+                got_console.append(ok)
+                if ok:
+                    outer.console._lock.release()
+
+        t = threading.Thread(target=refresh_like)
+        t.start()
+        holding.wait()
+        code = _fork_and_write()
+        t.join()
+    assert got_console == [True], "the fork held the console while it waited for the display"
+    assert code == 0, "the forked child hung at its first write to stderr"

@@ -85,12 +85,21 @@ _HELD = threading.local()
 
 
 def _before_fork() -> None:
-    # the refresh thread's order: the display's lock, then its console's
-    held = _HELD.__dict__.setdefault("locks", [])
+    # a bar opened inside another is drawn by the outer one's display (rich nests them), which
+    # is the display to hold; every display's lock first, then each console's once: the refresh
+    # thread's order (its display's lock, then its console's), so no two threads wait on each other
+    lives: dict[int, Any] = {}
     for bar in list(_LIVE):
-        for lock in (bar.live._lock, bar.console._lock):
-            lock.acquire()
-            held.append(lock)
+        live = bar.live
+        if live._nested:
+            live = bar.console._live_stack[0] if bar.console._live_stack else None
+        if live is not None:
+            lives[id(live)] = live
+    consoles = {id(live.console): live.console for live in lives.values()}
+    held = _HELD.__dict__.setdefault("locks", [])
+    for lock in [live._lock for live in lives.values()] + [c._lock for c in consoles.values()]:
+        lock.acquire()
+        held.append(lock)
 
 
 def _after_fork() -> None:
