@@ -26,7 +26,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -112,11 +112,11 @@ def configure(
         if uri.startswith("sqlite:///"):
             Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     # a new local store's "Creating initial MLflow database tables" INFO lines opened every first
-    # command's output; the rest of that logger (a migration of an existing store, warnings,
-    # errors) still shows
+    # command's output (dropped while _ensure_schema creates one); a migration of an existing
+    # store, warnings and errors still show
     db_log = logging.getLogger("mlflow.store.db.utils")
-    if not any(isinstance(f, _NewStoreLine) for f in db_log.filters):
-        db_log.addFilter(_NewStoreLine())
+    if _NEW_STORE not in db_log.filters:
+        db_log.addFilter(_NEW_STORE)
     mlflow.set_tracking_uri(tracking)
     mlflow.set_registry_uri(registry)
     _config = TrackingConfig(tracking_uri=tracking, registry_uri=registry, artifact_root=artifacts)
@@ -124,23 +124,32 @@ def configure(
 
 
 class _NewStoreLine(logging.Filter):
-    """Drops a new store's two INFO lines: "Creating initial MLflow database tables" and the
-    "Updating database tables" that MLflow logs right after it (it creates a store by migrating
-    it). A migration of an existing store logs the second line alone, and it shows."""
+    """Drops MLflow's "Creating initial MLflow database tables" and "Updating database tables"
+    lines in a thread that is creating a new local store (:func:`_ensure_schema`). MLflow logs the
+    same two lines when it migrates an existing store (one from an older MLflow): those show."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._new = threading.local()
+        self.creating = threading.local()
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = str(record.msg)
-        if msg.startswith("Creating initial MLflow database tables"):
-            self._new.pending = True
-            return False
-        if msg.startswith("Updating database tables") and getattr(self._new, "pending", False):
-            self._new.pending = False
-            return False
-        return True
+        new_store_line = msg.startswith(
+            ("Creating initial MLflow database tables", "Updating database tables")
+        )
+        return not (new_store_line and getattr(self.creating, "on", False))
+
+
+_NEW_STORE = _NewStoreLine()
+
+
+@contextmanager
+def _creating_store() -> Iterator[None]:
+    _NEW_STORE.creating.on = True
+    try:
+        yield
+    finally:
+        _NEW_STORE.creating.on = False
 
 
 def reset() -> None:
@@ -173,7 +182,9 @@ def _ensure_schema(cfg: TrackingConfig) -> None:
             continue
         try:
             with FileLock(f"{path}.lock"):
-                MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments(max_results=1)
+                new = not path.is_file() or path.stat().st_size == 0
+                with _creating_store() if new else nullcontext():
+                    MlflowClient(tracking_uri=uri, registry_uri=uri).search_experiments(max_results=1)
         except OSError:
             # no lock file possible beside it (a read-only home): an existing store is read as it
             # is, as plain MLflow would; a missing one could not be created there anyway
