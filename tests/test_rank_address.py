@@ -270,3 +270,34 @@ async def test_following_the_plan_line_is_judged_on_the_plan_the_model_wrote(
     plan = await policy.plan(TASK, slow, RequestLimits(max_steps=2, max_latency_s=1.0))
     assert any("planned again" in n for n in plan.notes), plan.notes
     assert plan.evidence_plan == (0, 2) and plan.follows_evidence is True
+
+
+async def test_a_fixed_fallback_never_follows_the_evidence(
+    policy: ConductorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A completion that does not parse and names no workers runs the policy's fallback worker,
+    which may be the line's (or the ranking's first) worker: that is not the model following it."""
+    from rl_conductor.evaluation.runner import evaluate_async
+
+    view = fake_pool(4).view()
+    limits = RequestLimits(max_steps=2)
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: "I cannot plan this."))
+    fallback = (await policy.plan(TASK, view, limits)).workflow.workers()
+    for give in (_hinted_policy, _ranked_policy):
+        if give is _ranked_policy:  # a ranking line, no plan line
+            monkeypatch.setattr(policy, "plan_hint", None)
+            monkeypatch.setattr(policy, "plan_ids", lambda task, view, limits: None)
+        give(policy, [fallback[0], 0] if give is _hinted_policy else [fallback[0], 1], monkeypatch)
+        plan = await policy.plan(TASK, view, limits)
+        assert plan.fallback and plan.fixed_fallback and plan.workflow.workers() == fallback
+        assert plan.evidence_plan and plan.evidence_plan[0] == fallback[0]
+        assert plan.follows_evidence is False
+        result = await evaluate_async(policy, view, [TASK], limits, progress=False)
+        assert result.records[0].follows_evidence is False
+    # a salvaged plan is the model's own workers: judged as written
+    _ranked_policy(policy, None, monkeypatch)
+    _hinted_policy(policy, [2], monkeypatch)
+    monkeypatch.setattr(policy, "_generate", Script(lambda p, c: "model_id = [2]\nsubtasks = oops"))
+    plan = await policy.plan(TASK, view, limits)
+    assert plan.fallback and not plan.fixed_fallback and plan.workflow.workers() == [2]
+    assert plan.follows_evidence is True

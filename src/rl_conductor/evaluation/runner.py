@@ -219,7 +219,7 @@ def _record(task: Task, ep: Episode, reward_config: RewardConfig) -> Record:
         if ep.plan.evidence_plan is None
         else ep.plan.follows_evidence
         if ep.plan.follows_evidence is not None
-        else follows(ep.plan.workflow, ep.plan.evidence_plan),
+        else not ep.plan.fixed_fallback and follows(ep.plan.workflow, ep.plan.evidence_plan),
     )
 
 

@@ -55,6 +55,9 @@ class Plan:
     #: before a deadline or a budget cut it to one step (the cut is the policy's, not the
     #: model's choice); None: evaluation compares the workflow that ran
     follows_evidence: bool | None = None
+    #: the workflow's workers are not the model's choice: its completion did not parse and named
+    #: no usable workers, so the policy's fixed fallback ran (which never counts as following)
+    fixed_fallback: bool = False
 
     def annotate(self, trace: Trace) -> Trace:
         """Record on the executed ``trace`` how this plan was made (raw text, fallback, notes)."""

@@ -224,11 +224,14 @@ def salvaged_workflow(
 def _with_evidence(plan: Plan, shown: Sequence[int] | None) -> Plan:
     """``plan`` with the plan its prompt's evidence named (``shown``: the line's ids, or the top
     ranked worker) and whether the model's plan followed it, judged now: before a deadline or a
-    budget cuts the plan, which the policy does, not the model."""
+    budget cuts the plan, which the policy does, not the model. A fixed fallback (the model wrote
+    no usable plan) does not follow, even where it runs the line's worker."""
     ids = tuple(shown or ())
     if not ids:
         return replace(plan, evidence_plan=None, follows_evidence=None)
-    return replace(plan, evidence_plan=ids, follows_evidence=follows(plan.workflow, ids))
+    return replace(
+        plan, evidence_plan=ids, follows_evidence=not plan.fixed_fallback and follows(plan.workflow, ids)
+    )
 
 
 def rank_names(wf: Workflow) -> str:
@@ -445,6 +448,7 @@ class ConductorPolicy(Policy):
                 else salvaged_workflow(first_texts[i], views[i], limits[i], self.deadline_quantile, shown[i])
             )
             notes: tuple[str, ...] = ()
+            fixed = wf is None
             if wf is not None:
                 notes = (f"planning: unparseable; salvaged its model_id list: workers {wf.workers()}",)
             else:
@@ -452,7 +456,14 @@ class ConductorPolicy(Policy):
             # the text is the model's completion that did not parse (what the trace's raw plan and
             # `conductor plan` show), not a rendering of the fallback, which would read as a
             # well-formed plan called unparseable; the workflow that ran is ``wf``
-            plans[i] = Plan(workflow=wf, text=failed[i], fallback=True, parse_error=errors[i], notes=notes)
+            plans[i] = Plan(
+                workflow=wf,
+                text=failed[i],
+                fallback=True,
+                parse_error=errors[i],
+                notes=notes,
+                fixed_fallback=fixed,
+            )
         return [p for p in plans if p is not None]
 
     def _plan_requests(
