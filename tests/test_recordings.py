@@ -633,6 +633,44 @@ def test_code_with_tests_but_no_solution_replays_label_only_answers_as_recorded(
     assert load_recordings(path).tasks[0].grader == "code"
 
 
+def test_a_recorded_program_grades_as_its_label_even_where_its_tests_disagree(tmp_path: Path) -> None:
+    """A code item with tests whose recorded label disagrees with the tests here (another harness,
+    a timeout, a reference solution that fails them): no final-answer line can make a program
+    pass or fail, so every call failed with "could not make task ... grade as recorded" and
+    another worker answered instead (an outside tester's MBPP file: 9 of 2,570 texts). A recorded
+    text now grades as its label without running the tests; a text nobody labelled runs them."""
+    from rl_conductor.tasks.recordings_format import item_dict
+    from rl_conductor.workers.replay import replay_answer
+
+    tests = ["assert f(1) == 2"]
+    right_f, wrong_f = "def f(x):\n    return x + 1\n", "def f(x):\n    return x * 3\n"
+    rows = [{"id": f"c/{i}", "question": f"Write f adding one ({i}).", "grader": "code", "domain": "code",
+             "split": "test", "answer": right_f, "metadata": {"tests": tests},
+             # a passes the tests but was recorded wrong; b fails them but was recorded right
+             "responses": {"a": {"text": right_f, "correct": False}, "b": {"text": wrong_f, "correct": True},
+                           "c": {"text": f"def f(x):  # c\n    return x + {1 + i % 2}\n"}}}
+            for i in range(4)]  # fmt: skip
+    pool = _byo_pool(tmp_path, rows, models="abc")
+    recs = load_recordings(tmp_path / "byo.jsonl")
+    task = recs.tasks[0]
+    assert task.grader == "code" and len(task.metadata["recorded_labels"]) == 2  # c's text has no label
+    assert grade(task, right_f) is False and grade(task, wrong_f) is True  # the labels, not the tests
+    assert grade(task, "def f(x):\n    return x + 1  # another text\n") is True  # not recorded: tested
+    assert replay_answer(task, "b", True, recs).text == wrong_f  # raw: no line appended, no error
+    singles = ["single:a", "single:b", "single:c"]
+    runs = {s["policy"]: s for s in run_eval(singles, pool=str(pool), dataset=None, split="test", limit=None,
+                                              seed=0, progress=False)}  # fmt: skip
+    assert runs["single:a"]["accuracy"] == 0.0 and runs["single:b"]["accuracy"] == 1.0
+    assert runs["single:c"]["accuracy"] == pytest.approx(0.5)  # unlabelled: its tests decide
+    assert all(s["failed_call_rate"] == 0.0 for s in runs.values())
+    # the labels are the loader's: an exported item carries its responses' labels, not a digest
+    assert "recorded_labels" not in item_dict(task, recs.responses[task.id])["metadata"]
+    # two models that recorded one text with different labels: the tests decide it
+    rows[0]["responses"]["c"] = {"text": wrong_f, "correct": False}
+    clash = load_recordings(_write(tmp_path / "clash.jsonl", rows)).tasks[0]
+    assert grade(clash, wrong_f) is False and grade(clash, right_f) is False
+
+
 def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
     path = tmp_path / "bom.jsonl"
     path.write_text("\ufeff" + json.dumps(_item(1, a={"text": "#### 2"})) + "\n", encoding="utf-8")

@@ -150,10 +150,15 @@ class _GradeCache:
         self._lock = threading.Lock()
 
     def grade(self, task: Task, text: str) -> bool:
-        from rl_conductor.tasks.graders import grade
+        from rl_conductor.tasks.graders import grade, recorded_label
 
-        if task.grader == "recorded":  # a label lookup in the task's metadata, which Task's
-            return grade(task, text)  # equality ignores: a reloaded, edited file must not hit
+        # a label lookup in the task's metadata, which Task's equality ignores: a reloaded, edited
+        # file must not hit (an item graded as recorded; a code item's recorded text)
+        if task.grader == "recorded":
+            return grade(task, text)
+        label = recorded_label(task, text)
+        if label is not None:
+            return label
         key = (task, hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
         with self._lock:
             if key in self._grades:

@@ -1056,14 +1056,31 @@ def _grader_for(task: Task) -> Grader:
         ) from None
 
 
+def recorded_label(task: Task, text: str) -> bool | None:
+    """A code item's recorded label for ``text`` when a model of its recordings file recorded
+    exactly this text with a label (``metadata.recorded_labels``,
+    :mod:`rl_conductor.tasks.recordings_format`); None for any other text or task. Why: a
+    recording's label is authoritative, and no line appended to a program makes it pass or fail
+    its tests, so a recorded program whose tests disagree with its label (another harness, a
+    timeout) could not replay as recorded."""
+    if task.grader != "code" or not isinstance(text, str):
+        return None
+    labels = task.metadata.get("recorded_labels")
+    return labels.get(text_key(text)) if labels else None
+
+
 def grade(task: Task, text: str) -> bool:
     """True when ``text`` (a worker's final answer) solves ``task``. Never raises on odd text."""
-    return _grader_for(task).grade(task, text)
+    label = recorded_label(task, text)
+    return label if label is not None else _grader_for(task).grade(task, text)
 
 
 def settled_grade(task: Task, text: str) -> tuple[bool, bool]:
     """:func:`grade` and whether another run would surely grade the same (False only for a code
     answer whose test runner gave no verdict: see :meth:`CodeGrader.settled_grade`)."""
+    label = recorded_label(task, text)
+    if label is not None:
+        return label, True
     grader = _grader_for(task)
     if isinstance(grader, CodeGrader):
         return grader.settled_grade(task, text)

@@ -225,6 +225,23 @@ def stand_in(task_id: str, model: str) -> str:
     return f"{STAND_IN_PREFIX}{digest}]"
 
 
+def _text_labels(parsed: dict[str, RecordedResponse]) -> dict[str, bool]:
+    """``text_key(text) -> label`` for the responses with both; a text two models recorded with
+    different labels is left out (its tests decide)."""
+    from rl_conductor.tasks.graders import text_key
+
+    labels: dict[str, bool] = {}
+    clash: set[str] = set()
+    for r in parsed.values():
+        if r.text is None or r.correct is None:
+            continue
+        key = text_key(r.text)
+        if labels.get(key, r.correct) != r.correct:
+            clash.add(key)
+        labels[key] = r.correct
+    return {k: v for k, v in labels.items() if k not in clash}
+
+
 def _labels(task_id: str, parsed: dict[str, RecordedResponse], where: str) -> dict[str, bool]:
     """``text_key(text) -> label`` for every response's text (its stand-in when it has none)."""
     from rl_conductor.tasks.graders import text_key
@@ -312,6 +329,11 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
             "recorded_labels": _labels(row["id"], parsed, where),
         }
         grader = RECORDED_GRADER
+    elif grader == "code" and any(r.correct is not None and r.text is not None for r in parsed.values()):
+        # a recorded code text grades as its label: no final-answer line can make a program pass or
+        # fail its tests (replay refused such texts), and labels are authoritative; other texts
+        # (unlabelled responses, live answers) run the tests
+        metadata = {**metadata, "recorded_labels": _text_labels(parsed)}
     task = Task(
         id=row["id"],
         question=row["question"],
@@ -418,7 +440,7 @@ def item_dict(task: Task, responses: dict[str, RecordedResponse]) -> dict[str, A
     grader, answer = task.grader, task.answer
     if grader == RECORDED_GRADER:  # back to what the file said: the labels are the responses'
         grader = str(metadata.pop("recorded_grader", DEFAULT_GRADER))
-        metadata.pop("recorded_labels", None)
+    metadata.pop("recorded_labels", None)  # the loader's (a code item's too)
     item: dict[str, Any] = {
         "id": task.id,
         "question": task.question,
