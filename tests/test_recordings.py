@@ -671,6 +671,39 @@ def test_a_recorded_program_grades_as_its_label_even_where_its_tests_disagree(tm
     assert grade(clash, wrong_f) is False and grade(clash, right_f) is False
 
 
+def test_recorded_program_labels_hold_for_cuts_shared_code_and_label_only_answers(tmp_path: Path) -> None:
+    """H35's attacks on the labels of recorded programs: the candidate table's grade memo keyed two
+    texts with one code block by the code (the first graded set both); a wrong program cut by
+    max_tokens ran its tests and could pass; a label-only right answer on an item whose reference
+    fails its tests still failed every call; a user's own ``recorded_labels`` was trusted."""
+    from rl_conductor.workers.replay import replay_answer
+    from rl_conductor.workers.simulated.answers import answer_key
+
+    tests = ["assert f(1) == 2"]
+    right_f = "def f(x):\n    return x + 1\n"
+    prose = "Here is my solution.\n```python\n" + right_f + "```\n"
+    rows = [{"id": "c/0", "question": "Write f adding one.", "grader": "code", "domain": "code",
+             "split": "test",
+             "answer": "def f(x):\n    return x + 2\n",  # a reference solution that fails the tests here
+             "metadata": {"tests": tests},
+             "responses": {"a": {"text": prose + "It passes, I think. " * 20, "correct": False},
+                           "b": {"text": "```python\n" + right_f + "```", "correct": True},
+                           "c": {"correct": True}}}]  # fmt: skip
+    recs = load_recordings(_write(tmp_path / "c.jsonl", rows))
+    task = recs.tasks[0]
+    a, b = (recs.get(task.id, m).text for m in "ab")
+    assert grade(task, a) is False and grade(task, b) is True
+    assert answer_key(task, a) != answer_key(task, b)  # one code block, two labels: two memo keys
+    assert grade(task, a[: len(prose)]) is False  # the wrong program cut short: still wrong
+    assert grade(task, prose) is False
+    assert grade(task, "```python\n" + right_f + "```\n# a new text\n") is True  # the tests decide
+    c = replay_answer(task, "c", True, recs)  # no text grading right can be made: its stand-in
+    assert c.synthesised and grade(task, c.text) is True
+    rows[0]["metadata"]["recorded_labels"] = {"x": True}
+    with pytest.raises(RecordingsError, match="recorded_labels"):
+        load_recordings(_write(tmp_path / "own.jsonl", rows))
+
+
 def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
     path = tmp_path / "bom.jsonl"
     path.write_text("\ufeff" + json.dumps(_item(1, a={"text": "#### 2"})) + "\n", encoding="utf-8")

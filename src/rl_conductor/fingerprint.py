@@ -44,6 +44,7 @@ OUTCOME_SOURCES = (
     "trace.py",
     "reward.py",
     "tasks/graders.py",
+    "tasks/recordings_format.py",
     "tasks/sandbox.py",
     "data/calibration",
 )

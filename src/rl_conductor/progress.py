@@ -95,9 +95,11 @@ def _before_fork() -> None:
             live = bar.console._live_stack[0] if bar.console._live_stack else None
         if live is not None:
             lives[id(live)] = live
-    consoles = {id(live.console): live.console for live in lives.values()}
+    # in one order for every thread (two threads forking at once take them alike)
+    ordered = [lives[k] for k in sorted(lives)]
+    consoles = {id(live.console): live.console for live in ordered}
     held = _HELD.__dict__.setdefault("locks", [])
-    for lock in [live._lock for live in lives.values()] + [c._lock for c in consoles.values()]:
+    for lock in [live._lock for live in ordered] + [consoles[k]._lock for k in sorted(consoles)]:
         lock.acquire()
         held.append(lock)
 

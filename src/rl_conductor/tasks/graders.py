@@ -1066,7 +1066,12 @@ def recorded_label(task: Task, text: str) -> bool | None:
     if task.grader != "code" or not isinstance(text, str):
         return None
     labels = task.metadata.get("recorded_labels")
-    return labels.get(text_key(text)) if labels else None
+    if not isinstance(labels, dict):
+        return None
+    label = labels.get(text_key(text))
+    if label is None and any(w.startswith(text) for w in task.metadata.get("recorded_wrong_texts", ())):
+        return False  # a recorded wrong program cut short (max_tokens) is no better than whole
+    return None if label is None else bool(label)
 
 
 def grade(task: Task, text: str) -> bool:

@@ -73,7 +73,7 @@ _ITEM_KEYS = {"id", "question", "answer", "grader", "domain", "source", "split",
 #: the loader's own metadata keys: an item's split, and the split it stated where its validation
 #: split was carved from train (:func:`rl_conductor.tasks.registry.carve_validation`)
 CARVED_FROM = "rl_conductor.carved_from"
-_LOADER_METADATA = ("split", CARVED_FROM)
+_LOADER_METADATA = ("split", CARVED_FROM, "recorded_labels", "recorded_wrong_texts")
 
 
 class RecordingsError(ValueError):
@@ -225,17 +225,18 @@ def stand_in(task_id: str, model: str) -> str:
     return f"{STAND_IN_PREFIX}{digest}]"
 
 
-def _text_labels(parsed: dict[str, RecordedResponse]) -> dict[str, bool]:
-    """``text_key(text) -> label`` for the responses with both; a text two models recorded with
-    different labels is left out (its tests decide)."""
+def _text_labels(task_id: str, parsed: dict[str, RecordedResponse]) -> dict[str, bool]:
+    """``text_key(text) -> label`` for the labelled responses (a label-only response's stand-in,
+    :func:`stand_in`, which a replay worker answers with where no text grading as its label can
+    be made); a text two models recorded with different labels is left out (its tests decide)."""
     from rl_conductor.tasks.graders import text_key
 
     labels: dict[str, bool] = {}
     clash: set[str] = set()
-    for r in parsed.values():
-        if r.text is None or r.correct is None:
+    for model, r in parsed.items():
+        if r.correct is None:
             continue
-        key = text_key(r.text)
+        key = text_key(r.text if r.text is not None else stand_in(task_id, model))
         if labels.get(key, r.correct) != r.correct:
             clash.add(key)
         labels[key] = r.correct
@@ -295,7 +296,7 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
     if taken:  # `metadata.split` had silently been the item's split (and written back as one)
         raise RecordingsError(
             f"{where}: metadata field(s) {taken} are the loader's; give the item's split as the "
-            "top-level `split` field"
+            "top-level `split` field and each response's label as its `correct`"
         )
     for key in ("domain", "source"):  # an empty label fails later, after minutes of training
         if key in row and (not isinstance(row[key], str) or not row[key].strip()):
@@ -329,11 +330,17 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
             "recorded_labels": _labels(row["id"], parsed, where),
         }
         grader = RECORDED_GRADER
-    elif grader == "code" and any(r.correct is not None and r.text is not None for r in parsed.values()):
-        # a recorded code text grades as its label: no final-answer line can make a program pass or
-        # fail its tests (replay refused such texts), and labels are authoritative; other texts
-        # (unlabelled responses, live answers) run the tests
-        metadata = {**metadata, "recorded_labels": _text_labels(parsed)}
+    elif grader == "code" and any(r.correct is not None for r in parsed.values()):
+        # a recorded code text grades as its label: a program whose tests disagree with its label
+        # here (another harness, a timeout) could not replay as recorded, and labels are
+        # authoritative; other texts (unlabelled responses, live answers) run the tests
+        metadata = {
+            **metadata,
+            "recorded_labels": _text_labels(row["id"], parsed),
+            "recorded_wrong_texts": tuple(
+                r.text for r in parsed.values() if r.text is not None and r.correct is False
+            ),
+        }
     task = Task(
         id=row["id"],
         question=row["question"],
@@ -440,7 +447,8 @@ def item_dict(task: Task, responses: dict[str, RecordedResponse]) -> dict[str, A
     grader, answer = task.grader, task.answer
     if grader == RECORDED_GRADER:  # back to what the file said: the labels are the responses'
         grader = str(metadata.pop("recorded_grader", DEFAULT_GRADER))
-    metadata.pop("recorded_labels", None)  # the loader's (a code item's too)
+    for key in ("recorded_labels", "recorded_wrong_texts"):  # the loader's (a code item's too)
+        metadata.pop(key, None)
     item: dict[str, Any] = {
         "id": task.id,
         "question": task.question,

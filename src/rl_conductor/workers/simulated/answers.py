@@ -93,13 +93,13 @@ def answer_key(task: Task, text: str) -> str:
     """What a grade depends on. For text this module rendered: its answer value (the filler around
     it contains nothing a grader extracts, which the tests check). Otherwise the grader's extracted
     answer (graders grade the extracted answer), or the whole text for ``qa``, which may read it."""
-    from rl_conductor.tasks.graders import extract_answer
+    from rl_conductor.tasks.graders import extract_answer, recorded_label
 
     value = simulated_value(text)
     if value is not NOT_RENDERED:
         return "cut" if value is None else f"value:{value}"
-    if task.grader in ("qa", "recorded"):  # a recorded grade is the label of the whole text
-        return f"text:{text.strip()}"
+    if task.grader in ("qa", "recorded") or recorded_label(task, text) is not None:
+        return f"text:{text.strip()}"  # a recorded grade is the label of the whole text
     ans = extract_answer(task, text)
     return "none" if ans is None else f"extracted:{ans}"
 
