@@ -699,3 +699,23 @@ def test_a_candidates_future_import_stays_first() -> None:
     program = candidate_program(task, code)
     assert program.startswith("from __future__ import annotations\n") and compiles(program)
     assert grade(task, f"```python\n{code}\n```")
+
+
+def test_a_function_named_like_a_builtin_is_the_candidates() -> None:
+    """MBPP asks for functions named like builtins (``def sum(a, b)``, tested with
+    "assert sum(10, 15) == 6"); the tests called Python's own ``sum``, so even the reference
+    solution graded wrong (an outside tester's MBPP recordings: item 67). A builtin the candidate
+    does not define is still Python's."""
+    gcd_sum = (
+        "def sum(a, b):\n    s = 0\n    for i in range(1, min(a, b)):\n"
+        "        if a % i == 0 and b % i == 0:\n            s += i\n    return s\n"
+    )
+    task = Task(id="mbpp/67", question="q", answer=gcd_sum, domain="code", source="mbpp", grader="code",
+                 metadata={"tests": ["assert sum(10, 15) == 6", "assert sum(4, 6) == 3"]})  # fmt: skip
+    assert grade(task, gcd_sum)
+    assert not grade(task, gcd_sum.replace("s += i", "s += 2 * i"))
+    assert not grade(task, "def total(a, b):\n    return 6\n")  # Python's sum(10, 15) fails
+    tests = ["assert f(3) == 6", "assert sum([f(1), f(2)]) == 6"]
+    uses_builtin = Task(id="t/2", question="q", answer="", domain="code", source="t", grader="code",
+                        metadata={"tests": tests})  # fmt: skip
+    assert grade(uses_builtin, "def f(x):\n    return 2 * x\n")

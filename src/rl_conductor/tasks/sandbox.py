@@ -335,6 +335,34 @@ def remote_names(spec: TestSpec) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def shadowed_builtins(spec: TestSpec, code: str) -> tuple[str, ...]:
+    """Builtin names an ``asserts`` spec's tests use that ``code`` defines at its top level: the
+    tests take those from the candidate too. Why: MBPP asks for functions named like builtins
+    (``def sum(a, b)``: "assert sum(10, 15) == 6"), and the tests called Python's own, so even the
+    reference solution failed. A candidate that does not parse defines nothing."""
+    import ast
+    import builtins
+
+    try:
+        tree = _parse(code)
+    except (SyntaxError, ValueError):
+        return ()
+    defined: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined.update(t.id for t in targets if isinstance(t, ast.Name))
+    used: set[str] = set()
+    tests = (spec.tests,) if isinstance(spec.tests, str) else spec.tests
+    for test in tests:
+        for node in ast.walk(_parse(test)):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and hasattr(builtins, node.id):
+                used.add(node.id)
+    return tuple(sorted(used & defined))
+
+
 def _memfd(name: str, data: bytes) -> int:
     fd = os.memfd_create(name)
     try:
@@ -865,7 +893,11 @@ def run_tests(
             "entry_point": spec.entry_point,
             "imports": list(spec.imports),
             "prompt": spec.prompt,
-            "remote_names": list(remote_names(spec)) if spec.kind == "asserts" else [spec.entry_point],
+            "remote_names": (
+                sorted({*remote_names(spec), *shadowed_builtins(spec, code)})
+                if spec.kind == "asserts"
+                else [spec.entry_point]
+            ),
         }
     ).encode()
     runner = _runner()
