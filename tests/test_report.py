@@ -134,3 +134,18 @@ def test_compare_runs_the_same_questions_under_each_budget(
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
     bad = CliRunner().invoke(app, ["compare", "--limit", "2", "--budgets", "none,nan"])
     assert bad.exit_code != 0 and "budget" in bad.output
+
+
+def test_the_table_off_a_terminal_cuts_no_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    """Redirected to a file, a comparison with long policy names (a cascade's name is its workers)
+    printed its figures as ``0.000…`` in a fixed 130 columns (an outside tester's eval log)."""
+    from rl_conductor.evaluation.report import print_table
+
+    row = {"n": 785, "accuracy": 0.8484, "mean_tokens": 1234, "mean_cost_usd": 0.000313, "mean_calls": 2.2,
+           "p50_latency_s": 3.1, "p95_latency_s": 9.9, "mean_reward": 0.9201, "failed_call_rate": 0.008,
+           "multi_round_rate": 0.2, "evidence_agreement": 0.5}  # fmt: skip
+    names = ["cascade:qwen2.5-coder-32b,deepseek-v3>gpt-4.1", "conductor:/tmp/some/long/run/folder/final"]
+    print_table([{**row, "policy": n} for n in names], title="pool / recordings / test")
+    out = capsys.readouterr().out
+    assert "…" not in out and all(n in out for n in names)
+    assert "0.00031" in out and "0.9201" in out and "84.8" in out

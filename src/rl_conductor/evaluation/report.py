@@ -53,8 +53,9 @@ def rich_table(summaries: Sequence[dict[str, Any]], title: str = "") -> Table:
 
 
 def print_table(summaries: Sequence[dict[str, Any]], title: str = "", console: Console | None = None) -> None:
-    # a fixed width when not on a terminal (CI logs, pipes) so policy names are not cut
-    (console or Console(width=None if Console().is_terminal else 130)).print(rich_table(summaries, title))
+    # off a terminal (CI logs, pipes, a file) the table's own width: a fixed 130 columns cut the
+    # figures of a comparison with long policy names to "0.000…" (a cascade's name is its workers)
+    (console or Console(width=None if Console().is_terminal else 10_000)).print(rich_table(summaries, title))
 
 
 def domain_table(summary: dict[str, Any]) -> Table:
