@@ -107,6 +107,13 @@ def test_a_model_reproduces_the_decisions_it_was_trained_on_and_not_others(fitte
         model, tok, mixed, ["first"] * 4 + ["review"] * 4, groups=["a"] * 4 + [None] * 4, min_group=1
     )
     assert "first/a" not in one and one["review"] == 0.0
+    # a group with too few sampled records but enough in all is topped up from its own records,
+    # which count for its figure only: the kinds' shares stay those of the plain sample
+    groups = ["a"] * 4 + ["b"] * 4  # the seed-0 sample of 4 holds two of each: below min_group 3
+    small = decision_fit(model, tok, mixed, ["first"] * 8, groups=groups, sample=4, min_group=3)
+    plain = decision_fit(model, tok, mixed, ["first"] * 8, sample=4)
+    assert {k: small[k] for k in ("first", "all", "n")} == {k: plain[k] for k in ("first", "all", "n")}
+    assert small["first/a"] == 1.0 and small["first/b"] == 0.0
     # a seeded sample of at most `sample` records, the same sample for the same seed
     assert decision_fit(model, tok, mixed, kinds, sample=3)["n"] == 3
     three = decision_fit(model, tok, mixed, kinds, sample=3)
