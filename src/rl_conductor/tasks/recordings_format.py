@@ -225,10 +225,11 @@ def stand_in(task_id: str, model: str) -> str:
     return f"{STAND_IN_PREFIX}{digest}]"
 
 
-def _text_labels(task_id: str, parsed: dict[str, RecordedResponse]) -> dict[str, bool]:
-    """``text_key(text) -> label`` for the labelled responses (a label-only response's stand-in,
-    :func:`stand_in`, which a replay worker answers with where no text grading as its label can
-    be made); a text two models recorded with different labels is left out (its tests decide)."""
+def _labels(task_id: str, parsed: dict[str, RecordedResponse], where: str | None = None) -> dict[str, bool]:
+    """``text_key(text) -> label`` for every labelled response's text (its stand-in when it has
+    none, :func:`stand_in`, which a replay worker answers with where no text grading as its label
+    can be made). A text two models recorded with different labels fails at ``where`` (no gold:
+    the text must decide); with ``where`` None it is left out (a code item: its tests decide)."""
     from rl_conductor.tasks.graders import text_key
 
     labels: dict[str, bool] = {}
@@ -238,26 +239,14 @@ def _text_labels(task_id: str, parsed: dict[str, RecordedResponse]) -> dict[str,
             continue
         key = text_key(r.text if r.text is not None else stand_in(task_id, model))
         if labels.get(key, r.correct) != r.correct:
+            if where is not None:
+                raise RecordingsError(
+                    f"{where}: two models recorded the same text with different `correct` labels; "
+                    "without a gold answer the text must decide"
+                )
             clash.add(key)
         labels[key] = r.correct
     return {k: v for k, v in labels.items() if k not in clash}
-
-
-def _labels(task_id: str, parsed: dict[str, RecordedResponse], where: str) -> dict[str, bool]:
-    """``text_key(text) -> label`` for every response's text (its stand-in when it has none)."""
-    from rl_conductor.tasks.graders import text_key
-
-    labels: dict[str, bool] = {}
-    for model, r in parsed.items():
-        key = text_key(r.text if r.text is not None else stand_in(task_id, model))
-        assert r.correct is not None  # checked by the caller
-        if labels.get(key, r.correct) != r.correct:
-            raise RecordingsError(
-                f"{where}: two models recorded the same text with different `correct` labels; "
-                "without a gold answer the text must decide"
-            )
-        labels[key] = r.correct
-    return labels
 
 
 def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict[str, RecordedResponse]]:
@@ -336,7 +325,7 @@ def parse_item(row: Any, where: str, *, default_source: str) -> tuple[Task, dict
         # authoritative; other texts (unlabelled responses, live answers) run the tests
         metadata = {
             **metadata,
-            "recorded_labels": _text_labels(row["id"], parsed),
+            "recorded_labels": _labels(row["id"], parsed),
             "recorded_wrong_texts": tuple(
                 r.text for r in parsed.values() if r.text is not None and r.correct is False
             ),

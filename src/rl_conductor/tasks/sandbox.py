@@ -310,9 +310,13 @@ def _parse(source: str) -> Any:
         return ast.parse(source)
 
 
-def remote_names(spec: TestSpec) -> tuple[str, ...]:
+def remote_names(spec: TestSpec, code: str = "") -> tuple[str, ...]:
     """Names an ``asserts`` spec takes from the candidate: the entry point and every free name
-    the tests use that is neither a builtin nor bound by the imports."""
+    the tests use that is neither a builtin nor bound by the imports, and the builtins the tests
+    use that ``code`` (the candidate) defines at its top level. Why the last: MBPP asks for
+    functions named like builtins (``def sum(a, b)``: "assert sum(10, 15) == 6"), and the tests
+    called Python's own, so even the reference solution failed. Code that does not parse defines
+    nothing."""
     import ast
     import builtins
 
@@ -321,32 +325,31 @@ def remote_names(spec: TestSpec) -> tuple[str, ...]:
         for node in ast.walk(_parse(stmt)):
             if isinstance(node, ast.Import | ast.ImportFrom):
                 bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+    defined = _top_level_names(code)
     names = {spec.entry_point} if spec.entry_point else set()
     tests = (spec.tests,) if isinstance(spec.tests, str) else spec.tests
     for test in tests:
         for node in ast.walk(_parse(test)):
-            if (
-                isinstance(node, ast.Name)
-                and isinstance(node.ctx, ast.Load)
-                and not hasattr(builtins, node.id)
-                and node.id not in bound
-            ):
+            if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)):
+                continue
+            if hasattr(builtins, node.id) and node.id not in defined:
+                continue
+            if node.id not in bound:
                 names.add(node.id)
     return tuple(sorted(names))
 
 
-def shadowed_builtins(spec: TestSpec, code: str) -> tuple[str, ...]:
-    """Builtin names an ``asserts`` spec's tests use that ``code`` defines at its top level: the
-    tests take those from the candidate too. Why: MBPP asks for functions named like builtins
-    (``def sum(a, b)``: "assert sum(10, 15) == 6"), and the tests called Python's own, so even the
-    reference solution failed. A candidate that does not parse defines nothing."""
+def _top_level_names(code: str) -> set[str]:
+    """The functions, classes and plain names ``code`` binds at its top level (none where it
+    does not parse)."""
     import ast
-    import builtins
 
+    if not code:
+        return set()
     try:
         tree = _parse(code)
     except (SyntaxError, ValueError):
-        return ()
+        return set()
     defined: set[str] = set()
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -354,13 +357,7 @@ def shadowed_builtins(spec: TestSpec, code: str) -> tuple[str, ...]:
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             defined.update(t.id for t in targets if isinstance(t, ast.Name))
-    used: set[str] = set()
-    tests = (spec.tests,) if isinstance(spec.tests, str) else spec.tests
-    for test in tests:
-        for node in ast.walk(_parse(test)):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and hasattr(builtins, node.id):
-                used.add(node.id)
-    return tuple(sorted(used & defined))
+    return defined
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -893,11 +890,7 @@ def run_tests(
             "entry_point": spec.entry_point,
             "imports": list(spec.imports),
             "prompt": spec.prompt,
-            "remote_names": (
-                sorted({*remote_names(spec), *shadowed_builtins(spec, code)})
-                if spec.kind == "asserts"
-                else [spec.entry_point]
-            ),
+            "remote_names": list(remote_names(spec, code)) if spec.kind == "asserts" else [spec.entry_point],
         }
     ).encode()
     runner = _runner()

@@ -111,12 +111,6 @@ def configure(
     for uri in (tracking, registry):
         if uri.startswith("sqlite:///"):
             Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    # a new local store's "Creating initial MLflow database tables" INFO lines opened every first
-    # command's output (dropped while _ensure_schema creates one); a migration of an existing
-    # store, warnings and errors still show
-    db_log = logging.getLogger("mlflow.store.db.utils")
-    if _NEW_STORE not in db_log.filters:
-        db_log.addFilter(_NEW_STORE)
     mlflow.set_tracking_uri(tracking)
     mlflow.set_registry_uri(registry)
     _config = TrackingConfig(tracking_uri=tracking, registry_uri=registry, artifact_root=artifacts)
@@ -141,6 +135,10 @@ class _NewStoreLine(logging.Filter):
 
 
 _NEW_STORE = _NewStoreLine()
+# a new local store's "Creating initial MLflow database tables" INFO lines opened every first
+# command's output (dropped while _ensure_schema creates one); a migration of an existing store,
+# warnings and errors still show
+logging.getLogger("mlflow.store.db.utils").addFilter(_NEW_STORE)
 
 
 @contextmanager

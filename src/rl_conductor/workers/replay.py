@@ -201,7 +201,7 @@ def replay_answer(
             if task.grader != "code" or "recorded_labels" not in task.metadata:
                 raise
             # a code item whose reference solution fails its tests here: the stand-in the loader
-            # labelled (recordings_format._text_labels), graded by its label
+            # labelled (recordings_format._labels), graded by its label
             text = stand_in(task.id, model)
         return ReplayAnswer(text=text, recorded_correct=rec.correct, synthesised=True)
     if rec.correct is None or not normalise or grade(task, rec.text) == rec.correct:
