@@ -228,6 +228,12 @@ def test_evaluate_conductor_compares_every_policy(chain: Chain) -> None:
     ]
     assert Path(chain.eval_outputs["latency"].path).read_bytes()[:8] == PNG_MAGIC  # issue 13
     assert "## Under a deadline" in report
+    # the Conductor minus each policy, question by question, in results.json, report and registry
+    meta, _ = steps.read_results(chain.eval_outputs["results"].path)
+    against = {r["against"] for r in meta["paired"]}
+    assert against == set(policies[:-1]) and all(r["n"] == EVAL_LIMIT for r in meta["paired"])
+    assert all(len(s["questions"]["reward"]) == EVAL_LIMIT for s in summaries)
+    assert "## Question by question" in report and "Question by question" in page
 
 
 @pytest.mark.slow
@@ -238,6 +244,8 @@ def test_register_conductor_logs_what_the_gate_and_serving_need(chain_env: Chain
     assert metrics["test_split_id"] == chain_env.eval_out.test_split_id
     assert metrics["accuracy"] == pytest.approx(chain_env.eval_out.accuracy)
     assert metrics["mean_cost_usd"] == pytest.approx(chain_env.eval_out.mean_cost_usd)
+    low, high = metrics["paired_reward_ci_low"], metrics["paired_reward_ci_high"]
+    assert low <= metrics["paired_reward_diff"] <= high  # the margin over the best baseline
     row = registry.list_versions("conductor")[0]
     assert row.tags["pipeline.run_tag"] == "chain"
     run = mlflow_utils.client().get_run(row.run_id)

@@ -268,7 +268,9 @@ def eval_cmd(
 
     Every policy is scored with one reward (the Conductor's own by default) and the routers are
     fitted at it. With a ``conductor:DIR`` policy, ``--pool`` and ``--dataset`` default to what it
-    was trained on (its ``conductor.json``). Exits 1 when every worker call of a policy failed."""
+    was trained on (its ``conductor.json``). With several policies, the first minus each other is
+    shown question by question, with 95 % paired intervals (``paired`` in the JSON; every summary's
+    ``questions`` holds its per-question outcomes). Exits 1 when every worker call of a policy failed."""
     from rl_conductor.evaluation.report import behaviour_table, domain_table, print_table
     from rl_conductor.evaluation.suite import run_eval, trained_defaults
 
@@ -295,11 +297,31 @@ def eval_cmd(
     for s in summaries:
         console.print(domain_table(s))
     console.print(behaviour_table(summaries))
+    paired = _print_paired(summaries, summaries[0]["policy"]) if len(summaries) > 1 else []
     console.print(_reward_line(summaries[0]))
     # one shape whatever the number of policies: ``results`` always; one policy's summary is also
     # the top level, as it was before ``results`` was written for it
-    _write_json(json_out, {**(summaries[0] if len(summaries) == 1 else {}), "results": summaries})
+    _write_json(
+        json_out,
+        {
+            **(summaries[0] if len(summaries) == 1 else {}),
+            "results": summaries,
+            **({"paired": paired} if paired else {}),
+        },
+    )
     fail_if_nothing_answered(summaries)
+
+
+def _print_paired(summaries: list[dict[str, Any]], reference: str) -> list[dict[str, Any]]:
+    """Print ``reference`` minus every other policy of ``summaries``, question by question, with
+    95 % paired intervals (:mod:`rl_conductor.evaluation.paired`); the rows, for the JSON."""
+    from rl_conductor.evaluation.paired import paired_rows
+    from rl_conductor.evaluation.report import paired_table
+
+    rows = paired_rows(summaries, reference)
+    if rows:
+        console.print(paired_table(rows, reference))
+    return rows
 
 
 def _reward_line(summary: dict[str, Any]) -> str:
@@ -347,7 +369,9 @@ def compare_cmd(
     on (its ``conductor.json``), as ``eval``'s do. Every policy is scored with one reward —
     ``--cost-weight`` / ``--reward-preset``, else the reward the first ``--policy conductor:DIR``
     was trained with — and knn / domain-router are fitted at it on every training question
-    (``--fit-limit N``: N of them). Exits 1 when every worker call of a policy failed."""
+    (``--fit-limit N``: N of them). The first ``--policy`` minus every other policy is shown
+    question by question, with 95 % paired intervals (``paired`` in the JSON). Exits 1 when every
+    worker call of a policy failed."""
     from rl_conductor.evaluation.report import (
         behaviour_table,
         budget_label,
@@ -409,8 +433,11 @@ def compare_cmd(
         console.print(budget_table(by_budget))
     if len(times) > 1:
         console.print(deadline_table(by_deadline))
+    # the first --policy (a Conductor, typically) minus every other policy at the first point
+    first = summaries[: len(specs)]
+    paired = _print_paired(first, first[len(specs) - len(extra or [])]["policy"]) if extra else []
     console.print(_reward_line(summaries[0]))
-    _write_json(json_out, {"results": summaries})
+    _write_json(json_out, {"results": summaries, **({"paired": paired} if paired else {})})
     if plot:
         n = summaries[0]["n"]
         if len(amounts) > 1:

@@ -397,3 +397,22 @@ def deadline_plot(
         ax.minorticks_off()
         ax.legend(loc="lower right", fontsize=7)
     return Path(path)
+
+
+_PAIRED_LEFT = ("minus", "reward")
+
+
+def paired_table(rows: Sequence[dict[str, Any]], reference: str) -> Table:
+    """:func:`rl_conductor.evaluation.paired.paired_rows` as a rich table: ``reference`` minus each
+    policy, question by question (95 % paired bootstrap intervals)."""
+    from rl_conductor.evaluation.paired import paired_table_rows
+
+    return _rich(
+        *paired_table_rows(rows), f"{reference} minus each policy, on the same questions", _PAIRED_LEFT
+    )
+
+
+def paired_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    from rl_conductor.evaluation.paired import paired_table_rows
+
+    return _markdown(*paired_table_rows(rows), _PAIRED_LEFT)

@@ -20,6 +20,7 @@ from typing import Any
 
 from rl_conductor import validation
 from rl_conductor.errors import InvalidArgument
+from rl_conductor.evaluation.paired import question_columns
 from rl_conductor.evaluation.runner import EvalResult, evaluate
 from rl_conductor.limits import SENSITIVITIES, RequestLimits, Sensitivity
 from rl_conductor.policies.catalog import make_policy
@@ -211,7 +212,7 @@ def run_sweep(
         concurrency=concurrency, progress=progress, rounds=rounds,
     ):  # fmt: skip
         summary = res.summary()
-        summary.update(dataset=ds, split=split, **pt.label)
+        summary.update(dataset=ds, split=split, **pt.label, questions=question_columns(res.records))
         out.append(summary)
         keys.append((spec, tuple(sorted(pt.label.items()))))
     # two policies of one name (conductor:final of two runs) would be two rows no one can tell

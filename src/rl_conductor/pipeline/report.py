@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rl_conductor.evaluation.paired import paired_table_rows
 from rl_conductor.evaluation.report import (
     BEHAVIOUR_COLUMNS,
     COLUMNS,
@@ -29,6 +30,7 @@ from rl_conductor.evaluation.report import (
     deadline_plot,
     deadline_rows,
     markdown_table,
+    paired_markdown,
     pareto_front,
     pareto_plot,
 )
@@ -66,6 +68,12 @@ BEHAVIOUR_INTRO = (
     "answers (verifies or aggregates), and the share of questions per workflow shape."
 )
 BUDGET_INTRO = "The same test questions under each per-request budget (`max_cost_usd`), side by side."
+PAIRED_INTRO = (
+    "The Conductor minus each policy on the same test questions: the mean difference of each "
+    "question's reward, accuracy and cost, with a 95 % paired bootstrap interval; `ahead` / `behind` "
+    "where the reward interval excludes 0, else `tie`. The gate compares point estimates; this says "
+    "how much of a margin is noise."
+)
 DEADLINE_INTRO = (
     "Latency vs accuracy: the same test questions under each per-request deadline (`max_latency_s`,"
     " seconds), side by side: accuracy, p95 critical-path latency, and the share of questions whose"
@@ -107,6 +115,8 @@ def markdown_report(
         behaviour_markdown(_acting(summaries)),
         "",
     ]
+    if meta.get("paired"):
+        lines += ["## Question by question", "", PAIRED_INTRO, "", paired_markdown(meta["paired"]), ""]
     if budget_summaries:
         lines += [
             "## Under a budget",
@@ -160,6 +170,9 @@ def html_report(
         ["policy", "domain", *(h for h, _ in BEHAVIOUR_COLUMNS)], behaviour_rows(_acting(summaries))
     )
     extra = f"<h2>What each policy does</h2><p>{html.escape(BEHAVIOUR_INTRO)}</p>{behaviour}"
+    if meta.get("paired"):
+        heads, prows = paired_table_rows(meta["paired"])
+        extra += f"<h2>Question by question</h2><p>{html.escape(PAIRED_INTRO)}</p>{_html_table(heads, prows)}"
     if budget_summaries:
         heads, brows = budget_rows(_budgeted(summaries, budget_summaries))
         extra += f"<h2>Under a budget</h2><p>{html.escape(BUDGET_INTRO)}</p>{_html_table(heads, brows)}"

@@ -545,6 +545,7 @@ def evaluate_step(
     request of the whole evaluation (None: none), so the gate compares the Conductor with the
     baselines under the deadline it will be served with.
     """
+    from rl_conductor.evaluation.paired import paired_rows
     from rl_conductor.evaluation.suite import GridPoint, baseline_specs, run_sweep
     from rl_conductor.lm.generate import torch_threads, trained_threads
     from rl_conductor.pipeline.report import write_reports
@@ -605,6 +606,8 @@ def evaluate_step(
         "best_baseline": baseline,
         "max_latency_s": max_latency_s,
         "reward": conductor.get("reward"),
+        # the Conductor minus each policy, question by question (95 % paired intervals)
+        "paired": paired_rows(ordered, CONDUCTOR_LABEL),
     }
     write_reports(
         ordered,
@@ -687,6 +690,13 @@ def register_step(
     if conductor is None:
         raise ValueError(f"{results_path} has no {CONDUCTOR_LABEL!r} row")
     metrics = {k: conductor[k] for k in REGISTERED_METRICS if conductor.get(k) is not None}
+    best = (meta.get("best_baseline") or {}).get(registry.BASELINE_POLICY_KEY)
+    against = next((r for r in meta.get("paired") or [] if r.get("against") == best), None)
+    if against is not None:  # the margin over the best baseline, question by question (95 % interval)
+        low, high = against["reward"]["ci95"]
+        metrics.update(
+            paired_reward_diff=against["reward"]["diff"], paired_reward_ci_low=low, paired_reward_ci_high=high
+        )
     folder = Path(model_dir)
     info = read_conductor_meta(folder)
     all_params: dict[str, Any] = {

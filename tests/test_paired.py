@@ -1,0 +1,128 @@
+"""Paired comparisons (evaluation/paired.py): one policy minus another on the same questions, with
+a 95 % bootstrap interval, in ``conductor eval`` / ``compare`` and their JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from rl_conductor.cli import app
+from rl_conductor.evaluation.paired import (
+    UnpairedError,
+    paired_difference,
+    paired_rows,
+    question_columns,
+    verdict,
+)
+from rl_conductor.evaluation.runner import Record
+
+SIX = "gsm8k-six"
+
+
+def _summary(
+    policy: str, ids: list[str], correct: list[int], reward: list[float], cost: list[float]
+) -> dict[str, Any]:
+    return {
+        "policy": policy,
+        "questions": {"task_id": ids, "correct": correct, "reward": reward, "cost_usd": cost},
+    }
+
+
+def test_the_difference_is_taken_question_by_question_whatever_the_order() -> None:
+    ids = [f"q{i}" for i in range(40)]
+    rng = np.random.default_rng(3)
+    hard = rng.random(40) < 0.5  # shared difficulty: both fail the hard questions
+    a_right = (~hard).astype(int)
+    a_right[:6] = 1  # a also gets six hard ones
+    b_right = (~hard).astype(int)
+    a = _summary("a", ids, a_right.tolist(), a_right.astype(float).tolist(), [0.001] * 40)
+    order = rng.permutation(40)
+    b = _summary(
+        "b",
+        [ids[i] for i in order],
+        b_right[order].tolist(),
+        b_right[order].astype(float).tolist(),
+        [0.002] * 40,
+    )
+    row = paired_difference(a, b)
+    won = int(((a_right == 1) & (b_right == 0)).sum())
+    assert row["n"] == 40 and row["only_a_right"] == won and row["only_b_right"] == 0
+    assert row["reward"]["diff"] == pytest.approx(won / 40)
+    assert row["accuracy_points"]["diff"] == pytest.approx(100 * won / 40)
+    assert row["cost_usd"]["diff"] == pytest.approx(-0.001)
+    lo, hi = row["reward"]["ci95"]
+    assert lo <= won / 40 <= hi
+    # paired: the shared difficulty cancels, so the interval is far tighter than the unpaired one
+    unpaired_se = np.sqrt(a_right.var() / 40 + b_right.var() / 40)
+    assert hi - lo < 2 * 1.96 * unpaired_se
+    assert paired_difference(a, b) == row  # seeded: reproducible
+
+
+def test_a_tie_an_ahead_and_a_behind_are_told_apart() -> None:
+    ids = [f"q{i}" for i in range(200)]
+    same = _summary("same", ids, [1, 0] * 100, [1.0, 0.0] * 100, [0.0] * 200)
+    better = _summary("better", ids, [1] * 200, [1.0] * 200, [0.0] * 200)
+    noisy = _summary("noisy", ids, [0, 1] * 100, [0.0, 1.0] * 100, [0.0] * 200)
+    assert verdict(paired_difference(better, same)) == "ahead"
+    assert verdict(paired_difference(same, better)) == "behind"
+    assert verdict(paired_difference(same, noisy)) == "tie"  # same mean, every question differs
+
+
+def test_summaries_of_other_questions_are_refused() -> None:
+    a = _summary("a", ["q1", "q2"], [1, 0], [1.0, 0.0], [0.0, 0.0])
+    b = _summary("b", ["q1", "q3"], [1, 0], [1.0, 0.0], [0.0, 0.0])
+    with pytest.raises(UnpairedError, match="not evaluated on the same questions"):
+        paired_difference(a, b)
+    with pytest.raises(UnpairedError, match="no per-question"):
+        paired_difference(a, {"policy": "c"})
+    dup = _summary("d", ["q1", "q1"], [1, 0], [1.0, 0.0], [0.0, 0.0])
+    with pytest.raises(UnpairedError):
+        paired_difference(dup, _summary("e", ["q1", "q2"], [1, 0], [1.0, 0.0], [0.0, 0.0]))
+
+
+def test_rows_leave_out_the_reference_and_summaries_without_questions() -> None:
+    ids = ["q1", "q2", "q3"]
+    ref = _summary("ref", ids, [1, 1, 0], [1.0, 1.0, 0.0], [0.0] * 3)
+    rows = paired_rows(
+        [ref, _summary("x", ids, [1, 0, 0], [1.0, 0.0, 0.0], [0.0] * 3), {"policy": "y"}, ref], "ref"
+    )
+    assert [r["against"] for r in rows] == ["x"] and rows[0]["verdict"] in ("ahead", "tie")
+    assert paired_rows([ref], "missing") == []
+
+
+def test_question_columns_keep_each_questions_outcome() -> None:
+    recs = [
+        Record("t1", "math", True, 10, 0.001, 1, 1, 0.1, reward=0.97),
+        Record("t2", "code", False, 20, 0.002, 1, 1, 0.1, reward=-0.06),
+    ]
+    cols = question_columns(recs)
+    assert cols == {
+        "task_id": ["t1", "t2"],
+        "correct": [1, 0],
+        "reward": [0.97, -0.06],
+        "cost_usd": [0.001, 0.002],
+    }
+
+
+def test_eval_with_two_policies_prints_and_writes_the_paired_difference(tmp_path: Path) -> None:
+    out = tmp_path / "eval.json"
+    res = CliRunner().invoke(
+        app,
+        ["eval", "--pool", SIX, "--limit", "30", "--policy", "single:gpt-4-1106-preview",
+         "--policy", "single:mixtral-8x7b-instruct", "--cost-weight", "0.13", "--json", str(out)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "single:gpt-4-1106-preview minus each policy" in res.output
+    payload = json.loads(out.read_text())
+    (row,) = payload["paired"]
+    gpt4, mixtral = payload["results"]
+    assert row["policy"] == gpt4["policy"] and row["against"] == mixtral["policy"] and row["n"] == 30
+    assert len(gpt4["questions"]["task_id"]) == 30
+    diff = np.mean(gpt4["questions"]["reward"]) - np.mean(mixtral["questions"]["reward"])
+    assert row["reward"]["diff"] == pytest.approx(diff)
+    assert row["reward"]["diff"] == pytest.approx(gpt4["mean_reward"] - mixtral["mean_reward"])
