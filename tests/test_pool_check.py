@@ -135,8 +135,62 @@ def test_ensure_pool_ready_names_the_worker_that_does_not_answer() -> None:
 def test_a_pool_without_endpoints_checks_ok() -> None:
     report = check_pool_file("paper-sim")
     assert report.ok and {w.status for w in report.workers} == {"ok"}
-    replay = check_pool_file("routellm-replay")
-    assert replay.ok and {w.status for w in replay.workers} == {"offline"}
+    replay = check_pool_file("routellm-replay")  # no endpoint: every recorded item is replayed
+    assert replay.ok and {w.status for w in replay.workers} == {"ok"}
+    assert all(w.replay and w.replay["replayed"] == w.replay["items"] > 4000 for w in replay.workers)
+
+
+def _recordings_pool(tmp_path: Path) -> Path:
+    """Three replay workers: ``a`` sound (one answer longer than max_tokens), ``b`` missing two
+    items and recorded at three times its pool prices, ``c`` recorded above a call's worst case."""
+    rows = []
+    for i in range(6):
+        ok = {"text": f"#### {i + 1}", "correct": True, "input_tokens": 100, "output_tokens": 50}
+        responses: dict[str, Any] = {"a": {**ok, "cost_usd": 150 / 1e6}}
+        if i == 5:
+            responses["a"] = {"text": "x" * 30_000 + f" #### {i + 1}", "correct": True}
+        if i < 4:
+            responses["b"] = {**ok, "correct": i % 2 == 0, "cost_usd": 3 * 150 / 1e6}
+        responses["c"] = {**ok, "cost_usd": 1.0 if i == 0 else 150 / 1e6}
+        rows.append({"id": f"x/{i}", "question": f"What is {i} + 1?", "answer": str(i + 1), "grader": "math",
+                     "domain": "math", "responses": responses})  # fmt: skip
+    rec = tmp_path / "rec.jsonl"
+    rec.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    pool = tmp_path / "rec.yaml"
+    pool.write_text(yaml.safe_dump({"name": "rec", "recordings": str(rec), "workers": [
+        {"name": n, "kind": "replay", "price_in": 1.0, "price_out": 1.0} for n in "abc"]}))  # fmt: skip
+    return pool
+
+
+def test_pool_check_replays_a_recordings_file_and_says_what_a_run_would_meet(tmp_path: Path) -> None:
+    report = check_pool_file(_recordings_pool(tmp_path))
+    a, b, c = report.workers
+    assert a.status == "ok" and a.replay is not None
+    assert a.replay == {"items": 6, "replayed": 6, "missing": 0, "failed": 0, "cut": 1, "max_tokens": 4096,
+                        "recorded_accuracy": 1.0, "price_ratio": pytest.approx(1), "errors": {}}  # fmt: skip
+    assert "1 longer than max_tokens 4096" in a.detail and "cost_usd" not in a.detail
+    assert b.status == "ok" and b.replay is not None
+    assert (b.replay["replayed"], b.replay["missing"], b.replay["recorded_accuracy"]) == (4, 2, 0.5)
+    assert "2 without a recording of 'b'" in b.detail
+    assert "recorded cost_usd is 3x the pool's prices" in b.detail
+    assert b.cost_usd == pytest.approx(3 * 150 / 1e6)  # per replayed item, as recorded
+    assert c.status == "error" and not report.ok
+    assert (
+        c.detail.startswith("1 of 6 items cannot be replayed:") and "above this call's worst case" in c.detail
+    )
+
+
+def test_pool_check_cli_prints_each_replay_and_exits_1_for_one_that_cannot_replay(tmp_path: Path) -> None:
+    pool = _recordings_pool(tmp_path)
+    out = tmp_path / "report.json"
+    res = _conductor("pool", "check", str(pool), "--json", str(out))
+    assert res.returncode == 1, res.stdout + res.stderr
+    flat = " ".join(res.stdout.split())
+    assert "a: replayed 6/6 items, recorded accuracy 100.0%" in flat
+    assert "c: 1 of 6 items cannot be replayed" in flat
+    assert "Error: 1 of 3 workers failed: c (error)" in res.stderr
+    saved = json.loads(out.read_text())
+    assert [w["replay"]["replayed"] for w in saved["workers"]] == [6, 4, 5]
 
 
 # --------------------------------------------------------------------------- the BYO docs page

@@ -3,8 +3,10 @@
 A thin adapter over :func:`rl_conductor.workers.check.check_pool_file`: a table of status,
 latency, usage and cost per worker (``--json PATH`` writes the report, ``-`` to stdout), and
 exit status 1 when any worker failed, so a pipeline or a person finds a wrong ``base_url`` or a
-refused key before an evaluation or a deployment does. A ``--json`` path that cannot be written
-is a usage error (one line, exit 2), found before any worker is called.
+refused key before an evaluation or a deployment does. A replay worker replays every item of its
+recordings instead (items it cannot replay, answers ``max_tokens`` cuts, recorded costs that
+disagree with the pool's prices: :func:`rl_conductor.workers.check.replay_check`). A ``--json``
+path that cannot be written is a usage error (one line, exit 2), found before any worker is called.
 """
 
 from __future__ import annotations
@@ -50,7 +52,11 @@ def pool_check(
     if json_out is not None and str(json_out) == "-":
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
     else:
-        table = Table(title=f"pool check: {report.pool} (one call each, max_tokens {CHECK_MAX_TOKENS})")
+        replays = [w for w in report.workers if w.replay is not None]
+        how = f"one call each, max_tokens {CHECK_MAX_TOKENS}"
+        if replays:
+            how += "; replay workers: every recorded item, tokens and cost per item"
+        table = Table(title=f"pool check: {report.pool} ({how})")
         for col in ("worker", "kind", "hosting", "url", "status", "latency s", "in tok", "out tok", "cost $"):
             right = col in ("latency s", "in tok", "out tok", "cost $")
             table.add_column(col, justify="right" if right else "left", overflow="fold")
@@ -70,8 +76,11 @@ def pool_check(
                 w.detail if len(w.detail) <= 48 else w.detail[:47] + "…",
             )
         console.print(table)
-        for w in report.failed:  # whole, one line each: what to fix
-            console.print(f"[red]{w.name}[/red]: {w.detail}", soft_wrap=True)
+        for w in report.workers:  # whole, one line each: what to fix, what a replay found
+            if not w.ok:
+                console.print(f"[red]{w.name}[/red]: {w.detail}", soft_wrap=True)
+            elif w.replay is not None:
+                console.print(f"{w.name}: {w.detail}", soft_wrap=True)
         if json_out is not None:
             from rl_conductor import storage
 

@@ -12,8 +12,19 @@ check).
 
 What a check costs: one call of ``CHECK_MAX_TOKENS`` output tokens per worker, priced as any
 call (the report shows the cost). The offline simulated and fake kinds are called too (they
-answer at once and cost what their prices say); a replay worker answers recorded tasks only and
-has no endpoint, so it is listed as ``offline``, not called.
+answer at once and cost what their prices say).
+
+A replay worker has no endpoint: what can be wrong is its recordings. So it replays every item
+of the pool's dataset (the recordings file's items) offline, as an evaluation would call it
+(the question as the message, ``RequestLimits.max_tokens`` of output), and reports
+``replayed N/M items`` with the recorded accuracy and the mean cost per item, or ``error`` with
+how many items cannot be replayed and why (no recording of the item for this model, a text that
+cannot be made to grade as recorded, a recorded cost above the call's worst case at the pool's
+prices). It also says how many answers ``max_tokens`` cuts (they are charged at the cap and
+graded as cut), and where a file records ``cost_usd`` with token counts, whether those costs
+agree with the pool's prices (a median ratio outside ``PRICE_TOLERANCE``). Such a worker is
+still ``ok``: the recorded cost is what a replayed call charges, but the pool's prices are what
+the executor reserves and what the routers' fits assume, so a user should know they disagree.
 """
 
 from __future__ import annotations
@@ -38,8 +49,12 @@ DEFAULT_CHECK_TIMEOUT_S = 60.0
 CHECK_TEMPERATURE = 0.2
 
 CheckStatus = Literal["ok", "offline", "config", "error", "timeout", "empty"]
-#: kinds that can only answer recorded tasks: nothing to call
+#: kinds that can only answer recorded tasks: their recordings are replayed instead of a call
 NOT_CALLABLE_KINDS = frozenset({"replay"})
+#: recorded costs within this factor of the pool's prices (median over items) are taken to agree
+PRICE_TOLERANCE = 1.25
+#: distinct replay failure messages kept in a report
+ERRORS_KEPT = 3
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,10 @@ class WorkerCheck:
     output_tokens: int = 0
     cost_usd: float = 0.0
     detail: str = ""
+    #: a replay worker's items: ``items`` (of the pool's dataset), ``replayed``, ``missing`` (no
+    #: recording for this model), ``failed``, ``cut`` (at ``max_tokens``), ``recorded_accuracy``,
+    #: ``price_ratio`` (median recorded cost over the pool's price of the recorded tokens), ``errors``
+    replay: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -104,13 +123,118 @@ _CHECK_TASK = Task(
 )
 
 
-async def check_worker(worker: Worker, *, timeout_s: float = DEFAULT_CHECK_TIMEOUT_S) -> WorkerCheck:
-    """Call ``worker`` (beneath its cache) once with :data:`CHECK_PROMPT`."""
+async def replay_check(
+    worker: Worker, tasks: Sequence[Task], *, max_tokens: int | None = None
+) -> WorkerCheck:
+    """Replay every item of ``tasks`` through the replay ``worker`` (beneath its cache) and report
+    what a run would meet (see the module docstring); ``offline`` when there are no items."""
+    from rl_conductor.limits import RequestLimits
+    from rl_conductor.workers.base import WorkerError
+
+    real = innermost(worker)
+    info = worker.info
+    base = WorkerCheck(name=info.name, kind=info.kind, hosting=info.hosting, url="-", status="ok")
+    if not tasks:
+        return replace(base, status="offline", detail="answers recorded tasks only; no items to replay")
+    cap = RequestLimits().max_tokens if max_tokens is None else max_tokens
+    source, model = getattr(real, "source", None), getattr(real, "model", info.name)
+    replayed = missing = cut = labelled = right = 0
+    tokens_in = tokens_out = 0
+    cost = 0.0
+    errors: dict[str, int] = {}
+    ratios: list[float] = []
+    for task in tasks:
+        rec = source.get(task.id, model) if source is not None else None
+        if rec is None:
+            missing += 1
+            continue
+        try:
+            comp = await real.complete(
+                [{"role": "user", "content": task.question}],
+                max_tokens=cap,
+                temperature=CHECK_TEMPERATURE,
+                context=CallContext(task=task),
+            )
+        except WorkerError as exc:
+            why = (
+                str(exc)
+                .removeprefix(f"replay worker {model!r}: ")
+                .removeprefix(f"replay worker {info.name!r}: ")
+            )
+            errors[why] = errors.get(why, 0) + 1
+            continue
+        replayed += 1
+        tokens_in, tokens_out, cost = (
+            tokens_in + comp.input_tokens,
+            tokens_out + comp.output_tokens,
+            cost + comp.cost_usd,
+        )
+        # the worker cuts an answer longer than the cap to the cap (recorded or estimated tokens)
+        cut += comp.output_tokens >= cap and (rec.output_tokens is None or rec.output_tokens > cap)
+        if rec.correct is not None:
+            labelled, right = labelled + 1, right + int(rec.correct)
+        if rec.cost_usd is not None and rec.input_tokens is not None and rec.output_tokens is not None:
+            priced = info.cost(rec.input_tokens, rec.output_tokens)
+            if priced > 0:
+                ratios.append(rec.cost_usd / priced)
+    failed = sum(errors.values())
+    ratio = float(sorted(ratios)[len(ratios) // 2]) if ratios else None
+    kept = sorted(errors.items(), key=lambda kv: -kv[1])[:ERRORS_KEPT]
+    replay = {
+        "items": len(tasks),
+        "replayed": replayed,
+        "missing": missing,
+        "failed": failed,
+        "cut": cut,
+        "max_tokens": cap,
+        "recorded_accuracy": right / labelled if labelled else None,
+        "price_ratio": ratio,
+        "errors": {why: n for why, n in kept},
+    }
+    each = max(replayed, 1)
+    used = replace(
+        base,
+        input_tokens=round(tokens_in / each),
+        output_tokens=round(tokens_out / each),
+        cost_usd=cost / each,
+        replay=replay,
+    )
+    parts = [f"replayed {replayed}/{len(tasks)} items"]
+    if labelled:
+        parts.append(f"recorded accuracy {right / labelled:.1%}")
+    if missing:
+        parts.append(f"{missing} without a recording of {model!r} (a run falls back to another worker there)")
+    if cut:
+        parts.append(f"{cut} longer than max_tokens {cap} (charged at the cap, graded as cut)")
+    if ratio is not None and not 1 / PRICE_TOLERANCE <= ratio <= PRICE_TOLERANCE:
+        parts.append(
+            f"recorded cost_usd is {ratio:.3g}x the pool's prices for the recorded tokens (median of "
+            f"{len(ratios)}): check input_price / output_price"
+        )
+    if failed:
+        first = "; ".join(f"{why} ({n}x)" for why, n in kept)
+        return replace(
+            used,
+            status="error",
+            detail=f"{failed} of {len(tasks)} items cannot be replayed: {first}; " + ", ".join(parts),
+        )
+    if not replayed:
+        return replace(
+            used, status="error", detail=f"no item of the pool's dataset has a recording of {model!r}"
+        )
+    return replace(used, detail=", ".join(parts))
+
+
+async def check_worker(
+    worker: Worker, *, timeout_s: float = DEFAULT_CHECK_TIMEOUT_S, tasks: Sequence[Task] = ()
+) -> WorkerCheck:
+    """Call ``worker`` (beneath its cache) once with :data:`CHECK_PROMPT`; a replay worker replays
+    ``tasks`` instead (:func:`replay_check`)."""
     real = innermost(worker)
     info = worker.info
     base = WorkerCheck(name=info.name, kind=info.kind, hosting=info.hosting, url=_url(real), status="ok")
     if info.kind in NOT_CALLABLE_KINDS:
-        return replace(base, status="offline", detail="answers recorded tasks only; not called")
+        return await replay_check(worker, tasks)
     t0 = time.perf_counter()
     try:
         comp = await asyncio.wait_for(
@@ -141,10 +265,19 @@ async def check_worker(worker: Worker, *, timeout_s: float = DEFAULT_CHECK_TIMEO
 
 
 async def check_workers(
-    workers: Sequence[Worker], *, timeout_s: float = DEFAULT_CHECK_TIMEOUT_S
+    workers: Sequence[Worker],
+    *,
+    timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
+    tasks: Sequence[Sequence[Task]] | None = None,
 ) -> list[WorkerCheck]:
-    """Check several workers concurrently; results in the given order."""
-    return list(await asyncio.gather(*(check_worker(w, timeout_s=timeout_s) for w in workers)))
+    """Check several workers concurrently; results in the given order. ``tasks``: per worker, the
+    items a replay worker replays (none: it is listed ``offline``)."""
+    items = list(tasks) if tasks is not None else [()] * len(workers)
+    return list(
+        await asyncio.gather(
+            *(check_worker(w, timeout_s=timeout_s, tasks=t) for w, t in zip(workers, items, strict=True))
+        )
+    )
 
 
 def _run(coro: Any) -> Any:
@@ -198,11 +331,13 @@ def _unbuilt(spec: Any, exc: Exception) -> WorkerCheck:
 def check_pool_file(
     name_or_path: str | Path, *, timeout_s: float = DEFAULT_CHECK_TIMEOUT_S, seed: int = 0
 ) -> PoolReport:
-    """Build each worker of a pool file on its own (no cache, one attempt) and call it once.
+    """Build each worker of a pool file on its own (no cache, one attempt) and call it once (a
+    replay worker replays every item of its pool's dataset: :func:`replay_check`).
 
     A worker entry that cannot be built (an unset key variable, a bad field) is reported as
     ``config`` with the loader's message, and the others are still called. A pool file that
     cannot be read at all raises :class:`~rl_conductor.workers.pool.PoolConfigError`."""
+    from rl_conductor.tasks.datasets import load_tasks
     from rl_conductor.workers.pool import build_pool, load_pool_config
 
     cfg = load_pool_config(name_or_path)
@@ -210,6 +345,8 @@ def check_pool_file(
     options["retries"] = 1  # the first answer's status is what the report is about
     checks: list[WorkerCheck | None] = []
     workers: list[Worker] = []
+    items: list[Sequence[Task]] = []
+    loaded: dict[str, list[Task]] = {}
     for spec in cfg["workers"]:
         entry = (
             {k: v for k, v in spec.items() if k not in ("cache", "retries")}
@@ -221,9 +358,20 @@ def check_pool_file(
         except (ConfigError, ValueError, TypeError) as exc:
             checks.append(_unbuilt(spec, exc))
             continue
+        if built.workers[0].info.kind in NOT_CALLABLE_KINDS:
+            dataset = built.default_dataset()
+            try:
+                tasks = loaded[dataset] if dataset in loaded else load_tasks(dataset)
+            except (ConfigError, ValueError, OSError) as exc:
+                checks.append(_unbuilt(spec, ValueError(f"its dataset {dataset!r} cannot be loaded: {exc}")))
+                continue
+            loaded[dataset] = tasks
+        else:
+            tasks = []
         checks.append(None)
         workers.append(built.workers[0])
-    called = iter(_run(check_workers(workers, timeout_s=timeout_s)))
+        items.append(tasks)
+    called = iter(_run(check_workers(workers, timeout_s=timeout_s, tasks=items)))
     report = [c if c is not None else next(called) for c in checks]
     return PoolReport(pool=str(cfg.get("name", name_or_path)), workers=report)
 
