@@ -138,13 +138,21 @@ def main() -> None:
     ap.add_argument("--max-rounds", type=int, default=2, help="the Conductor's rounds")
     ap.add_argument("--cascade-rounds", type=int, default=3, help="rounds of the longest fixed cascade")
     ap.add_argument("--boot", type=int, default=1000)
-    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "adaptive_equal_cost.json")
+    ap.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="where to write (default: runs/adaptive_equal_cost-POOL.json, untracked; the shipped "
+        "figures are benchmarks/results/adaptive_equal_cost.json)",
+    )
     ap.add_argument("--plot", type=Path, default=None, help="a cost-vs-accuracy PNG of the first split")
     args = ap.parse_args()
     t0, c0 = time.perf_counter(), time.process_time()
     meta = json.loads((args.model / "conductor.json").read_text())
     rc = trained_reward(meta)
     pool = load_pool(meta["pool"], seed=0)
+    if args.json is None:  # a user's own pool never overwrites the shipped figures
+        args.json = ROOT / "runs" / f"adaptive_equal_cost-{pool.name}.json"
     dataset = str(meta["dataset"])
     view = pool.view()
     conductor = make_policy(f"conductor:{args.model}", pool, seed=0, dataset=dataset, reward_config=rc)

@@ -71,10 +71,17 @@ def main() -> None:
     ap.add_argument("--pool", required=True)
     ap.add_argument("--cost-weight", type=float, required=True)
     ap.add_argument("--k", default="10,25,50,100", help="neighbourhood sizes to compare")
-    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "neighbour_room.json")
+    ap.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="where to write (default: runs/neighbour_room-POOL.json, untracked)",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     cfg, table, tasks, pool = training_table(args.preset, args.pool, args.cost_weight)
+    if args.json is None:  # a user's own pool never overwrites the shipped figures
+        args.json = ROOT / "runs" / f"neighbour_room-{pool.name}.json"
     reward = cfg.reward()
     r = warmstart.reward_array(table, reward)[:, :, 0]
     by_id = {t.id: t for t in tasks}
