@@ -276,7 +276,7 @@ def train(
             by_rank=cfg.plan_by_rank,
             hint=hint,
         )
-        domain_of = {id(r): s.task.domain for s, r in zip(sft_specs, sft, strict=True)}  # first plans
+        domain_of = _first_plan_domains(sft_specs, sft)
         if rule is not None:  # rounds: the review prompt after each target first plan, and its target
             from rl_conductor.training.adaptive import review_records
 
@@ -311,7 +311,7 @@ def train(
             rng=rng,
             max_question_chars=cfg.max_question_chars,
         )
-        domain_of = {id(r): s.task.domain for s, r in zip(sft_specs, sft, strict=True)}
+        domain_of = _first_plan_domains(sft_specs, sft)
     result.sft_records["first_round"] = len(sft) - result.sft_records.get("review", 0)
     # the fit's kinds and groups (training/sft_fit.py): first plans by domain, the rest are reviews
     kinds_of = ["first" if id(r) in domain_of else "review" for r in sft]
@@ -596,6 +596,12 @@ def sft_count(cfg: TrainConfig, tasks: Sequence[Any]) -> int:
     if not isinstance(cfg.warm_neighbours, str) and cfg.warm_neighbours > 0:
         per_domain = max(per_domain, cfg.sft_examples_per_domain_neighbours)
     return max(cfg.sft_examples, per_domain * len({t.domain for t in tasks}))
+
+
+def _first_plan_domains(specs: Sequence[Any], records: Sequence[Any]) -> dict[int, str]:
+    """The domain of each first-plan SFT record (by ``id``), before review records join them: the
+    fit's kinds and groups (training/sft_fit.py) tell first plans by domain from reviews."""
+    return {id(r): s.task.domain for s, r in zip(specs, records, strict=True)}
 
 
 def _warm_start(
