@@ -126,3 +126,49 @@ def test_eval_with_two_policies_prints_and_writes_the_paired_difference(tmp_path
     diff = np.mean(gpt4["questions"]["reward"]) - np.mean(mixtral["questions"]["reward"])
     assert row["reward"]["diff"] == pytest.approx(diff)
     assert row["reward"]["diff"] == pytest.approx(gpt4["mean_reward"] - mixtral["mean_reward"])
+
+
+def _at(policy: str, n: int, right: int, cost: float) -> dict[str, Any]:
+    ids = [f"q{i}" for i in range(n)]
+    correct = [1] * right + [0] * (n - right)
+    return _summary(policy, ids, correct, [float(c) for c in correct], [cost] * n)
+
+
+def test_equal_cost_is_the_accuracy_above_the_frontier_at_the_same_cost() -> None:
+    from rl_conductor.evaluation.paired import equal_cost_difference
+
+    cheap, dear = _at("cheap", 100, 50, 0.0), _at("dear", 100, 90, 1.0)
+    # halfway in cost the frontier (mixing cheap and dear) reaches 70 %: 80 % is 10 points above
+    row = equal_cost_difference(_at("mine", 100, 80, 0.5), [cheap, dear], family="knn")
+    assert row["hull_accuracy"] == pytest.approx(0.70) and row["points"] == 2 and row["against"] == "knn"
+    assert row["accuracy_points"]["diff"] == pytest.approx(10.0)
+    lo, hi = row["accuracy_points"]["ci95"]
+    assert lo < 10.0 < hi and lo > 0  # ahead, and the interval is not a point
+    # a point that dominates the reference puts it behind
+    better = _at("better", 100, 95, 0.4)
+    behind = equal_cost_difference(_at("mine", 100, 80, 0.5), [cheap, dear, better])
+    assert behind["accuracy_points"]["diff"] < 0 and verdict(behind, "accuracy_points") == "behind"
+    # cheaper than every point: nothing to compare with, said rather than extrapolated
+    alone = equal_cost_difference(_at("mine", 100, 80, 0.0), [_at("x", 100, 50, 0.1)])
+    assert alone["hull_accuracy"] is None and alone["accuracy_points"] is None
+
+
+def test_compare_traces_a_frontier_and_checks_its_options(tmp_path: Path) -> None:
+    runner = CliRunner()
+    alone = runner.invoke(app, ["compare", "--pool", SIX, "--limit", "5", "--frontier", "knn"])
+    assert alone.exit_code == 2 and "needs a --policy" in alone.output
+    bad = runner.invoke(app, ["compare", "--pool", SIX, "--limit", "5", "--policy", "knn",
+                              "--frontier", "knn", "--frontier-weights", "0,-1"])  # fmt: skip
+    assert bad.exit_code == 2 and "--frontier-weights" in bad.output
+    out = tmp_path / "c.json"
+    res = runner.invoke(app, ["compare", "--pool", SIX, "--limit", "20", "--policy", "domain-router",
+                              "--frontier", "knn", "--frontier-weights", "0,0.13,1", "--cost-weight", "0.13",
+                              "--no-behaviour", "--json", str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "accuracy at equal cost" in res.output
+    payload = json.loads(out.read_text())
+    (row,) = payload["equal_cost"]
+    assert row["against"] == "knn (+ single workers)" and row["points"] == 3 + 6 and row["n"] == 20
+    assert [s["frontier_weight"] for s in payload["frontier"]["knn"]] == [0.0, 0.13, 1.0]
+    ids = payload["results"][0]["questions"]["task_id"]
+    assert all(s["questions"]["task_id"] == ids for s in payload["frontier"]["knn"])  # the same questions

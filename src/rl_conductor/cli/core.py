@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,6 +12,7 @@ from rich.table import Table
 
 from rl_conductor.cli.app import app, pool_app
 from rl_conductor.cli.options import choice, count, non_negative, positive, writable_path
+from rl_conductor.evaluation.paired import FRONTIER_WEIGHTS
 from rl_conductor.limits import MAX_CALLS, MAX_ROUNDS, SENSITIVITIES
 from rl_conductor.validation import SPLIT_CHOICES
 
@@ -324,6 +326,38 @@ def _print_paired(summaries: list[dict[str, Any]], reference: str) -> list[dict[
     return rows
 
 
+def _equal_cost(
+    reference: dict[str, Any],
+    singles: list[dict[str, Any]],
+    families: list[str],
+    weights: list[float],
+    **options: Any,
+) -> dict[str, Any]:
+    """Trace each family's frontier (``run_frontier``), print ``reference`` minus each frontier at
+    its cost; the JSON entries (``equal_cost`` rows, ``frontier`` summaries per family)."""
+    from rl_conductor.evaluation.paired import equal_cost_difference, equal_cost_table_rows
+    from rl_conductor.evaluation.suite import run_frontier
+
+    console.print(
+        f"[dim]tracing {', '.join(families)} at cost weights {', '.join(f'{w:g}' for w in weights)}…[/dim]"
+    )
+    traced = run_frontier(families, weights, **options)
+    rows = [
+        equal_cost_difference(reference, [*runs, *singles], family=f"{family} (+ single workers)")
+        for family, runs in traced.items()
+    ]
+    table = Table(
+        title=f"{reference['policy']}: accuracy at equal cost, minus each frontier (same questions)"
+    )
+    head, cells = equal_cost_table_rows(rows)
+    for h in head:
+        table.add_column(h, justify="left" if h in ("frontier", "accuracy") else "right")
+    for row in cells:
+        table.add_row(*row)
+    console.print(table)
+    return {"equal_cost": rows, "frontier": traced}
+
+
 def _reward_line(summary: dict[str, Any]) -> str:
     r = summary.get("reward") or {}
     weight, scale = r.get("cost_weight", "?"), r.get("cost_scale", "?")
@@ -362,6 +396,17 @@ def compare_cmd(
     reward_preset: RewardPresetOpt = None,
     fit_limit: FitLimitOpt = None,
     max_rounds: MaxRoundsOpt = None,
+    frontier: Annotated[
+        str | None,
+        typer.Option(
+            help="router families, e.g. knn,domain-router: each fitted at every --frontier-weights "
+            "weight on the same questions; the first --policy's accuracy minus each family's "
+            "cost-accuracy frontier (with the single workers) at its cost, 95 %% paired interval"
+        ),
+    ] = None,
+    frontier_weights: Annotated[
+        str, typer.Option(help="cost weights that trace each --frontier family (comma-separated, >= 0)")
+    ] = ",".join(f"{w:g}" for w in FRONTIER_WEIGHTS),
 ) -> None:
     """Evaluate every baseline (and extra policies) side by side; table, JSON and Pareto chart.
 
@@ -388,6 +433,15 @@ def compare_cmd(
     from rl_conductor.evaluation.suite import GridPoint, baseline_specs, run_sweep, trained_defaults
 
     pool, dataset = trained_defaults(list(extra or []), pool, dataset)
+    families = [f.strip() for f in (frontier or "").split(",") if f.strip()]
+    if families and not extra:
+        raise typer.BadParameter("needs a --policy to compare with the frontier", param_hint="--frontier")
+    try:
+        weights = [float(w) for w in frontier_weights.split(",") if w.strip()]
+    except ValueError as exc:
+        raise typer.BadParameter(f"{frontier_weights!r}: {exc}", param_hint="--frontier-weights") from exc
+    if families and (not weights or any(not math.isfinite(w) or w < 0 for w in weights)):
+        raise typer.BadParameter("cost weights must be finite numbers >= 0", param_hint="--frontier-weights")
     try:
         amounts = parse_budgets(budgets) if budgets else [None]
     except ValueError as exc:
@@ -435,9 +489,28 @@ def compare_cmd(
         console.print(deadline_table(by_deadline))
     # the first --policy (a Conductor, typically) minus every other policy at the first point
     first = summaries[: len(specs)]
-    paired = _print_paired(first, first[len(specs) - len(extra or [])]["policy"]) if extra else []
+    reference = first[len(specs) - len(extra or [])] if extra else None
+    paired = _print_paired(first, reference["policy"]) if reference else []
+    extras: dict[str, Any] = {"paired": paired} if paired else {}
+    if families and reference is not None:
+        extras.update(
+            _equal_cost(
+                reference,
+                [s for s in first if s["policy"].startswith("single:")],
+                families,
+                weights,
+                pool=pool,
+                dataset=dataset,
+                split=split,
+                limit=limit,
+                seed=seed,
+                reward_preset=reward_preset,
+                fit_limit=fit_limit,
+                max_rounds=max_rounds,
+            )
+        )
     console.print(_reward_line(summaries[0]))
-    _write_json(json_out, {"results": summaries, **({"paired": paired} if paired else {})})
+    _write_json(json_out, {"results": summaries, **extras})
     if plot:
         n = summaries[0]["n"]
         if len(amounts) > 1:

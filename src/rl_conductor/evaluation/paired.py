@@ -25,6 +25,9 @@ import numpy as np
 #: Bootstrap draws of a paired interval, and the seed that makes it reproducible.
 N_BOOT = 2000
 BOOT_SEED = 0
+#: Cost weights a router family is fitted at to trace its cost-accuracy frontier
+#: (``evaluation.suite.run_frontier``, ``conductor compare --frontier``).
+FRONTIER_WEIGHTS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 
 
 def question_columns(records: Sequence[Any]) -> dict[str, list[Any]]:
@@ -116,6 +119,95 @@ def paired_rows(
     return rows
 
 
+def equal_cost_difference(
+    reference: Mapping[str, Any],
+    points: Sequence[Mapping[str, Any]],
+    *,
+    family: str = "",
+    n_boot: int = N_BOOT,
+    seed: int = BOOT_SEED,
+) -> dict[str, Any]:
+    """``reference``'s accuracy minus the accuracy that randomly mixing ``points`` reaches at
+    ``reference``'s mean cost (the upper concave hull of their cost-accuracy points:
+    :func:`rl_conductor.evaluation.frontier.hull_accuracy`), in points, with a 95 % paired
+    bootstrap interval: each draw resamples the questions once and recomputes every point, the
+    hull and the reference's cost on them. ``hull_accuracy`` None (and no interval) when the
+    reference is cheaper than every point: nothing on the frontier spends so little.
+
+    Raises:
+        UnpairedError: a summary was not evaluated on the reference's questions.
+    """
+    from rl_conductor.evaluation.frontier import Point, hull_accuracy
+
+    cols = [_aligned(reference, p) for p in points]
+    if not cols:
+        raise UnpairedError("no frontier points to compare with")
+    y0, c0 = cols[0][0]["correct"], cols[0][0]["cost_usd"]
+    ys = np.stack([b["correct"] for _, b in cols])
+    cs = np.stack([b["cost_usd"] for _, b in cols])
+    n = len(y0)
+
+    def diff(idx: np.ndarray | slice) -> float | None:
+        pts = [
+            Point(str(i), float(c), float(y))
+            for i, (c, y) in enumerate(zip(cs[:, idx].mean(1), ys[:, idx].mean(1), strict=True))
+        ]
+        try:
+            return float(y0[idx].mean()) - hull_accuracy(float(c0[idx].mean()), pts)
+        except ValueError:  # cheaper than every point
+            return None
+
+    whole = diff(slice(None))
+    out: dict[str, Any] = {
+        "policy": str(reference.get("policy")),
+        "against": family,
+        "n": n,
+        "points": len(points),
+        "accuracy": float(y0.mean()) if n else 0.0,
+        "mean_cost_usd": float(c0.mean()) if n else 0.0,
+        "hull_accuracy": None if whole is None else float(y0.mean()) - whole,
+        "accuracy_points": None,
+    }
+    if whole is None or not n:
+        return out
+    rng = np.random.default_rng(seed)
+    boots = [d for d in (diff(rng.integers(0, n, size=n)) for _ in range(n_boot)) if d is not None]
+    lo, hi = np.percentile(boots, [2.5, 97.5]) if boots else (whole, whole)
+    out["accuracy_points"] = {"diff": 100 * whole, "ci95": [100 * float(lo), 100 * float(hi)]}
+    out["boot_draws_used"] = len(boots)
+    return out
+
+
+def equal_cost_table_rows(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of an equal-cost table (one row per frontier family)."""
+    head = [
+        "frontier",
+        "points",
+        "acc %",
+        "$/q",
+        "frontier acc % at that cost",
+        "points [95 % CI]",
+        "accuracy",
+    ]
+    cells = []
+    for r in rows:
+        diff = r["accuracy_points"]
+        cells.append(
+            [
+                str(r["against"]),
+                str(r["points"]),
+                f"{100 * r['accuracy']:.2f}",
+                f"{r['mean_cost_usd']:.3g}",
+                "cheaper than every point"
+                if r["hull_accuracy"] is None
+                else f"{100 * r['hull_accuracy']:.2f}",
+                "-" if diff is None else _ci(diff, "+.2f"),
+                "-" if diff is None else verdict(r, "accuracy_points"),
+            ]
+        )
+    return head, cells
+
+
 def _ci(cell: Mapping[str, Any], fmt: str) -> str:
     lo, hi = cell["ci95"]
     return f"{cell['diff']:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
@@ -148,8 +240,11 @@ def paired_table_rows(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], lis
 
 
 __all__ = [
+    "FRONTIER_WEIGHTS",
     "N_BOOT",
     "UnpairedError",
+    "equal_cost_difference",
+    "equal_cost_table_rows",
     "paired_difference",
     "paired_rows",
     "paired_table_rows",

@@ -20,7 +20,7 @@ from typing import Any
 
 from rl_conductor import validation
 from rl_conductor.errors import InvalidArgument
-from rl_conductor.evaluation.paired import question_columns
+from rl_conductor.evaluation.paired import FRONTIER_WEIGHTS, question_columns
 from rl_conductor.evaluation.runner import EvalResult, evaluate
 from rl_conductor.limits import SENSITIVITIES, RequestLimits, Sensitivity
 from rl_conductor.policies.catalog import make_policy
@@ -37,6 +37,7 @@ __all__ = [
     "eval_limits",
     "eval_reward",
     "run_eval",
+    "run_frontier",
     "run_sweep",
     "sweep",
     "trained_defaults",
@@ -221,6 +222,28 @@ def run_sweep(
     for summary, (spec, point) in zip(out, keys, strict=True):
         if seen[(summary["policy"], point)] > 1:
             summary["policy"] = spec
+    return out
+
+
+def run_frontier(
+    families: Sequence[str], weights: Sequence[float] = FRONTIER_WEIGHTS, **options: Any
+) -> dict[str, list[dict[str, Any]]]:
+    """Each router family (``knn``, ``domain-router``, ``cascade:all``…) fitted at each cost
+    weight and run on the questions :func:`run_sweep` with the same ``options`` runs (pool,
+    dataset, split, limit, seed: the same ids, in the same order); per family, one summary per
+    weight, tagged ``frontier_weight``. Only their measured accuracy and cost matter: the points
+    of the family's cost-accuracy frontier (``evaluation.paired.equal_cost_difference``)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for family in families:
+        runs = []
+        for w in weights:
+            validation.non_negative_finite("frontier weight", w)
+            (summary,) = run_sweep(
+                [family], [GridPoint()], **{**options, "cost_weight": w, "progress": False}
+            )
+            summary["frontier_weight"] = w
+            runs.append(summary)
+        out[family] = runs
     return out
 
 
