@@ -160,6 +160,8 @@ def test_compare_traces_a_frontier_and_checks_its_options(tmp_path: Path) -> Non
     bad = runner.invoke(app, ["compare", "--pool", SIX, "--limit", "5", "--policy", "knn",
                               "--frontier", "knn", "--frontier-weights", "0,-1"])  # fmt: skip
     assert bad.exit_code == 2 and "--frontier-weights" in bad.output
+    typo = runner.invoke(app, ["compare", "--pool", SIX, "--policy", "knn", "--frontier", "knnn"])
+    assert typo.exit_code == 2 and "unknown policy 'knnn'" in typo.output
     out = tmp_path / "c.json"
     res = runner.invoke(app, ["compare", "--pool", SIX, "--limit", "20", "--policy", "domain-router",
                               "--frontier", "knn", "--frontier-weights", "0,0.13,1", "--cost-weight", "0.13",

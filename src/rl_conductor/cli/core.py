@@ -401,7 +401,7 @@ def compare_cmd(
         typer.Option(
             help="router families, e.g. knn,domain-router: each fitted at every --frontier-weights "
             "weight on the same questions; the first --policy's accuracy minus each family's "
-            "cost-accuracy frontier (with the single workers) at its cost, 95 %% paired interval"
+            "cost-accuracy frontier (with the single workers) at its cost, 95 % paired interval"
         ),
     ] = None,
     frontier_weights: Annotated[
@@ -436,6 +436,14 @@ def compare_cmd(
     families = [f.strip() for f in (frontier or "").split(",") if f.strip()]
     if families and not extra:
         raise typer.BadParameter("needs a --policy to compare with the frontier", param_hint="--frontier")
+    from rl_conductor.policies.catalog import POLICY_KINDS
+
+    unknown = [f for f in families if f.partition(":")[0] not in POLICY_KINDS]
+    if unknown:  # found before minutes of evaluation, not after
+        raise typer.BadParameter(
+            f"unknown policy {unknown[0]!r}; known kinds: {', '.join(sorted(POLICY_KINDS))}",
+            param_hint="--frontier",
+        )
     try:
         weights = [float(w) for w in frontier_weights.split(",") if w.strip()]
     except ValueError as exc:
