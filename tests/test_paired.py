@@ -91,8 +91,16 @@ def test_rows_leave_out_the_reference_and_summaries_without_questions() -> None:
     rows = paired_rows(
         [ref, _summary("x", ids, [1, 0, 0], [1.0, 0.0, 0.0], [0.0] * 3), {"policy": "y"}, ref], "ref"
     )
-    assert [r["against"] for r in rows] == ["x"] and rows[0]["verdict"] in ("ahead", "tie")
+    assert [r["against"] for r in rows] == ["x"] and rows[0]["verdict"] == "too few questions"
     assert paired_rows([ref], "missing") == []
+
+
+def test_no_verdict_on_a_handful_of_questions_and_none_on_no_question() -> None:
+    # one question that A gets right and B wrong: a zero-width interval, not a win
+    one = paired_difference(_summary("a", ["q"], [1], [1.0], [0.0]), _summary("b", ["q"], [0], [0.0], [0.0]))
+    assert one["reward"]["ci95"] == [1.0, 1.0] and verdict(one) == "too few questions"
+    none = paired_difference(_summary("a", [], [], [], []), _summary("b", [], [], [], []))
+    assert none["n"] == 0 and verdict(none) == "too few questions"
 
 
 def test_question_columns_keep_each_questions_outcome() -> None:
@@ -148,9 +156,27 @@ def test_equal_cost_is_the_accuracy_above_the_frontier_at_the_same_cost() -> Non
     better = _at("better", 100, 95, 0.4)
     behind = equal_cost_difference(_at("mine", 100, 80, 0.5), [cheap, dear, better])
     assert behind["accuracy_points"]["diff"] < 0 and verdict(behind, "accuracy_points") == "behind"
-    # cheaper than every point: nothing to compare with, said rather than extrapolated
+    # cheaper than every point: compared with the cheapest point (the frontier's credit), and said
     alone = equal_cost_difference(_at("mine", 100, 80, 0.0), [_at("x", 100, 50, 0.1)])
-    assert alone["hull_accuracy"] is None and alone["accuracy_points"] is None
+    assert alone["below_frontier"] and alone["hull_accuracy"] == pytest.approx(0.5)
+    assert alone["accuracy_points"]["diff"] == pytest.approx(30.0)
+
+
+def test_every_bootstrap_draw_counts_when_the_reference_costs_about_the_cheapest_points_cost() -> None:
+    """The reference's right answers are cheap and its wrong ones dear, and its mean cost is the
+    cheapest point's: the draws with more right answers fall below every point. The first version
+    dropped them, which cut the interval's top (48.3 for a point estimate of 40, bottom 22.5)."""
+    from rl_conductor.evaluation.paired import equal_cost_difference
+
+    n, right = 60, [1] * 48 + [0] * 12
+    ids = [f"q{i}" for i in range(n)]
+    mine = _summary("mine", ids, right, [0.0] * n, [0.5 if r else 3.0 for r in right])
+    cheap = _summary("cheap", ids, [1] * 24 + [0] * 36, [0.0] * n, [1.0] * n)
+    dear = _summary("dear", ids, [1] * 54 + [0] * 6, [0.0] * n, [3.0] * n)
+    row = equal_cost_difference(mine, [cheap, dear])
+    lo, hi = row["accuracy_points"]["ci95"]
+    assert row["accuracy_points"]["diff"] == pytest.approx(40.0) and not row["below_frontier"]
+    assert hi - 40.0 > 0.6 * (40.0 - lo)  # both tails: 51.7 and 24.3 here
 
 
 def test_compare_traces_a_frontier_and_checks_its_options(tmp_path: Path) -> None:
@@ -162,6 +188,13 @@ def test_compare_traces_a_frontier_and_checks_its_options(tmp_path: Path) -> Non
     assert bad.exit_code == 2 and "--frontier-weights" in bad.output
     typo = runner.invoke(app, ["compare", "--pool", SIX, "--policy", "knn", "--frontier", "knnn"])
     assert typo.exit_code == 2 and "unknown policy 'knnn'" in typo.output
+    # a family that fails only once built (no such worker) loses none of the comparison's results
+    kept = tmp_path / "kept.json"
+    lost = runner.invoke(app, ["compare", "--pool", SIX, "--limit", "3", "--policy",
+                               "single:mixtral-8x7b-instruct", "--frontier", "single:nope",
+                               "--frontier-weights", "0", "--no-behaviour", "--json", str(kept)])  # fmt: skip
+    assert lost.exit_code == 2 and "nope" in lost.output
+    assert json.loads(kept.read_text())["results"][-1]["policy"] == "single:mixtral-8x7b-instruct"
     out = tmp_path / "c.json"
     res = runner.invoke(app, ["compare", "--pool", SIX, "--limit", "20", "--policy", "domain-router",
                               "--frontier", "knn", "--frontier-weights", "0,0.13,1", "--cost-weight", "0.13",
@@ -174,3 +207,34 @@ def test_compare_traces_a_frontier_and_checks_its_options(tmp_path: Path) -> Non
     assert [s["frontier_weight"] for s in payload["frontier"]["knn"]] == [0.0, 0.13, 1.0]
     ids = payload["results"][0]["questions"]["task_id"]
     assert all(s["questions"]["task_id"] == ids for s in payload["frontier"]["knn"])  # the same questions
+
+
+def test_under_budgets_the_frontier_runs_at_the_budget_its_reference_ran_at(tmp_path: Path) -> None:
+    out = tmp_path / "b.json"
+    res = CliRunner().invoke(app, ["compare", "--pool", SIX, "--limit", "20", "--budgets", "0.0003,none",
+                                   "--policy", "domain-router", "--frontier", "knn", "--frontier",
+                                   "domain-router", "--frontier-weights", "0,1", "--cost-weight", "0.13",
+                                   "--no-behaviour", "--json", str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "domain-router (at budget 0.0003) minus each policy" in " ".join(res.output.split())
+    payload = json.loads(out.read_text())
+    assert [r["against"] for r in payload["equal_cost"]] == [
+        "knn (+ single workers)",
+        "domain-router (+ single workers)",
+    ]
+    for runs in payload["frontier"].values():
+        for s in runs:  # run under the reference's budget, as the singles of its point were
+            assert max(s["questions"]["cost_usd"]) <= 0.0003 + 1e-12
+
+
+def test_a_title_naming_a_policy_is_not_read_as_an_emoji() -> None:
+    from rich.console import Console
+
+    from rl_conductor.evaluation.report import paired_table
+
+    ids = [f"q{i}" for i in range(3)]
+    rows = paired_rows([_summary("single:b", ids, [1, 1, 0], [1.0, 1.0, 0.0], [0.0] * 3),
+                        _summary("x", ids, [1, 0, 0], [1.0, 0.0, 0.0], [0.0] * 3)], "single:b")  # fmt: skip
+    console = Console(record=True, width=200)
+    console.print(paired_table(rows, "single:b:"))
+    assert "single:b:" in console.export_text()

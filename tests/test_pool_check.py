@@ -257,3 +257,80 @@ def test_pool_check_json_into_a_path_that_cannot_be_written_is_one_line_exit_2(t
             assert len(lines) == 1 and lines[0].startswith("Error: --json ") and "cannot write" in lines[0]
             assert "Traceback" not in res.stderr
         assert a.requests == []  # refused before any worker was called
+
+
+def _rows(n: int, **responses: Any) -> list[dict[str, Any]]:
+    """``n`` math items, each with ``responses`` (model -> response) as given."""
+    return [{"id": f"x/{i}", "question": f"What is {i} + 1?", "answer": str(i + 1), "grader": "math",
+             "domain": "math", "responses": dict(responses)} for i in range(n)]  # fmt: skip
+
+
+def _pool(
+    tmp_path: Path, name: str, rows: list[dict[str, Any]], workers: list[dict[str, Any]], **extra: Any
+) -> Path:
+    rec = tmp_path / f"{name}.jsonl"
+    rec.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    pool = tmp_path / f"{name}.yaml"
+    pool.write_text(yaml.safe_dump({"name": name, "recordings": str(rec), "workers": workers, **extra}))
+    return pool
+
+
+def test_pool_check_replays_at_the_workers_own_output_cap(tmp_path: Path) -> None:
+    """A worker's ``max_output_tokens`` caps its calls in a run (executor._affordable_cap): the check
+    cuts and prices at that cap too, rather than reporting answers a run would cut as whole."""
+    long = {"text": "y" * 8_000 + " #### {}", "correct": True}
+    rows = [
+        {**r, "responses": {"a": {**long, "text": long["text"].format(i + 1)}}}
+        for i, r in enumerate(_rows(3))
+    ]
+    pool = _pool(tmp_path, "capped", rows, [{"name": "a", "kind": "replay", "price_in": 1.0, "price_out": 1.0,
+                                             "max_output_tokens": 1000}])  # fmt: skip
+    (a,) = check_pool_file(pool).workers
+    assert a.replay is not None and a.replay["max_tokens"] == 1000 and a.replay["cut"] == 3
+    assert a.output_tokens == 1000 and "3 longer than max_tokens 1000" in a.detail
+
+
+def test_pool_check_asks_a_worker_with_its_own_file_the_pools_items(tmp_path: Path) -> None:
+    """In the built pool the first replay worker's file names the dataset; a later worker with a file
+    of its own is asked those items (and has none of them): the check says so, as a run would find."""
+    own = tmp_path / "own.jsonl"
+    own.write_text(
+        "".join(json.dumps({**r, "id": f"y/{i}"}) + "\n" for i, r in enumerate(_rows(2, b={"correct": True})))
+    )
+    prices = {"kind": "replay", "price_in": 1.0, "price_out": 1.0}
+    pool = _pool(tmp_path, "mixed", _rows(4, a={"correct": True}),
+                 [{"name": "a", **prices}, {"name": "b", **prices, "recordings": str(own)}])  # fmt: skip
+    a, b = check_pool_file(pool).workers
+    assert a.replay is not None and a.replay["replayed"] == 4
+    assert b.replay is not None and (b.replay["items"], b.replay["missing"]) == (4, 4) and b.status == "error"
+
+
+def test_pool_check_words_its_findings_as_a_run_would_meet_them(tmp_path: Path) -> None:
+    # recorded at 1x, 1x, 3x and 3x the pool's prices: the median is 2x
+    costs = [150e-6, 150e-6, 450e-6, 450e-6]
+    rows = _rows(4)
+    for r, c in zip(rows, costs, strict=True):
+        r["responses"] = {"a": {"text": f"#### {r['answer']}", "correct": True, "input_tokens": 100,
+                                "output_tokens": 50, "cost_usd": c},
+                          "t": {"text": f"#### {r['answer']}"}}  # fmt: skip
+    rows[0]["responses"]["t"] = {"correct": False}  # t: three texts without a label, one label
+    pool = _pool(tmp_path, "words", rows, [{"name": n, "kind": "replay", "price_in": 1.0, "price_out": 1.0}
+                                           for n in ("a", "t")])  # fmt: skip
+    a, t = check_pool_file(pool).workers
+    assert a.replay is not None and a.replay["price_ratio"] == pytest.approx(2.0)
+    assert "2x the pool's prices" in a.detail and "check price_in / price_out" in a.detail
+    assert "recorded accuracy 0.0% (over the 1 labelled)" in t.detail
+
+
+def test_pool_check_counts_one_cause_once_and_a_whole_answer_as_whole(tmp_path: Path) -> None:
+    rows = _rows(3)
+    for r in rows:  # every item recorded far above a call's worst case; and a text of exactly the cap
+        whole = "z" * (4 * 4096 - 7) + f" #### {r['answer']}"  # 4,096 tokens as estimated
+        r["responses"] = {"a": {"text": f"#### {r['answer']}", "correct": True, "cost_usd": 5.0},
+                          "b": {"text": whole, "correct": True}}  # fmt: skip
+    pool = _pool(tmp_path, "once", rows, [{"name": n, "kind": "replay", "price_in": 1.0, "price_out": 1.0}
+                                          for n in ("a", "b")])  # fmt: skip
+    a, b = check_pool_file(pool).workers
+    assert a.status == "error" and a.replay is not None and list(a.replay["errors"].values()) == [3]
+    assert "(3x, e.g. 'x/0')" in a.detail
+    assert b.replay is not None and b.replay["cut"] == 0  # 4,096 tokens at a cap of 4,096: not cut

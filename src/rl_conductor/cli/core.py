@@ -314,15 +314,16 @@ def eval_cmd(
     fail_if_nothing_answered(summaries)
 
 
-def _print_paired(summaries: list[dict[str, Any]], reference: str) -> list[dict[str, Any]]:
+def _print_paired(summaries: list[dict[str, Any]], reference: str, at: str = "") -> list[dict[str, Any]]:
     """Print ``reference`` minus every other policy of ``summaries``, question by question, with
-    95 % paired intervals (:mod:`rl_conductor.evaluation.paired`); the rows, for the JSON."""
+    95 % paired intervals (:mod:`rl_conductor.evaluation.paired`); the rows, for the JSON. ``at``:
+    the budget / deadline they ran under, for the title."""
     from rl_conductor.evaluation.paired import paired_rows
     from rl_conductor.evaluation.report import paired_table
 
     rows = paired_rows(summaries, reference)
     if rows:
-        console.print(paired_table(rows, reference))
+        console.print(paired_table(rows, reference + at))
     return rows
 
 
@@ -331,24 +332,26 @@ def _equal_cost(
     singles: list[dict[str, Any]],
     families: list[str],
     weights: list[float],
+    at: str = "",
     **options: Any,
 ) -> dict[str, Any]:
-    """Trace each family's frontier (``run_frontier``), print ``reference`` minus each frontier at
-    its cost; the JSON entries (``equal_cost`` rows, ``frontier`` summaries per family)."""
+    """Trace each family's frontier (``run_frontier``, under the point ``options`` give: the
+    budget and deadline the reference and the singles ran under), print ``reference`` minus each
+    frontier at its cost; the JSON entries (``equal_cost`` rows, ``frontier`` summaries)."""
+    from rich.text import Text
+
     from rl_conductor.evaluation.paired import equal_cost_difference, equal_cost_table_rows
     from rl_conductor.evaluation.suite import run_frontier
 
-    console.print(
-        f"[dim]tracing {', '.join(families)} at cost weights {', '.join(f'{w:g}' for w in weights)}…[/dim]"
-    )
+    said = f"tracing {', '.join(families)} at cost weights {', '.join(f'{w:g}' for w in weights)}{at}…"
+    console.print(Text(said, style="dim"))
     traced = run_frontier(families, weights, **options)
     rows = [
         equal_cost_difference(reference, [*runs, *singles], family=f"{family} (+ single workers)")
         for family, runs in traced.items()
     ]
-    table = Table(
-        title=f"{reference['policy']}: accuracy at equal cost, minus each frontier (same questions)"
-    )
+    title = f"{reference['policy']}{at}: accuracy at equal cost, minus each frontier (same questions)"
+    table = Table(title=Text(title))
     head, cells = equal_cost_table_rows(rows)
     for h in head:
         table.add_column(h, justify="left" if h in ("frontier", "accuracy") else "right")
@@ -397,11 +400,12 @@ def compare_cmd(
     fit_limit: FitLimitOpt = None,
     max_rounds: MaxRoundsOpt = None,
     frontier: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
-            help="router families, e.g. knn,domain-router: each fitted at every --frontier-weights "
-            "weight on the same questions; the first --policy's accuracy minus each family's "
-            "cost-accuracy frontier (with the single workers) at its cost, 95 % paired interval"
+            help="a router family (repeat for several: --frontier knn --frontier domain-router), "
+            "fitted at every --frontier-weights weight on the same questions; the first --policy's "
+            "accuracy minus the family's cost-accuracy frontier (with the single workers) at its "
+            "cost, 95 % paired interval"
         ),
     ] = None,
     frontier_weights: Annotated[
@@ -433,7 +437,7 @@ def compare_cmd(
     from rl_conductor.evaluation.suite import GridPoint, baseline_specs, run_sweep, trained_defaults
 
     pool, dataset = trained_defaults(list(extra or []), pool, dataset)
-    families = [f.strip() for f in (frontier or "").split(",") if f.strip()]
+    families = [f.strip() for f in frontier or [] if f.strip()]
     if families and not extra:
         raise typer.BadParameter("needs a --policy to compare with the frontier", param_hint="--frontier")
     from rl_conductor.policies.catalog import POLICY_KINDS
@@ -495,18 +499,27 @@ def compare_cmd(
         console.print(budget_table(by_budget))
     if len(times) > 1:
         console.print(deadline_table(by_deadline))
-    # the first --policy (a Conductor, typically) minus every other policy at the first point
+    # the first --policy (a Conductor, typically) minus every other policy at the first point,
+    # named in the titles when there are several
     first = summaries[: len(specs)]
+    at = ""
+    if len(points) > 1:
+        at = f" (at {', '.join(f'{k} {v}' for k, v in points[0].label.items())})"
     reference = first[len(specs) - len(extra or [])] if extra else None
-    paired = _print_paired(first, reference["policy"]) if reference else []
+    paired = _print_paired(first, reference["policy"], at) if reference else []
     extras: dict[str, Any] = {"paired": paired} if paired else {}
     if families and reference is not None:
+        # the comparison so far is written before the frontier is traced: a family that fails
+        # there loses none of it
+        _write_json(json_out, {"results": summaries, **extras})
         extras.update(
             _equal_cost(
                 reference,
                 [s for s in first if s["policy"].startswith("single:")],
                 families,
                 weights,
+                at,
+                point=GridPoint(points[0].max_cost_usd, points[0].max_latency_s),
                 pool=pool,
                 dataset=dataset,
                 split=split,

@@ -25,6 +25,8 @@ import numpy as np
 #: Bootstrap draws of a paired interval, and the seed that makes it reproducible.
 N_BOOT = 2000
 BOOT_SEED = 0
+#: Fewest questions a verdict (ahead / behind / tie) is given on.
+MIN_VERDICT_N = 20
 #: Cost weights a router family is fitted at to trace its cost-accuracy frontier
 #: (``evaluation.suite.run_frontier``, ``conductor compare --frontier``).
 FRONTIER_WEIGHTS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
@@ -58,7 +60,7 @@ def _aligned(
             f"({len(ids_a)} and {len(ids_b)} questions)"
         )
     order = {t: i for i, t in enumerate(ids_b)}
-    take = np.array([order[t] for t in ids_a])
+    take = np.array([order[t] for t in ids_a], dtype=int)
     cols = ("correct", "reward", "cost_usd")
     return (
         {c: np.asarray(qa[c], dtype=float) for c in cols},
@@ -96,7 +98,11 @@ def paired_difference(
 
 
 def verdict(row: Mapping[str, Any], key: str = "reward") -> str:
-    """``ahead`` / ``behind`` when the 95 % interval of ``key`` excludes 0, else ``tie``."""
+    """``ahead`` / ``behind`` when the 95 % interval of ``key`` excludes 0, else ``tie``; below
+    :data:`MIN_VERDICT_N` questions ``too few questions``: a percentile interval over a handful of
+    questions that all differ one way has no width, and would call one question a win."""
+    if int(row.get("n", 0)) < MIN_VERDICT_N:
+        return "too few questions"
     lo, hi = row[key]["ci95"]
     return "ahead" if lo > 0 else "behind" if hi < 0 else "tie"
 
@@ -131,8 +137,10 @@ def equal_cost_difference(
     ``reference``'s mean cost (the upper concave hull of their cost-accuracy points:
     :func:`rl_conductor.evaluation.frontier.hull_accuracy`), in points, with a 95 % paired
     bootstrap interval: each draw resamples the questions once and recomputes every point, the
-    hull and the reference's cost on them. ``hull_accuracy`` None (and no interval) when the
-    reference is cheaper than every point: nothing on the frontier spends so little.
+    hull and the reference's cost on them. Where the reference is cheaper than every point
+    (nothing on the frontier spends so little) it is compared with the cheapest point's accuracy,
+    a credit to the frontier, not to the reference: every draw counts, so the interval is not
+    made of the draws that happened to cost more, and ``below_frontier`` says so for the sample.
 
     Raises:
         UnpairedError: a summary was not evaluated on the reference's questions.
@@ -147,17 +155,16 @@ def equal_cost_difference(
     cs = np.stack([b["cost_usd"] for _, b in cols])
     n = len(y0)
 
-    def diff(idx: np.ndarray | slice) -> float | None:
-        pts = [
-            Point(str(i), float(c), float(y))
-            for i, (c, y) in enumerate(zip(cs[:, idx].mean(1), ys[:, idx].mean(1), strict=True))
-        ]
-        try:
-            return float(y0[idx].mean()) - hull_accuracy(float(c0[idx].mean()), pts)
-        except ValueError:  # cheaper than every point
-            return None
+    def frontier_at(idx: np.ndarray | slice) -> tuple[float, bool]:
+        """The frontier's accuracy at the reference's cost on these questions, and whether the
+        reference was cheaper than every point."""
+        costs, accs = cs[:, idx].mean(1), ys[:, idx].mean(1)
+        cost = float(c0[idx].mean())
+        if cost < float(costs.min()) - 1e-15:
+            return float(accs[costs == costs.min()].max()), True
+        pts = [Point(str(k), float(c), float(y)) for k, (c, y) in enumerate(zip(costs, accs, strict=True))]
+        return hull_accuracy(cost, pts), False
 
-    whole = diff(slice(None))
     out: dict[str, Any] = {
         "policy": str(reference.get("policy")),
         "against": family,
@@ -165,16 +172,22 @@ def equal_cost_difference(
         "points": len(points),
         "accuracy": float(y0.mean()) if n else 0.0,
         "mean_cost_usd": float(c0.mean()) if n else 0.0,
-        "hull_accuracy": None if whole is None else float(y0.mean()) - whole,
+        "hull_accuracy": None,
+        "below_frontier": False,
         "accuracy_points": None,
     }
-    if whole is None or not n:
+    if not n:
         return out
+    hull, below = frontier_at(slice(None))
     rng = np.random.default_rng(seed)
-    boots = [d for d in (diff(rng.integers(0, n, size=n)) for _ in range(n_boot)) if d is not None]
-    lo, hi = np.percentile(boots, [2.5, 97.5]) if boots else (whole, whole)
-    out["accuracy_points"] = {"diff": 100 * whole, "ci95": [100 * float(lo), 100 * float(hi)]}
-    out["boot_draws_used"] = len(boots)
+    draws = (rng.integers(0, n, size=n) for _ in range(n_boot))
+    boots = [float(y0[idx].mean()) - frontier_at(idx)[0] for idx in draws]
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    out.update(hull_accuracy=hull, below_frontier=below)
+    out["accuracy_points"] = {
+        "diff": 100 * (float(y0.mean()) - hull),
+        "ci95": [100 * float(lo), 100 * float(hi)],
+    }
     return out
 
 
@@ -191,16 +204,17 @@ def equal_cost_table_rows(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str],
     ]
     cells = []
     for r in rows:
-        diff = r["accuracy_points"]
+        diff, hull = r["accuracy_points"], r["hull_accuracy"]
+        at = "-" if hull is None else f"{100 * hull:.2f}"
+        if r.get("below_frontier"):
+            at += " (its cheapest point: every point costs more)"
         cells.append(
             [
                 str(r["against"]),
                 str(r["points"]),
                 f"{100 * r['accuracy']:.2f}",
                 f"{r['mean_cost_usd']:.3g}",
-                "cheaper than every point"
-                if r["hull_accuracy"] is None
-                else f"{100 * r['hull_accuracy']:.2f}",
+                at,
                 "-" if diff is None else _ci(diff, "+.2f"),
                 "-" if diff is None else verdict(r, "accuracy_points"),
             ]
@@ -241,6 +255,7 @@ def paired_table_rows(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], lis
 
 __all__ = [
     "FRONTIER_WEIGHTS",
+    "MIN_VERDICT_N",
     "N_BOOT",
     "UnpairedError",
     "equal_cost_difference",

@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 COLUMNS = [
     ("policy", "policy", "{}"),
@@ -261,7 +262,7 @@ def _side_by_side(
 
 
 def _rich(heads: list[str], rows: list[list[str]], title: str, left: tuple[str, ...]) -> Table:
-    table = Table(title=title)
+    table = Table(title=Text(title))  # a title naming a policy is not markup: `single:b:` is no emoji
     for h in heads:
         table.add_column(h, no_wrap=h == "policy", justify="left" if h.startswith(left) else "right")
     for row in rows:

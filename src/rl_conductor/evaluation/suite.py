@@ -226,21 +226,25 @@ def run_sweep(
 
 
 def run_frontier(
-    families: Sequence[str], weights: Sequence[float] = FRONTIER_WEIGHTS, **options: Any
+    families: Sequence[str],
+    weights: Sequence[float] = FRONTIER_WEIGHTS,
+    point: GridPoint | None = None,
+    **options: Any,
 ) -> dict[str, list[dict[str, Any]]]:
     """Each router family (``knn``, ``domain-router``, ``cascade:all``…) fitted at each cost
     weight and run on the questions :func:`run_sweep` with the same ``options`` runs (pool,
     dataset, split, limit, seed: the same ids, in the same order); per family, one summary per
-    weight, tagged ``frontier_weight``. Only their measured accuracy and cost matter: the points
-    of the family's cost-accuracy frontier (``evaluation.paired.equal_cost_difference``)."""
+    weight, tagged ``frontier_weight``, under ``point``'s budget and deadline (none by default):
+    the limits the policy compared with them ran under. Only their measured accuracy and cost
+    matter: the points of the family's cost-accuracy frontier
+    (``evaluation.paired.equal_cost_difference``)."""
+    at = GridPoint() if point is None else GridPoint(point.max_cost_usd, point.max_latency_s)
     out: dict[str, list[dict[str, Any]]] = {}
     for family in families:
         runs = []
         for w in weights:
             validation.non_negative_finite("frontier weight", w)
-            (summary,) = run_sweep(
-                [family], [GridPoint()], **{**options, "cost_weight": w, "progress": False}
-            )
+            (summary,) = run_sweep([family], [at], **{**options, "cost_weight": w, "progress": False})
             summary["frontier_weight"] = w
             runs.append(summary)
         out[family] = runs

@@ -15,8 +15,10 @@ call (the report shows the cost). The offline simulated and fake kinds are calle
 answer at once and cost what their prices say).
 
 A replay worker has no endpoint: what can be wrong is its recordings. So it replays every item
-of the pool's dataset (the recordings file's items) offline, as an evaluation would call it
-(the question as the message, ``RequestLimits.max_tokens`` of output), and reports
+of the pool's dataset (the recordings file's items; with workers naming files of their own, the
+first replay worker's, as in the built pool) offline, as an evaluation would call it (a one-step
+solve's message, the executor's output cap: ``RequestLimits.max_tokens`` or the worker's
+``max_output_tokens`` where lower), and reports
 ``replayed N/M items`` with the recorded accuracy and the mean cost per item, or ``error`` with
 how many items cannot be replayed and why (no recording of the item for this model, a text that
 cannot be made to grade as recorded, a recorded cost above the call's worst case at the pool's
@@ -30,6 +32,8 @@ the executor reserves and what the routers' fits assume, so a user should know t
 from __future__ import annotations
 
 import asyncio
+import re
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -39,8 +43,11 @@ from typing import Any, Literal
 from rl_conductor.errors import ConfigError, UserError
 from rl_conductor.tasks.base import Task
 from rl_conductor.workers.base import CallContext, Worker, innermost
+from rl_conductor.workflow import worker_message
 
 CHECK_PROMPT = "Reply with the single word OK."
+#: the subtask of the one-step solve a replay check words its messages with
+CHECK_INSTRUCTION = "Solve it; give the final answer."
 #: output tokens a check call may use (the executor's minimum call size, so the cost stays tiny)
 CHECK_MAX_TOKENS = 64
 DEFAULT_CHECK_TIMEOUT_S = 60.0
@@ -136,32 +143,32 @@ async def replay_check(
     base = WorkerCheck(name=info.name, kind=info.kind, hosting=info.hosting, url="-", status="ok")
     if not tasks:
         return replace(base, status="offline", detail="answers recorded tasks only; no items to replay")
-    cap = RequestLimits().max_tokens if max_tokens is None else max_tokens
+    # the executor's cap: the request's max_tokens, at most the worker's own max_output_tokens
+    cap = min(RequestLimits().max_tokens if max_tokens is None else max_tokens, info.max_output_tokens)
     source, model = getattr(real, "source", None), getattr(real, "model", info.name)
     replayed = missing = cut = labelled = right = 0
     tokens_in = tokens_out = 0
     cost = 0.0
-    errors: dict[str, int] = {}
+    errors: dict[str, list[Any]] = {}  # reason (ids and amounts left out) -> [count, an example item]
     ratios: list[float] = []
     for task in tasks:
         rec = source.get(task.id, model) if source is not None else None
         if rec is None:
             missing += 1
             continue
+        # the message of a one-step solve, as the executor words it (its input bound sets the
+        # call's worst case, which a recorded cost must not exceed)
+        message = worker_message(task.question, [], CHECK_INSTRUCTION)
         try:
             comp = await real.complete(
-                [{"role": "user", "content": task.question}],
+                [{"role": "user", "content": message}],
                 max_tokens=cap,
                 temperature=CHECK_TEMPERATURE,
                 context=CallContext(task=task),
             )
         except WorkerError as exc:
-            why = (
-                str(exc)
-                .removeprefix(f"replay worker {model!r}: ")
-                .removeprefix(f"replay worker {info.name!r}: ")
-            )
-            errors[why] = errors.get(why, 0) + 1
+            why = _reason(str(exc), model, info.name)
+            errors.setdefault(why, [0, task.id])[0] += 1
             continue
         replayed += 1
         tokens_in, tokens_out, cost = (
@@ -169,17 +176,16 @@ async def replay_check(
             tokens_out + comp.output_tokens,
             cost + comp.cost_usd,
         )
-        # the worker cuts an answer longer than the cap to the cap (recorded or estimated tokens)
-        cut += comp.output_tokens >= cap and (rec.output_tokens is None or rec.output_tokens > cap)
+        cut += real.answer_tokens(task) > cap  # the worker's own rule (ReplayWorker.call)
         if rec.correct is not None:
             labelled, right = labelled + 1, right + int(rec.correct)
         if rec.cost_usd is not None and rec.input_tokens is not None and rec.output_tokens is not None:
             priced = info.cost(rec.input_tokens, rec.output_tokens)
             if priced > 0:
                 ratios.append(rec.cost_usd / priced)
-    failed = sum(errors.values())
-    ratio = float(sorted(ratios)[len(ratios) // 2]) if ratios else None
-    kept = sorted(errors.items(), key=lambda kv: -kv[1])[:ERRORS_KEPT]
+    failed = sum(n for n, _ in errors.values())
+    ratio = float(statistics.median(ratios)) if ratios else None
+    kept = sorted(errors.items(), key=lambda kv: -kv[1][0])[:ERRORS_KEPT]
     replay = {
         "items": len(tasks),
         "replayed": replayed,
@@ -189,7 +195,7 @@ async def replay_check(
         "max_tokens": cap,
         "recorded_accuracy": right / labelled if labelled else None,
         "price_ratio": ratio,
-        "errors": {why: n for why, n in kept},
+        "errors": {why: n for why, (n, _) in kept},
     }
     each = max(replayed, 1)
     used = replace(
@@ -201,7 +207,8 @@ async def replay_check(
     )
     parts = [f"replayed {replayed}/{len(tasks)} items"]
     if labelled:
-        parts.append(f"recorded accuracy {right / labelled:.1%}")
+        over = "" if labelled == replayed else f" (over the {labelled} labelled)"
+        parts.append(f"recorded accuracy {right / labelled:.1%}{over}")
     if missing:
         parts.append(f"{missing} without a recording of {model!r} (a run falls back to another worker there)")
     if cut:
@@ -209,10 +216,10 @@ async def replay_check(
     if ratio is not None and not 1 / PRICE_TOLERANCE <= ratio <= PRICE_TOLERANCE:
         parts.append(
             f"recorded cost_usd is {ratio:.3g}x the pool's prices for the recorded tokens (median of "
-            f"{len(ratios)}): check input_price / output_price"
+            f"{len(ratios)}): check price_in / price_out"
         )
     if failed:
-        first = "; ".join(f"{why} ({n}x)" for why, n in kept)
+        first = "; ".join(f"{why} ({n}x, e.g. {example!r})" for why, (n, example) in kept)
         return replace(
             used,
             status="error",
@@ -223,6 +230,14 @@ async def replay_check(
             used, status="error", detail=f"no item of the pool's dataset has a recording of {model!r}"
         )
     return replace(used, detail=", ".join(parts))
+
+
+def _reason(message: str, model: str, name: str) -> str:
+    """A replay failure's reason without the worker, the item and the amounts, so that one cause
+    is counted once however many items it hits."""
+    why = message.removeprefix(f"replay worker {model!r}: ").removeprefix(f"replay worker {name!r}: ")
+    why = re.sub(r"task '[^']*'", "the item", why)
+    return re.sub(r"\$[0-9][0-9.e+-]*", "$…", why)
 
 
 async def check_worker(
@@ -359,7 +374,10 @@ def check_pool_file(
             checks.append(_unbuilt(spec, exc))
             continue
         if built.workers[0].info.kind in NOT_CALLABLE_KINDS:
-            dataset = built.default_dataset()
+            # as in the whole pool: the first replay worker's recordings name the pool's dataset
+            # (a later worker with a file of its own is asked that dataset's items, not its own)
+            options.setdefault("default_dataset", built.default_dataset())
+            dataset = str(options["default_dataset"])
             try:
                 tasks = loaded[dataset] if dataset in loaded else load_tasks(dataset)
             except (ConfigError, ValueError, OSError) as exc:

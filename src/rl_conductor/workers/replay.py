@@ -240,6 +240,17 @@ class ReplayWorker(CallWorker):
     latency_scale: float = 0.0
     source: RecordingSource = ROUTELLM
 
+    def answer_tokens(self, task: Task) -> int:
+        """Output tokens of this worker's whole answer to ``task`` before any ``max_tokens`` cut:
+        recorded, else estimated from its text (a fixed count for a synthesised answer). A call
+        whose cap is below this is cut. Raises :class:`WorkerError` as :meth:`call` does."""
+        answer = replay_answer(task, self.model, self.normalise, self.source)
+        rec = self.source.get(task.id, self.model)
+        assert rec is not None  # replay_answer raised otherwise
+        if rec.output_tokens is not None:
+            return rec.output_tokens
+        return self.mmlu_output_tokens if answer.synthesised else estimate_tokens(answer.text)
+
     async def call(self, call: WorkerCall) -> Completion:
         messages, max_tokens, context = call.messages, call.max_tokens, call.context
         if context is None:
@@ -251,10 +262,7 @@ class ReplayWorker(CallWorker):
         rec = self.source.get(context.task.id, self.model)
         assert rec is not None  # replay_answer raised otherwise
         text = answer.text
-        if rec.output_tokens is not None:
-            output_tokens = rec.output_tokens
-        else:
-            output_tokens = self.mmlu_output_tokens if answer.synthesised else estimate_tokens(text)
+        output_tokens = self.answer_tokens(context.task)
         cap = max(1, max_tokens)
         cut = output_tokens > cap
         if cut:
