@@ -178,6 +178,10 @@ def test_the_best_candidate_on_validation_is_kept_and_the_test_split_is_never_re
     assert saved["reward"]["cost_weight"] == 0.1
     other = next(n for n in rewards if n != found.chosen)
     assert saved["margins"][other]["difference"] == pytest.approx(rewards[found.chosen] - rewards[other])
+    for name, base in saved["baselines"].items():  # chosen minus each baseline, with its SE
+        margin = saved["baseline_margins"][name]
+        assert margin["difference"] == pytest.approx(rewards[found.chosen] - base["mean_reward"])
+        assert margin["se"] is None or margin["se"] >= 0
     # `eval` of both candidates side by side reports what the choice saw: each with its own rounds
     from rl_conductor.evaluation.suite import run_eval
 

@@ -75,7 +75,7 @@ MaxRoundsOpt = Annotated[
     max_rounds_option(
         "rounds a policy may use: after each but the last, one that reviews (the Conductor, "
         "cascade) reads the answers so far and keeps them or adds steps; 1 = plan once (default: "
-        "each Conductor the rounds of its conductor.json, every other policy 1)"
+        "each Conductor the rounds of its conductor.json, a fixed cascade its 2, every other policy 1)"
     ),
 ]
 MaxCallsOpt = Annotated[

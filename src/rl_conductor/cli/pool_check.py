@@ -55,7 +55,10 @@ def pool_check(
         replays = [w for w in report.workers if w.replay is not None]
         how = f"one call each, max_tokens {CHECK_MAX_TOKENS}"
         if replays:
-            how += "; replay workers: every recorded item, tokens and cost per item"
+            cap = max(w.replay["max_tokens"] for w in replays if w.replay)
+            how += (
+                f"; replay workers: every recorded item at max_tokens up to {cap}, tokens and cost per item"
+            )
         table = Table(title=f"pool check: {report.pool} ({how})")
         for col in ("worker", "kind", "hosting", "url", "status", "latency s", "in tok", "out tok", "cost $"):
             right = col in ("latency s", "in tok", "out tok", "cost $")

@@ -165,8 +165,12 @@ def _train_and_choose(specs: list[str], overrides: dict[str, Any], out: Path, *,
             "" if name == choice.chosen else f"{d:+.4f} ({'n/a' if se is None else f'{se:.4f}'})",
         )
     for name, s in choice.baselines.items():
+        d, se = choice.baseline_margins.get(name, (0.0, None))
+        margin = (
+            f"{d:+.4f} ({'n/a' if se is None else f'{se:.4f}'})" if name in choice.baseline_margins else ""
+        )
         table.add_row(
-            name, f"{100 * s['accuracy']:.2f}", f"{s['mean_cost_usd']:.6f}", f"{s['mean_reward']:.4f}", ""
+            name, f"{100 * s['accuracy']:.2f}", f"{s['mean_cost_usd']:.6f}", f"{s['mean_reward']:.4f}", margin
         )
     console.print(table)
     _fit_lines(out, labels)
@@ -194,9 +198,11 @@ def _train_and_choose(specs: list[str], overrides: dict[str, Any], out: Path, *,
             err=True,
         )
     for router in choice.better_baselines():
+        d, se = choice.baseline_margins.get(router, (0.0, None))
+        by = "" if se is None else f", by {-d:.4f} (SE {se:.4f}{': within noise' if -d < 2 * se else ''})"
         typer.echo(
             f"warning: on the validation split {router} ({choice.baselines[router]['mean_reward']:.4f}) "
-            f"scores above the chosen Conductor ({choice.candidates[choice.chosen]['mean_reward']:.4f}) "
+            f"scores above the chosen Conductor ({choice.candidates[choice.chosen]['mean_reward']:.4f}{by}) "
             "at this reward; serve it, or compare them on your own traffic before promoting",
             err=True,
         )

@@ -228,6 +228,8 @@ class Choice:
     #: paired difference in mean reward, chosen minus each other candidate: (difference, its SE;
     #: None on fewer than two questions)
     margins: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    #: the same, chosen minus each baseline: whether a baseline scoring above it is ahead by noise
+    baseline_margins: dict[str, tuple[float, float | None]] = field(default_factory=dict)
 
     def better_baselines(self) -> list[str]:
         """Baselines whose validation reward is above the chosen Conductor's."""
@@ -244,6 +246,9 @@ class Choice:
             "candidates": self.candidates,
             "baselines": self.baselines,
             "margins": {k: {"difference": d, "se": se} for k, (d, se) in self.margins.items()},
+            "baseline_margins": {
+                k: {"difference": d, "se": se} for k, (d, se) in self.baseline_margins.items()
+            },
         }
 
 
@@ -337,6 +342,10 @@ def train_and_choose(
     baselines = {b: _figures(r.summary(), policy=r.policy) for b, r in zip(BASELINES, found, strict=True)}
     best = max(scored, key=lambda n: (scored[n]["mean_reward"], -list(scored).index(n)))
     margins = {n: _paired(per_question[best], per_question[n]) for n in scored if n != best}
+    baseline_margins = {
+        b: _paired(per_question[best], [x.reward for x in sorted(r.records, key=lambda x: x.task_id)])
+        for b, r in zip(BASELINES, found, strict=True)
+    }
     final_dir = root / "final"
     if final_dir.exists():
         shutil.rmtree(final_dir)
@@ -354,6 +363,7 @@ def train_and_choose(
         candidates=scored,
         baselines=baselines,
         margins=margins,
+        baseline_margins=baseline_margins,
     )
     meta_path = final_dir / "conductor.json"
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
