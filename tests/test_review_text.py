@@ -309,8 +309,11 @@ def test_the_recordings_text_preset_is_the_text_recipe_on_the_pools_own_data() -
         "sft_fit_target",
         "sft_fit_epochs",
         "sft_fit_max_passes",
+        # the plan line: first plans over several domains (the unseen-file measurement in the preset)
+        "plan_hint",
     }
     assert mine.warm_neighbours == "auto" and text.warm_neighbours == 0
+    assert mine.plan_hint and not text.plan_hint
     assert mine.sft_fit_target > 0 and mine.sft_fit_max_passes > 0 and text.sft_fit_target == 0
     assert {k: v for k, v in mine.to_dict().items() if k not in differ} == {
         k: v for k, v in text.to_dict().items() if k not in differ
