@@ -472,19 +472,18 @@ def compare_cmd(
         for amount in amounts
         for deadline in times
     ]
-    summaries = run_sweep(
-        specs,
-        points,
+    # the questions and options every run of this comparison shares (the frontier's too)
+    same: dict[str, Any] = dict(
         pool=pool,
         dataset=dataset,
         split=split,
         limit=limit,
         seed=seed,
         reward_preset=reward_preset,
-        cost_weight=cost_weight,
         fit_limit=fit_limit,
         max_rounds=max_rounds,  # None: each policy its own (a Conductor's conductor.json)
     )
+    summaries = run_sweep(specs, points, cost_weight=cost_weight, **same)
     for at, point in enumerate(points):
         runs = summaries[at * len(specs) : (at + 1) * len(specs)]
         label = "" if point.max_cost_usd is None else f" / budget ${point.max_cost_usd:g}"
@@ -520,14 +519,7 @@ def compare_cmd(
                 weights,
                 at,
                 point=GridPoint(points[0].max_cost_usd, points[0].max_latency_s),
-                pool=pool,
-                dataset=dataset,
-                split=split,
-                limit=limit,
-                seed=seed,
-                reward_preset=reward_preset,
-                fit_limit=fit_limit,
-                max_rounds=max_rounds,
+                **same,
             )
         )
     console.print(_reward_line(summaries[0]))
