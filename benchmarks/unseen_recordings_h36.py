@@ -78,6 +78,11 @@ SLOPE = 1.6
 
 
 # ------------------------------------------------------------------ code verification
+#: seconds a reference program may take: it is known good, so only a failure may drop its item
+#: (mbpp-64's takes 3.6 s on a loaded 2-core machine, and a 3 s limit dropped it)
+REFERENCE_TIMEOUT_S = 60.0
+
+
 def run_prog(prog: str, timeout=3.0) -> bool:
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(prog)
@@ -167,7 +172,7 @@ def code_items():
         )
     good = []
     for it in items:
-        if not run_prog(it["_test"](it["_ref"])):
+        if not run_prog(it["_test"](it["_ref"]), timeout=REFERENCE_TIMEOUT_S):
             print("drop (reference fails here):", it["id"], file=sys.stderr)
             continue
         wrongs = []
@@ -378,9 +383,13 @@ def build(prefix: str):
                 "responses": resp,
             }
         )
-    with gzip.open(prefix + ".jsonl.gz", "wt") as f:
+    # no time or file name in the gzip header: the same content gives the same bytes
+    with (
+        open(prefix + ".jsonl.gz", "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz,
+    ):
         for item in lines:
-            f.write(json.dumps(item) + "\n")
+            gz.write((json.dumps(item) + "\n").encode("utf-8"))
     n = len(lines)
     print(f"items {n}; oracle (any right) {oracle / n:.3f}")
     from collections import Counter

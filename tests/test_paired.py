@@ -224,7 +224,12 @@ def test_under_budgets_the_frontier_runs_at_the_budget_its_reference_ran_at(tmp_
     ]
     for runs in payload["frontier"].values():
         for s in runs:  # run under the reference's budget, as the singles of its point were
-            assert max(s["questions"]["cost_usd"]) <= 0.0003 + 1e-12
+            assert max(s["questions"]["cost_usd"]) <= 0.0003 + 1e-12 and s["budget"] == "0.0003"
+    assert all(r["budget"] == "0.0003" for r in [*payload["paired"], *payload["equal_cost"]])
+    old = CliRunner().invoke(
+        app, ["compare", "--pool", SIX, "--policy", "knn", "--frontier", "knn,domain-router"]
+    )
+    assert old.exit_code == 2 and "give --frontier once per family" in " ".join(old.output.split())
 
 
 def test_a_title_naming_a_policy_is_not_read_as_an_emoji() -> None:

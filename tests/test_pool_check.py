@@ -332,5 +332,22 @@ def test_pool_check_counts_one_cause_once_and_a_whole_answer_as_whole(tmp_path: 
                                           for n in ("a", "b")])  # fmt: skip
     a, b = check_pool_file(pool).workers
     assert a.status == "error" and a.replay is not None and list(a.replay["errors"].values()) == [3]
-    assert "(3x, e.g. 'x/0')" in a.detail
+    assert "(3x; the first: task 'x/0' was recorded at $5," in a.detail  # its amounts, whole
+    assert "recorded cost_usd" not in a.detail  # no tokens recorded: no price ratio to tell
     assert b.replay is not None and b.replay["cut"] == 0  # 4,096 tokens at a cap of 4,096: not cut
+
+
+def test_pool_check_tells_the_price_ratio_where_no_item_replays(tmp_path: Path) -> None:
+    """Prices far below the recorded costs make every item unreplayable: the ratio, read from the
+    recordings rather than from replayed calls, still says which field to fix."""
+    rows = _rows(3)
+    for r in rows:
+        r["responses"] = {"a": {"text": f"#### {r['answer']}", "correct": True, "input_tokens": 100,
+                                "output_tokens": 50, "cost_usd": 150e-6}}  # fmt: skip
+    pool = _pool(
+        tmp_path, "cheap", rows, [{"name": "a", "kind": "replay", "price_in": 0.0001, "price_out": 0.0002}]
+    )
+    (a,) = check_pool_file(pool).workers
+    assert a.status == "error" and a.replay is not None and a.replay["replayed"] == 0
+    assert a.replay["price_ratio"] == pytest.approx(150e-6 / (100 * 0.0001e-6 + 50 * 0.0002e-6))
+    assert "check price_in / price_out" in a.detail

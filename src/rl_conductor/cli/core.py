@@ -444,8 +444,10 @@ def compare_cmd(
 
     unknown = [f for f in families if f.partition(":")[0] not in POLICY_KINDS]
     if unknown:  # found before minutes of evaluation, not after
+        listed = "," in unknown[0] and all(p.partition(":")[0] in POLICY_KINDS for p in unknown[0].split(","))
+        hint = "; give --frontier once per family" if listed else ""
         raise typer.BadParameter(
-            f"unknown policy {unknown[0]!r}; known kinds: {', '.join(sorted(POLICY_KINDS))}",
+            f"unknown policy {unknown[0]!r}; known kinds: {', '.join(sorted(POLICY_KINDS))}{hint}",
             param_hint="--frontier",
         )
     try:
@@ -506,6 +508,8 @@ def compare_cmd(
         at = f" (at {', '.join(f'{k} {v}' for k, v in points[0].label.items())})"
     reference = first[len(specs) - len(extra or [])] if extra else None
     paired = _print_paired(first, reference["policy"], at) if reference else []
+    for row in paired:  # the limits they ran under, as each of `results` says its own
+        row.update(points[0].label)
     extras: dict[str, Any] = {"paired": paired} if paired else {}
     if families and reference is not None:
         # the comparison so far is written before the frontier is traced: a family that fails
@@ -522,6 +526,11 @@ def compare_cmd(
                 **same,
             )
         )
+        for row in extras["equal_cost"]:
+            row.update(points[0].label)
+        for runs in extras["frontier"].values():
+            for summary in runs:
+                summary.update(points[0].label)
     console.print(_reward_line(summaries[0]))
     _write_json(json_out, {"results": summaries, **extras})
     if plot:

@@ -149,13 +149,19 @@ async def replay_check(
     replayed = missing = cut = labelled = right = 0
     tokens_in = tokens_out = 0
     cost = 0.0
-    errors: dict[str, list[Any]] = {}  # reason (ids and amounts left out) -> [count, an example item]
+    errors: dict[str, list[Any]] = {}  # reason (ids and amounts left out) -> [count, its first message]
     ratios: list[float] = []
     for task in tasks:
         rec = source.get(task.id, model) if source is not None else None
         if rec is None:
             missing += 1
             continue
+        # every recorded cost against the pool's prices, replayable or not: a price far off is
+        # what makes items unreplayable (a recorded cost above a call's worst case)
+        if rec.cost_usd is not None and rec.input_tokens is not None and rec.output_tokens is not None:
+            priced = info.cost(rec.input_tokens, rec.output_tokens)
+            if priced > 0:
+                ratios.append(rec.cost_usd / priced)
         # the message of a one-step solve, as the executor words it (its input bound sets the
         # call's worst case, which a recorded cost must not exceed)
         message = worker_message(task.question, [], CHECK_INSTRUCTION)
@@ -168,7 +174,12 @@ async def replay_check(
             )
         except WorkerError as exc:
             why = _reason(str(exc), model, info.name)
-            errors.setdefault(why, [0, task.id])[0] += 1
+            example = (
+                str(exc)
+                .removeprefix(f"replay worker {model!r}: ")
+                .removeprefix(f"replay worker {info.name!r}: ")
+            )
+            errors.setdefault(why, [0, example])[0] += 1
             continue
         replayed += 1
         tokens_in, tokens_out, cost = (
@@ -179,10 +190,6 @@ async def replay_check(
         cut += real.answer_tokens(task) > cap  # the worker's own rule (ReplayWorker.call)
         if rec.correct is not None:
             labelled, right = labelled + 1, right + int(rec.correct)
-        if rec.cost_usd is not None and rec.input_tokens is not None and rec.output_tokens is not None:
-            priced = info.cost(rec.input_tokens, rec.output_tokens)
-            if priced > 0:
-                ratios.append(rec.cost_usd / priced)
     failed = sum(n for n, _ in errors.values())
     ratio = float(statistics.median(ratios)) if ratios else None
     kept = sorted(errors.items(), key=lambda kv: -kv[1][0])[:ERRORS_KEPT]
@@ -219,7 +226,7 @@ async def replay_check(
             f"{len(ratios)}): check price_in / price_out"
         )
     if failed:
-        first = "; ".join(f"{why} ({n}x, e.g. {example!r})" for why, (n, example) in kept)
+        first = "; ".join(f"{why} ({n}x; the first: {example})" for why, (n, example) in kept)
         return replace(
             used,
             status="error",
