@@ -243,3 +243,17 @@ def test_a_title_naming_a_policy_is_not_read_as_an_emoji() -> None:
     console = Console(record=True, width=200)
     console.print(paired_table(rows, "single:b:"))
     assert "single:b:" in console.export_text()
+
+
+def test_compare_help_shows_the_frontier_weights_it_uses_without_loading_numpy() -> None:
+    import subprocess
+    import sys
+
+    from rl_conductor.cli.core import FRONTIER_WEIGHTS_HELP
+    from rl_conductor.evaluation.paired import FRONTIER_WEIGHTS
+
+    assert ",".join(f"{w:g}" for w in FRONTIER_WEIGHTS) == FRONTIER_WEIGHTS_HELP
+    code = "import sys, rl_conductor.cli.core; print('numpy' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    )

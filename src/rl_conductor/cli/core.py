@@ -12,7 +12,6 @@ from rich.table import Table
 
 from rl_conductor.cli.app import app, pool_app
 from rl_conductor.cli.options import choice, count, non_negative, positive, writable_path
-from rl_conductor.evaluation.paired import FRONTIER_WEIGHTS
 from rl_conductor.limits import MAX_CALLS, MAX_ROUNDS, SENSITIVITIES
 from rl_conductor.validation import SPLIT_CHOICES
 
@@ -70,6 +69,9 @@ def max_rounds_option(what: str) -> Any:
     return typer.Option(callback=count(1, MAX_ROUNDS), help=f"{what} (1 to {MAX_ROUNDS})")
 
 
+#: ``evaluation.paired.FRONTIER_WEIGHTS`` as ``compare --help`` shows them (a test keeps the two
+#: equal; importing that module here would load numpy for every command)
+FRONTIER_WEIGHTS_HELP = "0,0.01,0.02,0.05,0.1,0.15,0.2,0.3,0.5,1"
 MaxRoundsOpt = Annotated[
     int | None,
     max_rounds_option(
@@ -409,8 +411,12 @@ def compare_cmd(
         ),
     ] = None,
     frontier_weights: Annotated[
-        str, typer.Option(help="cost weights that trace each --frontier family (comma-separated, >= 0)")
-    ] = ",".join(f"{w:g}" for w in FRONTIER_WEIGHTS),
+        str | None,
+        typer.Option(
+            help="cost weights that trace each --frontier family (comma-separated, >= 0; default: "
+            f"{FRONTIER_WEIGHTS_HELP})"
+        ),
+    ] = None,
 ) -> None:
     """Evaluate every baseline (and extra policies) side by side; table, JSON and Pareto chart.
 
@@ -450,8 +456,13 @@ def compare_cmd(
             f"unknown policy {unknown[0]!r}; known kinds: {', '.join(sorted(POLICY_KINDS))}{hint}",
             param_hint="--frontier",
         )
+    from rl_conductor.evaluation.paired import FRONTIER_WEIGHTS
+
     try:
-        weights = [float(w) for w in frontier_weights.split(",") if w.strip()]
+        given = frontier_weights
+        weights = (
+            list(FRONTIER_WEIGHTS) if given is None else [float(w) for w in given.split(",") if w.strip()]
+        )
     except ValueError as exc:
         raise typer.BadParameter(f"{frontier_weights!r}: {exc}", param_hint="--frontier-weights") from exc
     if families and (not weights or any(not math.isfinite(w) or w < 0 for w in weights)):
