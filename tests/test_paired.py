@@ -188,12 +188,14 @@ def test_compare_traces_a_frontier_and_checks_its_options(tmp_path: Path) -> Non
     assert bad.exit_code == 2 and "--frontier-weights" in bad.output
     typo = runner.invoke(app, ["compare", "--pool", SIX, "--policy", "knn", "--frontier", "knnn"])
     assert typo.exit_code == 2 and "unknown policy 'knnn'" in typo.output
-    # a family that fails only once built (no such worker) loses none of the comparison's results
+    oracle = runner.invoke(app, ["compare", "--pool", SIX, "--policy", "knn", "--frontier", "oracle"])
+    assert oracle.exit_code == 2 and "does not change with the cost weight" in " ".join(oracle.output.split())
+    # a family that fails only once built (no saved router there) loses none of the comparison's results
     kept = tmp_path / "kept.json"
     lost = runner.invoke(app, ["compare", "--pool", SIX, "--limit", "3", "--policy",
-                               "single:mixtral-8x7b-instruct", "--frontier", "single:nope",
+                               "single:mixtral-8x7b-instruct", "--frontier", f"knn:{tmp_path / 'nope'}",
                                "--frontier-weights", "0", "--no-behaviour", "--json", str(kept)])  # fmt: skip
-    assert lost.exit_code == 2 and "nope" in lost.output
+    assert lost.exit_code == 2 and "no saved router at" in " ".join(lost.output.split())
     assert json.loads(kept.read_text())["results"][-1]["policy"] == "single:mixtral-8x7b-instruct"
     out = tmp_path / "c.json"
     res = runner.invoke(app, ["compare", "--pool", SIX, "--limit", "20", "--policy", "domain-router",

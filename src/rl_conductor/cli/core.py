@@ -446,7 +446,7 @@ def compare_cmd(
     families = [f.strip() for f in frontier or [] if f.strip()]
     if families and not extra:
         raise typer.BadParameter("needs a --policy to compare with the frontier", param_hint="--frontier")
-    from rl_conductor.policies.catalog import POLICY_KINDS
+    from rl_conductor.policies.catalog import FRONTIER_KINDS, POLICY_KINDS
 
     unknown = [f for f in families if f.partition(":")[0] not in POLICY_KINDS]
     if unknown:  # found before minutes of evaluation, not after
@@ -454,6 +454,13 @@ def compare_cmd(
         hint = "; give --frontier once per family" if listed else ""
         raise typer.BadParameter(
             f"unknown policy {unknown[0]!r}; known kinds: {', '.join(sorted(POLICY_KINDS))}{hint}",
+            param_hint="--frontier",
+        )
+    fixed = [f for f in families if f.partition(":")[0] not in FRONTIER_KINDS]
+    if fixed:  # one point however the weight moves (an oracle's would stand above any policy)
+        raise typer.BadParameter(
+            f"{fixed[0]!r} does not change with the cost weight, so it traces no frontier; a family is "
+            f"one of {', '.join(FRONTIER_KINDS)} (the single workers are always points)",
             param_hint="--frontier",
         )
     from rl_conductor.evaluation.paired import FRONTIER_WEIGHTS

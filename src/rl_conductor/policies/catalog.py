@@ -31,6 +31,11 @@ POLICY_KINDS = {
 }
 
 
+#: Kinds fitted at (or ranking by) the evaluation's reward, so that refitting them at each cost weight
+#: traces a cost-accuracy frontier (``conductor compare --frontier``); the others do not move with it.
+FRONTIER_KINDS = ("cascade", "domain-router", "evidence-rule", "knn")
+
+
 def policy_names() -> list[str]:
     return sorted(POLICY_KINDS)
 

@@ -208,6 +208,11 @@ class KnnRouter(Policy):
             k = opts.get("k")
             arg = str(opts["n"]) if "n" in opts else ""
         elif arg and not arg.isdigit():
+            if not saved:  # a traceback from the loader said less than this
+                raise ValueError(
+                    f"no saved router at {Path(arg).with_suffix('.json')} (knn:N fits on N training "
+                    "questions, knn:k=K routes by the K nearest)"
+                )
             return cls.load(arg)
         limit = fit_limit(arg, kw, "knn")
         router = cls.fit(pool, training_tasks(pool, kw, limit), k=k, reward=reward_from_options(kw))
