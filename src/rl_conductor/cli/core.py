@@ -342,7 +342,8 @@ def _equal_cost(
     frontier at its cost; the JSON entries (``equal_cost`` rows, ``frontier`` summaries)."""
     from rich.text import Text
 
-    from rl_conductor.evaluation.paired import equal_cost_difference, equal_cost_table_rows
+    from rl_conductor.evaluation.paired import equal_cost_difference
+    from rl_conductor.evaluation.report import equal_cost_table
     from rl_conductor.evaluation.suite import run_frontier
 
     said = f"tracing {', '.join(families)} at cost weights {', '.join(f'{w:g}' for w in weights)}{at}…"
@@ -353,13 +354,7 @@ def _equal_cost(
         for family, runs in traced.items()
     ]
     title = f"{reference['policy']}{at}: accuracy at equal cost, minus each frontier (same questions)"
-    table = Table(title=Text(title))
-    head, cells = equal_cost_table_rows(rows)
-    for h in head:
-        table.add_column(h, justify="left" if h in ("frontier", "accuracy") else "right")
-    for row in cells:
-        table.add_row(*row)
-    console.print(table)
+    console.print(equal_cost_table(rows, title))
     return {"equal_cost": rows, "frontier": traced}
 
 

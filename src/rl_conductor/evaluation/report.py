@@ -417,3 +417,10 @@ def paired_markdown(rows: Sequence[dict[str, Any]]) -> str:
     from rl_conductor.evaluation.paired import paired_table_rows
 
     return _markdown(*paired_table_rows(rows), _PAIRED_LEFT)
+
+
+def equal_cost_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
+    """:func:`rl_conductor.evaluation.paired.equal_cost_difference` rows as a rich table."""
+    from rl_conductor.evaluation.paired import equal_cost_table_rows
+
+    return _rich(*equal_cost_table_rows(rows), title, ("frontier", "accuracy"))

@@ -173,12 +173,12 @@ async def replay_check(
                 context=CallContext(task=task),
             )
         except WorkerError as exc:
-            why = _reason(str(exc), model, info.name)
             example = (
                 str(exc)
                 .removeprefix(f"replay worker {model!r}: ")
                 .removeprefix(f"replay worker {info.name!r}: ")
             )
+            why = _reason(example)
             errors.setdefault(why, [0, example])[0] += 1
             continue
         replayed += 1
@@ -239,12 +239,10 @@ async def replay_check(
     return replace(used, detail=", ".join(parts))
 
 
-def _reason(message: str, model: str, name: str) -> str:
-    """A replay failure's reason without the worker, the item and the amounts, so that one cause
-    is counted once however many items it hits."""
-    why = message.removeprefix(f"replay worker {model!r}: ").removeprefix(f"replay worker {name!r}: ")
-    why = re.sub(r"task '[^']*'", "the item", why)
-    return re.sub(r"\$[0-9][0-9.e+-]*", "$…", why)
+def _reason(message: str) -> str:
+    """A replay failure's reason without the item and the amounts, so that one cause is counted
+    once however many items it hits."""
+    return re.sub(r"\$[0-9][0-9.e+-]*", "$…", re.sub(r"task '[^']*'", "the item", message))
 
 
 async def check_worker(

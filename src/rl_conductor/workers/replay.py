@@ -247,6 +247,9 @@ class ReplayWorker(CallWorker):
         answer = replay_answer(task, self.model, self.normalise, self.source)
         rec = self.source.get(task.id, self.model)
         assert rec is not None  # replay_answer raised otherwise
+        return self._whole_tokens(answer, rec)
+
+    def _whole_tokens(self, answer: ReplayAnswer, rec: RecordedResponse) -> int:
         if rec.output_tokens is not None:
             return rec.output_tokens
         return self.mmlu_output_tokens if answer.synthesised else estimate_tokens(answer.text)
@@ -262,7 +265,7 @@ class ReplayWorker(CallWorker):
         rec = self.source.get(context.task.id, self.model)
         assert rec is not None  # replay_answer raised otherwise
         text = answer.text
-        output_tokens = self.answer_tokens(context.task)
+        output_tokens = self._whole_tokens(answer, rec)  # the answer and record fetched above
         cap = max(1, max_tokens)
         cut = output_tokens > cap
         if cut:
