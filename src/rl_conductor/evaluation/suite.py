@@ -129,7 +129,9 @@ def baseline_specs(pool: str) -> list[str]:
     on the training split (``cascade:all``) takes the place of MoA and self-consistency: a
     recorded worker answers the same text whatever it is shown and however often it is asked,
     so those two only multiply a recorded answer's cost, while the cascade is the baseline that
-    beat the Conductor on such files (an outside tester's, issue 21)."""
+    beat the Conductor on such files (an outside tester's, issue 21); with it, the cascade fitted
+    per domain (``cascade:domain``), which beat the domain-router where each domain has an owner
+    (another outside tester's file)."""
     p = load_pool(pool)
     names = p.names()
     top = max(p.workers, key=lambda w: w.info.price_out).info.name
@@ -139,7 +141,7 @@ def baseline_specs(pool: str) -> list[str]:
         "domain-router",
         "knn",
         "random",
-        *(["cascade:all"] if replayed else ["moa", f"self-consistency:{top}"]),
+        *(["cascade:all", "cascade:domain"] if replayed else ["moa", f"self-consistency:{top}"]),
         "oracle",
     ]
 

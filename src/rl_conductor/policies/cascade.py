@@ -23,6 +23,14 @@ escalation the budget or time left cannot afford is not added
   message, same step index), so on a replay or simulated pool the fitted reward is the reward
   the cascade earns on those questions. The rule "escalate when the two answers disagree" is the
   only threshold two answers allow; an answer with nothing extractable disagrees with everything.
+* ``cascade:domain`` — fitted per domain on every training question: in each domain the plan with
+  the best mean reward there among every single worker and every cascade above (a domain-router
+  whose domains may escalate). Why: on a file whose domains each have an owner, one cascade for
+  every domain loses to the domain-router (a math specialist's domain escalates nowhere), while a
+  cascade per domain beat the domain-router on test (an outside tester's file, issue 21): it is
+  the stronger of the two baselines a team would ship there. A domain the training split lacks
+  gets the plan fitted on every question; a plan whose workers the request does not permit (or
+  the view lacks) falls back to the domain's best single among those it permits.
 
 Measurements are cached under ``.conductor/routers/`` like the routers' (:func:`pool_key`).
 """
@@ -44,6 +52,7 @@ from rl_conductor.policies.baselines import SOLVE, ordinal
 from rl_conductor.policies.routers import (
     FIT_LIMIT,
     MeasuredOutcomes,
+    choose_worker,
     pool_key,
     tally_replaced,
     training_tasks,
@@ -57,7 +66,15 @@ from rl_conductor.tasks.graders import extract_answer, keys_agree
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
-__all__ = ["SAMPLES", "Cascade", "CascadeFit", "SampleOutcomes", "fit_cascade", "sample_outcomes"]
+__all__ = [
+    "SAMPLES",
+    "Cascade",
+    "CascadeFit",
+    "DomainCascade",
+    "SampleOutcomes",
+    "fit_cascade",
+    "sample_outcomes",
+]
 
 #: Samples per worker and question: the first pair's two steps and the escalation step.
 SAMPLES = 3
@@ -217,7 +234,9 @@ class Cascade(Policy):
         self.name = f"cascade:{pair}{up}"
 
     @classmethod
-    def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> Cascade:
+    def from_spec(cls, arg: str, pool: Pool, **kw: Any) -> Cascade | DomainCascade:
+        if arg == "domain":
+            return DomainCascade.fit(pool, kw)
         if not arg or arg.isdigit() or arg == "all":
             fit_limit = kw.get("fit_limit", FIT_LIMIT)
             limit = None if arg == "all" else int(arg) if arg else fit_limit
@@ -270,6 +289,146 @@ class Cascade(Policy):
         # two rounds by definition (module docstring); at least two steps for the first pair
         lifted = replace(limits, max_rounds=max(limits.max_rounds, 2), max_steps=max(limits.max_steps, 2))
         return await super().execute_plan(plan, task, view, lifted)
+
+
+@dataclass(frozen=True)
+class DomainPlan:
+    """One domain's fitted plan: ``first`` (one worker, or a pair asked in parallel), the worker
+    a disagreeing pair escalates to (None: keep), and its training figures."""
+
+    first: tuple[str, ...]
+    escalate: str | None
+    mean_reward: float
+    n: int
+
+    def label(self) -> str:
+        up = f">{self.escalate}" if self.escalate else ""
+        return f"single:{self.first[0]}" if len(self.first) == 1 else f"cascade:{','.join(self.first)}{up}"
+
+
+def subset(outcomes: SampleOutcomes, rows: Sequence[int]) -> SampleOutcomes:
+    """The measured outcomes of the questions at ``rows`` (their order kept)."""
+    idx = np.asarray(rows, dtype=int)
+    return SampleOutcomes(
+        names=list(outcomes.names),
+        task_ids=[outcomes.task_ids[i] for i in idx],
+        correct=outcomes.correct[idx],
+        cost=outcomes.cost[idx],
+        keys=[outcomes.keys[i] for i in idx],
+    )
+
+
+def fit_plan(outcomes: SampleOutcomes, tasks: Sequence[Task], config: RewardConfig) -> DomainPlan:
+    """The best plan on these questions by mean reward: every single worker (its first sample, as
+    the domain-router measures it) and every cascade of :func:`fit_cascade`. Ties go to the single
+    (fewer calls), then to the cheaper cascade."""
+    singles = np.asarray(
+        reward_of(config, correct=outcomes.correct[:, :, 0], cost=outcomes.cost[:, :, 0]), dtype=np.float64
+    ).mean(axis=0)
+    cost = outcomes.cost[:, :, 0].mean(axis=0)
+    j = min(range(len(outcomes.names)), key=lambda k: (-singles[k], cost[k], k))
+    best = DomainPlan((outcomes.names[j],), None, float(singles[j]), len(tasks))
+    fits = fit_cascade(outcomes, tasks, config)
+    if fits and fits[0].mean_reward > best.mean_reward:
+        f = fits[0]
+        best = DomainPlan(f.first, f.escalate, f.mean_reward, len(tasks))
+    return best
+
+
+class DomainCascade(Cascade):
+    """``cascade:domain``: see the module docstring."""
+
+    def __init__(
+        self,
+        plans: Mapping[str, DomainPlan],
+        default: DomainPlan,
+        singles: Mapping[str, Mapping[str, float]],
+        costs: Mapping[str, Mapping[str, float]],
+    ) -> None:
+        self.plans = dict(plans)
+        self.default = default
+        self.singles = {d: dict(v) for d, v in singles.items()}  # domain -> worker -> mean reward
+        self.costs = {d: dict(v) for d, v in costs.items()}
+        self.name = "cascade:domain"
+        self.first = default.first if len(default.first) == 2 else (default.first[0], default.first[0])
+        self.escalate = default.escalate
+        self.fitted = None
+
+    @classmethod
+    def fit(cls, pool: Pool, kw: Mapping[str, Any], limit: int | None = None) -> DomainCascade:
+        """Fitted on every training question at the evaluation's reward (``limit`` is not used:
+        every domain needs its own questions)."""
+        config = reward_from_options(kw)
+        tasks = _all_training(pool, kw)
+        outcomes = sample_outcomes(pool, tasks)
+        return cls.from_outcomes(outcomes, tasks, config)
+
+    @classmethod
+    def from_outcomes(
+        cls, outcomes: SampleOutcomes, tasks: Sequence[Task], config: RewardConfig
+    ) -> DomainCascade:
+        plans: dict[str, DomainPlan] = {}
+        singles: dict[str, dict[str, float]] = {}
+        costs: dict[str, dict[str, float]] = {}
+        domains = [t.domain for t in tasks]
+        for d in sorted(set(domains)):
+            rows = [i for i, x in enumerate(domains) if x == d]
+            part = subset(outcomes, rows)
+            mine = [tasks[i] for i in rows]
+            plans[d] = fit_plan(part, mine, config)
+            rew = reward_of(config, correct=part.correct[:, :, 0], cost=part.cost[:, :, 0])
+            singles[d] = {n: float(np.mean(rew[:, j])) for j, n in enumerate(part.names)}
+            costs[d] = {n: float(part.cost[:, j, 0].mean()) for j, n in enumerate(part.names)}
+        return cls(plans, fit_plan(outcomes, tasks, config), singles, costs)
+
+    def _usable(self, plan: DomainPlan, view: PoolView, limits: RequestLimits) -> bool:
+        infos = {i.name: i for i in view.infos()}
+        needed = [*plan.first, *([plan.escalate] if plan.escalate else [])]
+        return all(n in infos and limits.permits(n, infos[n].hosting) for n in needed)
+
+    def plan_for(self, domain: str) -> DomainPlan:
+        return self.plans.get(domain, self.default)
+
+    async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
+        chosen = self.plan_for(task.domain)
+        if not self._usable(chosen, view, limits) or len(chosen.first) == 1:
+            if len(chosen.first) == 1 and self._usable(chosen, view, limits):
+                j = ordinal(view, chosen.first[0])
+            else:  # the domain's best single among the workers the request permits
+                j = choose_worker(
+                    self.singles.get(task.domain, {}), self.costs.get(task.domain, {}), view, limits
+                )
+            wf = Workflow(steps=(Step(j, SOLVE, ()),))
+            return Plan(workflow=wf, text=render(wf))
+        a, b = (ordinal(view, n) for n in chosen.first)
+        wf = Workflow(steps=(Step(a, SOLVE, ()), Step(b, SOLVE, ())))
+        wf = single_within_budget(wf, view, limits.max_cost_usd) or wf
+        return Plan(workflow=wf, text=render(wf))
+
+    async def review(self, request: RoundRequest) -> Continuation:
+        summary = summarize(request)
+        chosen = self.plan_for(request.task.domain)
+        up = chosen.escalate
+        keep = Workflow(steps=())
+        if (
+            summary.agree
+            or up is None
+            or request.round > 2
+            or len(request.workflow.steps) < 2
+            or not self._usable(chosen, request.view, request.limits)
+        ):
+            return Continuation(
+                workflow=keep, seen=summary.line(), answers=summary.answers, agree=summary.agree
+            )
+        wf = Workflow(steps=(Step(ordinal(request.view, up), SOLVE, ()),))
+        wf = continuation_within_limits(wf, request.view, request.limits, len(request.workflow.steps))
+        return Continuation(
+            workflow=wf, text=render(wf), seen=summary.line(), answers=summary.answers, agree=summary.agree
+        )
+
+    def describe(self) -> dict[str, str]:
+        """Domain -> the fitted plan's label (``single:w`` or ``cascade:a,b>c``)."""
+        return {d: p.label() for d, p in self.plans.items()}
 
 
 def _all_training(pool: Pool, kw: Mapping[str, Any]) -> list[Task]:
