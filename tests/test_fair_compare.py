@@ -171,3 +171,26 @@ def test_compare_defaults_to_the_conductors_pool_and_a_replay_pool_gets_the_fitt
     assert not any(s == "moa" or s.startswith("self-consistency") for s in seen["specs"])
     sim = suite.baseline_specs("paper-sim")
     assert "moa" in sim and "cascade:all" not in sim
+
+
+def test_compare_runs_a_baseline_given_as_a_policy_once_in_the_policys_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compare --policy domain-router --policy knn`` ran and showed both routers twice (once as
+    baselines): minutes of fitting for duplicate rows. Each runs once, where the --policy put it,
+    so the first --policy is still the reference of the paired table."""
+    from rl_conductor.evaluation import suite
+
+    seen: dict[str, Any] = {}
+
+    def stop(specs: list[str], points: Any, **kw: Any) -> Any:
+        seen.update(specs=specs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(suite, "run_sweep", stop)
+    args = ["compare", "--pool", SIX, "--policy", "domain-router", "--policy", "knn", "--limit", "2"]
+    res = CliRunner().invoke(app, args)
+    assert isinstance(res.exception, RuntimeError), res.output
+    specs = seen["specs"]
+    assert len(specs) == len(set(specs)) and specs[-2:] == ["domain-router", "knn"]
+    assert set(suite.baseline_specs(SIX)) <= set(specs)

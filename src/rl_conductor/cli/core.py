@@ -477,7 +477,9 @@ def compare_cmd(
         times = parse_deadlines(deadlines) if deadlines else [None]
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--deadlines") from exc
-    specs = baseline_specs(pool) + list(extra or [])
+    # a baseline also given as a --policy runs once, in the --policy's place (it was run and shown
+    # twice: minutes of fitting for a duplicate row)
+    specs = [b for b in baseline_specs(pool) if b not in (extra or [])] + list(extra or [])
     points = [
         GridPoint(
             amount,

@@ -275,14 +275,17 @@ def measurement_warnings(summary: dict[str, Any]) -> list[str]:
     errors = summary.get("call_errors") or {}
     top = f"; e.g. {next(iter(errors))}" if errors else ""
     failed = summary.get("failed_call_rate") or 0.0
-    if 0 < failed < 1:
-        out.append(f"policy {name!r}: {100 * failed:.1f} % of its worker calls failed{top}")
     replaced = summary.get("worker_fallback_rate") or 0.0
-    if replaced > 0:
-        out.append(
-            f"policy {name!r}: on {100 * replaced:.1f} % of questions a replacement worker answered a step "
-            "whose own worker failed (its row is partly another worker's answers; see the workers table)"
-        )
+    stood_in = (
+        f"on {100 * replaced:.1f} % of questions a replacement worker answered a step whose own worker "
+        "failed (its row is partly another worker's answers; see the workers table)"
+    )
+    # one line per policy: the failures and the replacements they caused are one fact
+    if 0 < failed < 1:
+        also = f", and {stood_in}" if replaced > 0 else ""
+        out.append(f"policy {name!r}: {100 * failed:.1f} % of its worker calls failed{also}{top}")
+    elif replaced > 0:
+        out.append(f"policy {name!r}: {stood_in}")
     parsed = summary.get("parse_rate")
     if parsed is not None and parsed < 1:  # only an LM's plans can fail to parse
         fell = summary.get("fallback_rate") or 0.0
