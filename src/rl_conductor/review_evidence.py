@@ -58,9 +58,11 @@ __all__ = [
     "FILE",
     "AnswerSignals",
     "Estimate",
+    "Estimator",
     "FirstPlanEstimator",
     "Probe",
     "ReviewEvidence",
+    "SignalRule",
     "answer_signals",
     "choose_tau",
     "design",
@@ -421,16 +423,47 @@ class FirstPlanEstimator:
 
 
 @dataclass
+class SignalRule:
+    """The agreement rule as a review's estimator: per review signal (the round's agreement line,
+    :meth:`rl_conductor.rounds.RoundSummary.line`) the worker to escalate to (None: keep), the
+    training rate at which the answer kept was right, that worker's, and the decision's mean
+    reward gain. ``fallback`` answers a signal training never saw (keep).
+
+    Why: it is the disagreement cascade fitted per domain, the rule ``cascade:domain`` follows; the
+    text probes' rule (:class:`FirstPlanEstimator`) was measured to do worse than it on an outside
+    tester's file, where answers shared their wrong answers. Training keeps it for a (domain,
+    first plan) where its out-of-fold reward beats the probes' (``training/review_text.py``)."""
+
+    first: list[str]
+    by_signal: dict[str, tuple[str | None, float, float, float]]
+    fallback: tuple[str | None, float, float, float] = (None, 0.5, 0.0, 0.0)
+
+
+#: what a review reads after one first plan
+Estimator = FirstPlanEstimator | SignalRule
+
+
+@dataclass
 class ReviewEvidence:
     """Per first plan (``"a|b"``: worker names in step order) its :class:`FirstPlanEstimator`,
     and the reward the gains are in."""
 
     config: RewardConfig
-    plans: dict[str, FirstPlanEstimator] = field(default_factory=dict)
+    plans: dict[str, Estimator] = field(default_factory=dict)
+    #: domain -> first plan key -> the estimator fitted on that domain's questions alone, where it
+    #: beat the shared one there (``training/review_text.py`` ``fit_text_rule``); a review of a
+    #: question of that domain reads it in place of :attr:`plans`'
+    domain_plans: dict[str, dict[str, Estimator]] = field(default_factory=dict)
 
     @staticmethod
     def key(names: Sequence[str]) -> str:
         return "|".join(names)
+
+    def estimator(self, domain: str, names: Sequence[str]) -> Estimator | None:
+        """The estimator a review of a ``domain`` question after first plan ``names`` reads: the
+        domain's own where it has one, else the shared one (None: no estimator covers it)."""
+        key = self.key(names)
+        return self.domain_plans.get(domain, {}).get(key) or self.plans.get(key)
 
     def estimate(
         self,
@@ -452,9 +485,17 @@ class ReviewEvidence:
         # estimators are fitted on fresh solves in parallel: a chain of the same workers (a later
         # step sees an earlier answer) is another first plan, which none covers
         chained = any(s.visible(i) for i, s in enumerate(steps))
-        est = None if chained else self.plans.get(self.key(first))
+        est = None if chained else self.estimator(request.task.domain, first)
         if est is None or request.round != 2 or len(request.records) != len(first):
             return sig, None, None
+        if isinstance(est, SignalRule):
+            worker, p_keep, p_up, gain = est.by_signal.get(summary.line(), est.fallback)
+            if worker is None or worker not in names:
+                return sig, Estimate(p_keep, None, 0.0, 0.0, False), None
+            info = view.worker(names.index(worker)).info
+            if over_budget(info, limits.max_cost_usd) or not limits.permits(info.name, info.hosting):
+                return sig, Estimate(p_keep, None, 0.0, 0.0, False), None
+            return sig, Estimate(p_keep, worker, p_up, gain, True), names.index(worker)
         if probs is None:
             p_stay = float(est.stay.predict(row)[0])
             p_go = [float(p.predict(row)[0]) for p in est.right]
@@ -480,17 +521,18 @@ class ReviewEvidence:
             "format": "rl-conductor/review-evidence/1",
             "features": list(FEATURES),
             "reward": self.config.to_dict(),
-            "plans": {
-                k: {
-                    "first": e.first,
-                    "stay": vars(e.stay),
-                    "workers": e.workers,
-                    "right": [vars(p) for p in e.right],
-                    "extra_cost": e.extra_cost,
-                    "tau": e.tau if math.isfinite(e.tau) else "inf",
+            "plans": {k: _estimator_dict(e) for k, e in self.plans.items()},
+            # absent in files written before per-domain rules: they load with none
+            **(
+                {
+                    "domain_plans": {
+                        d: {k: _estimator_dict(e) for k, e in plans.items()}
+                        for d, plans in self.domain_plans.items()
+                    }
                 }
-                for k, e in self.plans.items()
-            },
+                if self.domain_plans
+                else {}
+            ),
         }
 
     def save(self, folder: str | Path) -> None:
@@ -502,18 +544,11 @@ class ReviewEvidence:
     def from_dict(cls, doc: Mapping[str, Any]) -> ReviewEvidence:
         if list(doc.get("features", [])) != list(FEATURES):
             raise ValueError("review evidence was fitted on other features; train the model again")
-        plans = {
-            k: FirstPlanEstimator(
-                first=list(e["first"]),
-                stay=Probe(**e["stay"]),
-                workers=list(e["workers"]),
-                right=[Probe(**p) for p in e["right"]],
-                extra_cost=[float(c) for c in e["extra_cost"]],
-                tau=math.inf if e["tau"] == "inf" else float(e["tau"]),
-            )
-            for k, e in doc["plans"].items()
+        plans = {k: _estimator_from(e) for k, e in doc["plans"].items()}
+        domain_plans = {
+            d: {k: _estimator_from(e) for k, e in ps.items()} for d, ps in doc.get("domain_plans", {}).items()
         }
-        return cls(config=reward_from_dict(doc["reward"]), plans=plans)
+        return cls(config=reward_from_dict(doc["reward"]), plans=plans, domain_plans=domain_plans)
 
     @classmethod
     def load(cls, folder: str | Path) -> ReviewEvidence:
@@ -522,3 +557,42 @@ class ReviewEvidence:
     @staticmethod
     def exists(folder: str | Path) -> bool:
         return (Path(folder) / FILE).is_file()
+
+
+def _estimator_dict(e: Estimator) -> dict[str, Any]:
+    if isinstance(e, SignalRule):
+        return {
+            "kind": "signal",
+            "first": e.first,
+            "by_signal": {k: list(v) for k, v in e.by_signal.items()},
+            "fallback": list(e.fallback),
+        }
+    return {
+        "first": e.first,
+        "stay": vars(e.stay),
+        "workers": e.workers,
+        "right": [vars(p) for p in e.right],
+        "extra_cost": e.extra_cost,
+        "tau": e.tau if math.isfinite(e.tau) else "inf",
+    }
+
+
+def _signal_entry(v: Sequence[Any]) -> tuple[str | None, float, float, float]:
+    return (None if v[0] is None else str(v[0]), float(v[1]), float(v[2]), float(v[3]))
+
+
+def _estimator_from(e: Mapping[str, Any]) -> Estimator:
+    if e.get("kind") == "signal":
+        return SignalRule(
+            first=list(e["first"]),
+            by_signal={str(k): _signal_entry(v) for k, v in e["by_signal"].items()},
+            fallback=_signal_entry(e["fallback"]),
+        )
+    return FirstPlanEstimator(
+        first=list(e["first"]),
+        stay=Probe(**e["stay"]),
+        workers=list(e["workers"]),
+        right=[Probe(**p) for p in e["right"]],
+        extra_cost=[float(c) for c in e["extra_cost"]],
+        tau=math.inf if e["tau"] == "inf" else float(e["tau"]),
+    )

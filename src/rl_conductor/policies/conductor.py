@@ -751,7 +751,11 @@ class ConductorPolicy(Policy):
         if self.review_evidence is None:
             chars, how = self.max_question_chars, self.question_cut
             return review_prompt(request, summary, max_question_chars=chars, question_cut=how), None
-        signals, estimate, worker = self.review_evidence.estimate(request, summary)
+        # the domain the first round planned for (a served request says none): a domain's own
+        # review rule (review_evidence.ReviewEvidence.domain_plans) reads it
+        task = self._with_kinds([request.task])[0]
+        known = request if task is request.task else replace(request, task=task)
+        signals, estimate, worker = self.review_evidence.estimate(known, summary)
         prompt = review_prompt(
             request,
             summary,

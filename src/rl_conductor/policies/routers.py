@@ -42,7 +42,7 @@ from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.progress import progress as progress_display
 from rl_conductor.reward import RewardConfig, grade_trace, reward_config, reward_from_options, reward_of
 from rl_conductor.tasks.base import Task
-from rl_conductor.trace import Trace
+from rl_conductor.trace import ANSWERED, Trace
 from rl_conductor.workers.pool import Pool, PoolView
 from rl_conductor.workflow import Step, Workflow, render
 
@@ -160,6 +160,32 @@ def own_answer(trace: Trace) -> bool:
     on test looked as good as its stand-in, and both routers sent it most test questions.
     Evaluation still grades what came back (and warns about the replacement share)."""
     return trace.worker_fallbacks == 0
+
+
+def own_final_answer(trace: Trace) -> bool:
+    """Whether the trace's final answer is the named workers' own: the last answered step (whose
+    answer is the final one, ``executor._answer_so_far``) and every step it saw, directly or
+    through others, were answered by the workers the plan named. A replaced step the final
+    answer never read (the other half of a pair that answers in parallel) does not count.
+
+    Why: a two-round table (``training/adaptive.py``) valued a pair of which one worker has no
+    recording of an item as wrong there (:func:`own_answer`), though the answer kept is the other
+    worker's own: on an outside tester's file, where deepseek-v3 lacks 70 items, that put the
+    pair ``deepseek-v3 | gpt-4o`` 0.008 below the cascade of the same workers on science and out
+    of the targets. What :func:`own_answer` guards against, crediting a worker with another's
+    answer, still holds: a replaced step whose answer is final, or read by the final step, is
+    not credited."""
+    steps = trace.steps
+    answered = [k for k, s in enumerate(steps) if s.status in ANSWERED and s.answer]
+    if not answered:
+        return own_answer(trace)
+    read, todo = {answered[-1]}, [answered[-1]]
+    while todo:
+        for v in steps[todo.pop()].visible:
+            if 0 <= v < len(steps) and v not in read:
+                read.add(v)
+                todo.append(v)
+    return not any(steps[k].replaced for k in read)
 
 
 async def measure_singles(

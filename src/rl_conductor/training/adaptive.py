@@ -57,7 +57,7 @@ from rl_conductor.limits import DEFAULT_MAX_STEPS, RequestLimits
 from rl_conductor.policies.base import GivenPlan
 from rl_conductor.policies.baselines import SOLVE
 from rl_conductor.policies.chains import PairCandidate, pair
-from rl_conductor.policies.routers import own_answer
+from rl_conductor.policies.routers import own_final_answer
 from rl_conductor.progress import run_with_progress
 from rl_conductor.prompting import review_prompt
 from rl_conductor.reward import RewardConfig, budget_stopped, grade_trace, reward_of
@@ -93,7 +93,9 @@ __all__ = [
 
 #: Bump when the rounds table's meaning changes (part of its cache key). 2: recorded texts without
 #: a gold answer agree by their stated answers (``graders.RecordedGrader.extract``), not never.
-ADAPTIVE_VERSION = 2
+#: 3: a cell is credited when its final answer is the named workers' own (``own_final_answer``),
+#: not wrong wherever any step was replaced.
+ADAPTIVE_VERSION = 3
 #: bumped when :func:`cascade_sets` nominates other pairs (in the cache key of tables that use it)
 CASCADE_SETS_VERSION = 4
 
@@ -216,7 +218,7 @@ async def _execute_cell(
     task: Task, view: PoolView, first: Workflow, cont: Workflow, limits: RequestLimits
 ) -> tuple[str, bool, float, bool, int]:
     trace, seen = await run_continued(task, view, first, cont, limits)
-    correct = grade_trace(task, trace) and own_answer(trace)
+    correct = grade_trace(task, trace) and own_final_answer(trace)
     line = seen[1] if seen is not None else ""
     return (line, correct, trace.cost_usd, budget_stopped(trace), len(trace.attempts))
 

@@ -38,8 +38,10 @@ from rl_conductor.policies.chains import Candidate
 from rl_conductor.progress import run_with_progress
 from rl_conductor.prompting import review_prompt
 from rl_conductor.review_evidence import (
+    Estimator,
     FirstPlanEstimator,
     ReviewEvidence,
+    SignalRule,
     choose_tau,
     fit_probe,
     gain_of,
@@ -105,6 +107,9 @@ class TextRule:
     #: per first plan: tau, the out-of-fold train reward of the rule, of keep always, of the
     #: agreement rule's decisions, and how often it escalates
     summary: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: per first plan: domain -> the rule its reviews follow where it is not the shared text rule
+    #: (``domain text`` or ``agreement``)
+    domain_rules: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def hook(
         self,
@@ -118,8 +123,130 @@ class TextRule:
         return text_hook(self, max_question_chars=max_question_chars, seen=seen, question_cut=question_cut)
 
 
+#: a domain's own text rule is fitted for a pair first plan of several domains only where the
+#: domain has at least this many of its questions (fewer: the shared rule alone)
+MIN_DOMAIN_ITEMS = 100
+#: the agreement rule (:class:`~rl_conductor.review_evidence.SignalRule`) is weighed for a domain
+#: with at least this many questions of the first plan; its out-of-fold folds
+MIN_SIGNAL_ITEMS = 20
+SIGNAL_FOLDS = 5
+
+
+@dataclass
+class _Fit:
+    """One estimator fitted on ``items`` (rounds table rows) and its out-of-fold decisions."""
+
+    estimator: FirstPlanEstimator
+    items: list[int]
+    s_oof: np.ndarray
+    p_go: np.ndarray
+    go: np.ndarray
+    best: np.ndarray
+    conts: list[int]
+    reward: np.ndarray  # per item: the out-of-fold rule's reward
+    keep_r: np.ndarray
+    go_r: np.ndarray
+
+
+def _fit_rule_on(
+    rounds: RoundsTable, rows: Rows, r: np.ndarray, f: int, items: list[int], config: RewardConfig, seed: int
+) -> _Fit | None:
+    """The probes, gains and ``tau`` of first plan ``f`` fitted on ``items`` alone (None: too few
+    items or no continuation run on all of them)."""
+    name = rounds.firsts[f]
+    first = _pair_names(name)
+    # a worker of the first plan would answer again as it did (replay), so it is no continuation
+    conts = [
+        k
+        for k, lab in enumerate(rounds.conts)
+        if lab != KEEP and lab[1:] not in first and items and rounds.done[items, f, k].all()
+    ]
+    if len(items) < 2 or not conts:
+        return None
+    x = np.stack([rows[(rounds.task_ids[i], name)] for i in items])
+    stay, s_oof = fit_probe(x, rounds.correct[items, f, 0], seed=seed)
+    probes, oofs, extra = [], [], []
+    for k in conts:
+        p, o = fit_probe(x, rounds.correct[items, f, k], seed=seed)
+        probes.append(p)
+        oofs.append(o)
+        extra.append(float(np.mean(rounds.cost[items, f, k] - rounds.cost[items, f, 0])))
+    p_go = np.stack(oofs, axis=1)
+    gains = np.stack([gain_of(config, s_oof, p_go[:, c], extra[c]) for c in range(len(conts))], axis=1)
+    best = np.argmax(gains, axis=1)
+    rows_i = np.arange(len(items))
+    keep_r = r[items, f, 0]
+    go_r = r[items, f, np.array(conts)[best]]
+    tau = choose_tau(gains[rows_i, best], keep_r, go_r)
+    go = gains[rows_i, best] > tau
+    workers = [rounds.conts[k][1:] for k in conts]
+    est = FirstPlanEstimator(first=first, stay=stay, workers=workers, right=probes, extra_cost=extra, tau=tau)
+    return _Fit(est, items, s_oof, p_go, go, best, conts, np.where(go, go_r, keep_r), keep_r, go_r)
+
+
+def _signal_choice(
+    rounds: RoundsTable, r: np.ndarray, f: int, fit_on: Sequence[int], conts: Sequence[int]
+) -> dict[str, int]:
+    """Per signal of first plan ``f``: the column (keep = 0, or one of ``conts``) of the best mean
+    reward over the rows ``fit_on`` of that signal; ties keep."""
+    groups: dict[str, list[int]] = {}
+    for i in fit_on:
+        groups.setdefault(rounds.signal[i][f], []).append(i)
+    out: dict[str, int] = {}
+    for sig, rows_s in groups.items():
+        means = [(float(r[rows_s, f, k].mean()), -n, k) for n, k in enumerate([0, *conts])]
+        out[sig] = max(means)[2]
+    return out
+
+
+def _fit_signal_on(
+    rounds: RoundsTable, r: np.ndarray, f: int, items: list[int]
+) -> tuple[SignalRule, np.ndarray, list[str]] | None:
+    """The agreement rule of first plan ``f`` on ``items``: the rule fitted on all of them, its
+    out-of-fold reward per item (each fold decided by the rule of the others) and its in-sample
+    decision per item (a continuation label); None where no continuation ran on every item."""
+    first = _pair_names(rounds.firsts[f])
+    conts = [
+        k
+        for k, lab in enumerate(rounds.conts)
+        if lab != KEEP and lab[1:] not in first and rounds.done[items, f, k].all()
+    ]
+    if len(items) < 2 or not conts:
+        return None
+    idx = np.arange(len(items))
+    oof = np.zeros(len(items))
+    for fold in range(SIGNAL_FOLDS):
+        held = idx % SIGNAL_FOLDS == fold
+        choice = _signal_choice(rounds, r, f, [items[n] for n in idx[~held]], conts)
+        for n in idx[held]:
+            i = items[n]
+            oof[n] = r[i, f, choice.get(rounds.signal[i][f], 0)]
+    full = _signal_choice(rounds, r, f, items, conts)
+    by_signal: dict[str, tuple[str | None, float, float, float]] = {}
+    for sig, k in full.items():
+        rows_s = [i for i in items if rounds.signal[i][f] == sig]
+        p_keep = float(rounds.correct[rows_s, f, 0].mean())
+        if k == 0:
+            by_signal[sig] = (None, p_keep, 0.0, 0.0)
+        else:
+            gain = float((r[rows_s, f, k] - r[rows_s, f, 0]).mean())
+            by_signal[sig] = (rounds.conts[k][1:], p_keep, float(rounds.correct[rows_s, f, k].mean()), gain)
+    fallback = (None, float(rounds.correct[items, f, 0].mean()), 0.0, 0.0)
+    labels = [rounds.conts[full[rounds.signal[i][f]]] if full[rounds.signal[i][f]] else KEEP for i in items]
+    return SignalRule(first=first, by_signal=by_signal, fallback=fallback), oof, labels
+
+
 def fit_text_rule(rounds: RoundsTable, rows: Rows, config: RewardConfig, *, seed: int = 0) -> TextRule:
-    """Fit the estimator and the rule per pair first plan (module docstring)."""
+    """Fit the estimator and the rule per pair first plan (module docstring).
+
+    A pair that is a first plan in several domains gets one rule fitted on all of their questions
+    (the shared rule) and, for each domain with at least :data:`MIN_DOMAIN_ITEMS` of them, a rule
+    fitted on that domain's alone, kept where its out-of-fold reward there is above the shared
+    rule's on the same questions (``ReviewEvidence.domain_plans``; the review reads the
+    question's domain). Why: on an outside tester's file the pair ``deepseek-v3 | gpt-4o`` was a
+    first plan of code and science; the one rule over both escalated where science's answers
+    said keep, so science's targets never chose the pair, while the cascade fitted on science
+    alone (keep when they agree, else claude) beat its best single on test."""
     r = rounds.rewards(config)
     ev = ReviewEvidence(config=config)
     rule = TextRule(evidence=ev)
@@ -127,47 +254,62 @@ def fit_text_rule(rounds: RoundsTable, rows: Rows, config: RewardConfig, *, seed
         if "|" not in name:
             continue
         items = [i for i, tid in enumerate(rounds.task_ids) if (tid, name) in rows and rounds.done[i, f, 0]]
-        first = _pair_names(name)
-        # a worker of the first plan would answer again as it did (replay), so it is no continuation
-        conts = [
-            k
-            for k, lab in enumerate(rounds.conts)
-            if lab != KEEP and lab[1:] not in first and items and rounds.done[items, f, k].all()
-        ]
-        if len(items) < 2 or not conts:
+        shared = _fit_rule_on(rounds, rows, r, f, items, config, seed)
+        if shared is None:
             continue
-        x = np.stack([rows[(rounds.task_ids[i], name)] for i in items])
-        stay, s_oof = fit_probe(x, rounds.correct[items, f, 0], seed=seed)
-        probes, oofs, extra = [], [], []
-        for k in conts:
-            p, o = fit_probe(x, rounds.correct[items, f, k], seed=seed)
-            probes.append(p)
-            oofs.append(o)
-            extra.append(float(np.mean(rounds.cost[items, f, k] - rounds.cost[items, f, 0])))
-        p_go = np.stack(oofs, axis=1)
-        gains = np.stack([gain_of(config, s_oof, p_go[:, c], extra[c]) for c in range(len(conts))], axis=1)
-        best = np.argmax(gains, axis=1)
-        rows_i = np.arange(len(items))
-        keep_r = r[items, f, 0]
-        go_r = r[items, f, np.array(conts)[best]]
-        tau = choose_tau(gains[rows_i, best], keep_r, go_r)
-        go = gains[rows_i, best] > tau
-        workers = [rounds.conts[k][1:] for k in conts]
-        ev.plans[ReviewEvidence.key(first)] = FirstPlanEstimator(
-            first=first, stay=stay, workers=workers, right=probes, extra_cost=extra, tau=tau
-        )
+        key = ReviewEvidence.key(shared.estimator.first)
+        ev.plans[key] = shared.estimator
+        pos = {i: n for n, i in enumerate(items)}
+        # per item: its out-of-fold reward, the decision that values it, and its training estimate
+        oof_reward = shared.reward.copy()
+        decision = [
+            rounds.conts[shared.conts[shared.best[n]]] if shared.go[n] else KEEP for n in range(len(items))
+        ]
+        probs: list[tuple[float, list[float]] | None] = [
+            (float(shared.s_oof[n]), [float(v) for v in shared.p_go[n]]) for n in range(len(items))
+        ]
+        domains = sorted({rounds.domains[i] for i in items})
+        kept: dict[str, str] = {}
+        for d in domains:
+            mine = [i for i in items if rounds.domains[i] == d]
+            at = [pos[i] for i in mine]
+            best_reward, best_kind = float(oof_reward[at].mean()), "shared text"
+            found: Estimator | None = None
+            if len(domains) > 1 and len(mine) >= MIN_DOMAIN_ITEMS:
+                own = _fit_rule_on(rounds, rows, r, f, mine, config, seed)
+                if own is not None and own.reward.mean() > best_reward:
+                    best_reward, best_kind, found = float(own.reward.mean()), "domain text", own.estimator
+                    for n, i in enumerate(mine):
+                        oof_reward[pos[i]] = own.reward[n]
+                        decision[pos[i]] = rounds.conts[own.conts[own.best[n]]] if own.go[n] else KEEP
+                        probs[pos[i]] = (float(own.s_oof[n]), [float(v) for v in own.p_go[n]])
+            if len(mine) >= MIN_SIGNAL_ITEMS:
+                agree = _fit_signal_on(rounds, r, f, mine)
+                if agree is not None and agree[1].mean() > best_reward:
+                    best_reward, best_kind, found = float(agree[1].mean()), "agreement", agree[0]
+                    for n, i in enumerate(mine):
+                        oof_reward[pos[i]] = agree[1][n]
+                        decision[pos[i]] = agree[2][n]
+                        probs[pos[i]] = None  # the rule reads the signal, not probes
+            if found is not None:
+                ev.domain_plans.setdefault(d, {})[key] = found
+                kept[d] = best_kind
         for n, i in enumerate(items):
             tid = rounds.task_ids[i]
-            rule.oof[(tid, name)] = (float(s_oof[n]), [float(v) for v in p_go[n]])
-            rule.choice[(tid, name)] = rounds.conts[conts[best[n]]] if go[n] else KEEP
+            shown = probs[n]
+            if shown is not None:
+                rule.oof[(tid, name)] = shown
+            rule.choice[(tid, name)] = decision[n]
         rule.summary[name] = {
-            "tau": float(tau),
+            "tau": float(shared.estimator.tau),
             "n": float(len(items)),
-            "escalated": float(go.mean()),
-            "reward_rule_oof": float(np.mean(np.where(go, go_r, keep_r))),
-            "reward_keep": float(keep_r.mean()),
-            "reward_best_escalation_always": float(max(r[items, f, k].mean() for k in conts)),
+            "escalated": float(np.mean([c != KEEP for c in decision])),
+            "reward_rule_oof": float(oof_reward.mean()),
+            "reward_keep": float(shared.keep_r.mean()),
+            "reward_best_escalation_always": float(max(r[items, f, k].mean() for k in shared.conts)),
         }
+        if kept:
+            rule.domain_rules[name] = kept
     return rule
 
 
