@@ -116,3 +116,37 @@ def test_a_replay_pool_compares_with_it_by_default(pool: Path) -> None:
     specs = baseline_specs(str(pool))
     assert "cascade:domain" in specs and "cascade:all" in specs
     assert "cascade:domain" not in baseline_specs("paper-sim")
+
+
+def test_a_single_plan_the_budget_cannot_afford_goes_to_the_best_affordable_single(pool: Path) -> None:
+    """math's plan is ``m`` alone; under a budget below m's cost the executor would skip the call
+    (no answer on every math question, H40): the plan is the domain's best affordable single."""
+    policy = _fit(pool)
+    p = load_pool(str(pool))
+    cheap = RequestLimits(max_cost_usd=0.0001)
+    math = [t for t in load_tasks(p.default_dataset(), split="test") if t.domain == "math"]
+    names = p.view().names()
+    for task in math:
+        plan = asyncio.run(policy.plan(task, p.view(), cheap))
+        assert [names[s.worker] for s in plan.workflow.steps] in (["a"], ["b"])
+    runs = run_eval(["cascade:domain", "domain-router"], pool=str(pool), dataset=None, split="test",
+                    limit=None, seed=0, progress=False, cost_weight=0.13, reward_preset="cost-aware",
+                    max_cost_usd=0.0001)  # fmt: skip
+    acc = {r["policy"]: r["accuracy"] for r in runs}
+    assert acc["cascade:domain"] >= acc["domain-router"] > 0
+
+
+def test_an_unseen_domain_falls_back_to_the_best_single_on_every_question(pool: Path) -> None:
+    """The plan fitted on every question needs ``s`` (external); a private request of a domain the
+    training split lacks gets the best permitted single on every question, not the view's first."""
+    import dataclasses
+
+    policy = _fit(pool)
+    p = load_pool(str(pool))
+    private = RequestLimits(sensitivity="private")
+    task = dataclasses.replace(load_tasks(p.default_dataset(), split="test")[0], domain="poetry")
+    plan = asyncio.run(policy.plan(task, p.view(), private))
+    from rl_conductor.policies.cascade import ALL
+
+    best = max(("a", "b", "m"), key=lambda n: (policy.singles[ALL][n], -policy.costs[ALL][n]))
+    assert p.view().names()[plan.workflow.steps[0].worker] == best == "m"

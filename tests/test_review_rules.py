@@ -64,22 +64,19 @@ def test_each_domain_reviews_by_the_agreement_rule_where_it_earns_more_out_of_fo
     table, rows = _table()
     config = reward_config("cost-aware", cost_weight=0.13)
     rule = fit_text_rule(table, rows, config)
-    # in y the shared rule escalates always, as y's own would: a tie keeps the shared rule
-    assert rule.domain_rules[PAIR] == {"x": "agreement"}
+    # in y the shared rule escalates always, as y's agreement rule does: a tie keeps the simpler
+    assert rule.domain_rules[PAIR] == {"x": "agreement", "y": "agreement"}
     x = rule.evidence.estimator("x", ["a", "b"])
-    assert isinstance(x, SignalRule)
+    y = rule.evidence.estimator("y", ["a", "b"])
+    assert isinstance(x, SignalRule) and isinstance(y, SignalRule)
     assert x.by_signal[AGREE][0] is None and x.by_signal[DISAGREE][0] == "s"  # the cascade
-    assert rule.evidence.estimator("y", ["a", "b"]) is rule.evidence.plans["a|b"]
+    assert y.by_signal[AGREE][0] == "s" and y.by_signal[DISAGREE][0] == "s"  # agreement says nothing
     # a domain training never saw reads the shared rule
     assert rule.evidence.estimator("z", ["a", "b"]) is rule.evidence.plans["a|b"]
     for i, tid in enumerate(table.task_ids):
         want = "keep" if table.domains[i] == "x" and table.signal[i][0] == AGREE else "+s"
         assert rule.choice[(tid, PAIR)] == want, (tid, table.domains[i], table.signal[i][0])
-        # x's training prompts show the agreement rule's line, y's the probes' out-of-fold estimates
-        assert ((tid, PAIR) in rule.oof) is (table.domains[i] == "y")
-    r = table.rewards(config)[:, 0, :]
-    best = np.where(np.array([rule.choice[(t, PAIR)] == "+s" for t in table.task_ids]), r[:, 1], r[:, 0])
-    assert rule.summary[PAIR]["reward_rule_oof"] <= best.mean() + 1e-12  # out of fold: never above
+        assert (tid, PAIR) not in rule.oof  # its training prompts show the rule's line, not probes
 
 
 def test_per_domain_rules_survive_saving_and_loading(tmp_path: Path) -> None:
@@ -150,3 +147,52 @@ def test_a_pair_is_credited_with_its_own_final_answer_whatever_replaced_the_othe
     # nothing replaced: both rules credit it
     clean = run(Workflow(steps=(Step(b, SOLVE, ()), Step(c, SOLVE, ()))))
     assert own_answer(clean) and own_final_answer(clean)
+
+
+def test_the_text_rule_is_compared_out_of_fold_with_its_tau_chosen_on_other_folds() -> None:
+    """A text rule whose rows are noise chose ``tau`` on the rows it was scored on, so it beat the
+    agreement rule (scored out of fold) on small domains by its own optimism (H40: 3 of 20 seeds
+    at 60 questions, each losing about 0.02 of true reward). Compared on held-out ``tau``, and
+    kept only by half a paired standard error over the simpler rule, it rarely does."""
+    config = reward_config("cost-aware", cost_weight=0.13)
+    kept = 0
+    for seed in range(30):  # before: 3 of these 30 domains kept the noise
+        rng = np.random.default_rng(seed)
+        n = 60
+        agree = rng.random(n) < 0.7
+        right = np.where(agree, rng.random(n) < 0.97, rng.random(n) < 0.6)
+        table, rows = _table(seed)
+        table.task_ids, table.domains = table.task_ids[:n], ["x"] * n
+        table.signal = [[AGREE if a else DISAGREE] for a in agree]
+        table.correct, table.cost = table.correct[:n].copy(), table.cost[:n]
+        table.correct[:, 0, 0] = right
+        table.stopped, table.calls, table.done = table.stopped[:n], table.calls[:n], table.done[:n]
+        rule = fit_text_rule(table, rows, config, seed=seed)
+        kept += rule.domain_rules.get(PAIR, {}).get("x") != "agreement"
+    assert kept <= 1
+
+
+def test_a_served_review_reads_the_domain_the_plan_line_infers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``recordings-text`` Conductor has no evidence model, so no kind index of its own: a served
+    request (domain ``unknown``) read the shared rule where evaluation read its domain's (H40).
+    The plan line's index infers it."""
+    from types import SimpleNamespace
+
+    from rl_conductor.policies.conductor import ConductorPolicy
+    from rl_conductor.policies.kinds import KindIndex
+    from rl_conductor.policies.knn_embed import EMBED_DIM
+    from rl_conductor.tasks.base import Task
+
+    emb = np.zeros((4, EMBED_DIM), dtype=np.float32)
+    for i in range(4):
+        emb[i, i] = 1.0
+    policy = ConductorPolicy.__new__(ConductorPolicy)
+    policy.kinds = None
+    policy.plan_hint = SimpleNamespace(kinds=KindIndex(emb, ["x", "x", "y", "y"], ["x", "x", "y", "y"]))
+    near_y = np.zeros((1, EMBED_DIM), dtype=np.float32)
+    near_y[0, 2], near_y[0, 3] = 1.0, 0.9
+    monkeypatch.setattr(policy, "_embeddings", lambda tasks: near_y)
+    served = Task(id="serve/1", question="q", answer="", domain="unknown", source="serve", grader="qa")
+    assert policy._review_task(served).domain == "y"
+    labelled = Task(id="t/1", question="q", answer="", domain="x", source="t", grader="qa")
+    assert policy._review_task(labelled) is labelled

@@ -335,6 +335,10 @@ def fit_plan(outcomes: SampleOutcomes, tasks: Sequence[Task], config: RewardConf
     return best
 
 
+#: the key of every training question's single-worker tables (no domain is named with NUL)
+ALL = "\0all"
+
+
 class DomainCascade(Cascade):
     """``cascade:domain``: see the module docstring."""
 
@@ -379,6 +383,9 @@ class DomainCascade(Cascade):
             rew = reward_of(config, correct=part.correct[:, :, 0], cost=part.cost[:, :, 0])
             singles[d] = {n: float(np.mean(rew[:, j])) for j, n in enumerate(part.names)}
             costs[d] = {n: float(part.cost[:, j, 0].mean()) for j, n in enumerate(part.names)}
+        rew = reward_of(config, correct=outcomes.correct[:, :, 0], cost=outcomes.cost[:, :, 0])
+        singles[ALL] = {n: float(np.mean(rew[:, j])) for j, n in enumerate(outcomes.names)}
+        costs[ALL] = {n: float(outcomes.cost[:, j, 0].mean()) for j, n in enumerate(outcomes.names)}
         return cls(plans, fit_plan(outcomes, tasks, config), singles, costs)
 
     def _usable(self, plan: DomainPlan, view: PoolView, limits: RequestLimits) -> bool:
@@ -391,13 +398,18 @@ class DomainCascade(Cascade):
 
     async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         chosen = self.plan_for(task.domain)
+        # the tables of the plan's questions: the domain's, or every question's for a domain the
+        # training split lacks
+        known = task.domain in self.plans
+        singles = self.singles.get(task.domain, {}) if known else self.singles.get(ALL, {})
+        costs = self.costs.get(task.domain, {}) if known else self.costs.get(ALL, {})
         if not self._usable(chosen, view, limits) or len(chosen.first) == 1:
-            if len(chosen.first) == 1 and self._usable(chosen, view, limits):
+            budget = limits.max_cost_usd
+            affordable = budget is None or costs.get(chosen.first[0], 0.0) <= budget
+            if len(chosen.first) == 1 and self._usable(chosen, view, limits) and affordable:
                 j = ordinal(view, chosen.first[0])
-            else:  # the domain's best single among the workers the request permits
-                j = choose_worker(
-                    self.singles.get(task.domain, {}), self.costs.get(task.domain, {}), view, limits
-                )
+            else:  # the best single among the workers the request permits and its budget affords
+                j = choose_worker(singles, costs, view, limits)
             wf = Workflow(steps=(Step(j, SOLVE, ()),))
             return Plan(workflow=wf, text=render(wf))
         a, b = (ordinal(view, n) for n in chosen.first)

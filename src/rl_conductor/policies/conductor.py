@@ -650,6 +650,15 @@ class ConductorPolicy(Policy):
             evidence = self.task_evidence([task])[0]
         return self._prompt(task, view, limits, evidence, self.plan_ids(task, view, limits))
 
+    def _review_task(self, task: Task) -> Task:
+        """``task`` with a domain the model does not know read from its nearest training
+        questions, by the evidence's kind index or, in a model without evidence (the
+        ``recordings-text`` preset), the plan line's: the domain a review rule is chosen by."""
+        kinds = self.kinds if self.kinds is not None else getattr(self.plan_hint, "kinds", None)
+        if kinds is not None and kinds.infers(task):
+            return kinds.with_domains([task], self._embeddings([task]))[0]
+        return task
+
     def _with_kinds(self, tasks: Sequence[Task]) -> list[Task]:
         """``tasks`` with each domain the model does not know (a served request says none) read
         from the nearest training questions (policies/kinds.py), as evaluation reads the
@@ -751,9 +760,9 @@ class ConductorPolicy(Policy):
         if self.review_evidence is None:
             chars, how = self.max_question_chars, self.question_cut
             return review_prompt(request, summary, max_question_chars=chars, question_cut=how), None
-        # the domain the first round planned for (a served request says none): a domain's own
-        # review rule (review_evidence.ReviewEvidence.domain_plans) reads it
-        task = self._with_kinds([request.task])[0]
+        # the question's domain (a served request says none: read from the nearest training
+        # questions): a domain's own review rule (ReviewEvidence.domain_plans) reads it
+        task = self._review_task(request.task)
         known = request if task is request.task else replace(request, task=task)
         signals, estimate, worker = self.review_evidence.estimate(known, summary)
         prompt = review_prompt(
