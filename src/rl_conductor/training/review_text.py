@@ -18,6 +18,15 @@ prompt shows and the rule its targets follow:
    review target; the training prompts show the out-of-fold estimates, so they look like test
    prompts. Validation and test questions never reach a fit: only the rounds table's questions,
    which are the training split's.
+
+   Per domain of the pair's questions, a simpler or a more local rule may take that rule's place
+   (``ReviewEvidence.domain_plans``; the review reads the question's domain): the agreement rule
+   (:class:`~rl_conductor.review_evidence.SignalRule`, keep or escalate per agreement line, the
+   disagreement cascade ``cascade:domain`` follows) unless the shared text rule earns more by half
+   a paired standard error of held-out reward (``tau`` chosen on the other folds, the agreement
+   rule refitted per fold), and a text rule fitted on the domain alone where it earns more than
+   both by that margin (:data:`REVIEW_SE_RULE`). Where the agreement rule decides, the training
+   prompts show its line, not the probes'.
 3. :func:`text_hook`: the review hook that decides by that rule and renders the review prompt with
    the signals and the estimate line (``Best by estimate: @1`` or ``keep``); the escalation is
    written as the rank address ``@1`` (one constant for the model to copy, as issue 21's plans).
