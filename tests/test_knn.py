@@ -355,3 +355,37 @@ def test_measuring_alone_in_forked_chunks_gives_the_same_arrays(monkeypatch: pyt
     assert calls == [2]  # an in-memory pool is forked
     fakes = routers._measure(fake_pool(2), many)  # fake workers stand for live ones: in process
     assert calls == [2] and fakes.correct.shape == (130, 2)
+
+
+def test_knn_k_auto_chooses_the_neighbourhood_that_routes_the_training_questions_best() -> None:
+    """Ninety questions of one kind, where worker a is best, and eight of a nearby kind, where b
+    is: every training question as a neighbour (the default) sends the eight to a as well; routed
+    by the others (leave one out), a small neighbourhood routes both kinds right and is chosen."""
+    from rl_conductor.policies.knn import choose_k
+
+    rng = np.random.default_rng(0)
+    n_a, n_b = 90, 8
+    centre_a, centre_b = np.zeros(EMBED_DIM), np.zeros(EMBED_DIM)
+    centre_a[0], centre_b[0], centre_b[1] = 1.0, 0.6, 0.8  # the kinds' cosine similarity: 0.6
+    emb = np.vstack(
+        [
+            centre_a + 0.01 * rng.normal(size=(n_a, EMBED_DIM)),
+            centre_b + 0.01 * rng.normal(size=(n_b, EMBED_DIM)),
+        ]
+    )
+    emb = (emb / np.linalg.norm(emb, axis=1, keepdims=True)).astype(np.float32)
+    correct = np.zeros((n_a + n_b, 2), dtype=bool)
+    correct[:n_a, 0] = True
+    correct[n_a:, 1] = True
+    outcomes = SingleOutcomes(
+        names=["a", "b"],
+        task_ids=[f"q{i}" for i in range(n_a + n_b)],
+        domains=["x"] * (n_a + n_b),
+        correct=correct,
+        cost=np.full((n_a + n_b, 2), 1e-5),
+    )
+    router = KnnRouter(emb, outcomes)
+    assert router.k is None
+    k = choose_k(router)
+    assert k is not None and k <= 10
+    assert choose_k(router, grid=(None,)) is None

@@ -174,7 +174,7 @@ def test_the_best_candidate_on_validation_is_kept_and_the_test_split_is_never_re
     assert found.n == len(real(load_tasks_name(pool), "validation")) > 0
     saved = json.loads((out / choose.CHOICE_FILE).read_text())
     assert saved["chosen"] == found.chosen and set(saved["candidates"]) == {"expected", "random"}
-    assert set(saved["baselines"]) == {"knn", "domain-router", "cascade:all", "cascade:domain"}
+    assert set(saved["baselines"]) == {"knn", "knn:k=auto", "domain-router", "cascade:all", "cascade:domain"}
     assert saved["reward"]["cost_weight"] == 0.1
     other = next(n for n in rewards if n != found.chosen)
     assert saved["margins"][other]["difference"] == pytest.approx(rewards[found.chosen] - rewards[other])
@@ -258,7 +258,7 @@ def test_the_pipelines_train_step_chooses_among_a_list_of_presets(
     assert meta["preset_choice"]["chosen"] == choice["chosen"]
     assert outcome.global_step == 1 and outcome.model_dir == str(tmp_path / "model")
     assert outcome.chosen_preset == presets[["a", "b"].index(choice["chosen"])]
-    assert set(outcome.better_baselines) <= {"knn", "domain-router", "cascade:all", "cascade:domain"}
+    assert set(outcome.better_baselines) <= {"knn", "knn:k=auto", "domain-router", "cascade:all", "cascade:domain"}
     # one preset trains on the train split alone, as before; a list without validation data is refused
     with pytest.raises(ConfigError, match="validation split"):
         steps.train_step(train_path=files["train"], model_dir=str(tmp_path / "m2"), preset=",".join(presets))

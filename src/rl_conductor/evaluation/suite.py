@@ -131,7 +131,9 @@ def baseline_specs(pool: str) -> list[str]:
     so those two only multiply a recorded answer's cost, while the cascade is the baseline that
     beat the Conductor on such files (an outside tester's, issue 21); with it, the cascade fitted
     per domain (``cascade:domain``), which beat the domain-router where each domain has an owner
-    (another outside tester's file)."""
+    (another outside tester's file); and the kNN router with its neighbourhood chosen on the
+    training split (``knn:k=auto``), stronger than the default where one domain's questions
+    outnumber the rest (two outside testers' files)."""
     p = load_pool(pool)
     names = p.names()
     top = max(p.workers, key=lambda w: w.info.price_out).info.name
@@ -140,6 +142,7 @@ def baseline_specs(pool: str) -> list[str]:
         *(f"single:{n}" for n in names),
         "domain-router",
         "knn",
+        *(["knn:k=auto"] if replayed else []),
         "random",
         *(["cascade:all", "cascade:domain"] if replayed else ["moa", f"self-consistency:{top}"]),
         "oracle",

@@ -70,9 +70,10 @@ CHOICE_FILE = "choice.json"
 #: the split a choice is made on
 SPLIT = "validation"
 #: the baselines every candidate is compared with (not candidates: a warning when one is better):
-#: the two routers and the fixed cascades (one for every question, one per domain) a team would
-#: otherwise ship, each fitted at the reward
-BASELINES = ("knn", "domain-router", "cascade:all", "cascade:domain")
+#: the two routers (kNN also with its neighbourhood chosen on the training split) and the fixed
+#: cascades (one for every question, one per domain) a team would otherwise ship, each fitted at
+#: the reward
+BASELINES = ("knn", "knn:k=auto", "domain-router", "cascade:all", "cascade:domain")
 
 
 def recordings_path(pool: Any, dataset: str) -> str | None:
