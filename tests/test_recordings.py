@@ -509,6 +509,23 @@ def test_a_file_of_train_and_test_items_gets_a_validation_split_carved_from_trai
     assert [t.id for t in load_tasks(name, "validation")] == [rows[0]["id"]]
 
 
+def test_a_file_that_states_only_its_test_items_keeps_the_hashs_validation_split(tmp_path: Path) -> None:
+    """Items of one source say ``test``, the rest say nothing (H39): the hash already puts a tenth
+    of the unlabelled items in validation. Carving an eighth of training on top had made
+    validation 52 % the size of training, and the warning named only the carved part."""
+    from rl_conductor.tasks.registry import ENOUGH_HASHED_VALIDATION
+
+    rows = [{**_item(i, a={"text": f"#### {i + 1}", "correct": True}),
+             **({"split": "test"} if i < 300 else {})} for i in range(1300)]  # fmt: skip
+    hashed = sum(split_of(r["id"]) == "validation" for r in rows[300:])
+    assert hashed >= ENOUGH_HASHED_VALIDATION
+    pool = _byo_pool(tmp_path, rows, models="a")
+    name = load_pool(str(pool)).options["default_dataset"]
+    val, train = load_tasks(name, "validation"), load_tasks(name, "train")
+    assert len(val) == hashed  # as the hash put them, nothing carved
+    assert len(train) == sum(split_of(r["id"]) == "train" for r in rows[300:])
+
+
 def test_eval_exits_non_zero_when_every_call_of_a_policy_failed(tmp_path: Path) -> None:
     """A replay pool asked about items it has no recordings of: every call fails inside the traces.
     That is exit 1 with the reason, not 0 % with exit 0; the share of failed calls is reported."""

@@ -243,16 +243,23 @@ def run_frontier(
     the limits the policy compared with them ran under. Only their measured accuracy and cost
     matter: the points of the family's cost-accuracy frontier
     (``evaluation.paired.equal_cost_difference``)."""
+    from rl_conductor.progress import progress as progress_display
+
     at = GridPoint() if point is None else GridPoint(point.max_cost_usd, point.max_latency_s)
     out: dict[str, list[dict[str, Any]]] = {}
-    for family in families:
-        runs = []
-        for w in weights:
-            validation.non_negative_finite("frontier weight", w)
-            (summary,) = run_sweep([family], [at], **{**options, "cost_weight": w, "progress": False})
-            summary["frontier_weight"] = w
-            runs.append(summary)
-        out[family] = runs
+    for w in weights:
+        validation.non_negative_finite("frontier weight", w)
+    # one line per fit: minutes on a large file, where a log showed nothing after "tracing" (H39)
+    with progress_display(bool(options.get("progress", True))) as bar:
+        pid = bar.add_task("frontier fits", total=len(families) * len(weights))
+        for family in families:
+            runs = []
+            for w in weights:
+                (summary,) = run_sweep([family], [at], **{**options, "cost_weight": w, "progress": False})
+                summary["frontier_weight"] = w
+                runs.append(summary)
+                bar.advance(pid, 1)
+            out[family] = runs
     return out
 
 
