@@ -220,6 +220,32 @@ def fit_cascade(
     return fits
 
 
+def pair_plan(first: tuple[str, str], view: PoolView, limits: RequestLimits) -> Plan:
+    """Round 1 of a cascade: ``first``'s two workers solve in parallel (one of them where the
+    budget cannot afford both, :func:`rl_conductor.rounds.single_within_budget`)."""
+    a, b = (ordinal(view, n) for n in first)
+    wf = Workflow(steps=(Step(a, SOLVE, ()), Step(b, SOLVE, ())))
+    wf = single_within_budget(wf, view, limits.max_cost_usd) or wf
+    return Plan(workflow=wf, text=render(wf))
+
+
+def escalation(request: RoundRequest, up: str | None, keep: bool = False) -> Continuation:
+    """A cascade's review: keep the answer where the first answers agree (or ``keep``, or there
+    is no escalation worker, or this is not the first review), else one fresh solve on ``up``
+    that the budget and time left can afford."""
+    summary = summarize(request)
+    if keep or summary.agree or up is None or request.round > 2:
+        return Continuation(
+            workflow=Workflow(steps=()), seen=summary.line(), answers=summary.answers, agree=summary.agree
+        )
+    wf = Workflow(steps=(Step(ordinal(request.view, up), SOLVE, ()),))
+    # no escalation the budget or time left cannot afford (it would be stopped part way)
+    wf = continuation_within_limits(wf, request.view, request.limits, len(request.workflow.steps))
+    return Continuation(
+        workflow=wf, text=render(wf), seen=summary.line(), answers=summary.answers, agree=summary.agree
+    )
+
+
 class Cascade(Policy):
     """See module docstring."""
 
@@ -265,25 +291,10 @@ class Cascade(Policy):
         return cls(best.first, best.escalate, fitted=best)
 
     async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
-        a, b = (ordinal(view, n) for n in self.first)
-        wf = Workflow(steps=(Step(a, SOLVE, ()), Step(b, SOLVE, ())))
-        # a budget that cannot afford both answers gets one (rounds.single_within_budget)
-        wf = single_within_budget(wf, view, limits.max_cost_usd) or wf
-        return Plan(workflow=wf, text=render(wf))
+        return pair_plan(self.first, view, limits)
 
     async def review(self, request: RoundRequest) -> Continuation:
-        summary = summarize(request)
-        if summary.agree or self.escalate is None or request.round > 2:
-            keep = Workflow(steps=())
-            return Continuation(
-                workflow=keep, seen=summary.line(), answers=summary.answers, agree=summary.agree
-            )
-        wf = Workflow(steps=(Step(ordinal(request.view, self.escalate), SOLVE, ()),))
-        # no escalation the budget or time left cannot afford (it would be stopped part way)
-        wf = continuation_within_limits(wf, request.view, request.limits, len(request.workflow.steps))
-        return Continuation(
-            workflow=wf, text=render(wf), seen=summary.line(), answers=summary.answers, agree=summary.agree
-        )
+        return escalation(request, self.escalate)
 
     async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: RequestLimits) -> Episode:
         # two rounds by definition (module docstring); at least two steps for the first pair
@@ -412,31 +423,13 @@ class DomainCascade(Cascade):
                 j = choose_worker(singles, costs, view, limits)
             wf = Workflow(steps=(Step(j, SOLVE, ()),))
             return Plan(workflow=wf, text=render(wf))
-        a, b = (ordinal(view, n) for n in chosen.first)
-        wf = Workflow(steps=(Step(a, SOLVE, ()), Step(b, SOLVE, ())))
-        wf = single_within_budget(wf, view, limits.max_cost_usd) or wf
-        return Plan(workflow=wf, text=render(wf))
+        return pair_plan((chosen.first[0], chosen.first[1]), view, limits)
 
     async def review(self, request: RoundRequest) -> Continuation:
-        summary = summarize(request)
         chosen = self.plan_for(request.task.domain)
-        up = chosen.escalate
-        keep = Workflow(steps=())
-        if (
-            summary.agree
-            or up is None
-            or request.round > 2
-            or len(request.workflow.steps) < 2
-            or not self._usable(chosen, request.view, request.limits)
-        ):
-            return Continuation(
-                workflow=keep, seen=summary.line(), answers=summary.answers, agree=summary.agree
-            )
-        wf = Workflow(steps=(Step(ordinal(request.view, up), SOLVE, ()),))
-        wf = continuation_within_limits(wf, request.view, request.limits, len(request.workflow.steps))
-        return Continuation(
-            workflow=wf, text=render(wf), seen=summary.line(), answers=summary.answers, agree=summary.agree
-        )
+        # a single planned (one step), or a plan the request cannot run whole: no escalation
+        alone = len(request.workflow.steps) < 2 or not self._usable(chosen, request.view, request.limits)
+        return escalation(request, chosen.escalate, keep=alone)
 
     def describe(self) -> dict[str, str]:
         """Domain -> the fitted plan's label (``single:w`` or ``cascade:a,b>c``)."""
