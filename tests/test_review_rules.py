@@ -69,8 +69,10 @@ def test_each_domain_reviews_by_the_agreement_rule_where_it_earns_more_out_of_fo
     x = rule.evidence.estimator("x", ["a", "b"])
     y = rule.evidence.estimator("y", ["a", "b"])
     assert isinstance(x, SignalRule) and isinstance(y, SignalRule)
-    assert x.by_signal[AGREE][0] is None and x.by_signal[DISAGREE][0] == "s"  # the cascade
-    assert y.by_signal[AGREE][0] == "s" and y.by_signal[DISAGREE][0] == "s"  # agreement says nothing
+    # (worker, ..., escalates): the line names s either way; the rule takes it where it pays
+    assert x.by_signal[AGREE][0] == x.by_signal[DISAGREE][0] == "s"
+    assert not x.by_signal[AGREE][4] and x.by_signal[DISAGREE][4]  # the cascade
+    assert y.by_signal[AGREE][4] and y.by_signal[DISAGREE][4]  # agreement says nothing
     # a domain training never saw reads the shared rule
     assert rule.evidence.estimator("z", ["a", "b"]) is rule.evidence.plans["a|b"]
     for i, tid in enumerate(table.task_ids):

@@ -86,10 +86,15 @@ def test_only_the_text_rule_runs_a_pairs_continuations_of_every_domain(
 
 
 def test_the_text_rule_is_fitted_on_the_training_questions_and_its_targets_follow_the_estimate(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from rl_conductor.training import review_text
     from rl_conductor.training.adaptive import pair, review_records
     from rl_conductor.training.train import _warm_start
+
+    # the text rule itself, on every question: a domain's agreement rule (which takes its place
+    # where the texts do not earn more by a margin) is tested in test_review_rules.py
+    monkeypatch.setattr(review_text, "MIN_SIGNAL_ITEMS", 10**9)
 
     pool, train = _pool(), _tasks()
     held_out = _tasks(range(20, 23), kinds=("heldhard",))  # never given to the fit

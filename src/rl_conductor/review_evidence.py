@@ -435,8 +435,11 @@ class SignalRule:
     first plan) where its out-of-fold reward beats the probes' (``training/review_text.py``)."""
 
     first: list[str]
-    by_signal: dict[str, tuple[str | None, float, float, float]]
-    fallback: tuple[str | None, float, float, float] = (None, 0.5, 0.0, 0.0)
+    #: signal -> (the best continuation's worker, the answer kept right, that worker right, the
+    #: mean reward gain of escalating to it, whether the rule escalates): the review line names
+    #: the worker and its gain whichever it decides, as the probes' line does
+    by_signal: dict[str, tuple[str | None, float, float, float, bool]]
+    fallback: tuple[str | None, float, float, float, bool] = (None, 0.5, 0.0, 0.0, False)
 
 
 #: what a review reads after one first plan
@@ -489,13 +492,13 @@ class ReviewEvidence:
         if est is None or request.round != 2 or len(request.records) != len(first):
             return sig, None, None
         if isinstance(est, SignalRule):
-            worker, p_keep, p_up, gain = est.by_signal.get(summary.line(), est.fallback)
+            worker, p_keep, p_up, gain, escalate = est.by_signal.get(summary.line(), est.fallback)
             if worker is None or worker not in names:
                 return sig, Estimate(p_keep, None, 0.0, 0.0, False), None
             info = view.worker(names.index(worker)).info
             if over_budget(info, limits.max_cost_usd) or not limits.permits(info.name, info.hosting):
                 return sig, Estimate(p_keep, None, 0.0, 0.0, False), None
-            return sig, Estimate(p_keep, worker, p_up, gain, True), names.index(worker)
+            return sig, Estimate(p_keep, worker, p_up, gain, escalate), names.index(worker)
         if probs is None:
             p_stay = float(est.stay.predict(row)[0])
             p_go = [float(p.predict(row)[0]) for p in est.right]
@@ -577,8 +580,10 @@ def _estimator_dict(e: Estimator) -> dict[str, Any]:
     }
 
 
-def _signal_entry(v: Sequence[Any]) -> tuple[str | None, float, float, float]:
-    return (None if v[0] is None else str(v[0]), float(v[1]), float(v[2]), float(v[3]))
+def _signal_entry(v: Sequence[Any]) -> tuple[str | None, float, float, float, bool]:
+    # four fields: a file written before the line named a kept answer's best continuation
+    escalate = bool(v[4]) if len(v) > 4 else v[0] is not None
+    return (None if v[0] is None else str(v[0]), float(v[1]), float(v[2]), float(v[3]), escalate)
 
 
 def _estimator_from(e: Mapping[str, Any]) -> Estimator:

@@ -255,16 +255,16 @@ def _fit_signal_on(
             i = items[n]
             oof[n] = r[i, f, choice.get(rounds.signal[i][f], 0)]
     full = _signal_choice(rounds, r, f, items, conts)
-    by_signal: dict[str, tuple[str | None, float, float, float]] = {}
+    by_signal: dict[str, tuple[str | None, float, float, float, bool]] = {}
     for sig, k in full.items():
         rows_s = [i for i in items if rounds.signal[i][f] == sig]
         p_keep = float(rounds.correct[rows_s, f, 0].mean())
-        if k == 0:
-            by_signal[sig] = (None, p_keep, 0.0, 0.0)
-        else:
-            gain = float((r[rows_s, f, k] - r[rows_s, f, 0]).mean())
-            by_signal[sig] = (rounds.conts[k][1:], p_keep, float(rounds.correct[rows_s, f, k].mean()), gain)
-    fallback = (None, float(rounds.correct[items, f, 0].mean()), 0.0, 0.0)
+        # the line names the best continuation and its gain whether or not the rule takes it
+        up = k if k else max(conts, key=lambda c: (float(r[rows_s, f, c].mean()), -c))
+        gain = float((r[rows_s, f, up] - r[rows_s, f, 0]).mean())
+        p_up = float(rounds.correct[rows_s, f, up].mean())
+        by_signal[sig] = (rounds.conts[up][1:], p_keep, p_up, gain, bool(k))
+    fallback = (None, float(rounds.correct[items, f, 0].mean()), 0.0, 0.0, False)
     labels = [rounds.conts[full[rounds.signal[i][f]]] if full[rounds.signal[i][f]] else KEEP for i in items]
     return SignalRule(first=first, by_signal=by_signal, fallback=fallback), oof, labels
 
