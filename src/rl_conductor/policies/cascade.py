@@ -229,7 +229,7 @@ def pair_plan(first: tuple[str, str], view: PoolView, limits: RequestLimits) -> 
     return Plan(workflow=wf, text=render(wf))
 
 
-def escalation(request: RoundRequest, up: str | None, keep: bool = False) -> Continuation:
+def pair_review(request: RoundRequest, up: str | None, keep: bool = False) -> Continuation:
     """A cascade's review: keep the answer where the first answers agree (or ``keep``, or there
     is no escalation worker, or this is not the first review), else one fresh solve on ``up``
     that the budget and time left can afford."""
@@ -294,7 +294,7 @@ class Cascade(Policy):
         return pair_plan(self.first, view, limits)
 
     async def review(self, request: RoundRequest) -> Continuation:
-        return escalation(request, self.escalate)
+        return pair_review(request, self.escalate)
 
     async def execute_plan(self, plan: Plan, task: Task, view: PoolView, limits: RequestLimits) -> Episode:
         # two rounds by definition (module docstring); at least two steps for the first pair
@@ -329,16 +329,30 @@ def subset(outcomes: SampleOutcomes, rows: Sequence[int]) -> SampleOutcomes:
     )
 
 
+def single_tables(
+    outcomes: SampleOutcomes, config: RewardConfig
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Worker -> mean reward and mean cost alone on these questions (each worker's first sample,
+    as the domain-router measures it)."""
+    rew = np.asarray(reward_of(config, correct=outcomes.correct[:, :, 0], cost=outcomes.cost[:, :, 0]))
+    cost = outcomes.cost[:, :, 0]
+    names = outcomes.names
+    return (
+        {n: float(rew[:, j].mean()) for j, n in enumerate(names)},
+        {n: float(cost[:, j].mean()) for j, n in enumerate(names)},
+    )
+
+
 def fit_plan(outcomes: SampleOutcomes, tasks: Sequence[Task], config: RewardConfig) -> DomainPlan:
-    """The best plan on these questions by mean reward: every single worker (its first sample, as
-    the domain-router measures it) and every cascade of :func:`fit_cascade`. Ties go to the single
-    (fewer calls), then to the cheaper cascade."""
-    singles = np.asarray(
-        reward_of(config, correct=outcomes.correct[:, :, 0], cost=outcomes.cost[:, :, 0]), dtype=np.float64
-    ).mean(axis=0)
-    cost = outcomes.cost[:, :, 0].mean(axis=0)
-    j = min(range(len(outcomes.names)), key=lambda k: (-singles[k], cost[k], k))
-    best = DomainPlan((outcomes.names[j],), None, float(singles[j]), len(tasks))
+    """The best plan on these questions by mean reward: every single worker (:func:`single_tables`)
+    and every cascade of :func:`fit_cascade`. Ties go to the single (fewer calls), then to the
+    cheaper cascade."""
+    singles, cost = single_tables(outcomes, config)
+    k = min(
+        range(len(outcomes.names)), key=lambda j: (-singles[outcomes.names[j]], cost[outcomes.names[j]], j)
+    )
+    w = outcomes.names[k]
+    best = DomainPlan((w,), None, singles[w], len(tasks))
     fits = fit_cascade(outcomes, tasks, config)
     if fits and fits[0].mean_reward > best.mean_reward:
         f = fits[0]
@@ -365,9 +379,6 @@ class DomainCascade(Cascade):
         self.singles = {d: dict(v) for d, v in singles.items()}  # domain -> worker -> mean reward
         self.costs = {d: dict(v) for d, v in costs.items()}
         self.name = "cascade:domain"
-        self.first = default.first if len(default.first) == 2 else (default.first[0], default.first[0])
-        self.escalate = default.escalate
-        self.fitted = None
 
     @classmethod
     def fit(cls, pool: Pool, kw: Mapping[str, Any], limit: int | None = None) -> DomainCascade:
@@ -389,14 +400,9 @@ class DomainCascade(Cascade):
         for d in sorted(set(domains)):
             rows = [i for i, x in enumerate(domains) if x == d]
             part = subset(outcomes, rows)
-            mine = [tasks[i] for i in rows]
-            plans[d] = fit_plan(part, mine, config)
-            rew = reward_of(config, correct=part.correct[:, :, 0], cost=part.cost[:, :, 0])
-            singles[d] = {n: float(np.mean(rew[:, j])) for j, n in enumerate(part.names)}
-            costs[d] = {n: float(part.cost[:, j, 0].mean()) for j, n in enumerate(part.names)}
-        rew = reward_of(config, correct=outcomes.correct[:, :, 0], cost=outcomes.cost[:, :, 0])
-        singles[ALL] = {n: float(np.mean(rew[:, j])) for j, n in enumerate(outcomes.names)}
-        costs[ALL] = {n: float(outcomes.cost[:, j, 0].mean()) for j, n in enumerate(outcomes.names)}
+            plans[d] = fit_plan(part, [tasks[i] for i in rows], config)
+            singles[d], costs[d] = single_tables(part, config)
+        singles[ALL], costs[ALL] = single_tables(outcomes, config)
         return cls(plans, fit_plan(outcomes, tasks, config), singles, costs)
 
     def _usable(self, plan: DomainPlan, view: PoolView, limits: RequestLimits) -> bool:
@@ -409,27 +415,25 @@ class DomainCascade(Cascade):
 
     async def plan(self, task: Task, view: PoolView, limits: RequestLimits) -> Plan:
         chosen = self.plan_for(task.domain)
+        usable = self._usable(chosen, view, limits)
+        if usable and len(chosen.first) == 2:
+            return pair_plan((chosen.first[0], chosen.first[1]), view, limits)
         # the tables of the plan's questions: the domain's, or every question's for a domain the
         # training split lacks
-        known = task.domain in self.plans
-        singles = self.singles.get(task.domain, {}) if known else self.singles.get(ALL, {})
-        costs = self.costs.get(task.domain, {}) if known else self.costs.get(ALL, {})
-        if not self._usable(chosen, view, limits) or len(chosen.first) == 1:
-            budget = limits.max_cost_usd
-            affordable = budget is None or costs.get(chosen.first[0], 0.0) <= budget
-            if len(chosen.first) == 1 and self._usable(chosen, view, limits) and affordable:
-                j = ordinal(view, chosen.first[0])
-            else:  # the best single among the workers the request permits and its budget affords
-                j = choose_worker(singles, costs, view, limits)
-            wf = Workflow(steps=(Step(j, SOLVE, ()),))
-            return Plan(workflow=wf, text=render(wf))
-        return pair_plan((chosen.first[0], chosen.first[1]), view, limits)
+        key = task.domain if task.domain in self.plans else ALL
+        budget = limits.max_cost_usd
+        if usable and (budget is None or self.costs[key].get(chosen.first[0], 0.0) <= budget):
+            j = ordinal(view, chosen.first[0])
+        else:  # the best single among the workers the request permits and its budget affords
+            j = choose_worker(self.singles[key], self.costs[key], view, limits)
+        wf = Workflow(steps=(Step(j, SOLVE, ()),))
+        return Plan(workflow=wf, text=render(wf))
 
     async def review(self, request: RoundRequest) -> Continuation:
         chosen = self.plan_for(request.task.domain)
         # a single planned (one step), or a plan the request cannot run whole: no escalation
         alone = len(request.workflow.steps) < 2 or not self._usable(chosen, request.view, request.limits)
-        return escalation(request, chosen.escalate, keep=alone)
+        return pair_review(request, chosen.escalate, keep=alone)
 
     def describe(self) -> dict[str, str]:
         """Domain -> the fitted plan's label (``single:w`` or ``cascade:a,b>c``)."""

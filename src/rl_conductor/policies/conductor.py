@@ -651,20 +651,20 @@ class ConductorPolicy(Policy):
         return self._prompt(task, view, limits, evidence, self.plan_ids(task, view, limits))
 
     def _review_task(self, task: Task) -> Task:
-        """``task`` with a domain the model does not know read from its nearest training
-        questions, by the evidence's kind index or, in a model without evidence (the
-        ``recordings-text`` preset), the plan line's: the domain a review rule is chosen by."""
+        """``task`` with its domain read as :meth:`_with_kinds` reads it, by the evidence's index
+        or, in a model without evidence (the ``recordings-text`` preset), the plan line's: the
+        domain a review rule is chosen by."""
         kinds = self.kinds if self.kinds is not None else getattr(self.plan_hint, "kinds", None)
-        if kinds is not None and kinds.infers(task):
-            return kinds.with_domains([task], self._embeddings([task]))[0]
-        return task
+        return self._with_kinds([task], kinds)[0]
 
-    def _with_kinds(self, tasks: Sequence[Task]) -> list[Task]:
+    def _with_kinds(self, tasks: Sequence[Task], kinds: KindIndex | None = None) -> list[Task]:
         """``tasks`` with each domain the model does not know (a served request says none) read
         from the nearest training questions (policies/kinds.py), as evaluation reads the
-        dataset's label: what the evidence and the plan line read."""
-        if self.kinds is not None and any(self.kinds.infers(t) for t in tasks):
-            return self.kinds.with_domains(tasks, self._embeddings(tasks))
+        dataset's label: what the evidence and the plan line read. ``kinds``: another index than
+        the evidence's (the review's, :meth:`review_text`)."""
+        kinds = self.kinds if kinds is None else kinds
+        if kinds is not None and any(kinds.infers(t) for t in tasks):
+            return kinds.with_domains(tasks, self._embeddings(tasks))
         return list(tasks)
 
     def _prompt(
@@ -760,8 +760,7 @@ class ConductorPolicy(Policy):
         if self.review_evidence is None:
             chars, how = self.max_question_chars, self.question_cut
             return review_prompt(request, summary, max_question_chars=chars, question_cut=how), None
-        # the question's domain (a served request says none: read from the nearest training
-        # questions): a domain's own review rule (ReviewEvidence.domain_plans) reads it
+        # the question's domain (a served request says none): a domain's own review rule reads it
         task = self._review_task(request.task)
         known = request if task is request.task else replace(request, task=task)
         signals, estimate, worker = self.review_evidence.estimate(known, summary)

@@ -157,10 +157,9 @@ def _beats(new: np.ndarray, old: np.ndarray) -> bool:
 
 @dataclass
 class _Fit:
-    """One estimator fitted on ``items`` (rounds table rows) and its out-of-fold decisions."""
+    """One estimator fitted on some rows of the rounds table, with its out-of-fold decisions."""
 
     estimator: FirstPlanEstimator
-    items: list[int]
     s_oof: np.ndarray
     p_go: np.ndarray
     go: np.ndarray
@@ -168,10 +167,17 @@ class _Fit:
     conts: list[int]
     reward: np.ndarray  # per item: the out-of-fold rule's reward (tau chosen on every item)
     keep_r: np.ndarray
-    go_r: np.ndarray
     #: per item: the reward where each fold's ``tau`` was chosen on the other folds, what the
     #: rules of one domain are compared by (``reward`` picks ``tau`` on the rows it scores)
     held_out: np.ndarray
+
+    def decision(self, rounds: RoundsTable, n: int) -> str:
+        """Item ``n``'s continuation label under this rule."""
+        return rounds.conts[self.conts[self.best[n]]] if self.go[n] else KEEP
+
+    def shown(self, n: int) -> tuple[float, list[float]]:
+        """Item ``n``'s out-of-fold estimates, what its training prompt shows."""
+        return float(self.s_oof[n]), [float(v) for v in self.p_go[n]]
 
 
 def _fit_rule_on(
@@ -214,7 +220,7 @@ def _fit_rule_on(
         held_out[out] = np.where(top[out] > t_k, go_r[out], keep_r[out])
     workers = [rounds.conts[k][1:] for k in conts]
     est = FirstPlanEstimator(first=first, stay=stay, workers=workers, right=probes, extra_cost=extra, tau=tau)
-    return _Fit(est, items, s_oof, p_go, go, best, conts, np.where(go, go_r, keep_r), keep_r, go_r, held_out)
+    return _Fit(est, s_oof, p_go, go, best, conts, np.where(go, go_r, keep_r), keep_r, held_out)
 
 
 def _signal_choice(
@@ -296,12 +302,8 @@ def fit_text_rule(rounds: RoundsTable, rows: Rows, config: RewardConfig, *, seed
         # per item: its out-of-fold reward, the decision that values it, and its training estimate
         oof_reward = shared.reward.copy()  # what the summary reports (as before)
         held = shared.held_out.copy()  # what the rules of a domain are compared by
-        decision = [
-            rounds.conts[shared.conts[shared.best[n]]] if shared.go[n] else KEEP for n in range(len(items))
-        ]
-        probs: list[tuple[float, list[float]] | None] = [
-            (float(shared.s_oof[n]), [float(v) for v in shared.p_go[n]]) for n in range(len(items))
-        ]
+        decision = [shared.decision(rounds, n) for n in range(len(items))]
+        probs: list[tuple[float, list[float]] | None] = [shared.shown(n) for n in range(len(items))]
         domains = sorted({rounds.domains[i] for i in items})
         kept: dict[str, str] = {}
         for d in domains:
@@ -324,8 +326,8 @@ def fit_text_rule(rounds: RoundsTable, rows: Rows, config: RewardConfig, *, seed
                     best_kind, best_held, found = "domain text", own.held_out, own.estimator
                     for n, i in enumerate(mine):
                         oof_reward[pos[i]] = own.reward[n]
-                        decision[pos[i]] = rounds.conts[own.conts[own.best[n]]] if own.go[n] else KEEP
-                        probs[pos[i]] = (float(own.s_oof[n]), [float(v) for v in own.p_go[n]])
+                        decision[pos[i]] = own.decision(rounds, n)
+                        probs[pos[i]] = own.shown(n)
             if found is not None:
                 ev.domain_plans.setdefault(d, {})[key] = found
                 kept[d] = best_kind
